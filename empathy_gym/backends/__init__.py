@@ -1,0 +1,55 @@
+"""Chat backends for the LLM simulated user (and anything else that needs an LLM).
+
+``make_backend(name, ...)`` builds one by name; heavy libraries (torch, transformers,
+vllm, httpx) are imported only when that backend is built.
+
+* ``"transformers"``: a local causal LM (path, hub id or GGUF file), CPU or GPU.
+* ``"vllm"``: an in-process ``vllm.LLM`` (``pip install empathy-gym[vllm]``).
+* ``"openai"``: any OpenAI-compatible chat-completions server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from empathy_gym.backends.base import (BackendError, ChatBackend, ChoiceScoringUnavailable,
+                                       Conversation, Message)
+
+BACKENDS = ("transformers", "vllm", "openai")
+
+
+def make_backend(name: str, *, model: Any = None, base_url: str | None = None,
+                 **kwargs: Any) -> ChatBackend:
+    """Build a backend by name.
+
+    Args:
+        name: ``"transformers"``, ``"vllm"`` or ``"openai"``.
+        model: model path, hub id or GGUF file (transformers, vllm); the server's model
+            name (openai). A ``transformers`` model object is accepted too.
+        base_url: the server's URL, e.g. ``http://localhost:8000/v1`` (openai only).
+        **kwargs: passed to the backend's constructor.
+
+    Raises:
+        ValueError: unknown name or a missing required argument.
+        ImportError: the backend's library is not installed (with the pip command).
+    """
+    if name == "transformers":
+        from empathy_gym.backends.transformers_backend import TransformersBackend
+        if model is None:
+            raise ValueError("the transformers backend needs model= (a path, hub id or .gguf file)")
+        return TransformersBackend(model, **kwargs)
+    if name == "vllm":
+        from empathy_gym.backends.vllm_backend import VLLMBackend
+        if model is None:
+            raise ValueError("the vllm backend needs model= (a path or hub id)")
+        return VLLMBackend(model, **kwargs)
+    if name == "openai":
+        from empathy_gym.backends.openai_backend import OpenAIBackend
+        if base_url is None or model is None:
+            raise ValueError("the openai backend needs base_url= and model=")
+        return OpenAIBackend(base_url=base_url, model=model, **kwargs)
+    raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
+
+
+__all__ = ["BACKENDS", "BackendError", "ChatBackend", "ChoiceScoringUnavailable",
+           "Conversation", "Message", "make_backend"]

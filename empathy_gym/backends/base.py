@@ -1,0 +1,82 @@
+"""The chat-backend protocol: a batch of conversations in, a batch of completions out.
+
+A conversation is a list of chat messages ``{"role": "system"|"user"|"assistant",
+"content": str}`` as in the OpenAI chat API and transformers' chat templates.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+
+Message = dict[str, str]
+Conversation = Sequence[Message]
+
+
+class BackendError(RuntimeError):
+    """A backend failed: bad configuration, a 4xx answer, or retries exhausted."""
+
+
+class ChoiceScoringUnavailable(BackendError):
+    """The backend (or the server behind it) returns no token log-probabilities, so
+    :meth:`ChatBackend.choice_logprobs` cannot score options."""
+
+
+class ChatBackend(abc.ABC):
+    """A chat engine behind one batched interface.
+
+    Attributes:
+        name: the backend's registry name (``"transformers"``, ``"vllm"``, ``"openai"``).
+        supports_seed: True when ``seeds`` make sampling reproducible.
+    """
+
+    name: str = "base"
+    supports_seed: bool = False
+
+    @abc.abstractmethod
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+                 temperature: float = 0.7, top_p: float = 1.0,
+                 seeds: Sequence[int | None] | None = None) -> list[str]:
+        """Complete each conversation with one assistant message.
+
+        Args:
+            conversations: B conversations, each ending with a user message.
+            max_tokens: new tokens per completion.
+            temperature: 0 means greedy decoding.
+            top_p: nucleus sampling mass.
+            seeds: one seed per conversation (or ``None``); where ``supports_seed`` the
+                same seeds give the same completions.
+
+        Returns:
+            B strings, the assistant messages without special tokens.
+        """
+
+    @abc.abstractmethod
+    def choice_logprobs(self, conversations: Sequence[Conversation],
+                        options: Sequence[str]) -> np.ndarray:
+        """Score options as the first token of the assistant's reply.
+
+        Each option should be one token in the model's vocabulary (single letters
+        such as ``"A"``...``"E"`` are). For each conversation, the log-probability that
+        the reply starts with each option is read from the model's next-token
+        distribution (logits with transformers; ``logprobs`` from vLLM and OpenAI-style
+        servers).
+
+        Returns:
+            float64 array of shape (B, K): natural-log probabilities, ``-inf`` for an
+            option the server did not report (outside its top log-probs).
+
+        Raises:
+            ChoiceScoringUnavailable: the backend or server gives no log-probabilities.
+        """
+
+    def close(self) -> None:
+        """Release models, processes or connections. Safe to call twice."""
+
+    def __enter__(self) -> "ChatBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

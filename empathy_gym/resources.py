@@ -1,0 +1,34 @@
+"""Where the shipped data lives: persona banks and difficulty presets (``envs/``) and
+training recipes (``agents/``).
+
+In a source checkout they are the top-level ``envs/`` and ``agents/`` folders; in an
+installed wheel setuptools maps them to ``empathy_gym/_envs`` and
+``empathy_gym/_recipes`` (see ``setup.cfg``, ``package_dir``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _locate(installed: str, source: str) -> Path:
+    for candidate in (_PACKAGE / installed, _PACKAGE.parent / source):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"cannot find the empathy_gym data folder {source!r}: looked in "
+        f"{_PACKAGE / installed} and {_PACKAGE.parent / source}; reinstall the package"
+    )
+
+
+def envs_dir() -> Path:
+    """The folder of persona banks (``personas/``, ``rlver/``) and difficulty presets
+    (``difficulty/``)."""
+    return _locate("_envs", "envs")
+
+
+def recipes_dir() -> Path:
+    """The folder of training recipes (YAML)."""
+    return _locate("_recipes", "agents")

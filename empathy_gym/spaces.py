@@ -1,0 +1,36 @@
+"""A text space that accepts real sentences.
+
+Gymnasium's :class:`gymnasium.spaces.Text` accepts only the characters of its charset
+(letters and digits by default), so ordinary sentences fail ``contains`` and
+``check_env``. :class:`AnyText` accepts any ``str`` from ``min_length`` to
+``max_length`` characters and samples, like its parent, from the charset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gymnasium.spaces import Text
+
+
+class AnyText(Text):
+    """Any Python ``str`` of ``min_length`` to ``max_length`` characters (Unicode code
+    points, so one Chinese character counts as one).
+
+    Example:
+        >>> space = AnyText(max_length=100, min_length=0)
+        >>> space.contains("I hear you. That sounds exhausting!")
+        True
+        >>> space.contains(b"bytes")
+        False
+    """
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, AnyText) and self.min_length == other.min_length
+                and self.max_length == other.max_length)

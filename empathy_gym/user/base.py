@@ -1,0 +1,142 @@
+"""The simulated-user protocol shared by the LLM user and the rule-based user.
+
+One agent turn (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv 2507.03112, section 3.1):
+
+1. **appraisal**: the user reads the agent's newest utterance in the light of its
+   persona, scenario, hidden intention, the history and its current emotion, and
+   proposes a signed emotion change (with its inner thoughts);
+2. the :class:`~empathy_gym.user.protocol.EmotionProtocol` clamps the change and
+   updates the emotion: e <- clip(e + clamp(change), 0, 100);
+3. **reply**: the user answers in character, in a tone that fits the new emotion.
+
+Every method is batched: a list of requests in, a list of results out, in the same
+order. Each request carries its own seed, so a dialogue's outcome never depends on
+which other dialogues share the batch.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from empathy_gym.personas import Persona
+from empathy_gym.user.protocol import EmotionProtocol
+
+#: A history entry: ``("user", text)`` for the simulated user, ``("agent", text)`` for
+#: the policy (only the part that reached the user: thinking is stripped).
+Utterance = tuple[str, str]
+
+
+class SimulatorError(RuntimeError):
+    """The simulated user could not produce a valid appraisal or reply.
+
+    Attributes:
+        raw: the last raw text the model returned (``None`` when there was none).
+        attempts: how many generations were tried.
+    """
+
+    def __init__(self, message: str, *, raw: str | None = None, attempts: int = 0):
+        super().__init__(message if raw is None else f"{message}\n--- last raw output ---\n{raw}")
+        self.raw, self.attempts = raw, attempts
+
+
+@dataclass(frozen=True)
+class UserRequest:
+    """One dialogue's state when the agent has just spoken.
+
+    Attributes:
+        persona: who the user is.
+        history: the dialogue before ``utterance``, starting with the user's opening
+            line: ``(("user", opening), ("agent", a1), ("user", u1), ...)``.
+        utterance: the agent's newest utterance (thinking already removed).
+        emotion: the user's emotion before this turn, int in [0, 100].
+        turn: 1-based index of this agent turn.
+        seed: seed for any sampling this turn needs (int, >= 0).
+    """
+
+    persona: Persona
+    history: tuple[Utterance, ...]
+    utterance: str
+    emotion: int
+    turn: int
+    seed: int = 0
+
+    def agent_utterances(self) -> list[str]:
+        """The agent's earlier utterances, oldest first (not including ``utterance``)."""
+        return [text for role, text in self.history if role == "agent"]
+
+
+@dataclass(frozen=True)
+class Appraisal:
+    """The user's private reaction to one agent utterance.
+
+    Privileged: for analysis and logging, never for the policy's observation.
+
+    Attributes:
+        change: the proposed emotion change (int, before the protocol clamps it).
+        thoughts: the user's inner thoughts ("" when the mode produces none).
+        raw: the model's raw output for the appraisal (``None`` for the rule user).
+        repairs: how many repair retries it took (0 when the first output was valid).
+        features: named scores behind the change (rule user) or option log-probs
+            (choice mode); empty when not applicable.
+    """
+
+    change: int
+    thoughts: str = ""
+    raw: str | None = None
+    repairs: int = 0
+    features: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    """The outcome of one agent turn: the appraisal, the new emotion and the reply."""
+
+    appraisal: Appraisal
+    emotion: int
+    reply: str
+
+
+class SimulatedUser(abc.ABC):
+    """Base class of simulated users. Subclasses implement :meth:`opening`,
+    :meth:`appraise` and :meth:`reply`; :meth:`respond` ties them together.
+
+    Attributes:
+        deterministic: True when the same requests and seeds always give the same
+            results (the rule user; an LLM backend at temperature 0 may still vary).
+    """
+
+    deterministic: bool = False
+
+    @abc.abstractmethod
+    def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        """The first utterance of each dialogue: the persona's ``opening_line`` when it
+        has one, otherwise generated (LLM) or drawn from the scenario (rules)."""
+
+    @abc.abstractmethod
+    def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
+        """One :class:`Appraisal` per request.
+
+        Raises:
+            SimulatorError: when a valid appraisal could not be obtained.
+        """
+
+    @abc.abstractmethod
+    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
+              emotions: Sequence[int]) -> list[str]:
+        """The user's in-character answer to each request, given its appraisal and the
+        new emotion (int in [0, 100])."""
+
+    def respond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
+        """Appraise, update the emotion with ``protocol``, and reply, for a batch."""
+        if not requests:
+            return []
+        appraisals = self.appraise(requests)
+        emotions = [protocol.apply(request.emotion, appraisal.change)
+                    for request, appraisal in zip(requests, appraisals)]
+        replies = self.reply(requests, appraisals, emotions)
+        return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
+
+    def close(self) -> None:
+        """Release resources (servers, models). Safe to call twice."""
