@@ -1,0 +1,51 @@
+"""The simulated user: protocol, difficulty presets, the LLM user and the rule user."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from empathy_gym.backends.base import ChatBackend
+from empathy_gym.user.base import (Appraisal, SimulatedUser, SimulatorError, UserRequest,
+                                   UserTurn)
+from empathy_gym.user.difficulty import Difficulty, load_difficulty
+from empathy_gym.user.protocol import (RLVER_TRAINING, SAGE, EmotionProtocol, emotion_band,
+                                       resolve_protocol)
+
+
+def make_user(backend: str | ChatBackend = "rule", *, difficulty: Any = "moderate",
+              protocol: EmotionProtocol = SAGE, model: Any = None, base_url: str | None = None,
+              appraisal_mode: str = "free", backend_kwargs: Mapping[str, Any] | None = None,
+              user_kwargs: Mapping[str, Any] | None = None) -> SimulatedUser:
+    """Build a simulated user.
+
+    Args:
+        backend: ``"rule"`` (the rule-based user, no LLM), a backend name
+            (``"transformers"``, ``"vllm"``, ``"openai"``) or a :class:`ChatBackend`.
+        difficulty: preset name, path, dict or :class:`Difficulty`.
+        protocol: the emotion protocol (tells the LLM user the allowed change range).
+        model, base_url: passed to :func:`empathy_gym.backends.make_backend`.
+        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users only).
+        backend_kwargs: more backend constructor arguments.
+        user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` or
+            :class:`~empathy_gym.user.rule_user.RuleUser` arguments.
+
+    Raises:
+        ValueError: unknown backend or bad options.
+    """
+    user_kwargs = dict(user_kwargs or {})
+    if isinstance(backend, str) and backend == "rule":
+        from empathy_gym.user.rule_user import RuleUser
+        return RuleUser(difficulty, **user_kwargs)
+    from empathy_gym.user.llm_user import LLMUser
+    owns = not isinstance(backend, ChatBackend)
+    if owns:
+        from empathy_gym.backends import make_backend
+        backend = make_backend(backend, model=model, base_url=base_url, **dict(backend_kwargs or {}))
+    return LLMUser(backend, difficulty, protocol=protocol, appraisal_mode=appraisal_mode,
+                   owns_backend=owns, **user_kwargs)
+
+
+__all__ = ["Appraisal", "Difficulty", "EmotionProtocol", "RLVER_TRAINING", "SAGE",
+           "SimulatedUser", "SimulatorError", "UserRequest", "UserTurn", "emotion_band",
+           "load_difficulty", "make_user", "resolve_protocol"]

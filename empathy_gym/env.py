@@ -1,0 +1,372 @@
+"""``EmpathyDialogueEnv``: a Gymnasium text environment in which the agent talks with a
+simulated user and is rewarded by the user's emotion (RLVER, arXiv 2507.03112).
+
+An episode is one dialogue with one persona. The observation is the user's newest
+utterance; the action is the agent's next utterance. After each action the simulated
+user appraises it, its emotion e (an int in [0, 100]) moves, and it answers in
+character (see :mod:`empathy_gym.user.base`).
+
+Rewards (``reward_mode``):
+
+* ``"delta"`` (default): r_t = (e_t - e_{t-1}) / 100, in [-1, 1]. The undiscounted
+  return telescopes to (e_T - e_0) / 100, RLVER's objective minus a per-persona
+  constant.
+* ``"final"``: 0 until the last step, then e_T / 100 (RLVER, section 3.1).
+
+In think mode (``think=True``) the agent writes ``<think>...</think>`` before its reply;
+only the reply reaches the user. A missing or unclosed block costs ``format_penalty``
+(default 0.1, i.e. ten emotion points) on that step's reward and sets
+``info["format_error"]``; the user still appraises whatever reply text there was
+(nothing, for an unclosed block). RLVER gives malformed output zero reward; a penalty
+keeps the per-turn reward informative.
+
+``step`` and ``reset`` are split into a *prepare* half and a *finish* half around one
+call to the simulated user, so the vector env and the rollout engine can batch the user
+calls of many dialogues (:mod:`empathy_gym.vector`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, SupportsFloat
+
+import gymnasium as gym
+
+from empathy_gym.backends.base import ChatBackend
+from empathy_gym.personas import Persona, PersonaSource, load_personas
+from empathy_gym.spaces import AnyText
+from empathy_gym.think import split_think
+from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, make_user, resolve_protocol
+from empathy_gym.user.difficulty import load_difficulty
+
+#: Default longest utterance, in characters, in both spaces. Longer actions are accepted
+#: but cut to this length before they reach the user (``info["action_truncated"]``).
+MAX_UTTERANCE_CHARS = 4096
+
+AGENT_SYSTEM_PROMPTS: dict[str, str] = {
+    "en": ("You are a warm, perceptive listener. The person you are talking with is going "
+           "through something difficult. Reply in English, in a few natural sentences."),
+    "zh": "你是一位温暖、敏锐的倾听者。和你聊天的人正经历一些困难。请用中文回复，用几句自然的话。",
+}
+THINK_INSTRUCTIONS: dict[str, str] = {
+    "en": (" Before each reply, think privately inside <think>...</think>; only the text "
+           "after </think> is shown to the person."),
+    "zh": " 每次回复前，先在 <think>...</think> 中私下思考；只有 </think> 之后的内容会被对方看到。",
+}
+
+
+@dataclass
+class Dialogue:
+    """The state of one episode (kept on the env; read-only for callers).
+
+    Attributes:
+        persona: the user's persona.
+        emotion: current emotion, int in [0, 100].
+        turn: agent turns taken so far.
+        history: what the user has seen: ``(("user", opening), ("agent", reply), ...)``.
+        messages: the agent-side chat (system prompt, user turns, the agent's full
+            outputs including any thinking), as ``{"role", "content"}`` dicts.
+        emotions: the emotion after each user turn, starting with e_0.
+        done_reason: ``None`` while running, else "success", "failure" or "max_turns".
+    """
+
+    persona: Persona
+    emotion: int
+    turn: int = 0
+    history: tuple[tuple[str, str], ...] = ()
+    messages: list[dict[str, str]] = field(default_factory=list)
+    emotions: list[int] = field(default_factory=list)
+    done_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """What :meth:`EmpathyDialogueEnv.prepare_step` hands to the simulated user."""
+
+    request: UserRequest
+    action: str
+    format_error: str | None
+    action_truncated: bool
+
+
+class EmpathyDialogueEnv(gym.Env[str, str]):
+    """A dialogue with a simulated user who holds a persona and a hidden intention.
+
+    Args:
+        personas: the persona bank: ``None`` (built-in English and Chinese bank), a bank
+            name (``"en"``, ``"zh"``, ``"rlver"``), a JSONL path, or a list of
+            :class:`~empathy_gym.personas.Persona` / dicts. Validated at construction.
+        difficulty: ``"moderate"``, ``"challenging"``, ``"easy"``, a preset path or dict.
+        backend: the simulated user's engine: ``"rule"`` (default, no LLM),
+            ``"transformers"``, ``"vllm"``, ``"openai"``, or a ``ChatBackend`` instance.
+        model: the user's model (path, hub id, GGUF file, or server model name).
+        base_url: the OpenAI-compatible server's URL (``backend="openai"``).
+        appraisal_mode: ``"free"`` (JSON with thoughts) or ``"choice"`` (scored options).
+        backend_kwargs, user_kwargs: more arguments for the backend and the user.
+        user: a ready :class:`~empathy_gym.user.SimulatedUser` (overrides ``backend``).
+        protocol: ``"sage"`` (default: initial 40, change in [-10, 10], success at 100,
+            failure below 10, 10 turns), ``"rlver_training"``, a dict or an
+            :class:`~empathy_gym.user.EmotionProtocol`.
+        initial_emotion, max_turns: override the protocol's.
+        reward_mode: ``"delta"`` or ``"final"`` (see the module docstring).
+        think: expect ``<think>...</think>`` before each reply.
+        format_penalty: subtracted from the reward of a malformed think-mode action (>= 0).
+        system_prompt: the agent's system prompt in ``info["messages"]``; ``None`` picks
+            a default in the persona's language.
+        max_utterance_chars: the spaces' ``max_length``.
+        render_mode: ``None``, ``"ansi"`` or ``"human"``.
+
+    Observation and action: ``str`` of at most ``max_utterance_chars`` characters
+    (:class:`~empathy_gym.spaces.AnyText`).
+
+    ``info`` (reset and step): ``messages``, ``emotion`` (0-100), ``turn``,
+    ``persona_id``, ``language``. Step adds ``emotion_change`` (the applied change),
+    ``termination_reason``, ``format_error``, ``action_truncated``, ``utterance`` (what
+    reached the user), and, **privileged** (for analysis, never for the policy's input):
+    ``appraisal`` (proposed change, thoughts, raw text, repairs, features),
+    ``hidden_intention`` and ``character_type``.
+
+    Raises:
+        TypeError: ``step`` with a non-``str`` action.
+        RuntimeError: ``step`` before ``reset`` or after the episode ended.
+        PersonaError: an invalid persona bank. ValueError/KeyError: bad options.
+
+    Example:
+        >>> import gymnasium as gym, empathy_gym
+        >>> env = gym.make("EmpathyDialogue-v0")
+        >>> obs, info = env.reset(seed=0)
+        >>> obs, reward, terminated, truncated, info = env.step("That sounds really hard.")
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
+
+    def __init__(self, personas: PersonaSource | None = None, difficulty: Any = "moderate", *,
+                 backend: str | ChatBackend = "rule", model: Any = None,
+                 base_url: str | None = None, appraisal_mode: str = "free",
+                 backend_kwargs: Mapping[str, Any] | None = None,
+                 user_kwargs: Mapping[str, Any] | None = None,
+                 user: SimulatedUser | None = None, protocol: Any = "sage",
+                 initial_emotion: int | None = None, max_turns: int | None = None,
+                 reward_mode: Literal["delta", "final"] = "delta", think: bool = False,
+                 format_penalty: float = 0.1, system_prompt: str | None = None,
+                 max_utterance_chars: int = MAX_UTTERANCE_CHARS,
+                 render_mode: str | None = None):
+        if reward_mode not in ("delta", "final"):
+            raise ValueError(f"reward_mode must be 'delta' or 'final', got {reward_mode!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, "
+                             f"got {render_mode!r}")
+        if format_penalty < 0:
+            raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
+        self.personas: tuple[Persona, ...] = load_personas(personas)
+        self._by_id = {p.id: p for p in self.personas}
+        self.difficulty = load_difficulty(difficulty)
+        self.protocol = resolve_protocol(protocol, initial_emotion=initial_emotion,
+                                         max_turns=max_turns)
+        self._owns_user = user is None
+        self.user: SimulatedUser = user if user is not None else make_user(
+            backend, difficulty=self.difficulty, protocol=self.protocol, model=model,
+            base_url=base_url, appraisal_mode=appraisal_mode, backend_kwargs=backend_kwargs,
+            user_kwargs=user_kwargs)
+        self.reward_mode = reward_mode
+        self.think = think
+        self.format_penalty = float(format_penalty)
+        self.system_prompt = system_prompt
+        self.max_utterance_chars = int(max_utterance_chars)
+        self.render_mode = render_mode
+        self.observation_space = AnyText(max_length=self.max_utterance_chars, min_length=0)
+        self.action_space = AnyText(max_length=self.max_utterance_chars, min_length=0)
+        self.dialogue: Dialogue | None = None
+        self._spec: gym.envs.registration.EnvSpec | None = None
+
+    # -- reset -------------------------------------------------------------------
+    def prepare_reset(self, *, seed: int | None = None,
+                      options: dict[str, Any] | None = None) -> tuple[Persona, int]:
+        """First half of :meth:`reset`: seed, choose the persona, draw the user's seed.
+
+        ``options["persona"]`` picks a persona by id or passes a :class:`Persona`;
+        otherwise it is drawn uniformly with ``self.np_random``.
+
+        Raises:
+            KeyError: an unknown persona id.
+        """
+        super().reset(seed=seed)
+        chosen = (options or {}).get("persona")
+        if chosen is None:
+            persona = self.personas[int(self.np_random.integers(len(self.personas)))]
+        elif isinstance(chosen, Persona):
+            persona = chosen
+        elif chosen in self._by_id:
+            persona = self._by_id[chosen]
+        else:
+            raise KeyError(f"options['persona']: unknown persona id {chosen!r} "
+                           f"(this env has {len(self.personas)} personas)")
+        return persona, self._draw_seed()
+
+    def finish_reset(self, persona: Persona, opening: str) -> tuple[str, dict[str, Any]]:
+        """Second half of :meth:`reset`, given the user's opening utterance."""
+        opening = opening[: self.max_utterance_chars]
+        emotion = (persona.initial_emotion if persona.initial_emotion is not None
+                   else self.protocol.initial_emotion)
+        system = self.system_prompt or AGENT_SYSTEM_PROMPTS[persona.language] + (
+            THINK_INSTRUCTIONS[persona.language] if self.think else "")
+        self.dialogue = Dialogue(
+            persona=persona, emotion=emotion, history=(("user", opening),),
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": opening}],
+            emotions=[emotion])
+        if self.render_mode == "human":
+            self.render()
+        return opening, self._info()
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start a dialogue. Returns the user's opening utterance and ``info``.
+
+        The same ``seed`` gives the same persona, opening line and (with a deterministic
+        user, or a backend that honours seeds) the same dialogue for the same actions.
+        """
+        persona, user_seed = self.prepare_reset(seed=seed, options=options)
+        (opening,) = self.user.opening([persona], [user_seed])
+        return self.finish_reset(persona, opening)
+
+    # -- step --------------------------------------------------------------------
+    def prepare_step(self, action: str) -> PendingStep:
+        """First half of :meth:`step`: check the action, split off thinking, build the
+        request for the simulated user.
+
+        Raises:
+            TypeError: ``action`` is not a ``str``.
+            RuntimeError: no episode is running.
+        """
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str (the agent's utterance), "
+                            f"got {type(action).__name__}")
+        dialogue = self.dialogue
+        if dialogue is None:
+            raise RuntimeError("call reset() before step()")
+        if dialogue.done_reason is not None:
+            raise RuntimeError(f"the episode has ended ({dialogue.done_reason}); "
+                               f"call reset() before step()")
+        split = split_think(action)
+        utterance = split.reply
+        truncated = len(utterance) > self.max_utterance_chars
+        request = UserRequest(persona=dialogue.persona, history=dialogue.history,
+                              utterance=utterance[: self.max_utterance_chars],
+                              emotion=dialogue.emotion, turn=dialogue.turn + 1,
+                              seed=self._draw_seed())
+        return PendingStep(request, action, split.error if self.think else None, truncated)
+
+    def finish_step(self, pending: PendingStep, outcome: UserTurn
+                    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Second half of :meth:`step`, given the simulated user's turn."""
+        dialogue = self.dialogue
+        assert dialogue is not None
+        request = pending.request
+        reply = outcome.reply[: self.max_utterance_chars]
+        previous = dialogue.emotion
+        dialogue.emotion = outcome.emotion
+        dialogue.turn = request.turn
+        dialogue.emotions.append(outcome.emotion)
+        dialogue.history = request.history + (("agent", request.utterance), ("user", reply))
+        dialogue.messages += [{"role": "assistant", "content": pending.action},
+                              {"role": "user", "content": reply}]
+        terminated, truncated, reason = self.protocol.termination(dialogue.emotion, dialogue.turn)
+        dialogue.done_reason = reason
+        if self.reward_mode == "delta":
+            reward = (dialogue.emotion - previous) / 100.0
+        else:
+            reward = dialogue.emotion / 100.0 if (terminated or truncated) else 0.0
+        if pending.format_error is not None:
+            reward -= self.format_penalty
+        info = self._info()
+        info.update(
+            emotion_change=dialogue.emotion - previous, termination_reason=reason,
+            format_error=pending.format_error, action_truncated=pending.action_truncated,
+            utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
+            hidden_intention=dialogue.persona.hidden_intention,
+            character_type=dialogue.persona.character_type)
+        if self.render_mode == "human":
+            self.render()
+        return reply, float(reward), terminated, truncated, info
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Send the agent's utterance to the simulated user.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``: the user's reply,
+            the reward (float, see ``reward_mode``), whether the user ended the dialogue
+            (success or failure), whether the turn limit was reached, and ``info``.
+
+        Raises:
+            TypeError, RuntimeError: see :meth:`prepare_step`.
+            SimulatorError: an LLM user failed to give a valid appraisal.
+        """
+        pending = self.prepare_step(action)
+        (outcome,) = self.user.respond([pending.request], self.protocol)
+        return self.finish_step(pending, outcome)
+
+    # -- helpers -----------------------------------------------------------------
+    @property
+    def spec(self) -> gym.envs.registration.EnvSpec | None:
+        """The ``EnvSpec`` set by ``gym.make``; marked ``nondeterministic`` whenever the
+        simulated user is (an LLM user), even for an id registered with the rule user."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: gym.envs.registration.EnvSpec | None) -> None:
+        if value is not None and not self.user.deterministic and not value.nondeterministic:
+            value = dataclasses.replace(value, nondeterministic=True)
+        self._spec = value
+
+    def _draw_seed(self) -> int:
+        return int(self.np_random.integers(2**31 - 1))
+
+    def _info(self) -> dict[str, Any]:
+        dialogue = self.dialogue
+        assert dialogue is not None
+        return {"messages": [dict(m) for m in dialogue.messages], "emotion": dialogue.emotion,
+                "turn": dialogue.turn, "persona_id": dialogue.persona.id,
+                "language": dialogue.persona.language}
+
+    def render(self) -> str | None:
+        """``"ansi"``: return the transcript with an emotion bar; ``"human"``: print it."""
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' "
+                            "or 'human' to gym.make")
+            return None
+        text = render_transcript(self.dialogue)
+        if self.render_mode == "human":
+            print(text, flush=True)
+            return None
+        return text
+
+    def close(self) -> None:
+        if self._owns_user:
+            self.user.close()
+        super().close()
+
+
+def emotion_bar(emotion: int, width: int = 20) -> str:
+    """``[########------------]  40/100`` for an emotion in [0, 100]."""
+    filled = round(width * emotion / 100)
+    return f"[{'#' * filled}{'-' * (width - filled)}] {emotion:3d}/100"
+
+
+def render_transcript(dialogue: Dialogue | None) -> str:
+    """The dialogue so far: one line per utterance, the emotion bar after each user turn."""
+    if dialogue is None:
+        return "(no dialogue: call reset())"
+    lines = [f"persona {dialogue.persona.id} ({dialogue.persona.language})"]
+    user_turn = 0
+    for role, text in dialogue.history:
+        if role == "user":
+            lines.append(f"USER : {text}")
+            lines.append(f"       emotion {emotion_bar(dialogue.emotions[user_turn])}")
+            user_turn += 1
+        else:
+            lines.append(f"AGENT: {text}")
+    if dialogue.done_reason:
+        lines.append(f"(ended: {dialogue.done_reason})")
+    return "\n".join(lines)

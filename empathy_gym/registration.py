@@ -1,0 +1,91 @@
+"""Registering environment ids with Gymnasium: the built-in ones and your own.
+
+Built-in ids (all with the rule-based user unless ``backend=`` says otherwise at
+``gym.make``):
+
+=============================  ===========  =======================================
+id                             difficulty   personas
+=============================  ===========  =======================================
+``EmpathyDialogue-v0``         moderate     built-in bank (English and Chinese)
+``EmpathyDialogue-Hard-v0``    challenging  built-in bank
+``EmpathyDialogue-Easy-v0``    easy         built-in bank
+``EmpathyDialogue-RLVER-v0``   moderate     the 500 RLVER training profiles (Chinese)
+=============================  ===========  =======================================
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+
+from empathy_gym.personas import PersonaSource, load_personas
+from empathy_gym.user.difficulty import load_difficulty
+
+ENTRY_POINT = "empathy_gym.env:EmpathyDialogueEnv"
+
+BUILTIN_IDS: dict[str, dict[str, Any]] = {
+    "EmpathyDialogue-v0": {"difficulty": "moderate"},
+    "EmpathyDialogue-Hard-v0": {"difficulty": "challenging"},
+    "EmpathyDialogue-Easy-v0": {"difficulty": "easy"},
+    "EmpathyDialogue-RLVER-v0": {"difficulty": "moderate", "personas": "rlver"},
+}
+
+
+def register_persona_env(id: str, personas: PersonaSource | None = None,
+                         difficulty: Any = "moderate", *, override: bool = False,
+                         **kwargs: Any) -> gym.envs.registration.EnvSpec:
+    """Register a dialogue environment with its own persona bank and difficulty.
+
+    The bank and the difficulty are validated now, so a bad file fails at
+    registration with its path, line and field, not at the first ``gym.make``.
+
+    Args:
+        id: a Gymnasium id, version last: ``"MyClinic-v0"``, ``"MyClinic-Hard-v0"``.
+        personas: a JSONL path (either format), a bank name, or a list of personas or
+            dicts; ``None`` for the built-in bank.
+        difficulty: preset name, JSON path or dict.
+        override: replace an existing id instead of raising.
+        **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
+            (``backend``, ``model``, ``protocol``, ``reward_mode``, ``think``, ...);
+            ``gym.make`` keyword arguments override them. An id with an LLM backend is
+            registered ``nondeterministic=True``.
+
+    Returns:
+        The registered ``EnvSpec``.
+
+    Raises:
+        PersonaError: an invalid bank. ValueError/KeyError: an invalid difficulty.
+        gymnasium.error.Error: the id exists and ``override`` is false.
+    """
+    bank = load_personas(personas)
+    load_difficulty(difficulty)
+    if id in gym.registry and not override:
+        raise gym.error.Error(f"environment id {id!r} is already registered; "
+                              f"pass override=True to replace it")
+    if personas is not None and not isinstance(personas, (str, os.PathLike)):
+        personas = bank  # keep validated Persona objects, not raw dicts
+    elif isinstance(personas, os.PathLike):
+        personas = os.fspath(personas)
+    backend = kwargs.get("backend", "rule")
+    gym.register(
+        id=id,
+        entry_point=ENTRY_POINT,
+        nondeterministic=not (isinstance(backend, str) and backend == "rule"),
+        kwargs={"personas": personas, "difficulty": difficulty, **kwargs},
+    )
+    return gym.spec(id)
+
+
+def register_builtin_envs() -> None:
+    """Register :data:`BUILTIN_IDS` (called on ``import empathy_gym``; idempotent)."""
+    for env_id, kwargs in BUILTIN_IDS.items():
+        if env_id in gym.registry:
+            continue
+        gym.register(
+            id=env_id,
+            entry_point=ENTRY_POINT,
+                nondeterministic=False,
+            kwargs={"personas": kwargs.get("personas"), "difficulty": kwargs["difficulty"]},
+        )

@@ -1,0 +1,141 @@
+"""Prompts of the LLM simulated user, rendered from per-language template files in
+``empathy_gym/user/prompts/<language>/`` (our own wording; the structure follows SAGE,
+arXiv 2505.02847, section 2.2: persona + scenario + hidden intention, then appraisal
+and reply).
+
+The agent's words never enter a prompt as free text: the history and the newest
+utterance are inserted as JSON (``json.dumps``), and the system prompt tells the
+model they are data, not instructions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from empathy_gym.personas import LANGUAGES, Persona
+from empathy_gym.user.base import Utterance, UserRequest
+from empathy_gym.user.difficulty import Difficulty
+from empathy_gym.user.protocol import EmotionProtocol, emotion_band
+
+_DIR = Path(__file__).resolve().parent / "prompts"
+_TEMPLATES = ("system", "appraisal", "appraisal_choice", "reply", "opening", "repair",
+              "repair_choice")
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The templates and words of one language."""
+
+    templates: dict[str, string.Template]
+    bands: dict[str, str]
+    words: dict
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_set(language: str) -> PromptSet:
+    """The prompts of ``language`` (``"en"`` or ``"zh"``).
+
+    Raises:
+        ValueError: unknown language.
+    """
+    if language not in LANGUAGES:
+        raise ValueError(f"no prompts for language {language!r}; known: {list(LANGUAGES)}")
+    folder = _DIR / language
+    templates = {name: string.Template((folder / f"{name}.txt").read_text(encoding="utf-8").strip())
+                 for name in _TEMPLATES}
+    bands = json.loads((folder / "bands.json").read_text(encoding="utf-8"))
+    words = json.loads((folder / "words.json").read_text(encoding="utf-8"))
+    return PromptSet(templates, bands, words)
+
+
+def _history_json(history: Sequence[Utterance]) -> str:
+    turns = [{"me" if role == "user" else "listener": text} for role, text in history]
+    return json.dumps(turns, ensure_ascii=False, indent=1)
+
+
+def system_prompt(persona: Persona, difficulty: Difficulty) -> str:
+    """The simulator's system prompt: persona, scenario, hidden intention, difficulty."""
+    prompts = prompt_set(persona.language)
+    words = prompts.words
+    return prompts.templates["system"].substitute(
+        profile=persona.profile,
+        scenario=persona.scenario,
+        character_type=words["character_types"][persona.character_type],
+        traits=words["trait_separator"].join(persona.traits) or "-",
+        intention=persona.intention_text(),
+        difficulty=difficulty.prompt.get(persona.language, ""),
+    )
+
+
+def _change_range(language: str, protocol: EmotionProtocol) -> str:
+    words = prompt_set(language).words
+    if protocol.min_change is None or protocol.max_change is None:
+        return words["change_range_open"]
+    return string.Template(words["change_range"]).substitute(
+        low=f"{protocol.min_change:+d}", high=f"{protocol.max_change:+d}")
+
+
+def option_letters(count: int) -> list[str]:
+    """``count`` option labels: ``["A", "B", ...]`` (at most 26)."""
+    if not 1 <= count <= 26:
+        raise ValueError(f"between 1 and 26 options are supported, got {count}")
+    return list(string.ascii_uppercase[:count])
+
+
+def appraisal_messages(request: UserRequest, difficulty: Difficulty,
+                       protocol: EmotionProtocol, choices: Sequence[int] | None = None) -> Messages:
+    """The chat for one appraisal: free-text JSON (``choices is None``) or a lettered
+    multiple choice over the emotion changes in ``choices``."""
+    persona = request.persona
+    prompts = prompt_set(persona.language)
+    fields = dict(history=_history_json(request.history),
+                  utterance=json.dumps(request.utterance, ensure_ascii=False),
+                  emotion=request.emotion)
+    if choices is None:
+        body = prompts.templates["appraisal"].substitute(
+            change_range=_change_range(persona.language, protocol), **fields)
+    else:
+        option = string.Template(prompts.words["option"])
+        options = "\n".join(option.substitute(letter=letter, change=f"{change:+d}")
+                            for letter, change in zip(option_letters(len(choices)), choices))
+        body = prompts.templates["appraisal_choice"].substitute(options=options, **fields)
+    return [{"role": "system", "content": system_prompt(persona, difficulty)},
+            {"role": "user", "content": body}]
+
+
+def repair_message(language: str, error: str | None = None,
+                   letters: Sequence[str] | None = None) -> dict[str, str]:
+    """The user-turn message that asks the model to answer again in the right format."""
+    prompts = prompt_set(language)
+    if letters is not None:
+        text = prompts.templates["repair_choice"].substitute(letters=", ".join(letters))
+    else:
+        text = prompts.templates["repair"].substitute(error=error or "invalid")
+    return {"role": "user", "content": text}
+
+
+def reply_messages(request: UserRequest, difficulty: Difficulty, thoughts: str,
+                   emotion: int) -> Messages:
+    """The chat for the in-character reply at the new ``emotion`` (0-100)."""
+    persona = request.persona
+    prompts = prompt_set(persona.language)
+    body = prompts.templates["reply"].substitute(
+        history=_history_json(request.history),
+        utterance=json.dumps(request.utterance, ensure_ascii=False),
+        thoughts=thoughts or "-", emotion=emotion, band=prompts.bands[emotion_band(emotion)])
+    return [{"role": "system", "content": system_prompt(persona, difficulty)},
+            {"role": "user", "content": body}]
+
+
+def opening_messages(persona: Persona, difficulty: Difficulty, emotion: int) -> Messages:
+    """The chat that asks for the user's first utterance."""
+    body = prompt_set(persona.language).templates["opening"].substitute(emotion=emotion)
+    return [{"role": "system", "content": system_prompt(persona, difficulty)},
+            {"role": "user", "content": body}]

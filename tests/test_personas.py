@@ -1,0 +1,148 @@
+import collections
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from empathy_gym.personas import (INTENTIONS, Persona, PersonaError, load_personas,
+                                  load_personas_file, persona_from_rlver)
+from empathy_gym.resources import envs_dir
+
+SHARED_RLVER = Path(__file__).resolve().parents[2] / "shared" / "data" / "rlver" / "train_profile.jsonl"
+GOOD = {"id": "p1", "language": "en", "profile": "Ana, 30, nurse. Speaks fast.",
+        "scenario": "Ana was blamed for a colleague's mistake.", "hidden_intention": "not_at_fault",
+        "character_type": "negative", "traits": ["proud", "tired"]}
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_all_500_rlver_profiles_load_and_map_to_standard_ids():
+    personas = load_personas("rlver")
+    assert len(personas) == 500
+    # Counts from the data's README (envs/rlver/README.md).
+    assert collections.Counter(p.hidden_intention for p in personas) == {
+        "not_at_fault": 66, "guided_reflection": 66, "dialectical_analysis": 66, "deep_empathy": 64,
+        "venting_listened": 63, "others_motives": 60, "practical_advice": 58, "specific_praise": 57}
+    assert collections.Counter(p.character_type for p in personas) == {
+        "negative": 183, "passive": 174, "avoidant": 143}
+    assert all(p.language == "zh" and len(p.traits) == 3 and p.opening_line is None for p in personas)
+    assert all("####隐藏主题" not in p.scenario and p.intention_text() not in p.scenario
+               for p in personas)
+    first = personas[0]
+    assert first.id == "6186ad54-5996-4b91-9402-6a5e4c2ae9ad"
+    assert (first.name, first.hidden_intention, first.character_type) == ("王丽娜", "practical_advice", "passive")
+    assert first.traits == ("内向", "谦逊", "愤懑")
+
+
+@pytest.mark.skipif(not SHARED_RLVER.exists(), reason="no ../shared checkout beside the repo")
+def test_vendored_rlver_copy_matches_shared_data():
+    vendored = envs_dir() / "rlver" / "train_profile.jsonl"
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    assert digest(vendored) == digest(SHARED_RLVER)
+
+
+def test_sage_first_talk_becomes_opening_line():
+    record = json.loads((envs_dir() / "rlver" / "train_profile.jsonl").open(encoding="utf-8").readline())
+    record["first_talk"] = "  我最近睡不好。 "
+    assert persona_from_rlver(record).opening_line == "我最近睡不好。"
+
+
+def test_unknown_task_is_kept_as_free_text(tmp_path):
+    record = json.loads((envs_dir() / "rlver" / "train_profile.jsonl").open(encoding="utf-8").readline())
+    record["task"] = "你希望对方陪你聊聊天"
+    persona = persona_from_rlver(record)
+    assert persona.hidden_intention == "你希望对方陪你聊聊天"
+    assert not persona.intention_is_standard
+    assert persona.intention_text() == "你希望对方陪你聊聊天"
+
+
+def test_rlver_bad_character_label_names_file_line_field(tmp_path):
+    record = json.loads((envs_dir() / "rlver" / "train_profile.jsonl").open(encoding="utf-8").readline())
+    bad = dict(record, id="x2", main_cha="开朗型")
+    path = write_jsonl(tmp_path / "bank.jsonl", [record, bad])
+    with pytest.raises(PersonaError) as info:
+        load_personas_file(path)
+    assert info.value.line == 2 and info.value.field == "main_cha"
+    assert f"{path.resolve()}:2: field 'main_cha'" in str(info.value)
+
+
+def test_rlver_missing_field_is_named(tmp_path):
+    record = json.loads((envs_dir() / "rlver" / "train_profile.jsonl").open(encoding="utf-8").readline())
+    del record["task"]
+    path = write_jsonl(tmp_path / "bank.jsonl", [record])
+    with pytest.raises(PersonaError, match=r":1: field 'task': 'task' is a required property"):
+        load_personas_file(path)
+
+
+def test_our_format_round_trip(tmp_path):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2", opening_line="Hey.")])
+    personas = load_personas(str(path))
+    assert personas[0] == Persona(**dict(GOOD, traits=("proud", "tired")))
+    assert personas[1].opening_line == "Hey."
+    assert personas[0].intention_text() == INTENTIONS["not_at_fault"][0]
+    assert personas[0].intention_text("zh") == INTENTIONS["not_at_fault"][1]
+
+
+@pytest.mark.parametrize("change,field,message", [
+    ({"character_type": "cheerful"}, "character_type", "is not one of"),
+    ({"language": "fr"}, "language", "is not one of"),
+    ({"initial_emotion": 140}, "initial_emotion", "140 is greater than the maximum of 100"),
+    ({"traits": "proud"}, "traits", "is not of type 'array'"),
+    ({"topic": "work"}, "topic", "Additional properties are not allowed"),
+    ({"profile": ""}, "profile", "should be non-empty"),
+])
+def test_schema_errors_name_file_line_field(tmp_path, change, field, message):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2"), dict(GOOD, id="p3", **change)])
+    with pytest.raises(PersonaError) as info:
+        load_personas_file(path)
+    assert (info.value.line, info.value.field) == (3, field)
+    assert str(info.value).startswith(f"{path.resolve()}:3: field '{field}': ")
+    assert message in str(info.value)
+
+
+def test_missing_required_field(tmp_path):
+    record = dict(GOOD)
+    del record["hidden_intention"]
+    path = write_jsonl(tmp_path / "bank.jsonl", [record])
+    with pytest.raises(PersonaError, match=r":1: field 'hidden_intention': 'hidden_intention' is a required"):
+        load_personas_file(path)
+
+
+def test_bad_json_line(tmp_path):
+    path = tmp_path / "bank.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n{oops\n", encoding="utf-8")
+    with pytest.raises(PersonaError, match=r"bank.jsonl:3: not valid JSON"):
+        load_personas_file(path)
+
+
+def test_duplicate_id(tmp_path):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, GOOD])
+    with pytest.raises(PersonaError, match=r":2: field 'id': duplicate persona id 'p1' \(first on line 1\)"):
+        load_personas_file(path)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "bank.jsonl"
+    path.write_text("\n", encoding="utf-8")
+    with pytest.raises(PersonaError, match="holds no personas"):
+        load_personas_file(path)
+
+
+def test_list_input_reports_index():
+    with pytest.raises(PersonaError, match=r"<list>:2: field 'character_type'"):
+        load_personas([GOOD, dict(GOOD, id="p2", character_type="x")])
+    with pytest.raises(PersonaError, match=r"<list>:1: expected a Persona or a dict, got int"):
+        load_personas([3])
+
+
+def test_edited_file_is_reloaded(tmp_path):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD])
+    assert len(load_personas_file(path)) == 1
+    import os, time
+    write_jsonl(path, [GOOD, dict(GOOD, id="p2")])
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert len(load_personas_file(path)) == 2
