@@ -1,0 +1,67 @@
+"""Play 20 dialogues on the RLVER training profiles with a scripted agent.
+
+    python examples/quickstart.py                       # rule-based user, offline
+    python examples/quickstart.py --personas ../shared/data/rlver/train_profile.jsonl
+    python examples/quickstart.py --backend openai --base-url http://localhost:8000/v1 \
+        --model Qwen/Qwen2.5-7B-Instruct                # an LLM user on a server
+
+Prints each transcript with its emotion bar, the per-turn rewards, and the mean final
+emotion (SAGE's Sentient score, on this persona set and user).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import gymnasium as gym
+import numpy as np
+
+import empathy_gym  # noqa: F401  (registers the environment ids)
+from empathy_gym.baselines import BASELINES
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="EmpathyDialogue-RLVER-v0", help="environment id")
+    parser.add_argument("--personas", default=None,
+                        help="persona bank (JSONL path or bank name); default: the id's own")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--agent", choices=sorted(BASELINES), default="listener")
+    parser.add_argument("--backend", default="rule", help="rule | transformers | vllm | openai")
+    parser.add_argument("--model", default=None, help="the simulated user's model")
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible server URL")
+    parser.add_argument("--appraisal-mode", choices=["free", "choice"], default="free")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    args = parser.parse_args()
+
+    kwargs = dict(backend=args.backend, model=args.model, base_url=args.base_url,
+                  appraisal_mode=args.appraisal_mode, render_mode="ansi")
+    if args.personas:
+        kwargs["personas"] = args.personas
+    env = gym.make(args.env, **kwargs)
+    agent = BASELINES[args.agent]()
+    finals, returns = [], []
+    for episode in range(args.episodes):
+        obs, info = env.reset(seed=args.seed + episode)
+        rewards, done = [], False
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(agent(info["messages"]))
+            rewards.append(reward)
+            done = terminated or truncated
+        finals.append(info["emotion"])
+        returns.append(sum(rewards))
+        if not args.quiet:
+            print(f"\n=== episode {episode + 1}/{args.episodes} ===")
+            print(env.render())
+            print("rewards:", " ".join(f"{r:+.2f}" for r in rewards),
+                  f"| return {sum(rewards):+.2f} | final emotion {info['emotion']}"
+                  f" ({info['termination_reason']})")
+    env.close()
+    print(f"\n{args.episodes} dialogues, agent={args.agent}, user={args.backend}: "
+          f"mean final emotion {np.mean(finals):.1f} (sd {np.std(finals):.1f}), "
+          f"mean return {np.mean(returns):+.3f}")
+
+
+if __name__ == "__main__":
+    main()
