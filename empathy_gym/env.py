@@ -28,7 +28,7 @@ calls of many dialogues (:mod:`empathy_gym.vector`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsFloat
 
@@ -370,3 +370,54 @@ def render_transcript(dialogue: Dialogue | None) -> str:
     if dialogue.done_reason:
         lines.append(f"(ended: {dialogue.done_reason})")
     return "\n".join(lines)
+
+
+def _grouped_by_user(envs: Sequence[EmpathyDialogueEnv]) -> dict[tuple[int, Any], list[int]]:
+    groups: dict[tuple[int, Any], list[int]] = {}
+    for index, env in enumerate(envs):
+        groups.setdefault((id(env.user), env.protocol), []).append(index)
+    return groups
+
+
+def reset_many(envs: Sequence[EmpathyDialogueEnv], seeds: Sequence[int | None],
+               options: Sequence[dict[str, Any] | None] | None = None
+               ) -> list[tuple[str, dict[str, Any]]]:
+    """Reset several envs, asking each simulated user for all its openings in one
+    batched call. Equivalent to ``[env.reset(seed=s, options=o) ...]``, result for
+    result, when the user is deterministic.
+
+    Args:
+        envs: unwrapped :class:`EmpathyDialogueEnv` instances (they may share a user).
+        seeds: one seed (or ``None``) per env.
+        options: one ``reset`` options dict (or ``None``) per env.
+    """
+    options = options if options is not None else [None] * len(envs)
+    prepared = [env.prepare_reset(seed=s, options=o) for env, s, o in zip(envs, seeds, options)]
+    openings: list[str] = [""] * len(envs)
+    for indices in _grouped_by_user(envs).values():
+        user = envs[indices[0]].user
+        texts = user.opening([prepared[i][0] for i in indices], [prepared[i][1] for i in indices])
+        for i, text in zip(indices, texts):
+            openings[i] = text
+    return [env.finish_reset(persona, opening)
+            for env, (persona, _), opening in zip(envs, prepared, openings)]
+
+
+def step_many(envs: Sequence[EmpathyDialogueEnv], actions: Sequence[str]
+              ) -> list[tuple[str, SupportsFloat, bool, bool, dict[str, Any]]]:
+    """Step several envs, sending all simulated-user turns that share a user to it as one
+    batch (one batched generate per phase for LLM users). Each env keeps its own
+    dialogue, seed and result: the i-th result always belongs to ``envs[i]``.
+
+    Raises:
+        TypeError, RuntimeError: as :meth:`EmpathyDialogueEnv.step`, before any user call.
+    """
+    pendings = [env.prepare_step(action) for env, action in zip(envs, actions)]
+    outcomes: list[UserTurn | None] = [None] * len(envs)
+    for (_, protocol), indices in _grouped_by_user(envs).items():
+        user = envs[indices[0]].user
+        turns = user.respond([pendings[i].request for i in indices], protocol)
+        for i, turn in zip(indices, turns):
+            outcomes[i] = turn
+    return [env.finish_step(pending, outcome)  # type: ignore[arg-type]
+            for env, pending, outcome in zip(envs, pendings, outcomes)]

@@ -210,3 +210,19 @@ def test_bad_constructor_arguments():
         make([0], render_mode="rgb_array")
     with pytest.raises(ValueError, match="format_penalty"):
         make([0], format_penalty=-1)
+
+
+def test_step_many_batches_user_calls_and_keeps_each_dialogue():
+    from empathy_gym.env import reset_many, step_many
+    user = ScriptedUser(change_fn=lambda r: 10 if r.persona.id == "p1" else -10)
+    envs = [EmpathyDialogueEnv(PERSONAS, user=user) for _ in range(3)]
+    singles = [EmpathyDialogueEnv(PERSONAS, user=ScriptedUser(change_fn=user.change_fn)) for _ in range(3)]
+    options = [{"persona": "p1"}, {"persona": "p2"}, {"persona": "p1"}]
+    batch = reset_many(envs, [0, 1, 2], options)
+    alone = [e.reset(seed=s, options=o) for e, s, o in zip(singles, [0, 1, 2], options)]
+    assert [b[0] for b in batch] == [a[0] for a in alone]
+    calls_before = user.calls
+    results = step_many(envs, ["a", "b", "c"])
+    assert user.calls == calls_before + 1  # one batched appraisal for three dialogues
+    assert [r[4]["emotion"] for r in results] == [50, 30, 50]
+    assert [r[1] for r in results] == [s.step(a)[1] for s, a in zip(singles, "abc")]
