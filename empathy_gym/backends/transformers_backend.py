@@ -1,0 +1,319 @@
+"""A local causal LM through Hugging Face transformers, on CPU or GPU.
+
+:class:`TransformersBackend` loads a model from a local directory, a hub id, a GGUF
+file or takes an already-loaded model, renders each conversation with the tokenizer's
+chat template, left-pads the batch and calls ``model.generate``.
+
+Seeding: each conversation gets its own ``torch.Generator`` seeded with its seed, and
+its next token is drawn from its own (temperature, top-p) distribution with that
+generator (:class:`PerRowSampler`). A conversation's completion therefore depends on
+its seed and its own logits only, not on which other conversations share its batch
+or on the global torch RNG; the one caveat is that its logits can differ in the last
+bits between batches of different widths (padding changes the shapes of the
+matrix products), which can in rare cases flip a sampled or greedy token. Same seeds,
+same batch, same device and library versions: same completions.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
+                          LogitsProcessor, LogitsProcessorList)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from empathy_gym.backends.base import BackendError, ChatBackend, Conversation
+
+
+class PerRowSampler(LogitsProcessor):
+    """Sample each row's next token with that row's own ``torch.Generator``.
+
+    Used with greedy decoding (``do_sample=False``): the scores it returns are ``-inf``
+    everywhere except 0 at the sampled token, so ``argmax`` picks the sample. Runs
+    after the model's other logits processors (e.g. ``repetition_penalty``).
+
+    Args:
+        temperature: > 0; logits are divided by it (transformers' ``TemperatureLogitsWarper``).
+        top_p: in (0, 1]; nucleus filtering (transformers' ``TopPLogitsWarper``) when < 1.
+        generators: one ``torch.Generator`` per batch row, on the scores' device.
+    """
+
+    def __init__(self, temperature: float, top_p: float, generators: Sequence[torch.Generator]):
+        self.warpers = [TemperatureLogitsWarper(temperature)]
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+        self.generators = list(generators)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """scores: (B, V) float logits -> (B, V), 0 at each row's sampled token, -inf elsewhere."""
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        chosen = torch.stack([torch.multinomial(probs[row], 1, generator=generator)
+                              for row, generator in enumerate(self.generators)])
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, chosen, 0.0)
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> str | torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else "auto"
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"TransformersBackend: unknown dtype {dtype!r}; use 'auto', 'float32', "
+                         "'bfloat16', 'float16' or a torch.dtype")
+    return resolved
+
+
+class TransformersBackend(ChatBackend):
+    """A causal LM run in-process with transformers (:class:`~empathy_gym.backends.base.ChatBackend`).
+
+    Args:
+        model: a local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
+            path ending in ``.gguf`` (loaded as ``from_pretrained(parent_dir,
+            gguf_file=name)``, dequantised), or a loaded ``PreTrainedModel`` (then
+            ``tokenizer`` is required).
+        tokenizer: ``None`` (load from ``model``, GGUF included), a path or hub id, or a
+            loaded tokenizer. It must have a chat template (or pass ``chat_template``).
+            If it has no pad token, its eos token becomes the pad token.
+        device: ``"auto"`` (CUDA when available, else CPU), or any torch device such as
+            ``"cpu"``, ``"cuda:1"``. A loaded model with ``"auto"`` stays where it is.
+        dtype: ``"auto"`` (float32 on CPU, the checkpoint's dtype on GPU), a name such as
+            ``"bfloat16"``, or a ``torch.dtype``. A loaded model with ``"auto"`` is not cast.
+        gguf_file: the GGUF file's name inside ``model`` (a directory or hub id); not
+            needed when ``model`` itself ends in ``.gguf``.
+        chat_template: a Jinja chat template replacing the tokenizer's.
+        max_batch_size: conversations per forward batch (>= 1); larger inputs are cut
+            into consecutive chunks.
+        trust_remote_code: passed to ``from_pretrained``.
+        model_kwargs: more keyword arguments for ``AutoModelForCausalLM.from_pretrained``
+            (e.g. ``{"attn_implementation": "sdpa"}``).
+
+    Attributes:
+        model: the ``PreTrainedModel``, in eval mode.
+        tokenizer: its tokenizer.
+        device: the ``torch.device`` inputs are sent to.
+
+    Raises:
+        BackendError: the model or tokenizer cannot be loaded (message names the source),
+            or the tokenizer has no chat template.
+        ValueError: a bad argument (``max_batch_size`` < 1, unknown dtype, a loaded model
+            without a tokenizer).
+    """
+
+    name = "transformers"
+    supports_seed = True
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, device: str | torch.device = "auto",
+                 dtype: str | torch.dtype = "auto", gguf_file: str | None = None,
+                 chat_template: str | None = None, max_batch_size: int = 16,
+                 trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None):
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"TransformersBackend: max_batch_size must be an int >= 1, "
+                             f"got {max_batch_size!r}")
+        self.max_batch_size = max_batch_size
+        if isinstance(model, (str, os.PathLike)):
+            self.device = _resolve_device(device)
+            self.model, self.tokenizer = self._load(
+                os.fspath(model), tokenizer, gguf_file, _resolve_dtype(dtype, self.device),
+                trust_remote_code, model_kwargs or {})
+        else:
+            if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+                raise ValueError("TransformersBackend: with a loaded model object, pass its "
+                                 "loaded tokenizer as tokenizer=")
+            self.model, self.tokenizer = model, tokenizer
+            if device != "auto":
+                self.model.to(_resolve_device(device))
+            if dtype != "auto":
+                self.model.to(_resolve_dtype(dtype, self.model.device))
+            self.device = self.model.device
+        self.model.eval()
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BackendError("TransformersBackend: the tokenizer has no chat template; pass "
+                               "chat_template= (a Jinja string)")
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._eos_ids = self._collect_eos_ids()
+
+    def _load(self, source: str, tokenizer: Any, gguf_file: str | None, dtype: Any,
+              trust_remote_code: bool, model_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        if gguf_file is None and source.lower().endswith(".gguf"):
+            path = Path(source)
+            source, gguf_file = str(path.parent), path.name
+        gguf = {"gguf_file": gguf_file} if gguf_file else {}
+        where = source + (f" (gguf_file={gguf_file})" if gguf_file else "")
+        try:
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
+                                                          **gguf)
+            elif isinstance(tokenizer, (str, os.PathLike)):
+                tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer),
+                                                          trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"TransformersBackend: cannot load the tokenizer of {where}: {exc}") from exc
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, trust_remote_code=trust_remote_code, **gguf, **model_kwargs)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"TransformersBackend: cannot load the model {where}: {exc}") from exc
+        return model.to(self.device), tokenizer
+
+    def _collect_eos_ids(self) -> list[int]:
+        ids = [self.tokenizer.eos_token_id]
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids += configured if isinstance(configured, (list, tuple)) else [configured]
+        return sorted({int(i) for i in ids if i is not None})
+
+    def _encode(self, conversations: Sequence[Conversation]) -> dict[str, torch.Tensor]:
+        """Chat-template, tokenize and LEFT-pad: input_ids and attention_mask, (B, T) int64."""
+        rows = []
+        for index, conversation in enumerate(conversations):
+            if not conversation:
+                raise ValueError(f"TransformersBackend: conversation {index} is empty")
+            rows.append(self.tokenizer.apply_chat_template(
+                list(conversation), add_generation_prompt=True, tokenize=True,
+                return_dict=True)["input_ids"])
+        batch = self.tokenizer.pad({"input_ids": rows}, padding=True, padding_side="left",
+                                   return_tensors="pt")
+        return {key: batch[key].to(self.device) for key in ("input_ids", "attention_mask")}
+
+    def _chunks(self, items: Sequence[Any]) -> list[Sequence[Any]]:
+        return [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
+
+    def _generators(self, seeds: Sequence[int | None]) -> list[torch.Generator]:
+        generators = []
+        for seed in seeds:
+            if seed is None:  # drawn from the global torch RNG: reproducible under torch.manual_seed
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            generators.append(torch.Generator(device=self.device).manual_seed(int(seed)))
+        return generators
+
+    @torch.inference_mode()
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+                 temperature: float = 0.7, top_p: float = 1.0,
+                 seeds: Sequence[int | None] | None = None) -> list[str]:
+        """Complete each conversation with one assistant message (see the module docstring
+        for what seeds guarantee).
+
+        Args:
+            conversations: B conversations (lists of ``{"role", "content"}`` dicts).
+            max_tokens: new tokens per completion, >= 1.
+            temperature: >= 0; 0 is greedy decoding (seeds are then unused).
+            top_p: nucleus mass in (0, 1].
+            seeds: B ints or ``None``s, or ``None``; a ``None`` seed is drawn from the global
+                torch RNG.
+
+        Returns:
+            B strings: the decoded new tokens, special tokens removed (``<think>`` and
+            ``</think>`` stay where the tokenizer marks them non-special), whitespace
+            stripped at both ends.
+
+        Raises:
+            ValueError: bad ``max_tokens``, ``temperature``, ``top_p``, or ``seeds`` whose
+                length is not B.
+        """
+        if max_tokens < 1:
+            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
+        if temperature < 0:
+            raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+        seeds = [None] * len(conversations) if seeds is None else list(seeds)
+        if len(seeds) != len(conversations):
+            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
+        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False,
+                                  eos_token_id=self._eos_ids,
+                                  pad_token_id=self.tokenizer.pad_token_id)
+        texts: list[str] = []
+        for chunk, chunk_seeds in zip(self._chunks(conversations), self._chunks(seeds)):
+            batch = self._encode(chunk)
+            processors = LogitsProcessorList()
+            if temperature > 0:
+                processors.append(PerRowSampler(temperature, top_p, self._generators(chunk_seeds)))
+            output = self.model.generate(**batch, generation_config=config,
+                                         logits_processor=processors)
+            new_tokens = output[:, batch["input_ids"].shape[1]:]
+            texts += [text.strip() for text in
+                      self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+        return texts
+
+    def option_token_ids(self, options: Sequence[str]) -> list[int]:
+        """The first token id of each option, tokenized alone (no special tokens, no
+        leading space), as it would start the assistant's reply right after the chat
+        template's generation prompt.
+
+        Raises:
+            ValueError: no options, an option that tokenizes to nothing, or two options
+                sharing their first token (they could not be told apart).
+        """
+        if not options:
+            raise ValueError("choice_logprobs: options is empty")
+        ids = []
+        for option in options:
+            tokens = self.tokenizer.encode(option, add_special_tokens=False)
+            if not tokens:
+                raise ValueError(f"choice_logprobs: option {option!r} tokenizes to no token")
+            ids.append(tokens[0])
+        if len(set(ids)) != len(ids):
+            names = [self.tokenizer.convert_ids_to_tokens(i) for i in ids]
+            raise ValueError(f"choice_logprobs: options {list(options)} share a first token "
+                             f"({names}); use options that start with different tokens")
+        return ids
+
+    @torch.inference_mode()
+    def choice_logprobs(self, conversations: Sequence[Conversation],
+                        options: Sequence[str]) -> np.ndarray:
+        """Log-probability that the assistant's reply starts with each option.
+
+        One forward pass over the left-padded prompts (position ids from the attention
+        mask); at the last prompt position, ``log_softmax`` over the whole vocabulary
+        in float32, read at each option's first token (:meth:`option_token_ids`).
+        Options should be single tokens (``"A"``..``"E"`` are in any byte-level BPE);
+        for a longer option only its first token counts.
+
+        Returns:
+            float64 array (B, K): natural-log probabilities, finite, each row's
+            ``exp`` summing to at most 1.
+
+        Raises:
+            ValueError: as :meth:`option_token_ids`.
+        """
+        option_ids = torch.tensor(self.option_token_ids(options), device=self.device)
+        rows = []
+        for chunk in self._chunks(conversations):
+            batch = self._encode(chunk)
+            position_ids = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(**batch, position_ids=position_ids, logits_to_keep=1).logits
+            logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)
+            rows.append(logprobs[:, option_ids].cpu().double().numpy())
+        return np.concatenate(rows, axis=0) if rows else np.zeros((0, len(options)))
+
+    def close(self) -> None:
+        """Drop the model and free GPU memory. Safe to call twice; the backend is
+        unusable afterwards."""
+        if getattr(self, "model", None) is None:
+            return
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __repr__(self) -> str:
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", None)
+        return f"TransformersBackend(model={name!r}, device={str(self.device)!r})"
