@@ -198,8 +198,11 @@ def persona_from_rlver(record: Mapping[str, Any], *, path: str = "<dict>",
     ``task`` maps to a standard intention id when it is one of the eight labels
     (otherwise it is kept as free text); ``main_cha`` must be one of the three
     character labels. The ``####隐藏主题:`` (hidden theme) tail of ``scene`` is cut
-    from the scenario so the rule user can never quote it. ``first_talk`` (SAGE)
-    becomes the opening line.
+    from the scenario; the scene's guidance sections on how the user reacts at each
+    emotion and to replies that fit or miss the hidden theme stay, since they instruct
+    an LLM simulator (who knows its hidden intention anyway), and the rule user draws
+    its opening line only from the background sections. ``first_talk`` (SAGE) becomes
+    the opening line.
 
     Raises:
         PersonaError: naming ``path``, ``line`` and the field.

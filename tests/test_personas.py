@@ -93,7 +93,8 @@ def test_our_format_round_trip(tmp_path):
     ({"initial_emotion": 140}, "initial_emotion", "140 is greater than the maximum of 100"),
     ({"traits": "proud"}, "traits", "is not of type 'array'"),
     ({"topic": "work"}, "topic", "Additional properties are not allowed"),
-    ({"profile": ""}, "profile", "should be non-empty"),
+    ({"profile": ""}, "profile", "does not match"),
+    ({"opening_line": "   "}, "opening_line", "does not match"),
 ])
 def test_schema_errors_name_file_line_field(tmp_path, change, field, message):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2"), dict(GOOD, id="p3", **change)])
