@@ -54,6 +54,9 @@ QWEN2_PRETOKENIZE_REGEX: str = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+#: Version of what a build writes; bump it when the build changes, so old builds are redone.
+BUILD_FORMAT = 2
+
 #: The file written last: its presence (with matching settings) marks a complete build.
 MARKER = "empathy_gym_tiny.json"
 
@@ -150,7 +153,7 @@ def _settings(seed: int, vocab_size: int, hidden_size: int, num_layers: int, num
               num_kv_heads: int, intermediate_size: int, max_position_embeddings: int,
               initializer_range: float, corpus: list[str]) -> dict:
     digest = hashlib.sha256("\n\x00".join(corpus).encode("utf-8")).hexdigest()
-    return {"seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size,
+    return {"format": BUILD_FORMAT, "seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size,
             "num_layers": num_layers, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
             "intermediate_size": intermediate_size,
             "max_position_embeddings": max_position_embeddings,
@@ -172,6 +175,8 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
     ``<|im_start|>`` (1) opens a turn, ``<|im_end|>`` (2) ends it and is the eos token;
     ``<think>`` and ``</think>`` are added, non-special tokens; any byte string can be
     encoded (no unknown token). The chat template is ChatML (:data:`CHAT_TEMPLATE`).
+    Its ``generation_config.json`` sets ``do_sample=True`` (as instruct checkpoints do), so
+    ``model.generate()`` without arguments samples.
 
     Same arguments (and same corpus), same files: the build is deterministic. It takes a
     few seconds on one CPU core; about 0.2 M parameters with the defaults.
@@ -244,8 +249,10 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
-    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id,
-                                               pad_token_id=pad_id)
+    # Sampling by default, as in instruct checkpoints (Qwen2.5's own config samples too):
+    # servers such as `transformers serve` sample only when the model's config says so.
+    model.generation_config = GenerationConfig(do_sample=True, bos_token_id=None,
+                                               eos_token_id=eos_id, pad_token_id=pad_id)
 
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)

@@ -1,0 +1,365 @@
+"""Any OpenAI-compatible chat-completions server (vLLM, SGLang, transformers serve,
+llama.cpp, OpenAI itself) through httpx.
+
+One ``POST {base_url}/chat/completions`` per conversation, at most ``max_concurrency``
+in flight (a thread pool for :meth:`OpenAIBackend.generate`, an asyncio semaphore for
+:meth:`OpenAIBackend.agenerate`). HTTP 429, 5xx and connection errors are retried
+with exponential backoff and jitter (tenacity), waiting ``Retry-After`` seconds
+instead when the server sends it; any other 4xx raises :class:`BackendError` at once
+with the status code and the server's error message.
+
+The API key is read from an environment variable and goes only into the
+``Authorization`` header: never into ``repr``, logs or error messages (any echo of it
+in a server's message is masked).
+
+Seeds go into each request as ``seed``; whether they make sampling reproducible is
+up to the server. vLLM seeds each request on its own. ``transformers serve`` calls
+``torch.manual_seed(seed)`` on its global RNG when a request arrives and then runs
+requests one by one on one thread, so its seeds reproduce only when requests do not
+overlap (``max_concurrency=1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import tenacity
+
+from empathy_gym.backends.base import (BackendError, ChatBackend, ChoiceScoringUnavailable,
+                                       Conversation)
+
+#: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
+RETRY_AFTER_MAX = 60.0
+
+#: Top alternatives asked for by :meth:`OpenAIBackend.choice_logprobs` (OpenAI's maximum).
+TOP_LOGPROBS = 20
+
+
+class TransientHTTPError(Exception):
+    """A failure worth retrying: HTTP 429 or 5xx, or a connection/timeout error.
+
+    Attributes:
+        retry_after: seconds the server asked to wait (``Retry-After``), or ``None``.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class WaitRetryAfter(tenacity.wait.wait_base):
+    """Wait ``Retry-After`` seconds when the last error carries it (capped at
+    ``maximum``), else as ``fallback`` says."""
+
+    def __init__(self, fallback: tenacity.wait.wait_base, maximum: float):
+        self.fallback, self.maximum = fallback, maximum
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, TransientHTTPError) and error.retry_after is not None:
+            return min(error.retry_after, self.maximum)
+        return self.fallback(retry_state)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds >= 0: a number of seconds or an HTTP date; ``None`` if
+    absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def server_message(response: httpx.Response) -> str:
+    """The error text of a response: OpenAI's ``error.message``, FastAPI's ``detail``, a
+    ``message`` field, or else the body (first 500 characters)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        for value in (error, body.get("detail"), body.get("message")):
+            if value:
+                return value if isinstance(value, str) else json.dumps(value)
+    return json.dumps(body)[:500]
+
+
+class OpenAIBackend(ChatBackend):
+    """An OpenAI-compatible chat-completions server (:class:`~empathy_gym.backends.base.ChatBackend`).
+
+    Args:
+        base_url: the API root, e.g. ``"http://localhost:8000/v1"``; requests go to
+            ``{base_url}/chat/completions``.
+        model: the ``model`` field of each request.
+        api_key_env: name of the environment variable holding the API key, read once
+            here; unset or empty means no ``Authorization`` header.
+        timeout: seconds for connecting, reading and writing each request.
+        max_retries: retries after the first attempt of each request (attempts =
+            ``max_retries + 1``), for 429, 5xx and connection errors.
+        max_concurrency: requests in flight at once (>= 1).
+        extra_body: fields merged into every request body (e.g. ``{"top_k": 20}`` for
+            vLLM); they override the backend's own fields.
+        backoff_initial: seconds before the first retry; doubles each retry, plus up to
+            ``backoff_initial`` of random jitter.
+        backoff_max: longest backoff between attempts (seconds). A server's
+            ``Retry-After`` replaces the backoff and is honoured up to
+            ``max(backoff_max, 60)`` seconds.
+
+    Raises:
+        ValueError: ``max_retries`` < 0 or ``max_concurrency`` < 1.
+    """
+
+    name = "openai"
+    supports_seed = True
+
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY",
+                 timeout: float = 60.0, max_retries: int = 5, max_concurrency: int = 8,
+                 extra_body: dict[str, Any] | None = None, backoff_initial: float = 0.5,
+                 backoff_max: float = 30.0):
+        if max_retries < 0:
+            raise ValueError(f"OpenAIBackend: max_retries must be >= 0, got {max_retries}")
+        if max_concurrency < 1:
+            raise ValueError(f"OpenAIBackend: max_concurrency must be >= 1, got {max_concurrency}")
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.max_retries, self.max_concurrency = max_retries, max_concurrency
+        self.extra_body = dict(extra_body or {})
+        self.timeout = httpx.Timeout(timeout)
+        self._wait = WaitRetryAfter(tenacity.wait_exponential_jitter(
+            multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial),
+            max(backoff_max, RETRY_AFTER_MAX))
+        self._api_key = os.environ.get(api_key_env) or None
+        self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._client: httpx.Client | None = None
+
+    def __repr__(self) -> str:
+        return (f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, "
+                f"authorized={self._api_key is not None})")
+
+    # ----- one request -----
+
+    def _retrying(self, retrying_class: type = tenacity.Retrying) -> Any:
+        return retrying_class(stop=tenacity.stop_after_attempt(self.max_retries + 1),
+                              wait=self._wait, reraise=True,
+                              retry=tenacity.retry_if_exception_type(TransientHTTPError))
+
+    def _mask(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def _read(self, response: httpx.Response) -> dict:
+        """The JSON body of a 2xx answer; raises TransientHTTPError or BackendError."""
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise TransientHTTPError(f"HTTP {status}: {self._mask(server_message(response))}",
+                                     parse_retry_after(response.headers.get("retry-after")))
+        if status >= 400:
+            raise BackendError(f"POST {self.url} (model {self.model!r}) failed with HTTP {status}: "
+                               f"{self._mask(server_message(response))}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BackendError(f"POST {self.url}: HTTP {status} with a body that is not JSON: "
+                               f"{self._mask(response.text[:200])!r}") from exc
+
+    def _gave_up(self, error: TransientHTTPError) -> BackendError:
+        return BackendError(f"POST {self.url} (model {self.model!r}): gave up after "
+                            f"{self.max_retries + 1} attempts; last error: {error}")
+
+    def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
+        return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}")
+
+    def _post(self, client: httpx.Client, payload: dict) -> dict:
+        try:
+            for attempt in self._retrying():
+                with attempt:
+                    try:
+                        response = client.post(self.url, json=payload)
+                    except httpx.TransportError as exc:
+                        raise self._transport_error(exc) from None
+                    return self._read(response)
+        except TransientHTTPError as error:
+            raise self._gave_up(error) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore,
+                     payload: dict) -> dict:
+        try:
+            async for attempt in self._retrying(tenacity.AsyncRetrying):
+                with attempt:
+                    async with semaphore:
+                        try:
+                            response = await client.post(self.url, json=payload)
+                        except httpx.TransportError as exc:
+                            raise self._transport_error(exc) from None
+                    return self._read(response)
+        except TransientHTTPError as error:
+            raise self._gave_up(error) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ----- batches -----
+
+    def _post_all(self, payloads: list[dict]) -> list[dict]:
+        if self._client is None:  # httpx.Client is thread-safe: one pool of connections
+            self._client = httpx.Client(timeout=self.timeout, headers=self._headers)
+        client = self._client
+        if len(payloads) <= 1 or self.max_concurrency == 1:
+            return [self._post(client, payload) for payload in payloads]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(payloads))) as pool:
+            return list(pool.map(lambda payload: self._post(client, payload), payloads))
+
+    async def _apost_all(self, payloads: list[dict]) -> list[dict]:
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
+            return list(await asyncio.gather(*(self._apost(client, semaphore, payload)
+                                               for payload in payloads)))
+
+    def _payload(self, conversation: Conversation, **fields: Any) -> dict:
+        payload = {"model": self.model, "messages": [dict(message) for message in conversation]}
+        payload.update({key: value for key, value in fields.items() if value is not None})
+        payload.update(self.extra_body)
+        return payload
+
+    def _generate_payloads(self, conversations: Sequence[Conversation], max_tokens: int,
+                           temperature: float, top_p: float,
+                           seeds: Sequence[int | None] | None) -> list[dict]:
+        if max_tokens < 1:
+            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
+        seeds = [None] * len(conversations) if seeds is None else list(seeds)
+        if len(seeds) != len(conversations):
+            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
+        return [self._payload(conversation, max_tokens=max_tokens, temperature=temperature,
+                              top_p=top_p, seed=seed)
+                for conversation, seed in zip(conversations, seeds)]
+
+    def _content(self, body: dict) -> str:
+        try:
+            content = body["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise BackendError(f"POST {self.url}: the answer has no choices[0].message.content: "
+                               f"{json.dumps(body)[:300]}") from exc
+        return (content or "").strip()
+
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+                 temperature: float = 0.7, top_p: float = 1.0,
+                 seeds: Sequence[int | None] | None = None) -> list[str]:
+        """Complete each conversation (one request each, ``max_concurrency`` at a time).
+
+        Args:
+            conversations: B conversations.
+            max_tokens: the ``max_tokens`` field, >= 1.
+            temperature: the ``temperature`` field; 0 asks the server for greedy decoding.
+            top_p: the ``top_p`` field.
+            seeds: B ints or ``None``s (``None``: no ``seed`` field), or ``None``.
+
+        Returns:
+            B strings: ``choices[0].message.content``, whitespace stripped (``""`` for null).
+
+        Raises:
+            BackendError: a 4xx other than 429 (with status and server message), a body
+                without content, or retries exhausted.
+            ValueError: bad ``max_tokens`` or a seeds length other than B.
+        """
+        payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
+        return [self._content(body) for body in self._post_all(payloads)]
+
+    async def agenerate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+                        temperature: float = 0.7, top_p: float = 1.0,
+                        seeds: Sequence[int | None] | None = None) -> list[str]:
+        """:meth:`generate` for asyncio: same arguments, results and errors; at most
+        ``max_concurrency`` requests of this call in flight (an ``asyncio.Semaphore``)."""
+        payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
+        return [self._content(body) for body in await self._apost_all(payloads)]
+
+    # ----- choice scoring -----
+
+    def _choice_payloads(self, conversations: Sequence[Conversation]) -> list[dict]:
+        return [self._payload(conversation, max_tokens=1, temperature=0.0, logprobs=True,
+                              top_logprobs=TOP_LOGPROBS) for conversation in conversations]
+
+    def _choice_row(self, body: dict, options: Sequence[str]) -> np.ndarray:
+        try:
+            first = body["choices"][0]["logprobs"]["content"][0]
+        except (KeyError, IndexError, TypeError):
+            raise ChoiceScoringUnavailable(
+                f"{self.base_url} (model {self.model!r}) returned no logprobs although the "
+                "request set logprobs=true: this server ignores logprobs (transformers serve "
+                "does), so options cannot be scored; use a vLLM or OpenAI server, or the "
+                "transformers or vllm backend") from None
+        alternatives = list(first.get("top_logprobs") or []) + [first]
+        row = np.full(len(options), -np.inf)
+        wanted = {option.strip(): index for index, option in enumerate(options)}
+        seen: set[str] = set()
+        for alternative in alternatives:
+            token = alternative.get("token")
+            if token in seen or token is None or alternative.get("logprob") is None:
+                continue
+            seen.add(token)
+            index = wanted.get(token.strip())
+            if index is not None:  # "A" and " A" both start the reply with A: add them
+                row[index] = np.logaddexp(row[index], float(alternative["logprob"]))
+        return row
+
+    def _choice_check(self, options: Sequence[str]) -> None:
+        if not options:
+            raise ValueError("choice_logprobs: options is empty")
+
+    def choice_logprobs(self, conversations: Sequence[Conversation],
+                        options: Sequence[str]) -> np.ndarray:
+        """Score options from the first generated token's top log-probabilities.
+
+        Each request asks ``max_tokens=1, temperature=0, logprobs=true,
+        top_logprobs=20``. The first token's alternatives (the top 20 and the sampled
+        token) are matched to the options after stripping whitespace from both; tokens
+        that match the same option (``"A"``, ``" A"``) have their probabilities added.
+
+        Returns:
+            float64 (B, K): natural-log probabilities; ``-inf`` where an option is not
+            among the reported alternatives.
+
+        Raises:
+            ChoiceScoringUnavailable: the answer carries no logprobs (the server ignores
+                the field).
+            BackendError, ValueError: as :meth:`generate`; empty ``options``.
+        """
+        self._choice_check(options)
+        bodies = self._post_all(self._choice_payloads(conversations))
+        return np.array([self._choice_row(body, options) for body in bodies],
+                        dtype=np.float64).reshape(len(conversations), len(options))
+
+    async def achoice_logprobs(self, conversations: Sequence[Conversation],
+                               options: Sequence[str]) -> np.ndarray:
+        """:meth:`choice_logprobs` for asyncio."""
+        self._choice_check(options)
+        bodies = await self._apost_all(self._choice_payloads(conversations))
+        return np.array([self._choice_row(body, options) for body in bodies],
+                        dtype=np.float64).reshape(len(conversations), len(options))
+
+    def close(self) -> None:
+        """Close the HTTP connections. Safe to call twice; later calls reopen them."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+__all__ = ["OpenAIBackend", "TOP_LOGPROBS", "TransientHTTPError", "WaitRetryAfter",
+           "parse_retry_after", "server_message"]

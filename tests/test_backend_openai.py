@@ -1,0 +1,281 @@
+"""OpenAIBackend against a real `transformers serve` and against scripted stub servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+
+from empathy_gym.backends import BackendError, ChoiceScoringUnavailable, make_backend
+from empathy_gym.backends.openai_backend import OpenAIBackend, parse_retry_after
+
+SECRET = "sk-test-secret-0123456789"
+HELLO = [{"role": "user", "content": "Hi"}]
+SAD = [{"role": "user", "content": "I feel sad because my best friend stopped answering."}]
+LONG = [{"role": "system", "content": "You are a kind listener."},
+        {"role": "user", "content": "我觉得很难过，因为领导当着大家的面批评了我。"}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ----- a real server: transformers serve on the tiny model -----
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir, tmp_path_factory):
+    """``transformers serve <tiny model>`` on 127.0.0.1; yields its ``/v1`` URL."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(tiny_model_dir),
+               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"transformers serve exited with {process.returncode}:\n"
+                            f"{log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"transformers serve not healthy after 120 s:\n{log_path.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture()
+def served(tiny_server, tiny_model_dir):
+    # The server is pinned to the model it was started with: `model` must be that path.
+    with make_backend("openai", base_url=tiny_server, model=str(tiny_model_dir)) as backend:
+        yield backend
+
+
+def test_serve_completes_a_batch(served):
+    texts = served.generate([SAD, LONG, HELLO], max_tokens=6, temperature=1.0)
+    assert len(texts) == 3 and all(isinstance(text, str) for text in texts)
+
+
+def test_serve_greedy_matches_the_transformers_backend(served, tiny_model_dir):
+    from empathy_gym.backends.transformers_backend import TransformersBackend
+    local = TransformersBackend(tiny_model_dir, device="cpu")
+    conversations = [SAD, LONG]
+    assert served.generate(conversations, max_tokens=8, temperature=0) == \
+        local.generate(conversations, max_tokens=8, temperature=0)
+
+
+def test_serve_seeds_reproduce_when_requests_do_not_overlap(tiny_server, tiny_model_dir):
+    # transformers serve calls torch.manual_seed(seed) on its global RNG per request and
+    # runs requests one at a time: seeds hold only for sequential requests.
+    backend = OpenAIBackend(tiny_server, str(tiny_model_dir), max_concurrency=1)
+    sample = dict(max_tokens=8, temperature=1.0)
+    first = backend.generate([SAD, SAD, SAD], seeds=[3, 3, 4], **sample)
+    assert first[0] == first[1] != first[2]
+    assert backend.generate([SAD, SAD, SAD], seeds=[3, 3, 4], **sample) == first
+
+
+def test_serve_agenerate(served):
+    texts = asyncio.run(served.agenerate([SAD, HELLO], max_tokens=4, temperature=0))
+    assert texts == served.generate([SAD, HELLO], max_tokens=4, temperature=0)
+
+
+def test_serve_ignores_logprobs_so_choices_cannot_be_scored(served):
+    # It logs "Ignoring unsupported fields in the request: {'logprobs', 'top_logprobs'}"
+    # and answers without a logprobs field.
+    with pytest.raises(ChoiceScoringUnavailable, match="ignores logprobs"):
+        served.choice_logprobs([HELLO], ["A", "B"])
+
+
+def test_serve_rejects_another_model_with_400(tiny_server):
+    backend = OpenAIBackend(tiny_server, "some/other-model", max_retries=3)
+    with pytest.raises(BackendError, match=r"HTTP 400: Server is pinned to") as caught:
+        backend.generate([HELLO], max_tokens=2)
+    assert not isinstance(caught.value, ChoiceScoringUnavailable)
+
+
+# ----- scripted stub servers -----
+
+class Stub:
+    """An HTTP server on 127.0.0.1 answering POSTs from a script of
+    ``(status, headers, body)``; the last entry repeats. Records each request."""
+
+    def __init__(self, script, delay: float = 0.0):
+        self.script, self.delay = list(script), delay
+        self.requests: list[tuple[dict, dict]] = []  # (headers, json body)
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with stub.lock:
+                    stub.requests.append((dict(self.headers), body))
+                    index = min(len(stub.requests), len(stub.script)) - 1
+                    stub.in_flight += 1
+                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                time.sleep(stub.delay)
+                with stub.lock:
+                    stub.in_flight -= 1
+                status, headers, answer = stub.script[index]
+                payload = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+                self.send_response(status)
+                for key, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def stub_server():
+    stubs = []
+
+    def start(script, delay: float = 0.0) -> Stub:
+        stubs.append(Stub(script, delay))
+        return stubs[-1]
+
+    yield start
+    for stub in stubs:
+        stub.close()
+
+
+def completion(content: str, logprobs=None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content},
+              "finish_reason": "stop"}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    return {"id": "x", "object": "chat.completion", "choices": [choice]}
+
+
+OK = (200, {}, completion(" fine "))
+FAST = dict(backoff_initial=0.001, backoff_max=0.01)
+
+
+def test_retries_429_twice_then_succeeds(stub_server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    stub = stub_server([(429, {}, {"error": {"message": "slow down"}})] * 2 + [OK])
+    backend = OpenAIBackend(stub.url, "m", **FAST)
+    assert backend.generate([HELLO], max_tokens=5, temperature=0.5, seeds=[11]) == ["fine"]
+    assert len(stub.requests) == 3
+    headers, body = stub.requests[-1]
+    assert headers["Authorization"] == f"Bearer {SECRET}"
+    assert body == {"model": "m", "messages": HELLO, "max_tokens": 5, "temperature": 0.5,
+                    "top_p": 1.0, "seed": 11}
+
+
+def test_retry_after_is_honoured(stub_server):
+    stub = stub_server([(503, {"Retry-After": "0.3"}, "busy"), OK])
+    start = time.monotonic()
+    assert OpenAIBackend(stub.url, "m", **FAST).generate([HELLO]) == ["fine"]
+    assert time.monotonic() - start >= 0.3  # the backoff alone would wait <= 0.01 s
+    assert len(stub.requests) == 2
+
+
+def test_gives_up_after_max_retries_plus_one_attempts(stub_server):
+    stub = stub_server([(500, {}, {"detail": "boom"})])
+    backend = OpenAIBackend(stub.url, "m", max_retries=2, **FAST)
+    with pytest.raises(BackendError, match=r"gave up after 3 attempts; last error: HTTP 500: boom"):
+        backend.generate([HELLO])
+    assert len(stub.requests) == 3
+
+
+def test_4xx_fails_at_once_with_status_and_message_and_no_key(stub_server, monkeypatch):
+    monkeypatch.setenv("MY_KEY", SECRET)
+    message = f"Invalid 'temperature'. (you sent key {SECRET})"
+    stub = stub_server([(400, {}, {"error": {"message": message, "type": "invalid_request_error"}})])
+    backend = OpenAIBackend(stub.url, "m", api_key_env="MY_KEY", **FAST)
+    with pytest.raises(BackendError) as caught:
+        backend.generate([HELLO])
+    assert len(stub.requests) == 1
+    text = str(caught.value)
+    assert "HTTP 400" in text and "Invalid 'temperature'. (you sent key ***)" in text
+    assert SECRET not in text and SECRET not in repr(backend)
+    assert repr(backend) == f"OpenAIBackend(base_url={stub.url!r}, model='m', authorized=True)"
+
+
+def test_no_key_no_authorization_header(stub_server, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    stub = stub_server([OK])
+    OpenAIBackend(stub.url, "m", extra_body={"top_k": 20, "top_p": 0.9}).generate([HELLO], seeds=[None])
+    headers, body = stub.requests[0]
+    assert "Authorization" not in headers
+    assert "seed" not in body and body["top_k"] == 20 and body["top_p"] == 0.9
+
+
+def test_connection_errors_are_retried(stub_server):
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    with pytest.raises(BackendError, match=r"gave up after 2 attempts; last error: ConnectError"):
+        OpenAIBackend(url, "m", max_retries=1, **FAST).generate([HELLO])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_concurrency_is_limited(stub_server, use_async):
+    stub = stub_server([OK], delay=0.15)
+    backend = OpenAIBackend(stub.url, "m", max_concurrency=2)
+    conversations = [HELLO] * 6
+    texts = (asyncio.run(backend.agenerate(conversations)) if use_async
+             else backend.generate(conversations))
+    assert texts == ["fine"] * 6
+    assert stub.max_in_flight == 2
+
+
+def test_choice_logprobs_reads_the_first_tokens_top_logprobs(stub_server):
+    top = [{"token": "A", "logprob": -0.5}, {"token": " A", "logprob": -1.0},
+           {"token": "B", "logprob": -2.0}, {"token": "Hello", "logprob": -3.0}]
+    logprobs = {"content": [{"token": "A", "logprob": -0.5, "top_logprobs": top}]}
+    stub = stub_server([(200, {}, completion("A", logprobs))])
+    scores = OpenAIBackend(stub.url, "m").choice_logprobs([HELLO, HELLO], ["A", " B", "C"])
+    # A: log(e^-0.5 + e^-1.0) = -0.5 + log(1 + e^-0.5) = -0.0259230...; C is not reported.
+    assert scores.shape == (2, 3) and scores.dtype == np.float64
+    np.testing.assert_allclose(scores[:, :2], [[-0.025923, -2.0]] * 2, atol=1e-6)
+    assert scores[0, 2] == scores[1, 2] == -math.inf
+    _, body = stub.requests[0]
+    assert (body["max_tokens"], body["logprobs"], body["top_logprobs"]) == (1, True, 20)
+
+
+def test_no_logprobs_in_the_answer_means_scoring_unavailable(stub_server):
+    stub = stub_server([(200, {}, completion("A"))])
+    with pytest.raises(ChoiceScoringUnavailable, match="ignores logprobs"):
+        OpenAIBackend(stub.url, "m").choice_logprobs([HELLO], ["A", "B"])
+
+
+def test_parse_retry_after():
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("-1") == 0.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
