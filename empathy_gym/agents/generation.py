@@ -1,0 +1,175 @@
+"""Policy samplers for rollouts: token prompts in, sampled token ids and log-probs out.
+
+* :class:`TransformersGenerator`: ``model.generate`` on the training model itself (CPU
+  or GPU), so it always samples from the current weights.
+* :class:`VLLMGenerator`: an in-process ``vllm.LLM`` (GPU), given the current LoRA
+  adapter (or full weights) by :meth:`VLLMGenerator.sync` before each rollout phase.
+
+Both seed each row's sampling with its own seed, so a dialogue's turn does not depend
+on which dialogues share the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from empathy_gym.agents.rollout import Sample
+from empathy_gym.backends.transformers_backend import PerRowSampler
+
+
+def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """The ids that end an agent turn: the tokenizer's eos plus the model's generation
+    config eos ids (Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    return sorted(int(i) for i in ids if i is not None)
+
+
+class TransformersGenerator:
+    """Samples turns with ``model.generate`` (transformers), left-padded batches.
+
+    Args:
+        model: the policy (a ``PreTrainedModel`` or peft model), used as it is now.
+        tokenizer: its tokenizer (pad token required; eos used when missing).
+        max_new_tokens: per turn.
+        temperature: > 0 samples (each row with its own ``torch.Generator``); 0 is greedy.
+        top_p: nucleus mass in (0, 1].
+        max_batch_size: rows per ``generate`` call.
+
+    The returned log-probs are ``log_softmax(logits / temperature)`` at the sampled
+    token, from the model's raw logits (top-p truncation not renormalised).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
+                 temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.max_batch_size = max_batch_size
+        self.eos_ids = end_of_turn_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def sync(self, model: Any, step: int) -> None:
+        """Nothing to do: generation runs on the training model itself."""
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+        samples: list[Sample] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), self.max_batch_size):
+                samples += self._generate(prompts[start:start + self.max_batch_size],
+                                          seeds[start:start + self.max_batch_size])
+        finally:
+            self.model.train(was_training)
+        return samples
+
+    def _generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt):] = 1
+        processors = LogitsProcessorList()
+        if self.temperature > 0:
+            generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+            processors.append(PerRowSampler(self.temperature, self.top_p, generators))
+        config = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=False,
+                                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                                  use_cache=True, output_logits=True,
+                                  return_dict_in_generate=True)
+        out = self.model.generate(input_ids=input_ids.to(device),
+                                  attention_mask=attention_mask.to(device),
+                                  generation_config=config, logits_processor=processors)
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T_new, V)
+        scale = self.temperature if self.temperature > 0 else 1.0
+        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for row in range(len(prompts)):
+            ids = new[row].tolist()
+            end = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
+            length = len(ids) if end is None else end + 1
+            samples.append(Sample(ids[:length], logprobs[row, :length].tolist(), end is not None))
+        return samples
+
+
+class VLLMGenerator:
+    """Samples turns with an in-process ``vllm.LLM`` from token prompts (GPU).
+
+    Args:
+        model: the base model's path or hub id (as the policy was loaded).
+        tokenizer: the policy's tokenizer.
+        max_new_tokens, temperature, top_p: sampling.
+        lora_rank: > 0 enables LoRA; :meth:`sync` then saves the current adapter and
+            generation uses it. 0: :meth:`sync` copies the full weights into vLLM.
+        gpu_memory_utilization: vLLM's share of GPU memory (the trainer needs the rest).
+        dtype: vLLM ``dtype``.
+        llm_kwargs: more ``vllm.LLM`` arguments.
+
+    Raises:
+        ImportError: vllm is not installed (``pip install empathy-gym[vllm]``).
+    """
+
+    def __init__(self, model: str, tokenizer: Any, *, max_new_tokens: int = 256,
+                 temperature: float = 1.0, top_p: float = 1.0, lora_rank: int = 0,
+                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", **llm_kwargs: Any):
+        try:
+            import vllm
+        except ImportError as error:
+            raise ImportError("generation.engine='vllm' needs vllm: pip install 'empathy-gym[vllm]'") from error
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.eos_ids = end_of_turn_ids(tokenizer)
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.lora_rank = lora_rank
+        self.llm = vllm.LLM(model=model, enable_lora=lora_rank > 0,
+                            max_lora_rank=max(lora_rank, 8), gpu_memory_utilization=gpu_memory_utilization,
+                            dtype=dtype, **llm_kwargs)
+        self._adapter_dir = tempfile.mkdtemp(prefix="empathy-gym-lora-")
+        self._lora_request = None
+
+    def sync(self, model: Any, step: int) -> None:
+        """Give vLLM the policy's current weights: the LoRA adapter saved to a temporary
+        folder (a new ``LoRARequest`` id per step), or the full state dict through the
+        engine's ``load_weights``."""
+        if self.lora_rank > 0:
+            from vllm.lora.request import LoRARequest
+            path = os.path.join(self._adapter_dir, f"step-{step}")
+            model.save_pretrained(path)
+            self._lora_request = LoRARequest(f"policy-step-{step}", step + 1, path)
+            return
+        state = model.state_dict()
+        try:
+            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        except AttributeError as error:
+            raise NotImplementedError(
+                "this vLLM version hides its model runner; use LoRA (policy.use_lora=true) with "
+                "generation.engine='vllm', or generation.engine='transformers'") from error
+        runner.model.load_weights(state.items())
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+        params = [self._vllm.SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature,
+                                            top_p=self.top_p, seed=int(seed), logprobs=0,
+                                            stop_token_ids=self.eos_ids)
+                  for seed in seeds]
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(inputs, params, lora_request=self._lora_request, use_tqdm=False)
+        samples = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            finished = bool(ids) and ids[-1] in self.eos_ids
+            samples.append(Sample(ids, logprobs or [0.0] * len(ids), finished))
+        return samples

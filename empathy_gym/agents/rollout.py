@@ -1,0 +1,288 @@
+"""Multi-turn rollouts, token in, token out.
+
+Each dialogue is a growing token sequence. The policy's turns are appended exactly as
+sampled (their ids and log-probs kept); the user's turns are appended as tokens
+rendered with the model's own chat template; the history is never decoded and
+re-tokenised (re-tokenising changes the sampled tokens and causes KL spikes, TRL
+issue 5224). The loss mask is 1 exactly on the tokens the policy sampled, its
+end-of-turn token included, and 0 on the system prompt, the user's turns and the
+template's headers. In think mode the thinking is sampled, so it is trained on; only
+the reply reaches the user (the env splits it, :mod:`empathy_gym.think`).
+
+All dialogues of a batch advance together: one batched generate for the policy, then
+one batched call to the simulated user (:func:`empathy_gym.env.step_many`). Every
+dialogue is keyed by its own index, so a dialogue that ends never shifts the others
+(RLVER's released rollout sent replies to the wrong user once one had ended).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+
+
+class RolloutInterrupted(RuntimeError):
+    """``should_stop`` asked the rollout to stop (e.g. Ctrl-C); finished episodes were
+    already passed to ``on_episode_end``."""
+
+
+@dataclass
+class Sample:
+    """One sampled agent turn.
+
+    Attributes:
+        token_ids: the sampled ids, the end-of-turn token included when it was sampled.
+        logprobs: log pi(token) under the sampling distribution (temperature applied), one
+            per id (float).
+        finished: True when the turn ended with an end-of-turn token (False: cut at
+            ``max_new_tokens``).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+class Generator(Protocol):
+    """A policy sampler: token prompts in, sampled continuations out."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+        """One :class:`Sample` per prompt; ``seeds`` make each row's sampling reproducible."""
+
+
+class ChatTokens:
+    """Renders chat pieces as token ids with the tokenizer's own chat template.
+
+    The tokens that follow an assistant turn (the user's next message and the next
+    generation prompt) are found by rendering a fixed base conversation with and
+    without one more user message and taking the difference, so no template token is
+    written by hand.
+
+    Raises:
+        ValueError: the template does not render a conversation as a prefix of its
+            continuation (such templates cannot be extended turn by turn).
+    """
+
+    _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+             {"role": "assistant", "content": "A"}]
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token (the assistant's end-of-turn token)")
+        self.eos_id: int = tokenizer.convert_tokens_to_ids(eos)
+        base = self._render(self._BASE, generation_prompt=False)
+        if eos not in base:
+            raise ValueError(f"the chat template does not end assistant turns with {eos!r}")
+        self._base = base
+        #: Template text after the assistant's end-of-turn token (Qwen/ChatML: "\n").
+        self.after_eos_text = base[base.rindex(eos) + len(eos):]
+
+    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The ids of ``messages`` followed by the generation prompt."""
+        return self.encode(self._render(messages, generation_prompt=True))
+
+    def user_turn(self, text: str) -> list[int]:
+        """The ids that follow the assistant's end-of-turn token: the template's trailer,
+        the user message ``text``, and the next generation prompt."""
+        full = self._render(self._BASE + [{"role": "user", "content": text}], generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError("the chat template changes earlier turns when a turn is added; "
+                             "token-in-token-out rollouts need a prefix-stable template")
+        return self.encode(self.after_eos_text + full[len(self._base):])
+
+
+@dataclass
+class Trajectory:
+    """One dialogue as the policy saw and produced it.
+
+    Attributes:
+        key: the dialogue's index in its rollout batch.
+        group: its GRPO group (dialogues of a group share ``env_seed``).
+        env_seed: the seed its env was reset with.
+        persona_id, language, hidden_intention, character_type: the persona.
+        token_ids: the whole dialogue (prompt, agent turns, user turns), list[int].
+        loss_mask: 1 where the policy sampled the token, else 0 (same length).
+        rollout_logprobs: the sampler's log-prob at sampled tokens, 0.0 elsewhere.
+        turn_ends: index in ``token_ids`` of each agent turn's last token.
+        rewards: the env's reward for each agent turn (float).
+        emotions: e_0, e_1, ..., e_T (ints in [0, 100]).
+        messages: the agent-side chat as text (for transcripts).
+        termination: "success", "failure", "max_turns", "context_limit" or None.
+        format_errors: think-mode format errors (count).
+    """
+
+    key: int
+    group: int
+    env_seed: int
+    persona_id: str
+    language: str
+    hidden_intention: str
+    character_type: str
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    emotions: list[int] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    termination: str | None = None
+    format_errors: int = 0
+    done: bool = False
+
+    @property
+    def episode_return(self) -> float:
+        """Undiscounted sum of the turn rewards."""
+        return float(sum(self.rewards))
+
+    def extend(self, ids: Sequence[int], trainable: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([int(trainable)] * len(ids))
+        self.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (no token ids) for ``episodes.jsonl``."""
+        return {"key": self.key, "group": self.group, "env_seed": self.env_seed,
+                "persona_id": self.persona_id, "language": self.language,
+                "hidden_intention": self.hidden_intention, "character_type": self.character_type,
+                "turns": len(self.rewards), "rewards": self.rewards, "return": self.episode_return,
+                "emotions": self.emotions, "final_emotion": self.emotions[-1],
+                "termination": self.termination, "format_errors": self.format_errors,
+                "messages": self.messages}
+
+
+def turn_seed(*parts: int) -> int:
+    """A 31-bit seed from integers (NumPy ``SeedSequence``), for per-dialogue sampling."""
+    return int(np.random.SeedSequence([abs(int(p)) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass
+class RolloutTimes:
+    """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase."""
+
+    generation: float = 0.0
+    user: float = 0.0
+    total: float = 0.0
+    generated_tokens: int = 0
+
+
+class RolloutEngine:
+    """Plays batches of dialogues between a policy and simulated users.
+
+    Args:
+        envs: unwrapped :class:`EmpathyDialogueEnv` instances, at least as many as the
+            largest batch; envs that share a user get their user turns batched.
+        generator: the policy sampler (:mod:`empathy_gym.agents.generation`).
+        tokenizer: the policy's tokenizer (with a chat template).
+        max_context_tokens: a dialogue reaching this length stops ("context_limit").
+    """
+
+    def __init__(self, envs: Sequence[EmpathyDialogueEnv], generator: Generator, tokenizer: Any,
+                 *, max_context_tokens: int = 8192):
+        self.envs = list(envs)
+        self.generator = generator
+        self.chat = ChatTokens(tokenizer)
+        self.tokenizer = tokenizer
+        self.max_context_tokens = max_context_tokens
+        self.times = RolloutTimes()
+
+    def collect(self, env_seeds: Sequence[int], *, groups: Sequence[int] | None = None,
+                sampling_seed: int = 0, should_stop: Callable[[], bool] | None = None,
+                on_episode_end: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Play one dialogue per env seed, all at once, until every one has ended.
+
+        Args:
+            env_seeds: the reset seed of each dialogue (equal seeds: same persona and
+                opening line, as a GRPO group needs).
+            groups: the group of each dialogue (default: its index).
+            sampling_seed: mixed with each dialogue's index and turn to seed its
+                sampling, so dialogues that share an env seed still differ.
+            should_stop: polled after every turn; True raises :class:`RolloutInterrupted`.
+            on_episode_end: called with each trajectory as soon as it ends.
+
+        Returns:
+            The trajectories in the order of ``env_seeds``.
+
+        Raises:
+            ValueError: more dialogues than envs.
+            RolloutInterrupted: see ``should_stop``.
+        """
+        n = len(env_seeds)
+        if n > len(self.envs):
+            raise ValueError(f"{n} dialogues but only {len(self.envs)} envs")
+        groups = list(groups) if groups is not None else list(range(n))
+        envs = self.envs[:n]
+        times = RolloutTimes()
+        started = time.perf_counter()
+        tick = time.perf_counter()
+        resets = reset_many(envs, list(env_seeds))
+        times.user += time.perf_counter() - tick
+        dialogues: dict[int, Trajectory] = {}
+        for key, ((_, info), env) in enumerate(zip(resets, envs)):
+            persona = env.dialogue.persona
+            trajectory = Trajectory(key=key, group=groups[key], env_seed=int(env_seeds[key]),
+                                    persona_id=persona.id, language=persona.language,
+                                    hidden_intention=persona.hidden_intention,
+                                    character_type=persona.character_type,
+                                    emotions=[info["emotion"]], messages=info["messages"])
+            trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
+            dialogues[key] = trajectory
+
+        turn = 0
+        while True:
+            active = [key for key, t in dialogues.items() if not t.done]
+            if not active:
+                break
+            turn += 1
+            tick = time.perf_counter()
+            samples = self.generator.generate([dialogues[k].token_ids for k in active],
+                                              [turn_seed(sampling_seed, k, turn) for k in active])
+            times.generation += time.perf_counter() - tick
+            times.generated_tokens += sum(len(s.token_ids) for s in samples)
+            texts = [self._decode(s) for s in samples]
+            tick = time.perf_counter()
+            results = step_many([envs[k] for k in active], texts)
+            times.user += time.perf_counter() - tick
+            for key, sample, (obs, reward, terminated, truncated, info) in zip(active, samples, results):
+                trajectory = dialogues[key]
+                trajectory.extend(sample.token_ids, trainable=True, logprobs=sample.logprobs)
+                trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
+                if not sample.finished:
+                    trajectory.extend([self.chat.eos_id], trainable=False)
+                trajectory.rewards.append(float(reward))
+                trajectory.emotions.append(info["emotion"])
+                trajectory.messages = info["messages"]
+                trajectory.format_errors += info["format_error"] is not None
+                if terminated or truncated:
+                    trajectory.termination = info["termination_reason"]
+                else:
+                    trajectory.extend(self.chat.user_turn(obs), trainable=False)
+                    if len(trajectory.token_ids) >= self.max_context_tokens:
+                        trajectory.termination = "context_limit"
+                if trajectory.termination is not None:
+                    trajectory.done = True
+                    if on_episode_end is not None:
+                        on_episode_end(trajectory)
+            if should_stop is not None and should_stop():
+                raise RolloutInterrupted(f"stopped after turn {turn}")
+        times.total = time.perf_counter() - started
+        self.times = times
+        return [dialogues[key] for key in range(n)]
+
+    def _decode(self, sample: Sample) -> str:
+        ids = sample.token_ids[:-1] if sample.finished else sample.token_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

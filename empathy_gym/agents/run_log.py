@@ -1,0 +1,134 @@
+"""What a training run leaves on disk, written as it happens.
+
+``<output_dir>/``:
+
+* ``episodes.jsonl``: every finished dialogue (step, persona, rewards, emotions,
+  transcript), appended and flushed as soon as it ends;
+* ``metrics.jsonl``: one line of metrics per step; ``tb/``: the same for TensorBoard;
+* ``transcripts/step-000001.txt``: a few rendered dialogues per step;
+* ``curves.png``: reward and emotion per step, drawn at the end (matplotlib).
+
+On resume from step k, lines of later steps (work lost with the interrupted step) are
+dropped from both JSONL files so each step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from empathy_gym.agents.rollout import Trajectory
+
+
+def _keep_steps_upto(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a line cut by a crash
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunLog:
+    """Appends episodes and metrics; optional TensorBoard.
+
+    Args:
+        output_dir: the run folder (created).
+        tensorboard: also write TensorBoard scalars under ``tb/``.
+        resume_step: drop JSONL lines of steps after this one (``None``: a fresh run,
+            which refuses a folder that already holds metrics).
+
+    Raises:
+        FileExistsError: a fresh run pointed at a folder with a previous run's metrics.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, *, tensorboard: bool = True,
+                 resume_step: int | None = None):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.episodes_path = self.dir / "episodes.jsonl"
+        self.metrics_path = self.dir / "metrics.jsonl"
+        if resume_step is None and self.metrics_path.exists() and self.metrics_path.stat().st_size:
+            raise FileExistsError(f"{self.dir} already holds a run (metrics.jsonl); pass --resume "
+                                  f"to continue it or choose another output_dir")
+        if resume_step is not None:
+            _keep_steps_upto(self.episodes_path, resume_step)
+            _keep_steps_upto(self.metrics_path, resume_step)
+        self._episodes = open(self.episodes_path, "a", encoding="utf-8")
+        self._metrics = open(self.metrics_path, "a", encoding="utf-8")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._writer = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1
+                                         if resume_step is not None else None)
+
+    def episode(self, step: int, trajectory: Trajectory) -> None:
+        self._episodes.write(json.dumps(dict(step=step, **trajectory.record()), ensure_ascii=False) + "\n")
+        self._episodes.flush()
+        os.fsync(self._episodes.fileno())
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._metrics.write(json.dumps(dict(step=step, **values)) + "\n")
+        self._metrics.flush()
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+
+    def transcripts(self, step: int, trajectories: list[Trajectory]) -> Path:
+        folder = self.dir / "transcripts"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"step-{step:06d}.txt"
+        blocks = []
+        for t in trajectories:
+            lines = [f"# persona {t.persona_id} ({t.language}, {t.hidden_intention}, {t.character_type}); "
+                     f"return {t.episode_return:+.2f}; emotions {t.emotions}; ended: {t.termination}"]
+            turn = 0
+            for message in t.messages[1:]:
+                if message["role"] == "user":
+                    lines.append(f"USER : {message['content']}")
+                else:
+                    lines.append(f"AGENT: {message['content']}    [reward {t.rewards[turn]:+.2f}]")
+                    turn += 1
+            blocks.append("\n".join(lines))
+        path.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+        return path
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def plot(self) -> Path | None:
+        """Draw ``curves.png`` (mean reward per turn and mean final emotion per step)."""
+        rows = self.read_metrics()
+        if not rows:
+            return None
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        steps = [r["step"] for r in rows]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+        left.plot(steps, [r["reward/mean_return"] for r in rows], marker="o")
+        left.set(xlabel="step", ylabel="mean episode return", title="return (sum of emotion changes / 100)")
+        right.plot(steps, [r["emotion/final_mean"] for r in rows], marker="o", color="tab:red")
+        right.set(xlabel="step", ylabel="emotion", title="mean final emotion (0-100)")
+        fig.tight_layout()
+        path = self.dir / "curves.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        self._episodes.close()
+        self._metrics.close()
+        if self._writer is not None:
+            self._writer.close()

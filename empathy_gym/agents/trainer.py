@@ -1,0 +1,379 @@
+"""The training loop shared by PPO and GRPO: model loading, rollouts, logging,
+checkpoints and resume. The algorithms (:mod:`~empathy_gym.agents.ppo`,
+:mod:`~empathy_gym.agents.grpo`) supply ``update``.
+
+One step = one rollout phase (``rollout_batch_size`` dialogues against the simulated
+user) + one update phase (``num_ppo_epochs`` x ``num_mini_batches`` optimiser steps).
+
+Nothing in a step depends on global RNG state: env seeds, sampling seeds and minibatch
+order are all derived from ``(seed, step, ...)``. Resuming from a checkpoint therefore
+continues exactly as an uninterrupted run would.
+
+Ctrl-C: the first one lets the current phase end (a rollout stops after its current
+turn and is discarded; an update finishes), then the last completed step is
+checkpointed and the run exits; a second Ctrl-C aborts at once. Finished episodes are
+already in ``episodes.jsonl``. ``train(resume=True)`` continues from the last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from empathy_gym.agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from empathy_gym.agents.config import TrainerConfig, to_dict
+from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
+from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory, turn_seed
+from empathy_gym.agents.run_log import RunLog
+from empathy_gym.agents.tokens import TokenData, forward_tokens, to_token_data
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (for model initialisation; steps use derived seeds)."""
+    import random
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_envs(config: TrainerConfig, count: int, think: bool) -> list[Any]:
+    """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
+    rollout's user turns go to it as one batch."""
+    import empathy_gym  # noqa: F401  (registers the ids)
+    kwargs = dict(config.env.kwargs)
+    if config.env.personas is not None:
+        kwargs["personas"] = config.env.personas
+    kwargs.setdefault("think", think)
+    first = gym.make(config.env.id, **kwargs).unwrapped
+    return [first] + [gym.make(config.env.id, user=first.user, **kwargs).unwrapped
+                      for _ in range(count - 1)]
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Per-step statistics of a rollout batch (returns are sums of turn rewards)."""
+    returns = [t.episode_return for t in trajectories]
+    turns = [len(t.rewards) for t in trajectories]
+    return {
+        "reward/mean_return": float(np.mean(returns)),
+        "reward/mean_turn_reward": float(np.sum(returns) / max(1, np.sum(turns))),
+        "emotion/final_mean": float(np.mean([t.emotions[-1] for t in trajectories])),
+        "emotion/initial_mean": float(np.mean([t.emotions[0] for t in trajectories])),
+        "episode/turns_mean": float(np.mean(turns)),
+        "episode/success_rate": float(np.mean([t.termination == "success" for t in trajectories])),
+        "episode/failure_rate": float(np.mean([t.termination == "failure" for t in trajectories])),
+        "episode/format_error_rate": float(np.sum([t.format_errors for t in trajectories]) / max(1, np.sum(turns))),
+        "tokens/trainable_mean": float(np.mean([sum(t.loss_mask) for t in trajectories])),
+        "tokens/sequence_mean": float(np.mean([len(t.token_ids) for t in trajectories])),
+    }
+
+
+class RLTrainer:
+    """Base trainer; use :class:`~empathy_gym.agents.ppo.PPOTrainer` or
+    :class:`~empathy_gym.agents.grpo.GRPOTrainer`.
+
+    Args:
+        config: a :class:`PPOConfig` or :class:`GRPOConfig`.
+        model: a loaded causal LM (``None``: load ``config.policy.model``). LoRA is
+            applied here when ``config.policy.use_lora``.
+        tokenizer: its tokenizer (required with ``model``).
+        envs: unwrapped envs to roll out in (``None``: ``rollout_batch_size`` envs of
+            ``config.env`` sharing one user).
+
+    Raises:
+        ValueError: ``model`` without ``tokenizer``, or too few ``envs``.
+    """
+
+    algorithm = "base"
+
+    def __init__(self, config: TrainerConfig, *, model: Any = None, tokenizer: Any = None,
+                 envs: Sequence[Any] | None = None):
+        self.config = config
+        seed_everything(config.seed)
+        self.device = resolve_device(config.policy.device)
+        if model is None:
+            from empathy_gym.models import load_causal_lm
+            kwargs = {}
+            if config.policy.attn_implementation:
+                kwargs["attn_implementation"] = config.policy.attn_implementation
+            model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
+                                              device=self.device, **kwargs)
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with the model")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+        self.base_model_name = config.policy.model
+        self.model = self._wrap_policy(model.to(self.device))
+        self.reference: Any = None  # a frozen copy, only for KL without LoRA
+        self._build_algorithm()
+        self.optimizer = torch.optim.AdamW(self.param_groups(), weight_decay=0.0)
+        think = config.generation.think
+        self.envs = list(envs) if envs is not None else make_envs(config, config.rollout_batch_size, think)
+        if len(self.envs) < config.rollout_batch_size:
+            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}")
+        self.generator = self._make_generator()
+        self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
+                                    max_context_tokens=config.generation.max_context_tokens)
+        self.step = 0
+        self._stop = False
+        self._dirty = False  # parameters changed since the last completed step
+        self._saved_step = -1
+        self.run_log: RunLog | None = None
+
+    # -- set-up ------------------------------------------------------------------
+    def _wrap_policy(self, model: Any) -> Any:
+        policy = self.config.policy
+        if policy.use_lora:
+            from peft import LoraConfig, get_peft_model
+            target = policy.lora_target_modules
+            lora = LoraConfig(r=policy.lora_r, lora_alpha=policy.lora_alpha,
+                              lora_dropout=policy.lora_dropout, task_type="CAUSAL_LM",
+                              target_modules=list(target) if isinstance(target, (list, tuple)) else target)
+            model = get_peft_model(model, lora)
+        if policy.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if policy.use_lora:
+                model.enable_input_require_grads()
+        return model
+
+    def _make_generator(self) -> Any:
+        gen = self.config.generation
+        if gen.engine == "vllm":
+            from empathy_gym.models import resolve_model
+            path, gguf = resolve_model(self.base_model_name)
+            if gguf is not None:
+                raise ValueError("generation.engine='vllm' needs a transformers checkpoint, not a GGUF file")
+            return VLLMGenerator(path, self.tokenizer, max_new_tokens=gen.max_new_tokens,
+                                 temperature=gen.temperature, top_p=gen.top_p,
+                                 lora_rank=self.config.policy.lora_r if self.config.policy.use_lora else 0,
+                                 gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
+                                 dtype=self.config.policy.dtype)
+        return TransformersGenerator(self.model, self.tokenizer, max_new_tokens=gen.max_new_tokens,
+                                     temperature=gen.temperature, top_p=gen.top_p)
+
+    def _build_algorithm(self) -> None:
+        """Create algorithm-specific modules (value head, critic, reference)."""
+
+    def _ensure_reference(self) -> None:
+        """A frozen reference for KL: with LoRA the base model with adapters off (no copy);
+        without LoRA a deep copy made now."""
+        if not self.config.policy.use_lora and self.reference is None:
+            self.reference = copy.deepcopy(self.model).eval()
+            for parameter in self.reference.parameters():
+                parameter.requires_grad_(False)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Optimiser parameter groups (the policy at ``learning_rate``)."""
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad],
+                 "lr": self.config.learning_rate}]
+
+    # -- the algorithm's part -----------------------------------------------------
+    def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
+        """``(env_seeds, groups)`` of a step: one fresh seed per dialogue by default."""
+        n = self.config.rollout_batch_size
+        return [turn_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
+
+    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        """One update phase; returns metrics."""
+        raise NotImplementedError
+
+    def extra_state(self) -> dict[str, Any]:
+        """Algorithm modules to checkpoint (state dicts)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state` returned."""
+
+    # -- shared helpers for updates -----------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def temperature(self) -> float:
+        return self.config.generation.temperature
+
+    def token_data(self, trajectories: Sequence[Trajectory]) -> list[TokenData]:
+        return [to_token_data(t) for t in trajectories]
+
+    def micro_batches(self, indices: Sequence[int]) -> list[list[int]]:
+        """Split ``indices`` into ``gradient_accumulation_steps`` nearly equal parts."""
+        parts = np.array_split(np.asarray(indices), self.config.gradient_accumulation_steps)
+        return [part.tolist() for part in parts if len(part)]
+
+    @torch.no_grad()
+    def policy_logprobs(self, data: Sequence[TokenData], *, reference: bool = False) -> list[torch.Tensor]:
+        """Per-trajectory flat log-probs under the current policy (or the reference),
+        without gradients, in micro-batches."""
+        out: list[torch.Tensor] = []
+        self.model.eval()
+        for batch in self.micro_batches(range(len(data))):
+            chunk = [data[i] for i in batch]
+            if reference and self.reference is not None:
+                logprobs, _, _ = forward_tokens(self.reference, chunk, self.pad_id, self.device, self.temperature)
+            elif reference:
+                with self.model.disable_adapter():
+                    logprobs, _, _ = forward_tokens(self.model, chunk, self.pad_id, self.device, self.temperature)
+            else:
+                logprobs, _, _ = forward_tokens(self.model, chunk, self.pad_id, self.device, self.temperature)
+            out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
+        self.model.train()
+        return out
+
+    def minibatch_order(self, step: int, epoch: int, n: int) -> list[list[int]]:
+        """A seeded permutation of ``range(n)`` cut into ``num_mini_batches`` parts."""
+        generator = torch.Generator().manual_seed(turn_seed(self.config.seed, step, epoch, 7))
+        order = torch.randperm(n, generator=generator).tolist()
+        return [part.tolist() for part in np.array_split(np.asarray(order), self.config.num_mini_batches)
+                if len(part)]
+
+    def clip_and_step(self) -> float:
+        """Clip the global gradient norm to ``max_grad_norm``, step the optimiser; returns
+        the norm before clipping."""
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # -- the loop ------------------------------------------------------------------
+    def train(self, resume: bool = False) -> list[dict[str, Any]]:
+        """Run until ``total_steps`` (or Ctrl-C). Returns the metrics of every step.
+
+        Args:
+            resume: continue from ``<output_dir>/checkpoints/latest`` when there is one.
+
+        Raises:
+            FileExistsError: a fresh run in a folder that holds another run's metrics.
+        """
+        from tqdm.auto import tqdm
+
+        config = self.config
+        checkpoints = Path(config.output_dir) / "checkpoints"
+        resume_step = None
+        if resume:
+            found = latest_checkpoint(checkpoints)
+            if found is not None:
+                self.load(found)
+                log.info("resumed from %s (step %d)", found, self.step)
+            resume_step = self.step
+        self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
+                              resume_step=resume_step)
+        self._saved_step = self.step if resume_step is not None else -1
+        previous_handler = self._install_interrupt_handler()
+        bar = tqdm(total=config.total_steps, initial=self.step, disable=not config.progress,
+                   desc=f"{self.algorithm} steps", dynamic_ncols=True)
+        try:
+            while self.step < config.total_steps and not self._stop:
+                if not self._run_step(self.step + 1, bar):
+                    break
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+            bar.close()
+            if not self._dirty and self.step > self._saved_step and self.step > 0:
+                self.save()
+            self.run_log.plot()
+            self.run_log.close()
+        return self.run_log.read_metrics() if self.run_log else []
+
+    def _run_step(self, step: int, bar: Any) -> bool:
+        config = self.config
+        started = time.perf_counter()
+        self.generator.sync(self.model, step)
+        env_seeds, groups = self.env_seeds(step)
+        try:
+            trajectories = self.engine.collect(
+                env_seeds, groups=groups, sampling_seed=turn_seed(config.seed, step),
+                should_stop=lambda: self._stop,
+                on_episode_end=lambda t: self.run_log.episode(step, t))
+        except RolloutInterrupted:
+            log.warning("interrupted during the rollout of step %d; it is discarded", step)
+            return False
+        times = self.engine.times
+        tick = time.perf_counter()
+        self._dirty = True
+        metrics = self.update(trajectories, step)
+        self._dirty = False
+        self.step = step
+        metrics.update(rollout_metrics(trajectories))
+        metrics.update({"time/rollout": times.total, "time/generation": times.generation,
+                        "time/user": times.user, "time/update": time.perf_counter() - tick,
+                        "time/step": time.perf_counter() - started,
+                        "tokens/generated": float(times.generated_tokens),
+                        "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
+        self.run_log.metrics(step, metrics)
+        self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward/mean_return']:+.3f}",
+                        emotion=f"{metrics['emotion/final_mean']:.1f}",
+                        kl=f"{metrics.get('policy/approx_kl', 0.0):.4f}",
+                        clip=f"{metrics.get('policy/clipfrac', 0.0):.3f}")
+        if config.save_steps and step % config.save_steps == 0:
+            self.save()
+        return True
+
+    def _install_interrupt_handler(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop:
+                raise KeyboardInterrupt
+            self._stop = True
+            log.warning("Ctrl-C: finishing the current phase, then saving; press Ctrl-C again to abort")
+
+        return signal.signal(signal.SIGINT, handler)
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop after the current phase (as the first Ctrl-C does)."""
+        self._stop = True
+
+    # -- checkpoints ---------------------------------------------------------------
+    def save(self) -> Path:
+        """Checkpoint the last completed step atomically (see :mod:`checkpoint`)."""
+        path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
+                               policy=self.model, tokenizer=self.tokenizer,
+                               modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
+                               state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+        self._saved_step = self.step
+        return path
+
+    def load(self, path: Path) -> None:
+        """Restore weights, optimiser, algorithm modules, RNG and step from a checkpoint."""
+        state, modules, rng = load_checkpoint(path)
+        if state.get("algorithm") != self.algorithm:
+            raise ValueError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+        policy_dir = path / "policy"
+        if self.config.policy.use_lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+            set_peft_model_state_dict(self.model, load_file(str(policy_dir / "adapter_model.safetensors")))
+        else:
+            from transformers import AutoModelForCausalLM
+            loaded = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype)
+            self.model.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(modules["optimizer"])
+        self.load_extra_state(modules)
+        set_rng_state(rng)
+        self.step = int(state["step"])
