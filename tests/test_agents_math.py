@@ -1,0 +1,132 @@
+"""Estimators and losses against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from empathy_gym.agents.grpo import group_advantages, grpo_loss, reward_to_go_advantages
+from empathy_gym.agents.ppo import masked_gae, ppo_policy_loss, ppo_value_loss, whiten
+
+
+def test_gae_skips_masked_positions_gamma_lambda_one():
+    # Two agent turns (positions 0-2 and 4-5) around a masked user token at 3, whose
+    # value (9.9) and reward must be ignored. With gamma = lambda = 1,
+    # A_t = (sum of later rewards) - V_t: e.g. A_0 = (0.1 - 0.05) - 0.5 = -0.45.
+    rewards = torch.tensor([[0.0, 0.0, 0.1, 0.0, 0.0, -0.05]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 9.9, 0.2, 0.1]])
+    mask = torch.tensor([[1, 1, 1, 0, 1, 1]])
+    advantages, returns = masked_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert advantages.tolist()[0] == pytest.approx([-0.45, -0.35, -0.25, 0.0, -0.25, -0.15])
+    assert returns.tolist()[0] == pytest.approx([0.05, 0.05, 0.05, 0.0, -0.05, -0.05])
+
+
+def test_gae_with_discount():
+    # t=2: delta = 2 + 0 - 1 = 1, A = 1.
+    # t=0 (t=1 is masked): delta = 1 + 0.5 * V_2 - V_0 = 1 + 0.5 - 0.5 = 1; A = 1 + 0.5*0.5*1 = 1.25.
+    advantages, returns = masked_gae(torch.tensor([[1.0, 7.0, 2.0]]), torch.tensor([[0.5, 3.0, 1.0]]),
+                                     torch.tensor([[1, 0, 1]]), gamma=0.5, lam=0.5)
+    assert advantages.tolist()[0] == pytest.approx([1.25, 0.0, 1.0])
+    assert returns.tolist()[0] == pytest.approx([1.75, 0.0, 2.0])
+
+
+def test_gae_rows_are_independent():
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    advantages, _ = masked_gae(rewards, torch.zeros(2, 2), torch.tensor([[1, 1], [1, 0]]))
+    assert advantages.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def test_whiten():
+    out = whiten(torch.tensor([1.0, 2.0, 3.0]))
+    # mean 2, population variance 2/3
+    assert out.tolist() == pytest.approx([-1.224744, 0.0, 1.224744], abs=1e-5)
+
+
+def test_ppo_clipped_policy_loss_by_hand():
+    ratio = torch.tensor([1.5, 0.5, 1.1])
+    logprobs, old = torch.log(ratio), torch.zeros(3)
+    advantages = torch.tensor([1.0, 1.0, -2.0])
+    loss, stats = ppo_policy_loss(logprobs, old, advantages, cliprange=0.2)
+    # token 1: max(-1.5, -1.2) = -1.2 (clipped); token 2: max(-0.5, -0.8) = -0.5;
+    # token 3: max(2.2, 2.2) = 2.2.  Mean = (-1.2 - 0.5 + 2.2) / 3.
+    assert float(loss) == pytest.approx(0.5 / 3)
+    assert float(stats["clipfrac"]) == pytest.approx(1 / 3)
+    expected_kl = sum(r - 1 - math.log(r) for r in (1.5, 0.5, 1.1)) / 3
+    assert float(stats["approx_kl"]) == pytest.approx(expected_kl)
+
+
+def test_ppo_loss_gradient_is_zero_where_clipped():
+    logprobs = torch.log(torch.tensor([1.5, 0.9])).requires_grad_(True)
+    loss, _ = ppo_policy_loss(logprobs, torch.zeros(2), torch.tensor([1.0, 1.0]), cliprange=0.2)
+    loss.backward()
+    # d/dlogp of -A*ratio/2 = -ratio/2 for the unclipped token; 0 for the clipped one.
+    assert logprobs.grad.tolist() == pytest.approx([0.0, -0.45])
+
+
+def test_ppo_value_loss_by_hand():
+    loss, clipfrac = ppo_value_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]),
+                                    torch.tensor([1.0, 1.0]), cliprange_value=0.2)
+    # clipped values 0.7 and 0.3; errors max((0, 0.09), (1.0, 0.49)) = (0.09, 1.0)
+    assert float(loss) == pytest.approx(0.5 * (0.09 + 1.0) / 2)
+    assert float(clipfrac) == pytest.approx(0.5)
+
+
+def test_group_advantages_with_a_zero_variance_group():
+    returns = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.2, 0.5, -0.1])
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    advantages, degenerate = group_advantages(returns, groups)
+    # group 0: mean 0.2, sample std 0.1; group 2: mean 0.2, sample std sqrt(0.18) = 0.424264
+    expected = [-0.1 / 0.1001, 0.1 / 0.1001, 0.0, 0.0, 0.0, 0.3 / (0.4242641 + 1e-4), -0.3 / (0.4242641 + 1e-4)]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-5)
+    assert degenerate.tolist() == [False, False, False, True, True, False, False]
+    centred, _ = group_advantages(returns, groups, scale=False)
+    assert centred.tolist() == pytest.approx([-0.1, 0.1, 0.0, 0.0, 0.0, 0.3, -0.3], abs=1e-6)
+
+
+def test_single_member_group_is_degenerate():
+    advantages, degenerate = group_advantages(torch.tensor([1.0]), torch.tensor([4]))
+    assert advantages.tolist() == [0.0] and degenerate.tolist() == [True]
+
+
+def test_reward_to_go_advantages_by_hand():
+    # One group, rollout A with turn rewards (0.1, -0.05), rollout B with (0.0,).
+    # Pooled: mean 1/60, sample std sqrt(0.0058333) = 0.0763763.
+    mean, std = 1 / 60, math.sqrt(((0.1 - 1 / 60) ** 2 + (-0.05 - 1 / 60) ** 2 + (1 / 60) ** 2) / 2)
+    n = lambda r: (r - mean) / (std + 1e-4)
+    adv, degenerate = reward_to_go_advantages([torch.tensor([0.1, -0.05]), torch.tensor([0.0])], [0, 0])
+    assert adv[0].tolist() == pytest.approx([n(0.1) + n(-0.05), n(-0.05)], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([n(0.0)], abs=1e-5)
+    assert adv[0].tolist() == pytest.approx([0.21793, -0.87173], abs=1e-4)
+    assert degenerate.tolist() == [False, False]
+
+
+def test_grpo_loss_token_versus_sequence_mean():
+    # ratio 1 everywhere, so every token's loss is -A: three tokens of -1, one of +2.
+    logprobs = torch.zeros(4)
+    advantages = torch.tensor([1.0, 1.0, 1.0, -2.0])
+    segments = torch.tensor([0, 0, 0, 1])
+    token, _ = grpo_loss(logprobs, logprobs, advantages, 0.2, segments=segments, loss_type="token_mean")
+    sequence, _ = grpo_loss(logprobs, logprobs, advantages, 0.2, segments=segments, loss_type="sequence_mean")
+    assert float(token) == pytest.approx(-0.25)        # (-3 + 2) / 4
+    assert float(sequence) == pytest.approx(0.5)       # mean(-1, 2)
+
+
+def test_grpo_k3_kl_term():
+    logprobs = torch.zeros(2)
+    ref = logprobs - math.log(2)  # pi_ref / pi = 1/2: k3 = 1/2 - ln(1/2) - 1 = ln 2 - 1/2
+    loss, stats = grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, ref_logprobs=ref, beta=0.1)
+    assert float(stats["kl"]) == pytest.approx(math.log(2) - 0.5)
+    assert float(loss) == pytest.approx(0.1 * (math.log(2) - 0.5))
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, beta=0.1)
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, loss_type="mean")
+
+
+def test_grpo_clip_direction():
+    # A > 0 and ratio 1.5: min(1.5, 1.2) * A -> the clipped term; A < 0 and ratio 0.5:
+    # min(-0.5, -0.8) -> clipped too (pessimistic bound).
+    logprobs = torch.log(torch.tensor([1.5, 0.5]))
+    loss, stats = grpo_loss(logprobs, torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2)
+    assert float(loss) == pytest.approx((-1.2 + 0.8) / 2)
+    assert float(stats["clipfrac"]) == pytest.approx(1.0)

@@ -1,0 +1,136 @@
+"""Token-in-token-out rollouts: the loss mask, the chat template, and batching."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from empathy_gym.agents.generation import TransformersGenerator
+from empathy_gym.agents.rollout import ChatTokens, RolloutEngine, Sample
+from empathy_gym.agents.tokens import forward_tokens, to_token_data
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.personas import Persona
+from empathy_gym.user.scripted import ScriptedUser
+
+PERSONAS = [Persona(id=f"p{i}", language="en", profile="p", scenario="s", hidden_intention="deep_empathy",
+                    character_type="passive", opening_line=f"I feel lost ({i}).") for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class ScriptedPolicy:
+    """Emits fixed texts, tokenised, ending with the end-of-turn token, unless cut."""
+
+    def __init__(self, tokenizer, texts, cut_at=None):
+        self.tokenizer, self.texts, self.cut_at, self.turn = tokenizer, texts, cut_at, 0
+        self.prompts = []
+
+    def generate(self, prompts, seeds):
+        self.prompts.append([list(p) for p in prompts])
+        text = self.texts[self.turn]
+        self.turn += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.cut_at == self.turn:
+            return [Sample(ids, [-1.0] * len(ids), finished=False) for _ in prompts]
+        ids = ids + [self.tokenizer.eos_token_id]
+        return [Sample(ids, [-1.0] * len(ids), finished=True) for _ in prompts]
+
+
+def test_loss_mask_is_exactly_the_policy_tokens_over_three_turns(tiny):
+    _, tokenizer = tiny
+    outputs = ["<think>She feels lost.</think> That sounds so heavy.",
+               "<think>Ask gently.</think> What happened today?",
+               "<think>Validate.</think> It makes sense you feel this way."]
+    seen = []
+    user = ScriptedUser(change_fn=lambda r: seen.append(r.utterance) or 5)
+    env = EmpathyDialogueEnv(PERSONAS, user=user, max_turns=3, think=True)
+    engine = RolloutEngine([env], ScriptedPolicy(tokenizer, outputs), tokenizer)
+    (trajectory,) = engine.collect([0])
+
+    trainable = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
+    eos = tokenizer.eos_token
+    # Decoding the trainable tokens gives exactly what the policy produced, thinking
+    # and each turn's end-of-turn token included, and nothing else.
+    assert tokenizer.decode(trainable) == "".join(o + eos for o in outputs)
+    # Only the replies reached the user.
+    assert seen == ["That sounds so heavy.", "What happened today?", "It makes sense you feel this way."]
+    # The whole sequence is what the chat template renders for the dialogue: the user's
+    # turns were appended as template tokens, nothing was re-tokenised differently.
+    # (The user's last reply ends the episode, so it is not in the token sequence.)
+    rendered = tokenizer.apply_chat_template(trajectory.messages[:-1], tokenize=False)
+    assert tokenizer.decode(trajectory.token_ids) == rendered.rstrip("\n")
+    assert trajectory.rewards == [0.05, 0.05, 0.05] and trajectory.emotions == [40, 45, 50, 55]
+    assert trajectory.termination == "max_turns"
+    # Each turn's reward sits on its last sampled token (the end-of-turn token).
+    assert [trajectory.token_ids[i] for i in trajectory.turn_ends] == [tokenizer.eos_token_id] * 3
+    data = to_token_data(trajectory)
+    assert data.num_trainable == len(trainable)
+    nonzero = data.turn_rewards.nonzero().flatten().tolist()
+    per_turn = [len(tokenizer(o, add_special_tokens=False)["input_ids"]) + 1 for o in outputs]
+    assert nonzero == [per_turn[0] - 1, per_turn[0] + per_turn[1] - 1, sum(per_turn) - 1]
+    assert data.turn_index.tolist() == [0] * per_turn[0] + [1] * per_turn[1] + [2] * per_turn[2]
+
+
+def test_a_turn_cut_at_max_new_tokens_gets_an_untrained_end_token(tiny):
+    _, tokenizer = tiny
+    env = EmpathyDialogueEnv(PERSONAS, user=ScriptedUser([0]), max_turns=2)
+    engine = RolloutEngine([env], ScriptedPolicy(tokenizer, ["I hear", "you"], cut_at=1), tokenizer)
+    (trajectory,) = engine.collect([0])
+    end = trajectory.turn_ends[0]
+    assert trajectory.token_ids[end + 1] == tokenizer.eos_token_id and trajectory.loss_mask[end + 1] == 0
+    assert tokenizer.decode([t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]) == \
+        "I hear" + "you" + tokenizer.eos_token
+
+
+def test_user_turn_tokens_come_from_the_template(tiny):
+    _, tokenizer = tiny
+    chat = ChatTokens(tokenizer)
+    assert chat.after_eos_text == "\n"
+    assert tokenizer.decode(chat.user_turn("Thanks.")) == "\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_an_ended_dialogue_never_shifts_the_others(tiny):
+    _, tokenizer = tiny
+    # Dialogue 0 (persona p0) fails fast: -20 per turn is clamped to -10, so 40, 30,
+    # 20, 10, 0 and it ends after turn 4; dialogues 1 and 2 gain 1 per turn for 6 turns.
+    user = ScriptedUser(change_fn=lambda r: -20 if r.persona.id == "p0" else 1)
+    envs = [EmpathyDialogueEnv([p], user=user, max_turns=6) for p in PERSONAS]
+    policy = ScriptedPolicy(tokenizer, [f"turn {k}" for k in range(1, 7)])
+    trajectories = RolloutEngine(envs, policy, tokenizer).collect([0, 1, 2])
+    assert [t.persona_id for t in trajectories] == ["p0", "p1", "p2"]
+    expected = {"p0": [40, 30, 20, 10, 0], "p1": [40 + k for k in range(7)], "p2": [40 + k for k in range(7)]}
+    for t in trajectories:
+        assert t.emotions == expected[t.persona_id]
+        # every user reply in the transcript belongs to this dialogue's own turns
+        replies = [m["content"] for m in t.messages if m["role"] == "user"][1:]
+        assert replies == [f"reply {k} (emotion {e})" for k, e in enumerate(t.emotions[1:], start=1)]
+    assert trajectories[0].termination == "failure" and trajectories[1].termination == "max_turns"
+    # after dialogue 0 ended, the generate calls carried the two others only, in order
+    assert [len(p) for p in policy.prompts] == [3, 3, 3, 3, 2, 2]
+    assert policy.prompts[4] == [trajectories[1].token_ids[:len(policy.prompts[4][0])],
+                                 trajectories[2].token_ids[:len(policy.prompts[4][1])]]
+
+
+def test_generator_logprobs_match_a_training_forward_pass(tiny):
+    model, tokenizer = tiny
+    env = EmpathyDialogueEnv(PERSONAS, user=ScriptedUser([0]), max_turns=2)
+    engine = RolloutEngine([env], TransformersGenerator(model, tokenizer, max_new_tokens=12), tokenizer)
+    (trajectory,) = engine.collect([3], sampling_seed=1)
+    data = to_token_data(trajectory)
+    with torch.no_grad():
+        logprobs, entropy, _ = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 1.0)
+    sampled = torch.tensor([lp for lp, m in zip(trajectory.rollout_logprobs, trajectory.loss_mask) if m])
+    assert torch.allclose(logprobs, sampled, atol=1e-4)
+    assert entropy.shape == logprobs.shape and bool((entropy > 0).all())
+
+
+def test_generator_seeds_make_rows_independent_of_the_batch(tiny):
+    model, tokenizer = tiny
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=6)
+    prompt = ChatTokens(tokenizer).prompt([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
+    alone = generator.generate([prompt], [11])[0]
+    batched = generator.generate([prompt, prompt, prompt], [5, 11, 7])
+    assert batched[1].token_ids == alone.token_ids
+    assert batched[0].token_ids != batched[2].token_ids or batched[0].token_ids != alone.token_ids

@@ -1,0 +1,101 @@
+"""The trainer loop: resume gives the same parameters, Ctrl-C keeps everything finished."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from empathy_gym.agents import GRPOTrainer, PPOTrainer, load_recipe
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.personas import load_personas
+from empathy_gym.user.scripted import ScriptedUser
+
+OVERRIDES = ["rollout_batch_size=4", "generation.max_new_tokens=6", "progress=false", "save_steps=2",
+             "num_ppo_epochs=2", "num_mini_batches=2", "learning_rate=1e-2"]
+
+
+def word_user(**hooks):
+    """Change = (number of letters 'e' in the reply, at most 10) - 3: deterministic, varied
+    across samples (so GRPO groups have variance) and learnable."""
+    def change(request):
+        for hook in hooks.values():
+            hook(request)
+        return min(10, request.utterance.count("e")) - 3
+    return ScriptedUser(change_fn=change)
+
+
+def envs(user, n=4):
+    bank = load_personas("en")[:6]
+    return [EmpathyDialogueEnv(bank, user=user, max_turns=2) for _ in range(n)]
+
+
+def trainer(tmp_path, algorithm, name, total, user=None, extra=()):
+    config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path / name}",
+                                                               f"total_steps={total}", *extra],
+                         algorithm=algorithm)
+    cls = PPOTrainer if algorithm == "ppo" else GRPOTrainer
+    return cls(config, envs=envs(user or word_user()))
+
+
+def parameters(t):
+    state = {f"policy.{k}": v.detach().clone() for k, v in t.model.state_dict().items()}
+    if hasattr(t, "value_head"):
+        state.update({f"value.{k}": v.detach().clone() for k, v in t.value_head.state_dict().items()})
+    return state
+
+
+@pytest.mark.parametrize("algorithm,extra", [("ppo", ()), ("grpo", ("num_generations=2",))])
+def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, algorithm, extra):
+    straight = trainer(tmp_path, algorithm, "straight", 4, extra=extra)
+    straight.train()
+    first_half = trainer(tmp_path, algorithm, "halves", 2, extra=extra)
+    first_half.train()
+    assert (tmp_path / "halves" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    second_half = trainer(tmp_path, algorithm, "halves", 4, extra=extra)
+    second_half.train(resume=True)
+    a, b = parameters(straight), parameters(second_half)
+    assert a.keys() == b.keys()
+    changed = [k for k in a if not torch.equal(a[k], b[k])]
+    assert changed == []
+    # the run really trained: parameters moved away from the initial ones
+    initial = parameters(trainer(tmp_path, algorithm, "fresh", 1, extra=extra))
+    assert any(not torch.equal(a[k], initial[k]) for k in a)
+    read = lambda name: [(r["step"], r["persona_id"], r["rewards"]) for r in map(
+        json.loads, (tmp_path / name / "episodes.jsonl").read_text().splitlines())]
+    assert read("straight") == read("halves")
+    metrics = [json.loads(l) for l in (tmp_path / "halves" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert (tmp_path / "halves" / "curves.png").stat().st_size > 0
+    assert len(list((tmp_path / "halves" / "transcripts").glob("step-*.txt"))) == 4
+
+
+def test_ctrl_c_mid_rollout_keeps_finished_episodes_and_the_last_checkpoint(tmp_path):
+    calls = {"n": 0}
+
+    def interrupt_in_step_3(request):
+        calls["n"] += 1
+        # steps have 4 dialogues x 2 turns = 8 user calls; call 17 is in step 3
+        if calls["n"] == 17:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = trainer(tmp_path, "ppo", "run", 10, user=word_user(hook=interrupt_in_step_3),
+                  extra=("save_steps=0",))
+    run.train()
+    assert run.step == 2
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    steps = [json.loads(l)["step"] for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    # steps 1 and 2 complete; step 3's dialogues that had ended before the stop are on disk too
+    assert steps.count(1) == 4 and steps.count(2) == 4 and set(steps) <= {1, 2, 3}
+    resumed = trainer(tmp_path, "ppo", "run", 4)
+    resumed.train(resume=True)
+    assert resumed.step == 4
+    steps = [json.loads(l)["step"] for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    assert steps == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4   # step 3's partial episodes were replaced
+
+
+def test_fresh_run_refuses_a_used_output_dir(tmp_path):
+    trainer(tmp_path, "ppo", "used", 1).train()
+    with pytest.raises(FileExistsError, match="--resume"):
+        trainer(tmp_path, "ppo", "used", 1).train()
