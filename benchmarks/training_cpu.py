@@ -1,0 +1,75 @@
+"""Training-step benchmark on CPU: the tiny and SmolLM2 recipes side by side.
+
+    python benchmarks/training_cpu.py [--steps 3] [--recipes tiny smollm2]
+
+Each recipe runs in its own process (so peak memory is its own) for ``--steps`` PPO
+steps against the rule-based user; the first step is a warm-up and left out of the
+means. Columns: generated tokens per second, seconds per step, the share of a step
+spent in simulated-user calls, policy generation and the update (optimisation), and
+the process's peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = {"tiny": "agents/tiny-cpu.yaml", "smollm2": "agents/smollm2-cpu-ppo.yaml"}
+
+
+def worker(recipe: str, steps: int) -> dict:
+    from empathy_gym.agents import PPOTrainer, load_recipe
+
+    with tempfile.TemporaryDirectory() as out:
+        config = load_recipe(ROOT / RECIPES[recipe], [f"total_steps={steps}", f"output_dir={out}",
+                                                       "report_to=none", "progress=false", "save_steps=0"],
+                             algorithm="ppo")
+        metrics = PPOTrainer(config).train()
+    timed = metrics[1:] or metrics
+    mean = lambda key: sum(m[key] for m in timed) / len(timed)
+    step = mean("time/step")
+    return {"recipe": recipe, "tokens_per_s": mean("tokens/generated_per_second"), "s_per_step": step,
+            "user_share": mean("time/user") / step, "generation_share": mean("time/generation") / step,
+            "update_share": mean("time/update") / step,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "steps_timed": len(timed), "dialogues_per_step": config.rollout_batch_size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps)))
+        return
+    rows = []
+    for recipe in args.recipes:
+        out = subprocess.run([sys.executable, __file__, "--worker", recipe, "--steps", str(args.steps)],
+                             capture_output=True, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        if out.returncode != 0:
+            raise SystemExit(f"{recipe} failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    header = f"{'recipe':10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}{'update':>8}{'peak MiB':>10}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['recipe']:10}{r['tokens_per_s']:>9.1f}{r['s_per_step']:>9.2f}{r['user_share']:>8.1%}"
+              f"{r['generation_share']:>10.1%}{r['update_share']:>8.1%}{r['peak_rss_mib']:>10.0f}")
+    print(f"(means over steps 2..{args.steps}; {rows[0]['dialogues_per_step']}+ dialogues a step; "
+          "shares of the step's wall time)")
+
+
+if __name__ == "__main__":
+    main()
