@@ -1,0 +1,359 @@
+"""The ``empathy-gym`` command (typer): ``eval``, ``play``, ``personas``, ``envs``.
+
+Exit codes: 0 success; 1 invalid input or a failed run (a persona file that does not
+validate, a bad spec, an unreachable server; the message on stderr names the file, line
+and field where there is one); 2 usage error (unknown option, missing argument: typer's);
+130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue, rerun it to resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+EXIT_CODES = ("Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); "
+              "2 usage error; 130 interrupted (Ctrl-C).")
+
+app = typer.Typer(
+    name="empathy-gym", no_args_is_help=True, add_completion=False,
+    pretty_exceptions_show_locals=False, epilog=EXIT_CODES, rich_markup_mode="markdown",
+    help="Simulated users for training and evaluating empathetic LLM agents (RLVER, SAGE).")
+personas_app = typer.Typer(no_args_is_help=True, epilog=EXIT_CODES, rich_markup_mode="markdown",
+                           help="Validate, list and show persona banks.")
+app.add_typer(personas_app, name="personas")
+
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+PERSONAS_HELP = ("persona bank: a name (rlver: the 500 RLVER profiles; en; zh) or a JSONL "
+                 "path, in our format or RLVER/SAGE's (first_talk is the opening line)")
+USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
+             "openai:MODEL@URL; options after commas: ,temperature=0.3,max_concurrency=16")
+
+
+class AppraisalMode(str, Enum):
+    free = "free"
+    choice = "choice"
+
+
+class ProtocolName(str, Enum):
+    sage = "sage"
+    rlver_training = "rlver_training"
+
+
+@contextlib.contextmanager
+def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
+    """Turn known errors into exit code 1 with their message, Ctrl-C into 130."""
+    from empathy_gym.backends.base import BackendError
+    from empathy_gym.user.base import SimulatorError
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(f"\n{escape(interrupted)}")
+        raise typer.Exit(130) from None
+    except (ValueError, KeyError, OSError, BackendError, SimulatorError, ImportError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        errors.print(f"[red]error:[/red] {escape(str(message))}")
+        raise typer.Exit(1) from None
+
+
+# -- eval ------------------------------------------------------------------------------
+@app.command("eval", epilog=EXIT_CODES)
+def eval_command(
+    policy: Annotated[str, typer.Option(
+        "--policy", "-p", help="the agent: baseline:generic|echo|listener | hf:PATH[,adapter=DIR]"
+        "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, "
+                                      "transcripts.jsonl, trajectories.png; rerun to resume")],
+    personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "rlver",
+    user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
+    appraisal_mode: Annotated[AppraisalMode, typer.Option(
+        help="LLM users: free (JSON with thoughts, SAGE) or choice (scored options)")] = AppraisalMode.free,
+    difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
+    protocol: Annotated[ProtocolName, typer.Option(
+        help="sage: start 40, change in [-10, 10], success at 100, failure below 10, 10 turns")] = ProtocolName.sage,
+    think: Annotated[bool, typer.Option(help="the policy writes `<think>...</think>` before each reply")] = False,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N personas")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="dialogues per persona, each with its own seed")] = 1,
+    seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
+    max_tokens: Annotated[int, typer.Option(min=1, help="model policies: new tokens per reply")] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
+    resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
+) -> None:
+    """Run the Sentient benchmark: one dialogue per persona, the mean final emotion with a
+    bootstrap 95% CI, success and failure counts, breakdowns by hidden intention and
+    character type.
+
+    Offline, a baseline against the rule user on 50 RLVER profiles:
+
+        empathy-gym eval --personas rlver --policy baseline:listener --user rule --limit 50 --out runs/listener
+
+    A local model (with a LoRA adapter) against an LLM user on an OpenAI-compatible server:
+
+        empathy-gym eval --policy hf:Qwen/Qwen2.5-7B-Instruct,adapter=runs/ppo/checkpoints/step-000300/policy --user openai:Qwen/Qwen2.5-72B-Instruct@http://localhost:8000/v1 --out runs/ppo-eval
+
+    Each finished dialogue is saved at once; rerunning the same command after a crash or
+    Ctrl-C skips them and gives the same report.
+    """
+    from empathy_gym.evaluation import TRANSCRIPTS, evaluate
+
+    with _exit_codes(f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; "
+                     f"rerun the same command to resume"), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), console=errors, transient=True,
+                     disable=not errors.is_terminal) as progress:
+        bar = progress.add_task("dialogues", total=None)
+        result = evaluate(policy, personas, user=user, appraisal_mode=appraisal_mode.value,
+                          difficulty=difficulty, protocol=protocol.value, think=think,
+                          repeats=repeats, limit=limit, seed=seed, out_dir=out,
+                          batch_size=batch_size, max_tokens=max_tokens, temperature=temperature,
+                          n_resamples=resamples,
+                          on_progress=lambda done, total: progress.update(bar, completed=done,
+                                                                          total=total))
+    _print_report(result.report, result.resumed)
+    console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
+
+
+def _print_report(report: dict[str, Any], resumed: int) -> None:
+    ci = report["ci"]
+    n = report["dialogues"]
+    console.print(
+        f"[bold]Sentient score {report['sentient_score']:.1f}[/bold] "
+        f"(95% CI {ci['low']:.1f} to {ci['high']:.1f}, {n} dialogues, "
+        f"{report['personas']} personas{f', {resumed} resumed' if resumed else ''})\n"
+        f"success {report['successes']}/{n}, failure {report['failures']}/{n}, "
+        f"out of turns {report['max_turns']}/{n}, mean turns {report['mean_turns']:.1f}")
+    for title, key in (("hidden intention", "by_hidden_intention"),
+                       ("character type", "by_character_type")):
+        table = Table(title=f"by {title}", title_justify="left")
+        for column in (title, "dialogues", "score", "success", "failure", "turns"):
+            table.add_column(column, justify="left" if column == title else "right")
+        for group, stats in report[key].items():
+            table.add_row(escape(group[:40]), str(stats["dialogues"]), f"{stats['sentient_score']:.1f}",
+                          str(stats["successes"]), str(stats["failures"]), f"{stats['mean_turns']:.1f}")
+        console.print(table)
+
+
+# -- play ------------------------------------------------------------------------------
+PLAY_HELP = "commands: /restart (a new dialogue), /quit (or Ctrl-D), /help"
+
+
+@app.command(epilog=EXIT_CODES)
+def play(
+    env_id: Annotated[str, typer.Option("--env", help="a registered id (see `empathy-gym envs`)")] = "EmpathyDialogue-v0",
+    persona: Annotated[Optional[str], typer.Option(help="a persona id of that env's bank "
+                                                   "(see `empathy-gym personas list`); default: drawn at random")] = None,
+    user: Annotated[Optional[str], typer.Option(help=USER_HELP + "; default: the env's own")] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0, help="seed of the first dialogue (then +1 per /restart)")] = None,
+    thoughts: Annotated[bool, typer.Option(help="show the user's appraisal (inner thoughts, proposed change) each turn")] = False,
+) -> None:
+    """Talk with the simulated user yourself: you are the agent. Type a reply and press
+    Enter; the user answers and the emotion bar shows where you stand (0-100; the dialogue
+    ends at 100, below 10, or after the turn limit). /restart starts a new dialogue,
+    /quit (or Ctrl-D) leaves. Works offline with the rule user.
+    """
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401  (registers the ids)
+    from empathy_gym.specs import user_env_kwargs
+
+    with _exit_codes():
+        try:
+            env = gym.make(env_id, **(user_env_kwargs(user) if user else {})).unwrapped
+        except gym.error.Error as error:
+            raise ValueError(f"--env {env_id}: {error}; see `empathy-gym envs`") from None
+        options = {"persona": persona} if persona else None
+        episode = 0
+        try:
+            while True:
+                obs, info = env.reset(seed=None if seed is None else seed + episode, options=options)
+                chosen = env.dialogue.persona
+                console.rule(f"{escape(env_id)}: persona {escape(chosen.id)}"
+                             f"{f' ({escape(chosen.name)})' if chosen.name else ''}")
+                console.print(f"[dim]{PLAY_HELP}[/dim]")
+                _print_user(obs, info)
+                if _play_dialogue(env, thoughts) == "quit":
+                    return
+                episode += 1
+        finally:
+            env.close()
+
+
+def _print_user(utterance: str, info: dict[str, Any], max_turns: int | None = None) -> None:
+    """The user's utterance, then the emotion bar (with the change and turn after a step)."""
+    from empathy_gym.env import emotion_bar
+
+    console.print(f"[bold cyan]USER[/]: {escape(utterance)}")
+    after_step = (f"  ({info['emotion_change']:+d}, turn {info['turn']}/{max_turns})"
+                  if "emotion_change" in info else "")
+    console.print(f"      {escape(emotion_bar(info['emotion']))}{after_step}")
+
+
+def _play_dialogue(env: Any, thoughts: bool) -> str:
+    """Read the player's lines until /restart (returns "restart"), /quit or end of input
+    (returns "quit")."""
+    ended = False
+    while True:
+        try:
+            text = console.input("[bold green]you>[/] ").strip()
+        except EOFError:
+            console.print()
+            return "quit"
+        if text in ("/quit", "/restart"):
+            return text[1:]
+        if text.startswith("/") and " " not in text:  # /help and unknown commands
+            console.print(f"[dim]{PLAY_HELP}[/dim]")
+            continue
+        if not text:
+            continue
+        if ended:
+            console.print("[dim]the dialogue has ended: /restart or /quit[/dim]")
+            continue
+        obs, _, terminated, truncated, info = env.step(text)
+        if thoughts:
+            appraisal = info["appraisal"]
+            console.print(f"[dim]      (thinks: {escape(appraisal['thoughts'] or '-')}; "
+                          f"proposed {appraisal['change']:+d})[/dim]")
+        _print_user(obs, info, env.protocol.max_turns)
+        if terminated or truncated:
+            ended = True
+            outcome = {"success": "success: the user feels better and says goodbye",
+                       "failure": "failure: the user gives up and leaves",
+                       "max_turns": "out of turns"}[info["termination_reason"]]
+            persona = env.dialogue.persona
+            console.print(f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "
+                          f"Hidden need: {escape(persona.intention_text('en'))}; "
+                          f"character: {persona.character_type}.")
+            console.print("[dim]/restart for a new dialogue, /quit to leave[/dim]")
+
+
+# -- personas --------------------------------------------------------------------------
+@personas_app.command("validate", epilog=EXIT_CODES)
+def personas_validate(
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH", help="JSONL persona files (our format or RLVER/SAGE's)")],
+) -> None:
+    """Check persona files: JSON on every line, every field against the schema, known
+    labels, unique ids. Prints FILE:LINE: field 'NAME': problem for the first error of
+    each invalid file; exit code 1 when any file is invalid.
+    """
+    from empathy_gym.personas import PersonaError, load_personas_file
+
+    invalid = 0
+    for path in paths:
+        try:
+            bank = load_personas_file(path)
+        except (PersonaError, OSError) as error:
+            message = f"{path}: {error.strerror}" if isinstance(error, OSError) else str(error)
+            errors.print(f"[red]invalid:[/red] {escape(message)}")
+            invalid += 1
+            continue
+        languages = Counter(p.language for p in bank)
+        console.print(f"[green]ok:[/green] {escape(str(path))}: {len(bank)} personas ("
+                      + ", ".join(f"{n} {lang}" for lang, n in sorted(languages.items())) + ")")
+    if invalid:
+        raise typer.Exit(1)
+
+
+@personas_app.command("list", epilog=EXIT_CODES)
+def personas_list(
+    bank: Annotated[Optional[str], typer.Option(help=PERSONAS_HELP + "; default: the built-in "
+                                                "English and Chinese banks")] = None,
+) -> None:
+    """List a bank's personas: id, language, name, hidden intention, character type."""
+    from empathy_gym.personas import load_personas
+
+    with _exit_codes():
+        personas = load_personas(bank)
+    table = Table(title=f"{len(personas)} personas", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    for column in ("lang", "name", "hidden intention", "character"):
+        table.add_column(column, overflow="fold")
+    for p in personas:
+        table.add_row(escape(p.id), p.language, escape(p.name or ""),
+                      escape(p.hidden_intention if p.intention_is_standard else p.hidden_intention[:30]),
+                      p.character_type)
+    console.print(table)
+
+
+@personas_app.command("show", epilog=EXIT_CODES)
+def personas_show(
+    persona_id: Annotated[str, typer.Argument(metavar="ID", help="the persona's id")],
+    bank: Annotated[Optional[str], typer.Option(help=PERSONAS_HELP + "; default: search en, zh, rlver")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the persona as one JSON object (our format)")] = False,
+) -> None:
+    """Show one persona in full (profile, scenario, hidden intention, opening line)."""
+    from empathy_gym.personas import BUILTIN_BANKS, load_personas
+
+    with _exit_codes():
+        banks = [bank] if bank else list(BUILTIN_BANKS)
+        for name in banks:
+            found = [p for p in load_personas(name) if p.id == persona_id]
+            if found:
+                break
+        else:
+            raise KeyError(f"no persona {persona_id!r} in {', '.join(banks)}; "
+                           f"see `empathy-gym personas list --bank NAME`")
+    persona = found[0]
+    if as_json:
+        console.print_json(json.dumps(persona.to_dict(), ensure_ascii=False))
+        return
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    record = persona.to_dict()
+    record["hidden_intention"] = (f"{persona.hidden_intention} ({persona.intention_text('en')})"
+                                  if persona.intention_is_standard else persona.hidden_intention)
+    for key, value in record.items():
+        table.add_row(key, escape(", ".join(value) if isinstance(value, list) else str(value)))
+    console.print(table)
+
+
+# -- envs ------------------------------------------------------------------------------
+@app.command(epilog=EXIT_CODES)
+def envs() -> None:
+    """List the registered dialogue environment ids with their difficulty, persona count
+    and simulated user."""
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401  (registers the ids)
+    from empathy_gym.personas import load_personas
+    from empathy_gym.registration import ENTRY_POINT
+    from empathy_gym.user.difficulty import load_difficulty
+
+    table = Table()
+    for column in ("id", "difficulty", "personas", "languages", "user"):
+        table.add_column(column)
+    with _exit_codes():
+        for env_id, spec in sorted(gym.registry.items()):
+            if spec.entry_point != ENTRY_POINT:
+                continue
+            kwargs = spec.kwargs or {}
+            bank = load_personas(kwargs.get("personas"))
+            languages = Counter(p.language for p in bank)
+            backend = kwargs.get("backend", "rule")
+            table.add_row(env_id, load_difficulty(kwargs.get("difficulty", "moderate")).name,
+                          str(len(bank)), ", ".join(f"{lang} {n}" for lang, n in sorted(languages.items())),
+                          backend if isinstance(backend, str) else type(backend).__name__)
+    console.print(table)
+
+
+def main() -> None:
+    """The console script ``empathy-gym`` (exits with the codes in the module docstring)."""
+    app(prog_name="empathy-gym")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,571 @@
+"""The Sentient-style benchmark (SAGE, arXiv 2505.02847): run a policy against a persona
+set with a simulated user, and report the mean final emotion.
+
+Protocol (SAGE section 2.2, the default): every dialogue starts at emotion 40 (or the
+persona's own ``initial_emotion``), each turn's change is clamped to [-10, 10], the
+dialogue ends with *success* when the emotion reaches 100, with *failure* when it falls
+below 10, and otherwise after 10 agent turns. The user's first utterance is the
+profile's opening line (SAGE's ``first_talk``) when it has one.
+
+One dialogue per persona and repeat, each with its own seed
+(:func:`dialogue_seed`: from the run seed, the persona id and the repeat index), so a
+run is reproducible and a dialogue's outcome does not depend on which others ran with
+it (exactly so with the rule user; LLM backends as far as they honour seeds).
+
+Batching: up to ``batch_size`` dialogues run at once; each turn the policy gets all
+their chats in one :meth:`~empathy_gym.policies.Policy.act` call and the simulated user
+all their replies in one call (:func:`~empathy_gym.env.step_many`); a finished dialogue's
+slot is refilled at once (:func:`~empathy_gym.env.reset_many`).
+
+Resuming: with an ``out_dir``, each finished dialogue is appended to
+``transcripts.jsonl`` (flushed and fsynced) as soon as it ends. A rerun with the same
+configuration skips the dialogues found there (keyed by persona id, repeat and seed), so
+an interrupted run loses nothing finished and ends with the same report as an
+uninterrupted one. A last line without its newline (a write cut short) is dropped and
+that dialogue rerun.
+
+Outputs in ``out_dir``: ``run.json`` (the configuration, checked on resume),
+``transcripts.jsonl`` (one record per dialogue, see :func:`dialogue_record`),
+``report.json`` (:func:`summarize`) and ``trajectories.png`` (:func:`plot_trajectories`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
+from empathy_gym.policies import Policy, make_policy
+from empathy_gym.specs import user_env_kwargs
+from empathy_gym.user import SimulatedUser, make_user, resolve_protocol
+from empathy_gym.user.difficulty import load_difficulty
+
+TRANSCRIPTS = "transcripts.jsonl"
+REPORT = "report.json"
+PLOT = "trajectories.png"
+RUN = "run.json"
+
+#: Fields of a transcript record that identify its dialogue.
+KEY_FIELDS: tuple[str, ...] = ("persona_id", "repeat", "seed")
+
+#: The bootstrap's reference (percentile interval).
+BOOTSTRAP_SOURCE = ("Efron & Tibshirani (1993), An Introduction to the Bootstrap, "
+                    "Chapman & Hall, ch. 13 (percentile intervals)")
+
+
+class EvaluationError(ValueError):
+    """Invalid evaluation input: a corrupt transcripts file (the message names the file
+    and line), a run directory holding a different configuration, or bad options."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One dialogue to run: a persona, a repeat index (0-based) and its seed (int in
+    [0, 2**31 - 1])."""
+
+    persona: Persona
+    repeat: int
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """``(persona_id, repeat, seed)``, the dialogue's key in the transcripts."""
+        return (self.persona.id, self.repeat, self.seed)
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 31-bit seed (int in [0, 2**31 - 1]) from integers and strings, through NumPy's
+    ``SeedSequence`` (strings enter as their CRC-32)."""
+    entropy = [zlib.crc32(p.encode("utf-8")) if isinstance(p, str) else abs(int(p)) for p in parts]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def dialogue_seed(seed: int, persona_id: str, repeat: int) -> int:
+    """The seed of one dialogue: a function of the run seed, the persona id and the
+    repeat index only (not of the persona's position, ``limit`` or batching)."""
+    return derive_seed(seed, persona_id, repeat)
+
+
+def plan_tasks(personas: Sequence[Persona], *, repeats: int = 1, seed: int = 0,
+               limit: int | None = None) -> list[Task]:
+    """The dialogues of a run, persona by persona, repeats together.
+
+    Args:
+        personas: the persona set, in order.
+        repeats: dialogues per persona (>= 1).
+        seed: the run seed (int >= 0).
+        limit: keep only the first ``limit`` personas (>= 1), or ``None`` for all.
+
+    Raises:
+        EvaluationError: ``repeats`` < 1 or ``limit`` < 1.
+    """
+    if repeats < 1:
+        raise EvaluationError(f"repeats must be >= 1, got {repeats}")
+    if limit is not None and limit < 1:
+        raise EvaluationError(f"limit must be >= 1, got {limit}")
+    chosen = personas[:limit] if limit is not None else personas
+    return [Task(p, r, dialogue_seed(seed, p.id, r)) for p in chosen for r in range(repeats)]
+
+
+# -- running dialogues ---------------------------------------------------------------
+@dataclass
+class _Running:
+    task: Task
+    info: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def dialogue_record(task: Task, info: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
+                    emotions: Sequence[int]) -> dict[str, Any]:
+    """One finished dialogue as a JSON-serialisable dict (a line of ``transcripts.jsonl``).
+
+    Fields: ``persona_id``, ``repeat``, ``seed`` (the key); ``language``,
+    ``hidden_intention``, ``character_type``; ``initial_emotion``, ``final_emotion``
+    (ints in [0, 100]); ``emotions`` (after each user turn, e_0 first: turns + 1 ints);
+    ``turns`` (agent turns, int >= 1); ``termination`` (``"success"``, ``"failure"`` or
+    ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
+    turn: ``utterance`` that reached the user, proposed ``change``, ``applied_change``,
+    ``emotion``, user ``thoughts``, ``format_error``); ``messages`` (the agent-side chat).
+    """
+    persona = task.persona
+    return {
+        "persona_id": persona.id, "repeat": task.repeat, "seed": task.seed,
+        "language": persona.language, "hidden_intention": persona.hidden_intention,
+        "character_type": persona.character_type,
+        "initial_emotion": int(emotions[0]), "final_emotion": int(emotions[-1]),
+        "emotions": [int(e) for e in emotions], "turns": len(steps),
+        "termination": info["termination_reason"],
+        "format_errors": sum(1 for s in steps if s["format_error"] is not None),
+        "steps": list(steps), "messages": info["messages"],
+    }
+
+
+def run_dialogues(tasks: Sequence[Task], policy: Policy,
+                  make_env: Callable[[], EmpathyDialogueEnv], *, batch_size: int = 32
+                  ) -> Iterator[dict[str, Any]]:
+    """Run the dialogues of ``tasks`` and yield each record (:func:`dialogue_record`) as
+    soon as its dialogue ends (so not in task order).
+
+    ``make_env`` builds the envs that serve as slots (at most ``batch_size``); give them a
+    shared simulated user so that :func:`~empathy_gym.env.step_many` batches its calls.
+    Every dialogue is keyed by its own slot: one that ends never shifts the others.
+
+    Raises:
+        EvaluationError: ``batch_size`` < 1.
+        TypeError: the policy returned the wrong number of utterances.
+        Whatever the policy or the simulated user raises (records already yielded stay valid).
+    """
+    if batch_size < 1:
+        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
+    queue = deque(tasks)
+    slots = [make_env() for _ in range(min(batch_size, len(tasks)))]
+    free = list(range(len(slots)))[::-1]
+    running: dict[int, _Running] = {}
+    while queue or running:
+        starting = []
+        while queue and free:
+            starting.append((free.pop(), queue.popleft()))
+        if starting:
+            resets = reset_many([slots[s] for s, _ in starting], [t.seed for _, t in starting],
+                                [{"persona": t.persona} for _, t in starting])
+            for (slot, task), (_, info) in zip(starting, resets):
+                running[slot] = _Running(task, info)
+        order = sorted(running)
+        conversations = [running[s].info["messages"] for s in order]
+        seeds = [derive_seed(running[s].task.seed, running[s].info["turn"]) for s in order]
+        actions = policy.act(conversations, seeds)
+        if len(actions) != len(order):
+            raise TypeError(f"policy {policy.name!r} returned {len(actions)} utterances "
+                            f"for {len(order)} conversations")
+        results = step_many([slots[s] for s in order], actions)
+        finished = []
+        for slot, (_, _, terminated, truncated, info) in zip(order, results):
+            run = running[slot]
+            run.info = info
+            run.steps.append({
+                "utterance": info["utterance"], "change": info["appraisal"]["change"],
+                "applied_change": info["emotion_change"], "emotion": info["emotion"],
+                "thoughts": info["appraisal"]["thoughts"], "format_error": info["format_error"]})
+            if terminated or truncated:
+                finished.append(dialogue_record(run.task, info, run.steps,
+                                                slots[slot].dialogue.emotions))
+                del running[slot]
+                free.append(slot)
+        yield from finished
+
+
+# -- the transcripts file --------------------------------------------------------------
+def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
+    """``(persona_id, repeat, seed)`` of a transcript record."""
+    return (str(record["persona_id"]), int(record["repeat"]), int(record["seed"]))
+
+
+def read_transcripts(path: str | os.PathLike, *, repair: bool = False
+                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The finished dialogues in a transcripts file, by key (first record of a key wins).
+
+    A last line without its newline is an unfinished write: it is ignored, and with
+    ``repair=True`` cut off the file so that appends start on a fresh line.
+
+    Returns:
+        ``{(persona_id, repeat, seed): record}``; empty when the file does not exist.
+
+    Raises:
+        EvaluationError: a complete line that is not a JSON object or lacks a key field,
+            naming the file and the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1
+    if repair and complete < len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(complete)
+            handle.flush()
+            os.fsync(handle.fileno())
+    records: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} "
+                                  f"(column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise EvaluationError(f"{path}:{number}: expected a JSON object")
+        for name in KEY_FIELDS:
+            if name not in record:
+                raise EvaluationError(f"{path}:{number}: field {name!r}: missing")
+        records.setdefault(record_key(record), record)
+    return records
+
+
+def append_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Append one record as a JSON line, flushed and fsynced before returning."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically (a temporary file renamed over ``path``)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
+    """Check that a run directory's ``run.json``, when there is one, holds ``config``.
+
+    Raises:
+        EvaluationError: naming each field that differs (old and new value), or a
+            ``run.json`` that is not valid JSON.
+    """
+    path = out_dir / RUN
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+    new = json.loads(json.dumps(dict(config)))
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+               if old.get(k) != new.get(k)]
+    if changed:
+        raise EvaluationError(f"{path}: this directory holds a run with another configuration "
+                              f"({'; '.join(changed)}); use another --out directory, or delete "
+                              f"it to start over")
+
+
+# -- statistics ------------------------------------------------------------------------
+def bootstrap_ci(values: Sequence[float] | np.ndarray, *, confidence: float = 0.95,
+                 n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean (Efron & Tibshirani 1993,
+    ch. 13): resample ``values`` with replacement ``n_resamples`` times, take each
+    resample's mean, and return the (1 - confidence)/2 and (1 + confidence)/2 quantiles
+    of those means (NumPy's default linear interpolation).
+
+    Args:
+        values: n >= 1 numbers (float64 after conversion), e.g. final emotions (0-100).
+        confidence: in (0, 1).
+        n_resamples: >= 1.
+        seed: seeds ``numpy.random.default_rng``; the same seed gives the same interval.
+
+    Returns:
+        ``(low, high)``, floats in the units of ``values``; ``(v, v)`` when all are ``v``.
+
+    Raises:
+        ValueError: no values, or ``confidence`` / ``n_resamples`` out of range.
+    """
+    data = np.asarray(values, dtype=np.float64).ravel()
+    if data.size == 0:
+        raise ValueError("bootstrap_ci: no values")
+    if not 0 < confidence < 1:
+        raise ValueError(f"bootstrap_ci: confidence must be in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"bootstrap_ci: n_resamples must be >= 1, got {n_resamples}")
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_resamples)
+    chunk = max(1, 2_000_000 // data.size)  # bound the index matrix to ~16 MB
+    for start in range(0, n_resamples, chunk):
+        stop = min(n_resamples, start + chunk)
+        means[start:stop] = data[rng.integers(0, data.size, size=(stop - start, data.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def _group_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    finals = [r["final_emotion"] for r in records]
+    return {"dialogues": len(records), "sentient_score": float(np.mean(finals)),
+            "successes": sum(r["termination"] == "success" for r in records),
+            "failures": sum(r["termination"] == "failure" for r in records),
+            "mean_turns": float(np.mean([r["turns"] for r in records]))}
+
+
+def _breakdown(records: Sequence[Mapping[str, Any]], field_name: str,
+               order: Sequence[str]) -> dict[str, Any]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(record[field_name], []).append(record)
+    known = [k for k in order if k in groups] + sorted(k for k in groups if k not in order)
+    return {key: _group_stats(groups[key]) for key in known}
+
+
+def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
+              n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """The report of a run from its records (in task order, for a reproducible bootstrap).
+
+    Returns a dict with:
+
+    * ``sentient_score``: the mean final emotion (float, 0-100; SAGE's Sentient score);
+    * ``ci``: ``{"low", "high", "confidence", "method", "resamples", "seed", "unit",
+      "source"}``: a percentile bootstrap interval (:func:`bootstrap_ci`) over personas:
+      each persona's mean over its repeats is one value (with one repeat, the dialogues
+      themselves), so repeats of one persona are never treated as independent;
+    * ``dialogues``, ``personas``; ``successes`` (ended at the success threshold),
+      ``failures`` (ended below the failure threshold), ``max_turns`` (ran out of turns),
+      their rates; ``mean_turns``;
+    * ``by_hidden_intention``, ``by_character_type``: per group ``dialogues``,
+      ``sentient_score``, ``successes``, ``failures``, ``mean_turns`` (standard ids in
+      the papers' order first, free-text intentions after, sorted).
+
+    Raises:
+        ValueError: no records.
+    """
+    if not records:
+        raise ValueError("summarize: no records")
+    per_persona: dict[str, list[int]] = {}
+    for record in records:
+        per_persona.setdefault(record["persona_id"], []).append(record["final_emotion"])
+    low, high = bootstrap_ci([np.mean(v) for v in per_persona.values()], confidence=confidence,
+                             n_resamples=n_resamples, seed=seed)
+    overall = _group_stats(records)
+    n = overall["dialogues"]
+    ended_max = sum(r["termination"] == "max_turns" for r in records)
+    return {
+        "sentient_score": overall["sentient_score"],
+        "ci": {"low": low, "high": high, "confidence": confidence, "method": "percentile bootstrap",
+               "resamples": n_resamples, "seed": seed, "unit": "persona",
+               "source": BOOTSTRAP_SOURCE},
+        "dialogues": n, "personas": len(per_persona),
+        "successes": overall["successes"], "failures": overall["failures"], "max_turns": ended_max,
+        "success_rate": overall["successes"] / n, "failure_rate": overall["failures"] / n,
+        "mean_turns": overall["mean_turns"],
+        "by_hidden_intention": _breakdown(records, "hidden_intention", list(INTENTIONS)),
+        "by_character_type": _breakdown(records, "character_type", list(CHARACTER_TYPES)),
+    }
+
+
+# -- the plot --------------------------------------------------------------------------
+def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
+                      success_emotion: int = 100, failure_below: int = 10,
+                      title: str | None = None) -> None:
+    """Save a PNG of the emotion trajectories: one thin line per dialogue (green: success,
+    red: failure, grey: ran out of turns), the mean trajectory in black (a dialogue that
+    has ended keeps its final emotion in the mean), and the thresholds dashed.
+
+    Axes: agent turn (0 = the opening) against emotion (0-100). Uses matplotlib's Agg
+    canvas directly (no pyplot, no display needed).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    colours = {"success": "tab:green", "failure": "tab:red", "max_turns": "tab:gray"}
+    longest = max(len(r["emotions"]) for r in records)
+    padded = np.array([r["emotions"] + [r["emotions"][-1]] * (longest - len(r["emotions"]))
+                       for r in records], dtype=np.float64)
+    figure = Figure(figsize=(8, 5.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    alpha = max(0.12, min(0.8, 8 / len(records)))  # a few dialogues stand out, many blend
+    for record in records:
+        axes.plot(range(len(record["emotions"])), record["emotions"],
+                  color=colours.get(record["termination"], "tab:blue"), alpha=alpha, linewidth=0.8)
+    axes.plot(range(longest), padded.mean(axis=0), color="black", linewidth=2.5, label="mean")
+    axes.axhline(success_emotion, color="tab:green", linestyle="--", linewidth=1,
+                 label=f"success ({success_emotion})")
+    axes.axhline(failure_below, color="tab:red", linestyle="--", linewidth=1,
+                 label=f"failure (< {failure_below})")
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.set(xlabel="agent turn", ylabel="emotion", ylim=(-2, 102), xlim=(0, longest - 1),
+             title=title or f"emotion trajectories ({len(records)} dialogues)")
+    figure.legend(loc="outside lower center", ncols=3)
+    figure.savefig(path)
+
+
+# -- the benchmark ---------------------------------------------------------------------
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` returns.
+
+    Attributes:
+        report: :func:`summarize`'s dict plus ``config`` (the run configuration).
+        records: the transcript records, in task order.
+        out_dir: where the files went, or ``None``.
+        resumed: dialogues taken from an existing transcripts file.
+    """
+
+    report: dict[str, Any]
+    records: list[dict[str, Any]]
+    out_dir: Path | None = None
+    resumed: int = 0
+
+
+def _describe(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return f"<{len(value)} personas>" if all(isinstance(v, (Persona, Mapping)) for v in value) \
+            else [_describe(v) for v in value]
+    return getattr(value, "name", None) or type(value).__name__
+
+
+def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "rlver", *,
+             user: str | SimulatedUser = "rule", appraisal_mode: str = "free",
+             difficulty: Any = "moderate", protocol: Any = "sage", think: bool = False,
+             repeats: int = 1, limit: int | None = None, seed: int = 0,
+             out_dir: str | os.PathLike | None = None, batch_size: int = 32,
+             max_tokens: int = 256, temperature: float = 0.7, top_p: float = 1.0,
+             confidence: float = 0.95, n_resamples: int = 10_000,
+             on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Run the benchmark: one dialogue per persona and repeat, then the report.
+
+    Args:
+        policy: a spec (``"baseline:listener"``, ``"hf:PATH,adapter=DIR"``,
+            ``"openai:MODEL@URL"``, ``"python:MODULE:ATTR"``), a
+            :class:`~empathy_gym.policies.Policy`, or a callable ``messages -> str``
+            (:func:`~empathy_gym.policies.make_policy`).
+        personas: a bank name (``"rlver"``, ``"en"``, ``"zh"``), a JSONL path (our format
+            or RLVER/SAGE's, ``first_talk`` included), a list, or ``None`` (built-in bank).
+        user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
+            ``"openai:MODEL@URL"``; :func:`~empathy_gym.specs.user_env_kwargs`) or a ready
+            :class:`~empathy_gym.user.SimulatedUser` (not closed here).
+        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+        difficulty: preset name, path or dict.
+        protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
+            :class:`~empathy_gym.user.EmotionProtocol`.
+        think: the policy writes ``<think>...</think>`` first; only the reply reaches the user.
+        repeats: dialogues per persona (>= 1), each with its own seed.
+        limit: the first ``limit`` personas only.
+        seed: the run seed (int >= 0); it also seeds the bootstrap.
+        out_dir: where to write and resume (``None``: nothing written, no resume).
+        batch_size: dialogues run at once (>= 1).
+        max_tokens, temperature, top_p: generation settings of model-backed policies.
+        confidence, n_resamples: of the bootstrap interval.
+        on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
+            the first new dialogue (``done`` = those resumed) and after each one ends.
+
+    Returns:
+        :class:`EvalResult`; ``report["sentient_score"]`` is the mean final emotion
+        (0-100).
+
+    Raises:
+        PersonaError: an invalid persona bank (file, line, field).
+        EvaluationError: a corrupt transcripts file, a run directory with another
+            configuration, bad ``repeats``/``limit``/``batch_size``.
+        SpecError: a malformed policy or user spec.
+        SimulatorError, BackendError: from the simulated user or the policy's backend;
+            dialogues already finished stay in the transcripts.
+    """
+    bank = load_personas(personas)
+    tasks = plan_tasks(bank, repeats=repeats, seed=seed, limit=limit)
+    protocol_obj = resolve_protocol(protocol)
+    difficulty_obj = load_difficulty(difficulty)
+    user_kwargs = user_env_kwargs(user) if isinstance(user, str) else {}
+    config = {
+        "personas": _describe(personas), "policy": None, "user": _describe(user),
+        "appraisal_mode": appraisal_mode, "difficulty": _describe(difficulty),
+        "protocol": dataclasses.asdict(protocol_obj), "think": think, "seed": seed,
+        "generation": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
+    }
+    out = Path(out_dir) if out_dir is not None else None
+    owns_policy = isinstance(policy, str)
+    policy_obj = None if owns_policy else make_policy(policy)  # a spec loads only if needed
+    config["policy"] = policy if owns_policy else policy_obj.name
+    done: dict[tuple[str, int, int], dict[str, Any]] = {}
+    if out is not None:
+        check_run_config(out, config)
+        done = read_transcripts(out / TRANSCRIPTS, repair=True)
+    todo = [task for task in tasks if task.key not in done]
+    resumed = len(tasks) - len(todo)
+    if on_progress is not None:
+        on_progress(resumed, len(tasks))
+    if todo:
+        shared_user = user if isinstance(user, SimulatedUser) else make_user(
+            user_kwargs.get("backend", "rule"), difficulty=difficulty_obj, protocol=protocol_obj,
+            model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
+            appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
+            user_kwargs=user_kwargs.get("user_kwargs"))
+        try:
+            if policy_obj is None:
+                policy_obj = make_policy(policy, max_tokens=max_tokens, temperature=temperature,
+                                         top_p=top_p)
+            if out is not None and not (out / RUN).exists():  # written once both have loaded
+                out.mkdir(parents=True, exist_ok=True)
+                _write_json(out / RUN, config)
+
+            def make_env() -> EmpathyDialogueEnv:
+                return EmpathyDialogueEnv(bank, difficulty_obj, user=shared_user,
+                                          protocol=protocol_obj, think=think)
+
+            records = run_dialogues(todo, policy_obj, make_env, batch_size=batch_size)
+            for finished, record in enumerate(records, start=1):
+                if out is not None:
+                    append_record(out / TRANSCRIPTS, record)
+                done[record_key(record)] = record
+                if on_progress is not None:
+                    on_progress(resumed + finished, len(tasks))
+        finally:
+            if owns_policy and policy_obj is not None:
+                policy_obj.close()
+            if shared_user is not user:
+                shared_user.close()
+    records = [json.loads(json.dumps(done[task.key])) for task in tasks]
+    report = summarize(records, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    report["config"] = {**config, "repeats": repeats, "limit": limit}
+    if out is not None:
+        _write_json(out / REPORT, report)
+        plot_trajectories(records, out / PLOT, success_emotion=protocol_obj.success_emotion,
+                          failure_below=protocol_obj.failure_below,
+                          title=f"{config['policy']} vs {config['user']}: Sentient score "
+                                f"{report['sentient_score']:.1f} "
+                                f"[{report['ci']['low']:.1f}, {report['ci']['high']:.1f}]")
+    return EvalResult(report, records, out, resumed)

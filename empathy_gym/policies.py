@@ -1,0 +1,206 @@
+"""Policies for evaluation and play: whatever writes the agent's next utterance.
+
+A policy is batched: :meth:`Policy.act` takes B agent-side chats (``info["messages"]``
+of :class:`~empathy_gym.env.EmpathyDialogueEnv`: ``{"role", "content"}`` dicts, system
+prompt first, ending with the user's newest message) and B seeds, and returns B
+utterances (``str``). Three adapters cover the usual cases:
+
+* :class:`CallablePolicy`: a Python function ``messages -> str`` (or a batched one,
+  ``list of messages -> list of str``), e.g. the baselines of :mod:`empathy_gym.baselines`;
+* :class:`BackendPolicy`: any :class:`~empathy_gym.backends.base.ChatBackend`
+  (a local transformers model, optionally with a LoRA adapter; an OpenAI-compatible
+  server), one batched ``generate`` per call;
+* :func:`make_policy`: builds either from a spec string (:mod:`empathy_gym.specs`):
+  ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
+  ``python:MODULE:ATTR``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from empathy_gym.backends.base import ChatBackend, Conversation
+from empathy_gym.baselines import BASELINES
+from empathy_gym.specs import SpecError, parse_spec, split_openai_target
+
+#: Policy kinds accepted by :func:`make_policy` (``transformers`` is an alias of ``hf``).
+POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "python")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """The batched policy protocol used by :func:`empathy_gym.evaluation.evaluate`.
+
+    Attributes:
+        name: a short description, recorded in the evaluation's run configuration (a
+            changed name prevents resuming a run directory with another policy).
+    """
+
+    name: str
+
+    def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
+        """One utterance per conversation (B in, B out, same order); ``seeds`` are B ints
+        >= 0 for any sampling, derived from the dialogue's seed and the turn."""
+
+    def close(self) -> None:
+        """Release models or connections."""
+
+
+class CallablePolicy:
+    """A Python callable as a :class:`Policy`.
+
+    Args:
+        fn: ``messages -> str`` (``batched=False``) or ``list of messages -> list of str``
+            (``batched=True``). Seeds are not passed: a callable that samples should
+            seed itself.
+        batched: whether ``fn`` takes the whole batch.
+        name: defaults to the callable's qualified name (its class name for an instance).
+
+    Raises (from :meth:`act`):
+        TypeError: ``fn`` returned something other than a ``str`` (or a list of B ``str``).
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, batched: bool = False, name: str | None = None):
+        if not callable(fn):
+            raise TypeError(f"CallablePolicy: expected a callable, got {type(fn).__name__}")
+        self.fn, self.batched = fn, batched
+        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+    def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
+        """See :meth:`Policy.act`."""
+        out = self.fn(list(conversations)) if self.batched else [self.fn(c) for c in conversations]
+        if not isinstance(out, list) or len(out) != len(conversations) or not all(
+                isinstance(text, str) for text in out):
+            got = (f"{len(out)} items" if isinstance(out, list) else type(out).__name__)
+            raise TypeError(f"policy {self.name!r}: expected {len(conversations)} str "
+                            f"utterances, got {got}" + ("" if self.batched else
+                            f" ({sorted({type(t).__name__ for t in out})})"))
+        return out
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class BackendPolicy:
+    """A :class:`~empathy_gym.backends.base.ChatBackend` as a :class:`Policy`: one
+    batched ``generate`` over the B chats, each seeded with its own seed.
+
+    Args:
+        backend: the chat engine.
+        max_tokens: new tokens per reply (>= 1); raise it in think mode.
+        temperature: sampling temperature (>= 0; 0 is greedy).
+        top_p: nucleus mass in (0, 1].
+        name: recorded in the run configuration; defaults to ``repr(backend)``.
+        owns_backend: :meth:`close` closes the backend.
+    """
+
+    def __init__(self, backend: ChatBackend, *, max_tokens: int = 256, temperature: float = 0.7,
+                 top_p: float = 1.0, name: str | None = None, owns_backend: bool = True):
+        self.backend = backend
+        self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
+        self.name = name or repr(backend)
+        self.owns_backend = owns_backend
+
+    def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
+        """See :meth:`Policy.act`. Raises what the backend raises (``BackendError``...)."""
+        return self.backend.generate(conversations, max_tokens=self.max_tokens,
+                                     temperature=self.temperature, top_p=self.top_p,
+                                     seeds=list(seeds))
+
+    def close(self) -> None:
+        """Close the backend when this policy owns it."""
+        if self.owns_backend:
+            self.backend.close()
+
+
+def load_transformers_policy(model: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
+                             **backend_kwargs: Any) -> ChatBackend:
+    """A :class:`~empathy_gym.backends.transformers_backend.TransformersBackend` for a local
+    model or hub id, with a LoRA adapter (a peft ``save_pretrained`` directory) merged in
+    when ``adapter`` is given. The tokenizer comes from the adapter directory when it
+    holds one (a trainer may have added tokens), else from ``model``.
+
+    Args:
+        model: base model path or hub id (or ``.gguf`` file).
+        adapter: the adapter directory (with ``adapter_config.json``), or ``None``.
+        **backend_kwargs: ``device``, ``dtype``, ``max_batch_size``, ...
+
+    Raises:
+        FileNotFoundError: ``adapter`` has no ``adapter_config.json``.
+        BackendError: the model cannot be loaded.
+    """
+    from empathy_gym.backends.transformers_backend import TransformersBackend
+
+    if adapter is None:
+        return TransformersBackend(model, **backend_kwargs)
+    adapter = Path(adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"adapter={adapter}: no adapter_config.json there (expected a "
+                                f"peft adapter directory, as written by save_pretrained)")
+    if (adapter / "tokenizer_config.json").is_file():
+        backend_kwargs.setdefault("tokenizer", str(adapter))
+    backend = TransformersBackend(model, **backend_kwargs)
+    from peft import PeftModel
+    merged = PeftModel.from_pretrained(backend.model, str(adapter)).merge_and_unload()
+    backend.model = merged.eval()
+    return backend
+
+
+def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int = 256,
+                temperature: float = 0.7, top_p: float = 1.0) -> Policy:
+    """A :class:`Policy` from a spec string, a ready policy or a callable.
+
+    Specs (:mod:`empathy_gym.specs`):
+
+    * ``baseline:NAME``: a baseline of :data:`empathy_gym.baselines.BASELINES`
+      (``generic``, ``echo``, ``listener``);
+    * ``hf:PATH[,adapter=DIR][,device=cuda][,dtype=bfloat16][,max_batch_size=16]``: a
+      local transformers model or hub id, with a LoRA adapter merged in
+      (:func:`load_transformers_policy`);
+    * ``openai:MODEL@URL[,max_concurrency=16][,api_key_env=VAR]``: an OpenAI-compatible
+      server (:class:`~empathy_gym.backends.openai_backend.OpenAIBackend`);
+    * ``python:MODULE:ATTR[,batched=true]``: a callable (a class is instantiated with no
+      arguments) taking ``messages`` (or a batch of them).
+
+    ``max_tokens``, ``temperature``, ``top_p`` apply to the model-backed kinds.
+
+    Raises:
+        SpecError: a malformed spec or an unknown kind or baseline.
+        ImportError: ``python:`` names a module that cannot be imported.
+        BackendError: a model cannot be loaded.
+    """
+    if isinstance(policy, Policy):
+        return policy
+    if callable(policy) and not isinstance(policy, str):
+        return CallablePolicy(policy)
+    spec = parse_spec(policy)
+    generation = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, name=policy)
+    if spec.kind == "baseline":
+        if spec.target not in BASELINES:
+            raise SpecError(f"{policy!r}: unknown baseline {spec.target!r}; known: "
+                            f"{', '.join(sorted(BASELINES))}")
+        return CallablePolicy(BASELINES[spec.target](), name=policy)
+    if spec.kind in ("hf", "transformers"):
+        if not spec.target:
+            raise SpecError(f"{policy!r}: expected hf:PATH[,adapter=DIR]")
+        options = dict(spec.options)
+        adapter = options.pop("adapter", None)
+        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **options),
+                             **generation)
+    if spec.kind == "openai":
+        from empathy_gym.backends.openai_backend import OpenAIBackend
+        model, url = split_openai_target(spec, policy)
+        return BackendPolicy(OpenAIBackend(base_url=url, model=model, **spec.options), **generation)
+    if spec.kind == "python":
+        module, _, attr = spec.target.partition(":")
+        if not module or not attr:
+            raise SpecError(f"{policy!r}: expected python:MODULE:ATTR, e.g. python:my_agents:reply")
+        obj = getattr(importlib.import_module(module), attr)
+        fn = obj() if isinstance(obj, type) else obj
+        return CallablePolicy(fn, batched=bool(spec.options.get("batched", False)), name=policy)
+    raise SpecError(f"{policy!r}: unknown policy kind {spec.kind!r}; expected one of "
+                    f"baseline:NAME, hf:PATH[,adapter=DIR], openai:MODEL@URL, python:MODULE:ATTR")

@@ -1,0 +1,255 @@
+"""The ``empathy-gym`` command: personas, envs, eval end to end, play in a pseudo-terminal."""
+
+import configparser
+import importlib
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from empathy_gym.cli import app
+from empathy_gym.evaluation import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+GOOD = {"id": "g1", "language": "en", "name": "Ana", "profile": "Ana, 30, nurse.",
+        "scenario": "Ana was blamed for a colleague's error.", "hidden_intention": "not_at_fault",
+        "character_type": "negative", "opening_line": "So it's my fault now."}
+RLVER = {"id": "r1", "player": "* 姓名：王丽娜", "scene": "她被误会了。", "main_cha": "负面型",
+         "cha_group": ["敏感"], "task": "你希望对方深刻共情你的感受，而不是简单的安慰",
+         "first_talk": "我真的受够了。"}
+
+
+def write_jsonl(path, *lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line, ensure_ascii=False))
+                            + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_the_console_script_points_at_main():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    entry = config["options.entry_points"]["console_scripts"].strip()
+    name, target = (part.strip() for part in entry.split("="))
+    module, attr = target.split(":")
+    assert name == "empathy-gym" and callable(getattr(importlib.import_module(module), attr))
+
+
+@pytest.mark.parametrize("args", [[], ["eval"], ["play"], ["envs"], ["personas"],
+                                  ["personas", "validate"], ["personas", "list"], ["personas", "show"]])
+def test_every_command_has_help(args):
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage: empathy-gym" in result.output
+    assert "130 interrupted" in result.output  # the exit codes are documented everywhere
+
+
+def test_validate_accepts_both_formats(tmp_path):
+    path = write_jsonl(tmp_path / "ok.jsonl", GOOD, RLVER)
+    result = runner.invoke(app, ["personas", "validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"ok: {path}: 2 personas (1 en, 1 zh)" in result.stdout
+
+
+@pytest.mark.parametrize("lines, where", [
+    ([GOOD, {**GOOD, "id": "g2", "character_type": "cheerful"}],
+     ":2: field 'character_type': 'cheerful' is not one of"),
+    ([GOOD, GOOD], ":2: field 'id': duplicate persona id 'g1' (first on line 1)"),
+    ([GOOD, "", '{"id": "g3", "language": "en"'], ":3: not valid JSON"),
+    ([{k: v for k, v in GOOD.items() if k != "scenario"}], ":1: field 'scenario': 'scenario' is a required property"),
+    ([{**RLVER, "main_cha": "乐观型"}], ":1: field 'main_cha': unknown character type '乐观型'"),
+])
+def test_validate_names_file_line_and_field(tmp_path, lines, where):
+    path = write_jsonl(tmp_path / "bad.jsonl", *lines)
+    result = runner.invoke(app, ["personas", "validate", str(path)])
+    assert result.exit_code == 1
+    assert f"invalid: {path}{where}" in result.stderr
+
+
+def test_validate_checks_every_file_and_fails_if_any_is_invalid(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", GOOD)
+    missing = tmp_path / "missing.jsonl"
+    result = runner.invoke(app, ["personas", "validate", str(missing), str(good)])
+    assert result.exit_code == 1
+    assert f"invalid: {missing}: No such file or directory" in result.stderr
+    assert f"ok: {good}: 1 personas (1 en)" in result.stdout
+    assert runner.invoke(app, ["personas", "validate"]).exit_code == 2  # usage: no path
+
+
+def test_personas_list_and_show():
+    listed = runner.invoke(app, ["personas", "list", "--bank", "zh"])
+    assert listed.exit_code == 0, listed.output
+    assert "8 personas" in listed.stdout and "zh-004-widow-grief" in listed.stdout
+    shown = runner.invoke(app, ["personas", "show", "zh-004-widow-grief", "--json"])
+    assert shown.exit_code == 0, shown.output
+    record = json.loads(shown.stdout)
+    assert (record["hidden_intention"], record["character_type"]) == ("deep_empathy", "negative")
+    plain = runner.invoke(app, ["personas", "show", "en-001-warehouse-warning"])
+    assert "not_at_fault (wants to hear that they are not at fault)" in plain.stdout
+    missing = runner.invoke(app, ["personas", "show", "nobody"])
+    assert missing.exit_code == 1
+    assert "no persona 'nobody' in en, zh, rlver" in missing.stderr
+    assert runner.invoke(app, ["personas", "list", "--bank", "klingon"]).exit_code == 1
+
+
+def test_envs_lists_the_builtin_ids():
+    result = runner.invoke(app, ["envs"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("│")}
+    assert rows["EmpathyDialogue-RLVER-v0"] == ["moderate", "500", "zh 500", "rule"]
+    assert rows["EmpathyDialogue-Hard-v0"] == ["challenging", "56", "en 48, zh 8", "rule"]
+    assert {"EmpathyDialogue-v0", "EmpathyDialogue-Easy-v0"} <= set(rows)
+
+
+def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    args = ["eval", "--personas", "rlver", "--policy", "baseline:listener", "--user", "rule",
+            "--limit", "4", "--resamples", "500", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    records = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    finals = [r["final_emotion"] for r in records]
+    assert report["dialogues"] == len(records) == 4
+    assert report["sentient_score"] == pytest.approx(sum(finals) / 4)
+    assert report["successes"] == sum(r["termination"] == "success" for r in records)
+    assert report["config"]["policy"] == "baseline:listener" and report["config"]["user"] == "rule"
+    assert all(r["emotions"][0] == 40 and r["turns"] <= 10 for r in records)  # SAGE protocol
+    assert f"Sentient score {report['sentient_score']:.1f}" in result.stdout
+    assert (out / "trajectories.png").stat().st_size > 0
+    # the same run through the Python API gives the same report
+    api = evaluate("baseline:listener", "rlver", user="rule", limit=4, n_resamples=500)
+    assert api.report == report
+    # a rerun resumes everything and writes the same report
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "4 resumed" in again.stdout
+    assert json.loads((out / "report.json").read_text()) == report
+
+
+def test_eval_input_errors_exit_1_and_usage_errors_exit_2(tmp_path):
+    out = str(tmp_path / "run")
+    bad_policy = runner.invoke(app, ["eval", "--policy", "baseline:nope", "--out", out])
+    assert bad_policy.exit_code == 1 and "unknown baseline 'nope'" in bad_policy.stderr
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+    bad_user = runner.invoke(app, ["eval", "--policy", "baseline:echo", "--user", "openai:m", "--out", out])
+    assert bad_user.exit_code == 1 and "expected openai:MODEL@URL" in bad_user.stderr
+    bad_bank = write_jsonl(tmp_path / "bank.jsonl", {**GOOD, "language": "fr"})
+    invalid = runner.invoke(app, ["eval", "--policy", "baseline:echo", "--personas", str(bad_bank), "--out", out])
+    assert invalid.exit_code == 1 and f"{bad_bank}:1: field 'language'" in invalid.stderr
+    assert runner.invoke(app, ["eval", "--policy", "baseline:echo"]).exit_code == 2  # no --out
+    assert runner.invoke(app, ["eval", "--policy", "baseline:echo", "--out", out, "--limit", "0"]).exit_code == 2
+
+
+def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
+    # A policy module that raises KeyboardInterrupt once, on its 5th call.
+    (tmp_path / "flaky_agent.py").write_text(
+        "calls = 0\n"
+        "def reply(messages):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls == 5:\n"
+        "        raise KeyboardInterrupt\n"
+        "    return 'That sounds hard. What happened?'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    args = ["eval", "--personas", "en", "--policy", "python:flaky_agent:reply", "--limit", "3",
+            "--batch-size", "1", "--out", str(out)]
+    interrupted = runner.invoke(app, args)
+    assert interrupted.exit_code == 130
+    assert "rerun the same command to resume" in interrupted.stderr
+    assert not (out / "report.json").exists()
+    resumed = runner.invoke(app, args)
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((out / "report.json").read_text())["dialogues"] == 3
+
+
+def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
+    bank = write_jsonl(tmp_path / "bank.jsonl", GOOD, {**GOOD, "id": "g2"})
+    result = runner.invoke(app, ["eval", "--personas", str(bank), "--policy", f"hf:{tiny_model_dir},device=cpu",
+                                 "--max-tokens", "6", "--resamples", "100", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()]
+    assert sorted(r["persona_id"] for r in records) == ["g1", "g2"]
+    for record in records:  # one policy reply per turn, each a str
+        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+        assert len(replies) == record["turns"] >= 1 and all(isinstance(t, str) for t in replies)
+
+
+# -- play in a pseudo-terminal -------------------------------------------------------
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+TURN = re.compile(r"\[[#-]{20}\]\s+(\d+)/100\s+\(([+-]\d+), turn (\d+)/10\)")
+
+
+class Terminal:
+    """``empathy-gym play`` on a pseudo-terminal; reads until the next prompt."""
+
+    def __init__(self, *args):
+        self.fd, child = pty.openpty()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "200",
+               "TERM": "xterm"}
+        self.process = subprocess.Popen([sys.executable, "-m", "empathy_gym.cli", "play", *args],
+                                        stdin=child, stdout=child, stderr=child, env=env,
+                                        cwd=ROOT, close_fds=True)
+        os.close(child)
+        self.transcript = ""
+
+    def read_until(self, marker, limit=120.0):
+        """Everything up to and including ``marker`` (a safety limit, not a timing check)."""
+        buffer, deadline = "", time.monotonic() + limit
+        while marker not in buffer:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"no {marker!r} in the output: {self.transcript + buffer!r}")
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                chunk = b""
+            if not chunk:
+                break
+            buffer += ANSI.sub("", chunk.decode("utf-8", errors="replace"))
+        self.transcript += buffer
+        return buffer
+
+    def send(self, line, until="you> "):
+        """Type ``line`` and Enter; the output up to ``until`` (``None``: to the end)."""
+        os.write(self.fd, (line + "\n").encode("utf-8"))
+        return self.read_until(until) if until else self.read_until("\x00")  # no NUL: reads to EOF
+
+    def close(self):
+        os.close(self.fd)
+        return self.process.wait(timeout=60)
+
+
+def test_play_in_a_pseudo_terminal():
+    opening = "Twenty-two years on that floor and I'm the one holding a warning letter."
+    term = Terminal("--persona", "en-001-warehouse-warning", "--seed", "0")
+    try:
+        start = term.read_until("you> ")
+        assert "persona en-001-warehouse-warning (Dariusz Nowak)" in start
+        assert opening in start and "[########------------]  40/100" in start  # SAGE starts at 40
+        first = TURN.search(term.send("That sounds exhausting. What happened with the gate?"))
+        second = TURN.search(term.send("You reported it twice in writing. That was not your failure."))
+        assert first and second, term.transcript
+        (e1, c1, t1), (e2, c2, t2) = first.groups(), second.groups()
+        assert (t1, t2) == ("1", "2")
+        assert int(e1) == 40 + int(c1) and int(e2) == int(e1) + int(c2)  # the bar follows the changes
+        assert "/restart" in term.send("/help")
+        restarted = term.send("/restart")
+        assert opening in restarted and "40/100" in restarted  # a fresh dialogue
+        third = TURN.search(term.send("I'm listening."))
+        assert third and third.group(3) == "1"
+        term.send("/quit", until=None)
+    finally:
+        code = term.close()
+    assert code == 0
+    assert term.transcript.count("you> ") == 6  # start, 2 turns, /help, /restart, 1 turn
