@@ -170,13 +170,17 @@ def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int = 
 
     Raises:
         SpecError: a malformed spec or an unknown kind or baseline.
+        TypeError: ``policy`` is none of the above.
         ImportError: ``python:`` names a module that cannot be imported.
         BackendError: a model cannot be loaded.
     """
     if isinstance(policy, Policy):
         return policy
-    if callable(policy) and not isinstance(policy, str):
+    if callable(policy):
         return CallablePolicy(policy)
+    if not isinstance(policy, str):
+        raise TypeError(f"make_policy: expected a spec string, a Policy or a callable, "
+                        f"got {type(policy).__name__}")
     spec = parse_spec(policy)
     generation = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, name=policy)
     if spec.kind == "baseline":
