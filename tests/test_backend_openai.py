@@ -154,7 +154,8 @@ class Stub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
     def close(self):
         self.server.shutdown()
@@ -254,12 +255,15 @@ def test_concurrency_is_limited(stub_server, use_async):
     assert stub.max_in_flight == 2
 
 
-def test_choice_logprobs_reads_the_first_tokens_top_logprobs(stub_server):
+@pytest.mark.parametrize("use_async", [False, True])
+def test_choice_logprobs_reads_the_first_tokens_top_logprobs(stub_server, use_async):
     top = [{"token": "A", "logprob": -0.5}, {"token": " A", "logprob": -1.0},
            {"token": "B", "logprob": -2.0}, {"token": "Hello", "logprob": -3.0}]
     logprobs = {"content": [{"token": "A", "logprob": -0.5, "top_logprobs": top}]}
     stub = stub_server([(200, {}, completion("A", logprobs))])
-    scores = OpenAIBackend(stub.url, "m").choice_logprobs([HELLO, HELLO], ["A", " B", "C"])
+    backend, options = OpenAIBackend(stub.url, "m"), ["A", " B", "C"]
+    scores = (asyncio.run(backend.achoice_logprobs([HELLO, HELLO], options)) if use_async
+              else backend.choice_logprobs([HELLO, HELLO], options))
     # A: log(e^-0.5 + e^-1.0) = -0.5 + log(1 + e^-0.5) = -0.0259230...; C is not reported.
     assert scores.shape == (2, 3) and scores.dtype == np.float64
     np.testing.assert_allclose(scores[:, :2], [[-0.025923, -2.0]] * 2, atol=1e-6)

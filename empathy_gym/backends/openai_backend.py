@@ -16,7 +16,11 @@ Seeds go into each request as ``seed``; whether they make sampling reproducible 
 up to the server. vLLM seeds each request on its own. ``transformers serve`` calls
 ``torch.manual_seed(seed)`` on its global RNG when a request arrives and then runs
 requests one by one on one thread, so its seeds reproduce only when requests do not
-overlap (``max_concurrency=1``).
+overlap (``max_concurrency=1``). It also samples only when the model's
+``generation_config`` has ``do_sample=True``, ignores ``logprobs`` (so
+:meth:`OpenAIBackend.choice_logprobs` raises :class:`ChoiceScoringUnavailable`), answers
+400 when ``model`` is not the model it was started with, and 422 for fields outside the
+OpenAI schema (mind ``extra_body``).
 """
 
 from __future__ import annotations
