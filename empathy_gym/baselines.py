@@ -3,7 +3,9 @@ in the benchmark.
 
 An agent here is a callable from the agent-side chat (``info["messages"]``: a list of
 ``{"role", "content"}`` dicts ending with the user's newest message) to the next
-utterance (``str``). Each answers in the language of the user's last message.
+utterance (``str``). Each answers in the language of the conversation, read from the
+system prompt (the env writes it in the persona's language) or, without one, from the
+user's first message.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ _CJK = re.compile(r"[\u4e00-\u9fff]")
 def is_chinese(text: str) -> bool:
     """True when ``text`` contains CJK ideographs."""
     return bool(_CJK.search(text))
+
+
+def conversation_is_chinese(messages: Messages) -> bool:
+    """True when the conversation is in Chinese: judged on the system prompt, else on
+    the first user message (later user turns may quote anything)."""
+    for message in messages:
+        if message["role"] in ("system", "user"):
+            return is_chinese(message["content"])
+    return False
 
 
 def last_user_message(messages: Messages) -> str:
@@ -43,7 +54,7 @@ class GenericComfortAgent:
     ZH = "别难过了，一切都会好起来的。加油！"
 
     def __call__(self, messages: Messages) -> str:
-        return self.ZH if is_chinese(last_user_message(messages)) else self.EN
+        return self.ZH if conversation_is_chinese(messages) else self.EN
 
 
 class EchoAgent:
@@ -51,7 +62,7 @@ class EchoAgent:
 
     def __call__(self, messages: Messages) -> str:
         text = last_user_message(messages)
-        chinese = is_chinese(text)
+        chinese = conversation_is_chinese(messages)
         fragment = _fragment(text, chinese)
         return f"你是说，{fragment}。" if chinese else f"It sounds like you're saying: {fragment}."
 
@@ -82,7 +93,7 @@ class ListenerAgent:
 
     def __call__(self, messages: Messages) -> str:
         text = last_user_message(messages)
-        chinese = is_chinese(text)
+        chinese = conversation_is_chinese(messages)
         turn = sum(1 for m in messages if m["role"] == "assistant")
         templates = self.ZH if chinese else self.EN
         return templates[turn % len(templates)].format(f=_fragment(text, chinese))
