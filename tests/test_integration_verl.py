@@ -441,3 +441,66 @@ def test_shipped_interaction_config_parses():
     assert config["name"] == "empathy"
     assert config["env_id"] == "EmpathyDialogue-RLVER-v0"
     assert config["protocol"] == "rlver_training" and config["max_turns"] == 8
+
+
+# -- the training configs --------------------------------------------------------------
+RLVER_SETTINGS = {  # DESIGN.md section 1 (RLVER's training facts)
+    "data.train_batch_size": 32, "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "critic.optim.lr": 5e-6, "actor_rollout_ref.actor.use_kl_loss": False,
+    "algorithm.use_kl_in_reward": False, "actor_rollout_ref.actor.entropy_coeff": 0.001,
+    "actor_rollout_ref.actor.clip_ratio": 0.2, "algorithm.gamma": 1.0, "algorithm.lam": 1.0,
+    "actor_rollout_ref.rollout.temperature": 1.0,
+    "actor_rollout_ref.rollout.multi_turn.enable": True,
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+    "reward.custom_reward_function.path": "pkg://empathy_gym.integrations.verl",
+    "reward.custom_reward_function.name": "compute_score",
+}
+
+
+def test_training_configs_carry_rlver_settings():
+    from omegaconf import OmegaConf
+
+    folder = REPO / "agents" / "verl"
+    common = OmegaConf.load(folder / "rlver_common.yaml")
+    for key, value in RLVER_SETTINGS.items():
+        assert OmegaConf.select(common, key) == value, key
+    assert OmegaConf.select(common, "algorithm.adv_estimator") == "gae"
+    assert OmegaConf.select(common, "actor_rollout_ref.rollout.n") == 1
+    grpo = OmegaConf.load(folder / "rlver_grpo.yaml")
+    assert OmegaConf.select(grpo, "algorithm.adv_estimator") == "grpo"
+    assert OmegaConf.select(grpo, "actor_rollout_ref.rollout.n") == 4
+    # verl stops after max_assistant_turns before the user answers: it must exceed the
+    # env's 8-turn limit, or the 8th reply would never be appraised.
+    interaction = ev.load_interaction_config(folder / "interaction.yaml")
+    turns = OmegaConf.select(common, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns")
+    assert turns == interaction["max_turns"] + 1
+
+
+@needs_verl
+def test_real_verl_composes_and_validates_the_training_configs(monkeypatch, tiny_model_dir):
+    """real verl: hydra composes our configs over verl 0.7.1's ppo_trainer, and verl's
+    own validate_config and config dataclasses accept them."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.import_utils import load_extern_object
+
+    # The critic's config reads the model's Hugging Face config: use a local one.
+    monkeypatch.setenv("EMPATHY_POLICY_MODEL", str(tiny_model_dir))
+    for name, estimator, n, critic in (("rlver_ppo", "gae", 1, True),
+                                       ("rlver_grpo", "grpo", 4, False)):
+        with initialize_config_dir(config_dir=str(REPO / "agents" / "verl"), version_base=None):
+            config = compose(config_name=name)
+        OmegaConf.resolve(config)
+        for key, value in RLVER_SETTINGS.items():
+            assert OmegaConf.select(config, key) == value, (name, key)
+        assert config.algorithm.adv_estimator == estimator
+        assert config.actor_rollout_ref.rollout.n == n
+        assert need_critic(config) is critic and need_reference_policy(config) is False
+        validate_config(config, need_reference_policy(config), need_critic(config))
+        rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+        assert rollout.multi_turn.max_assistant_turns == 9
+    reward = config.reward.custom_reward_function
+    assert load_extern_object(reward.path, reward.name)(
+        "s", "", "", {"turn_scores": [0.25, 0.5]}) == pytest.approx(0.75)
