@@ -111,7 +111,8 @@ def test_real_verl_tool_agent_loop_runs_a_dataset_row(tmp_path, tiny_model_dir):
         "    config: {env_id: EmpathyDialogue-v0, protocol: rlver_training, max_turns: 3}\n")
     ev.write_parquet(ev.build_rows(env_options, persona_ids=[EN[0]], seed=3),
                      tmp_path / "train.parquet")
-    config = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    config = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config"
+                            / "_generated_ppo_trainer.yaml")
     multi_turn = config.actor_rollout_ref.rollout.multi_turn
     multi_turn.enable, multi_turn.max_assistant_turns = True, 4
     multi_turn.interaction_config_path = str(tmp_path / "interaction.yaml")
@@ -145,8 +146,9 @@ def test_real_verl_tool_agent_loop_runs_a_dataset_row(tmp_path, tiny_model_dir):
     assert steps[-1][3] is True and StubServer.calls == 3  # the env ended it, not verl
     response = tokenizer.decode(output.response_ids)
     assert all(obs in response for obs, *_ in steps)
-    assert ev.compute_score("empathy_gym/EmpathyDialogue-v0", response, EN[0],
-                            dict(output.extra_fields)) == pytest.approx(sum(r for _, r, *_ in steps))
+    score = ev.compute_score("empathy_gym/EmpathyDialogue-v0", response, EN[0],
+                             dict(output.extra_fields))
+    assert score == pytest.approx(sum(r for _, r, *_ in steps))
 
 
 # -- equivalence with gym.make ---------------------------------------------------------

@@ -249,11 +249,15 @@ class EmpathyInteraction(BaseInteraction):
     user, one dialogue table keyed by instance id, one micro-batcher) in its process.
 
     Example:
-        >>> interaction = EmpathyInteraction({"name": "empathy", "protocol": "rlver_training"})
+        >>> import asyncio
+        >>> row = build_rows({"env_id": "EmpathyDialogue-v0"},
+        ...                  persona_ids=["en-001-warehouse-warning"])[0]
+        >>> interaction = EmpathyInteraction({"name": "empathy", "env_id": "EmpathyDialogue-v0"})
         >>> async def one_turn():
-        ...     await interaction.start_interaction("a", persona_id=pid, seed=0, opening=text)
-        ...     done, reply, reward, extra = await interaction.generate_response(
-        ...         "a", [{"role": "assistant", "content": "That sounds hard."}])
+        ...     await interaction.start_interaction("a", **row["extra_info"]["interaction_kwargs"])
+        ...     messages = row["prompt"] + [{"role": "assistant", "content": "That sounds hard."}]
+        ...     return await interaction.generate_response("a", messages)
+        >>> done, reply, reward, extra = asyncio.run(one_turn())   # reward: emotion change / 100
     """
 
     def __init__(self, config: dict[str, Any]):
