@@ -22,7 +22,8 @@ keeps the per-turn reward informative.
 
 ``step`` and ``reset`` are split into a *prepare* half and a *finish* half around one
 call to the simulated user, so the vector env and the rollout engine can batch the user
-calls of many dialogues (:mod:`empathy_gym.vector`).
+calls of many dialogues (:mod:`empathy_gym.vector`). :meth:`EmpathyDialogueEnv.areset` and
+:meth:`EmpathyDialogueEnv.astep` are their asyncio twins, for code that gathers many envs.
 """
 
 from __future__ import annotations
@@ -305,6 +306,31 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         """
         pending = self.prepare_step(action)
         (outcome,) = self.user.respond([pending.request], self.protocol)
+        return self.finish_step(pending, outcome)
+
+    # -- asyncio twins -----------------------------------------------------------
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """:meth:`reset` for asyncio: the same results for the same seed, awaiting the
+        user's opening (:meth:`SimulatedUser.aopening <empathy_gym.user.SimulatedUser.aopening>`).
+
+        Example:
+            >>> import asyncio
+            >>> envs = [EmpathyDialogueEnv() for _ in range(3)]
+            >>> async def play():
+            ...     await asyncio.gather(*(e.areset(seed=i) for i, e in enumerate(envs)))
+            ...     return await asyncio.gather(*(e.astep("That sounds hard.") for e in envs))
+            >>> results = asyncio.run(play())   # one (obs, reward, terminated, truncated, info) per env
+        """
+        persona, user_seed = self.prepare_reset(seed=seed, options=options)
+        (opening,) = await self.user.aopening([persona], [user_seed])
+        return self.finish_reset(persona, opening)
+
+    async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """:meth:`step` for asyncio: the same results and errors, awaiting the user's turn
+        (:meth:`SimulatedUser.arespond <empathy_gym.user.SimulatedUser.arespond>`)."""
+        pending = self.prepare_step(action)
+        (outcome,) = await self.user.arespond([pending.request], self.protocol)
         return self.finish_step(pending, outcome)
 
     # -- helpers -----------------------------------------------------------------

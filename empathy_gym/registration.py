@@ -24,6 +24,9 @@ from empathy_gym.personas import PersonaSource, load_personas
 from empathy_gym.user.difficulty import load_difficulty
 
 ENTRY_POINT = "empathy_gym.env:EmpathyDialogueEnv"
+#: ``gym.make_vec(id, num_envs=N)`` builds this: N dialogues sharing one simulated user,
+#: whose turns go to the backend as one batch (:mod:`empathy_gym.vector`).
+VECTOR_ENTRY_POINT = "empathy_gym.vector:EmpathyDialogueVectorEnv"
 
 BUILTIN_IDS: dict[str, dict[str, Any]] = {
     "EmpathyDialogue-v0": {"difficulty": "moderate"},
@@ -72,6 +75,7 @@ def register_persona_env(id: str, personas: PersonaSource | None = None,
     gym.register(
         id=id,
         entry_point=ENTRY_POINT,
+        vector_entry_point=VECTOR_ENTRY_POINT,
         nondeterministic=not (isinstance(backend, str) and backend == "rule"),
         kwargs={"personas": personas, "difficulty": difficulty, **kwargs},
     )
@@ -86,6 +90,7 @@ def register_builtin_envs() -> None:
         gym.register(
             id=env_id,
             entry_point=ENTRY_POINT,
-                nondeterministic=False,
+            vector_entry_point=VECTOR_ENTRY_POINT,
+            nondeterministic=False,
             kwargs={"personas": kwargs.get("personas"), "difficulty": kwargs["difficulty"]},
         )

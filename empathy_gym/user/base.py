@@ -11,12 +11,15 @@ One agent turn (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv 2507.03112, se
 
 Every method is batched: a list of requests in, a list of results out, in the same
 order. Each request carries its own seed, so a dialogue's outcome never depends on
-which other dialogues share the batch.
+which other dialogues share the batch. :meth:`SimulatedUser.aopening` and
+:meth:`SimulatedUser.arespond` are the asyncio twins of :meth:`~SimulatedUser.opening`
+and :meth:`~SimulatedUser.respond`, with the same results.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -137,6 +140,24 @@ class SimulatedUser(abc.ABC):
                     for request, appraisal in zip(requests, appraisals)]
         replies = self.reply(requests, appraisals, emotions)
         return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
+
+    async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        """:meth:`opening` for asyncio: same arguments, results and errors.
+
+        This default runs :meth:`opening` in a worker thread (``asyncio.to_thread``), so
+        the event loop keeps running; concurrent calls run in parallel threads, each
+        with its own batch (gather many dialogues into one batch with
+        :func:`empathy_gym.env.step_many` or the vector env instead). Users with a
+        native async path override it (:class:`~empathy_gym.user.llm_user.LLMUser`
+        on a backend with ``agenerate``).
+        """
+        return await asyncio.to_thread(self.opening, personas, seeds)
+
+    async def arespond(self, requests: Sequence[UserRequest],
+                       protocol: EmotionProtocol) -> list[UserTurn]:
+        """:meth:`respond` for asyncio: same arguments, results and errors (by default
+        :meth:`respond` in a worker thread; see :meth:`aopening`)."""
+        return await asyncio.to_thread(self.respond, requests, protocol)
 
     def close(self) -> None:
         """Release resources (servers, models). Safe to call twice."""

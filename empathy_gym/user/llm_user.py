@@ -19,22 +19,31 @@ Two appraisal modes:
   ``logprobs`` field), ``choice_fallback="generate"`` asks for the letter with greedy
   decoding instead (repaired and then failing like the free mode), and
   ``choice_fallback="error"`` raises :class:`ChoiceScoringUnavailable`.
+
+The logic of each method is written once, as a generator that yields the backend calls
+it needs (``("generate", args, kwargs)``) and receives their results: :meth:`LLMUser._run`
+drives it with the backend's blocking methods, :meth:`LLMUser._arun` with its asyncio
+twins (``agenerate``, ``achoice_logprobs``) when the backend has them, so
+:meth:`LLMUser.arespond` on an OpenAI-compatible server awaits the requests without
+threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar
 
 import jsonschema
 
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
 from empathy_gym.user import prompts
-from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
+from empathy_gym.user.base import (Appraisal, SimulatedUser, SimulatorError, UserRequest,
+                                   UserTurn)
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
@@ -51,6 +60,11 @@ APPRAISAL_SCHEMA: dict = {
 }
 _validator = jsonschema.Draft202012Validator(APPRAISAL_SCHEMA)
 _decoder = json.JSONDecoder()
+
+#: A backend call asked for by the user's logic: (method name, args, kwargs).
+BackendCall = tuple[str, tuple, dict]
+T = TypeVar("T")
+Steps = Generator[BackendCall, Any, T]
 
 
 def parse_appraisal(text: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -125,6 +139,9 @@ class LLMUser(SimulatedUser):
 
     # -- opening -----------------------------------------------------------------
     def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        return self._run(self._opening(personas, seeds))
+
+    def _opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> Steps[list[str]]:
         lines: list[str | None] = [p.opening_line for p in personas]
         missing = [i for i, line in enumerate(lines) if line is None]
         if missing:
@@ -132,21 +149,24 @@ class LLMUser(SimulatedUser):
                 personas[i], self.difficulty,
                 personas[i].initial_emotion if personas[i].initial_emotion is not None
                 else self.protocol.initial_emotion) for i in missing]
-            texts = self.backend.generate(chats, max_tokens=self.max_tokens,
-                                          temperature=self.temperature,
-                                          seeds=[seeds[i] for i in missing])
+            texts = yield ("generate", (chats,), dict(max_tokens=self.max_tokens,
+                                                      temperature=self.temperature,
+                                                      seeds=[seeds[i] for i in missing]))
             for i, text in zip(missing, texts):
                 lines[i] = text.strip()
         return [line or "" for line in lines]
 
     # -- appraisal ---------------------------------------------------------------
     def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
+        return self._run(self._appraise(requests))
+
+    def _appraise(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         if self.appraisal_mode == "free":
-            return self._appraise_free(requests)
+            return (yield from self._appraise_free(requests))
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol, self.choices)
                  for r in requests]
         try:
-            scores = self.backend.choice_logprobs(chats, self.letters)
+            scores = yield ("choice_logprobs", (chats, self.letters), {})
         except ChoiceScoringUnavailable:
             if self.choice_fallback == "error":
                 raise
@@ -154,7 +174,7 @@ class LLMUser(SimulatedUser):
                 log.warning("backend %s returns no log-probabilities: choice appraisal falls "
                             "back to greedy generation of the option letter", self.backend.name)
                 self._warned_fallback = True
-            return self._appraise_choice_by_generation(requests, chats)
+            return (yield from self._appraise_choice_by_generation(requests, chats))
         appraisals = []
         for row in scores:
             best = int(max(range(len(self.choices)), key=lambda k: row[k]))
@@ -162,16 +182,16 @@ class LLMUser(SimulatedUser):
             appraisals.append(Appraisal(change=self.choices[best], features=features))
         return appraisals
 
-    def _appraise_free(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
+    def _appraise_free(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
-        results = self._generate_with_repair(requests, chats, parse_appraisal, temperature=self.temperature,
+        results = yield from self._generate_with_repair(requests, chats, parse_appraisal, temperature=self.temperature,
                                              max_tokens=self.max_tokens, letters=None)
         return [Appraisal(change=int(value["change"]), thoughts=value["thoughts"].strip(),
                           raw=raw, repairs=repairs) for value, raw, repairs in results]
 
     def _appraise_choice_by_generation(self, requests: Sequence[UserRequest],
-                                       chats: list[list[dict[str, str]]]) -> list[Appraisal]:
-        results = self._generate_with_repair(
+                                       chats: list[list[dict[str, str]]]) -> Steps[list[Appraisal]]:
+        results = yield from self._generate_with_repair(
             requests, chats, lambda text: _parse_letter(text, self.letters), temperature=0.0,
             max_tokens=8, letters=self.letters)
         return [Appraisal(change=self.choices[self.letters.index(letter)], raw=raw,
@@ -181,16 +201,16 @@ class LLMUser(SimulatedUser):
     def _generate_with_repair(self, requests: Sequence[UserRequest], chats: list[list[dict[str, str]]],
                               parse: Callable[[str], tuple[Any, str | None]], *, temperature: float,
                               max_tokens: int, letters: Sequence[str] | None
-                              ) -> list[tuple[Any, str, int]]:
+                              ) -> Steps[list[tuple[Any, str, int]]]:
         """Generate for every chat; re-ask the invalid ones (batched) with a repair
         message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat."""
         results: list[tuple[Any, str, int] | None] = [None] * len(chats)
         pending = list(range(len(chats)))
         chats = [list(chat) for chat in chats]
         for attempt in range(self.max_repairs + 1):
-            texts = self.backend.generate([chats[i] for i in pending], max_tokens=max_tokens,
-                                          temperature=temperature,
-                                          seeds=[requests[i].seed + 7919 * attempt for i in pending])
+            texts = yield ("generate", ([chats[i] for i in pending],), dict(
+                max_tokens=max_tokens, temperature=temperature,
+                seeds=[requests[i].seed + 7919 * attempt for i in pending]))
             still = []
             for i, text in zip(pending, texts):
                 value, error = parse(text)
@@ -214,12 +234,77 @@ class LLMUser(SimulatedUser):
     # -- reply -------------------------------------------------------------------
     def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
               emotions: Sequence[int]) -> list[str]:
+        return self._run(self._reply(requests, appraisals, emotions))
+
+    def _reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
+               emotions: Sequence[int]) -> Steps[list[str]]:
         chats = [prompts.reply_messages(r, self.difficulty, a.thoughts, e)
                  for r, a, e in zip(requests, appraisals, emotions)]
-        texts = self.backend.generate(chats, max_tokens=self.max_tokens,
-                                      temperature=self.temperature,
-                                      seeds=[r.seed + 1 for r in requests])
+        texts = yield ("generate", (chats,), dict(max_tokens=self.max_tokens,
+                                                  temperature=self.temperature,
+                                                  seeds=[r.seed + 1 for r in requests]))
         return [text.strip() for text in texts]
+
+    # -- asyncio -----------------------------------------------------------------
+    @property
+    def native_async(self) -> bool:
+        """True when the backend has ``agenerate`` (the OpenAI-compatible backend): then
+        :meth:`aopening` and :meth:`arespond` await its requests instead of running the
+        blocking methods in a thread."""
+        return callable(getattr(self.backend, "agenerate", None))
+
+    async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        if not self.native_async:
+            return await super().aopening(personas, seeds)
+        return await self._arun(self._opening(personas, seeds))
+
+    async def arespond(self, requests: Sequence[UserRequest],
+                       protocol: EmotionProtocol) -> list[UserTurn]:
+        if not self.native_async:
+            return await super().arespond(requests, protocol)
+        if not requests:
+            return []
+        appraisals = await self._arun(self._appraise(requests))
+        emotions = [protocol.apply(request.emotion, appraisal.change)
+                    for request, appraisal in zip(requests, appraisals)]
+        replies = await self._arun(self._reply(requests, appraisals, emotions))
+        return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
+
+    # -- drivers -----------------------------------------------------------------
+    def _run(self, steps: Steps[T]) -> T:
+        """Run ``steps``, answering each backend call with the blocking method; a call's
+        exception is thrown back into ``steps`` at the ``yield``."""
+        result: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                name, args, kwargs = steps.throw(error) if error is not None else steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                result, error = getattr(self.backend, name)(*args, **kwargs), None
+            except Exception as exc:  # noqa: BLE001 (handed back to the logic)
+                result, error = None, exc
+
+    async def _arun(self, steps: Steps[T]) -> T:
+        """:meth:`_run` with the backend's ``a<name>`` twin awaited where it has one, else
+        the blocking method in a worker thread."""
+        result: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                name, args, kwargs = steps.throw(error) if error is not None else steps.send(result)
+            except StopIteration as stop:
+                return stop.value
+            native = getattr(self.backend, "a" + name, None)
+            try:
+                if callable(native):
+                    result = await native(*args, **kwargs)
+                else:
+                    result = await asyncio.to_thread(getattr(self.backend, name), *args, **kwargs)
+                error = None
+            except Exception as exc:  # noqa: BLE001 (handed back to the logic)
+                result, error = None, exc
 
     def close(self) -> None:
         if self.owns_backend:

@@ -1,0 +1,268 @@
+"""``EmpathyDialogueVectorEnv``: N dialogues stepped together, their simulated-user turns
+sent to the backend as one batch.
+
+With an LLM user nearly all of a step's time is the user's generation, and a batched
+``generate`` of N conversations costs far less than N single ones. Gymnasium's
+``SyncVectorEnv`` steps its sub-envs one after another (N single calls), and its
+``AsyncVectorEnv`` copies observations through shared memory that encodes text by
+charset index (real sentences break it) and gives every process its own copy of the
+model. This vector env keeps N unwrapped :class:`~empathy_gym.env.EmpathyDialogueEnv`
+sub-envs that share ONE simulated user and steps them with
+:func:`~empathy_gym.env.step_many` and :func:`~empathy_gym.env.reset_many`: one batched
+call of the user per phase (one batched generate for the transformers and vLLM
+backends; concurrent requests, at most ``max_concurrency`` in flight, for the openai
+backend). ``gym.make_vec("EmpathyDialogue-v0", num_envs=N, **kwargs)`` builds it, with
+the keyword arguments of ``gym.make``.
+
+Gymnasium conventions (1.x, as ``gymnasium.vector.SyncVectorEnv``):
+
+* observations: a ``tuple`` of N ``str`` (what ``gymnasium.vector.utils.concatenate``
+  gives for Text spaces); ``observation_space`` is ``batch_space`` of the single space,
+  a ``Tuple`` of N :class:`~empathy_gym.spaces.AnyText`. Actions: any sequence of N
+  ``str`` (tuple, list or NumPy object array).
+* rewards: float64 array (N,); terminations, truncations: bool arrays (N,).
+* infos: one dict, each key an array over the sub-envs plus a ``_key`` bool mask
+  saying which sub-envs have it (``VectorEnv._add_info``; nested dicts such as
+  ``appraisal`` become nested dicts of arrays).
+* seeds: ``reset(seed=s)`` resets sub-env i with ``s + i``; a list gives one seed per
+  sub-env. A sub-env's later (auto)resets continue its own ``np_random``, so each
+  sub-env keeps its own seed and persona stream, and sub-env i of a vector env seeded
+  with s plays exactly the dialogues of a single env reset with ``s + i``.
+* ``reset(options={"reset_mask": mask})`` resets only the sub-envs where the bool
+  array ``mask`` (N,) is True; other options go to every reset sub-env.
+
+Autoreset (``autoreset_mode=``, see https://farama.org/Vector-Autoreset-Mode):
+
+* ``AutoresetMode.NEXT_STEP`` (default, Gymnasium's): a sub-env whose episode ended is
+  reset on the *next* ``step``; its action in that step is ignored, it returns the new
+  opening line, reward 0, ``terminated = truncated = False`` and the reset ``info``.
+* ``AutoresetMode.SAME_STEP``: an ended sub-env is reset within the same ``step``; the
+  observation returned is already the new opening line, the last reply and ``info`` are
+  in ``infos["final_obs"]`` and ``infos["final_info"]`` (masked by ``_final_obs``).
+* ``AutoresetMode.DISABLED``: never reset; reset ended sub-envs yourself with
+  ``reset_mask``. Stepping an ended sub-env raises ``RuntimeError``.
+
+Every sub-env is keyed by its index: its dialogue, seed and result stay its own, and an
+episode that ends never shifts the user turns of another sub-env (RLVER's released
+rollout did; DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+
+
+class EmpathyDialogueVectorEnv(VectorEnv):
+    """N :class:`~empathy_gym.env.EmpathyDialogueEnv` dialogues sharing one simulated
+    user, stepped as one batch (see the module docstring for the conventions).
+
+    Args:
+        num_envs: N, the number of dialogues (>= 1).
+        autoreset_mode: an :class:`~gymnasium.vector.AutoresetMode` or its value
+            (``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
+        **kwargs: the :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments, as for
+            ``gym.make`` (``personas``, ``difficulty``, ``backend``, ``model``, ``user``,
+            ``protocol``, ``think``, ...). The first sub-env builds the simulated user
+            (and closes it in :meth:`close`); the others share it. A ``user=`` given
+            here is shared by all and not closed.
+
+    Attributes:
+        envs: the N sub-envs (``list[EmpathyDialogueEnv]``), index = sub-env id.
+        user: the shared :class:`~empathy_gym.user.SimulatedUser`.
+
+    Raises:
+        ValueError: ``num_envs < 1``, an unknown ``autoreset_mode``, or (``step``) a
+            number of actions other than N; and whatever ``EmpathyDialogueEnv`` raises
+            for bad arguments.
+        TypeError: (``step``) an action that is not a ``str``, naming its index.
+
+    Example:
+        >>> import gymnasium as gym, empathy_gym
+        >>> envs = gym.make_vec("EmpathyDialogue-v0", num_envs=4)
+        >>> observations, infos = envs.reset(seed=0)     # a tuple of 4 opening lines
+        >>> observations, rewards, terminations, truncations, infos = envs.step(
+        ...     ["That sounds really hard. What happened?"] * 4)
+        >>> rewards.shape, infos["emotion"].shape
+        ((4,), (4,))
+    """
+
+    def __init__(self, num_envs: int = 1, *,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any):
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.autoreset_mode = (autoreset_mode if isinstance(autoreset_mode, AutoresetMode)
+                               else AutoresetMode(autoreset_mode))
+        self.num_envs = int(num_envs)
+        first = EmpathyDialogueEnv(**kwargs)
+        shared = {**kwargs, "user": first.user}
+        self.envs: list[EmpathyDialogueEnv] = [first] + [
+            EmpathyDialogueEnv(**shared) for _ in range(self.num_envs - 1)]
+        self.user = first.user
+        self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
+        self.render_mode = first.render_mode
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._observations: list[str] = [""] * self.num_envs
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+
+    # -- reset ---------------------------------------------------------------------
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Reset the sub-envs (all, or those in ``options["reset_mask"]``), asking the user
+        for all their openings in one batch.
+
+        Args:
+            seed: ``None`` (continue each sub-env's ``np_random``), an int s (sub-env i
+                gets ``s + i``) or a sequence of N ints or ``None``s.
+            options: ``reset`` options for every reset sub-env (e.g. ``{"persona": id}``),
+                plus an optional ``"reset_mask"``: bool array (N,), at least one True.
+
+        Returns:
+            ``(observations, infos)``: a tuple of N ``str`` (sub-envs not reset keep their
+            last observation) and the merged infos of the reset sub-envs.
+
+        Raises:
+            ValueError: a seed list of the wrong length, a bad ``reset_mask`` shape or an
+                all-False mask. TypeError: a ``reset_mask`` that is not a bool array.
+        """
+        super().reset(seed=seed if isinstance(seed, (int, np.integer)) else None)
+        seeds = self._seeds(seed)
+        options = dict(options or {})
+        mask = self._reset_mask(options.pop("reset_mask", None))
+        indices = np.flatnonzero(mask)
+        infos: dict[str, Any] = {}
+        for i, (obs, info) in zip(indices, self._reset(indices, [seeds[i] for i in indices],
+                                                       options or None)):
+            self._observations[i] = obs
+            infos = self._add_info(infos, info, i)
+        self._autoreset[indices] = False
+        return tuple(self._observations), infos
+
+    def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, (int, np.integer)):
+            return [int(seed) + i for i in range(self.num_envs)]
+        seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset(seed=...): got {len(seeds)} seeds for num_envs={self.num_envs}")
+        return seeds
+
+    def _reset_mask(self, mask: Any) -> np.ndarray:
+        if mask is None:
+            return np.ones(self.num_envs, dtype=np.bool_)
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+            raise TypeError(f"options['reset_mask'] must be a NumPy bool array, got "
+                            f"{type(mask).__name__}{'' if not isinstance(mask, np.ndarray) else ' of ' + str(mask.dtype)}")
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}")
+        if not mask.any():
+            raise ValueError("options['reset_mask'] has no True value: nothing to reset")
+        return mask
+
+    def _reset(self, indices: Sequence[int], seeds: Sequence[int | None],
+               options: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+        if len(indices) == 0:
+            return []
+        return reset_many([self.envs[i] for i in indices], seeds, [options] * len(indices))
+
+    # -- step ----------------------------------------------------------------------
+    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray,
+                                                   np.ndarray, dict[str, Any]]:
+        """Send one utterance per sub-env to the simulated user, as one batch.
+
+        Args:
+            actions: N ``str`` (any sequence); the action of a sub-env being autoreset
+                (``NEXT_STEP``) is ignored.
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos)``: a tuple of N
+            ``str``, float64 (N,) rewards (emotion change / 100 with
+            ``reward_mode="delta"``), bool (N,) arrays, and the merged infos (see the
+            module docstring for autoreset).
+
+        Raises:
+            ValueError: not N actions. TypeError: a non-``str`` action (its index named).
+            RuntimeError: ``step`` before ``reset``, or (``DISABLED``) on an ended sub-env.
+            SimulatorError: an LLM user failed to give a valid appraisal.
+        """
+        n = self.num_envs
+        rewards = np.zeros(n, dtype=np.float64)
+        terminations = np.zeros(n, dtype=np.bool_)
+        truncations = np.zeros(n, dtype=np.bool_)
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            resetting = self._autoreset.copy()
+        else:
+            resetting = np.zeros(n, dtype=np.bool_)
+        stepping = np.flatnonzero(~resetting)
+        actions = self._check_actions(actions, stepping)
+        env_infos: list[dict[str, Any]] = [{}] * n
+        final: dict[int, tuple[str, dict[str, Any]]] = {}
+
+        if len(stepping):
+            results = step_many([self.envs[i] for i in stepping], [actions[i] for i in stepping])
+            for i, (obs, reward, terminated, truncated, info) in zip(stepping, results):
+                self._observations[i] = obs
+                rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
+                env_infos[i] = info
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            ended = np.flatnonzero(terminations | truncations)
+            for i in ended:
+                final[i] = (self._observations[i], env_infos[i])
+            resetting[ended] = True
+        to_reset = np.flatnonzero(resetting)
+        for i, (obs, info) in zip(to_reset, self._reset(to_reset, [None] * len(to_reset), None)):
+            self._observations[i] = obs
+            env_infos[i] = info
+
+        infos: dict[str, Any] = {}
+        for i in range(n):
+            if i in final:
+                infos = self._add_info(infos, {"final_obs": final[i][0], "final_info": final[i][1]}, i)
+            infos = self._add_info(infos, env_infos[i], i)
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            self._autoreset = terminations | truncations
+        return tuple(self._observations), rewards, terminations, truncations, infos
+
+    def _check_actions(self, actions: Sequence[str], stepping: Sequence[int]) -> list[str]:
+        if isinstance(actions, str):
+            raise TypeError(f"actions must be a sequence of {self.num_envs} str, got one str")
+        actions = list(actions)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions (one per sub-env), got {len(actions)}")
+        for i in stepping:
+            if not isinstance(actions[i], str):
+                raise TypeError(f"actions[{i}] must be a str (the agent's utterance), "
+                                f"got {type(actions[i]).__name__}")
+        return actions
+
+    # -- the rest of the VectorEnv API ------------------------------------------------
+    def render(self) -> tuple[str | None, ...]:
+        """Each sub-env's :meth:`~empathy_gym.env.EmpathyDialogueEnv.render`."""
+        return tuple(env.render() for env in self.envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` of every sub-env (or read the attribute, if not callable)."""
+        results = []
+        for env in self.envs:
+            value = getattr(env, name)
+            results.append(value(*args, **kwargs) if callable(value) else value)
+        return tuple(results)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every sub-env."""
+        return tuple(getattr(env, name) for env in self.envs)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close the sub-envs (the first closes the simulated user it built)."""
+        for env in self.envs:
+            env.close()
