@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import jsonschema
+import numpy as np
 
 from empathy_gym.resources import envs_dir
 
@@ -347,3 +348,49 @@ def write_personas(personas: Iterable[Persona], path: str | os.PathLike) -> None
     with open(path, "w", encoding="utf-8") as handle:
         for persona in personas:
             handle.write(json.dumps(persona.to_dict(), ensure_ascii=False) + "\n")
+
+
+def split_personas(personas: Sequence[Persona], test_fraction: float = 0.25, *, seed: int = 0,
+                   by: str = "hidden_intention") -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
+    """Split a bank into training and held-out personas, stratified by one attribute.
+
+    Within each group of equal ``by`` (e.g. each hidden intention) the personas are
+    shuffled with ``numpy.random.default_rng(seed)`` and ``round(test_fraction * size)``
+    of them are held out, so every group is represented in both parts in proportion.
+
+    Args:
+        personas: the bank (e.g. ``load_personas()``).
+        test_fraction: the held-out share, in (0, 1).
+        seed: the shuffle's seed; the same seed gives the same split.
+        by: a :class:`Persona` attribute to stratify on (``"hidden_intention"``,
+            ``"character_type"``, ``"language"``).
+
+    Returns:
+        ``(train, test)``, each in the bank's order; together they are the bank.
+
+    Raises:
+        ValueError: ``test_fraction`` outside (0, 1), or a split leaving either part empty.
+        AttributeError: ``by`` is not a Persona attribute.
+
+    Example:
+        >>> train, test = split_personas(load_personas(), 0.25, seed=0)
+        >>> len(train), len(test)
+        (40, 16)
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    groups: dict[Any, list[int]] = {}
+    for index, persona in enumerate(personas):
+        groups.setdefault(getattr(persona, by), []).append(index)
+    rng = np.random.default_rng(seed)
+    held_out: set[int] = set()
+    for key in sorted(groups, key=str):
+        members = groups[key]
+        take = int(round(test_fraction * len(members)))
+        held_out.update(int(i) for i in rng.permutation(members)[:take])
+    train = tuple(p for i, p in enumerate(personas) if i not in held_out)
+    test = tuple(p for i, p in enumerate(personas) if i in held_out)
+    if not train or not test:
+        raise ValueError(f"split_personas: {len(personas)} personas with test_fraction="
+                         f"{test_fraction} leave an empty part ({len(train)} train, {len(test)} test)")
+    return train, test

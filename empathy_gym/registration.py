@@ -10,7 +10,12 @@ id                             difficulty   personas
 ``EmpathyDialogue-Hard-v0``    challenging  built-in bank
 ``EmpathyDialogue-Easy-v0``    easy         built-in bank
 ``EmpathyDialogue-RLVER-v0``   moderate     the 500 RLVER training profiles (Chinese)
+``EmpathyStrategy-v0``         moderate     built-in bank; the action is one of the eight
+                                            ESConv strategies (:mod:`empathy_gym.strategy_env`)
 =============================  ===========  =======================================
+
+Every ``EmpathyDialogue`` id also has a ``vector_entry_point``: ``gym.make_vec(id,
+num_envs=N)`` builds :class:`~empathy_gym.vector.EmpathyDialogueVectorEnv`.
 """
 
 from __future__ import annotations
@@ -82,8 +87,18 @@ def register_persona_env(id: str, personas: PersonaSource | None = None,
     return gym.spec(id)
 
 
+#: The strategy-level env for RL libraries that act in discrete actions (SB3):
+#: :mod:`empathy_gym.strategy_env`.
+STRATEGY_ENV_ID = "EmpathyStrategy-v0"
+STRATEGY_ENTRY_POINT = "empathy_gym.strategy_env:EmpathyStrategyEnv"
+
+
 def register_builtin_envs() -> None:
-    """Register :data:`BUILTIN_IDS` (called on ``import empathy_gym``; idempotent)."""
+    """Register :data:`BUILTIN_IDS` and :data:`STRATEGY_ENV_ID` (called on
+    ``import empathy_gym``; idempotent)."""
+    if STRATEGY_ENV_ID not in gym.registry:
+        gym.register(id=STRATEGY_ENV_ID, entry_point=STRATEGY_ENTRY_POINT, nondeterministic=False,
+                     kwargs={"personas": None, "difficulty": "moderate"})
     for env_id, kwargs in BUILTIN_IDS.items():
         if env_id in gym.registry:
             continue

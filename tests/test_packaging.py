@@ -29,7 +29,8 @@ def test_wheel_contents(wheel):
                      "empathy_gym/_envs/rlver/train_profile.jsonl", "empathy_gym/_envs/rlver/LICENSE.txt",
                      "empathy_gym/_envs/difficulty/challenging.json", "empathy_gym/user/persona.schema.json",
                      "empathy_gym/user/prompts/zh/appraisal.txt", "empathy_gym/user/prompts/en/bands.json",
-                     "empathy_gym/user/rules/en.json"]:
+                     "empathy_gym/user/rules/en.json", "empathy_gym/strategy_templates/en.json",
+                     "empathy_gym/strategy_templates/zh.json"]:
         assert expected in names, expected
     assert not [n for n in names if n.split("/")[0] not in ("empathy_gym",) and ".dist-info" not in n]
 

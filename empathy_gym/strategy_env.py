@@ -1,0 +1,300 @@
+"""``EmpathyStrategy-v0``: emotional support as a choice among the eight ESConv
+strategies, for RL libraries that cannot act in free text (Stable-Baselines3 and the like).
+
+The agent picks a support strategy (:data:`~empathy_gym.strategies.STRATEGIES`, ESConv,
+Liu et al., 2021); the env turns it into an utterance and plays it in an inner
+:class:`~empathy_gym.env.EmpathyDialogueEnv` (same personas, simulated users, protocol
+and reward). The utterance comes from
+
+* ``writer="templates"`` (default, offline, deterministic given the seed): a variant of
+  the strategy's templates in the persona's language (:mod:`empathy_gym.strategies`),
+  drawn with ``self.np_random`` among the variants not used yet in the episode, filled
+  with a clause quoted from the user's newest utterance and the persona's name;
+* ``writer="llm"``: an LLM backend (``writer_backend=``, a ``ChatBackend`` or a backend
+  name with ``writer_model=``...) asked to write the next reply with that strategy,
+  given the conversation so far.
+
+Observation: ``Box(low, high, (16,), float32)``, features the agent could see in the
+conversation itself (never the hidden intention or the character type):
+
+=====  ===========================  ========================================================
+index  feature                      value
+=====  ===========================  ========================================================
+0      emotion                      e / 100, in [0, 1]
+1      last emotion change          (e_t - e_{t-1}) / 10, clipped to [-1, 1]; 0 after reset
+2      turn                         agent turns so far / max_turns, in [0, 1]
+3      length of the user's         words (en; zh: CJK characters / 2) / 40, clipped to [0, 1]
+       newest utterance
+4      question                     1 if it contains "?" or "？", else 0
+5      negative cues                count of the language's negative cue words / 3, clipped
+6      positive cues                count of the positive cue words / 3, clipped to [0, 1]
+7      language                     0 for English, 1 for Chinese
+8-15   last action                  one-hot of the previous strategy; all 0 after reset
+=====  ===========================  ========================================================
+
+The emotion is an observable stand-in for what a supporter reads in the user's tone;
+the cue counts are crude word lists (``cues`` in the template files).
+
+Action: ``Discrete(8)``, the index into :data:`~empathy_gym.strategies.STRATEGIES`.
+Reward, termination and truncation: those of the inner env (``reward_mode="delta"``:
+emotion change / 100 per turn). ``info`` is the inner env's plus ``strategy`` (the id)
+and ``utterance`` (what was said).
+
+Held-out personas: :func:`~empathy_gym.personas.split_personas` splits a bank; pass each
+part as ``personas=`` (see ``examples/sb3_ppo_strategy.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from empathy_gym.backends.base import ChatBackend
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.personas import Persona, PersonaSource
+from empathy_gym.strategies import (STRATEGIES, STRATEGY_DEFINITIONS, STRATEGY_NAMES,
+                                    StrategyTemplates, load_templates, user_words)
+
+#: Names of the observation features, in order (see the module docstring).
+FEATURES: tuple[str, ...] = (
+    "emotion", "emotion_change", "turn", "user_length", "user_question", "user_negative_cues",
+    "user_positive_cues", "language_zh", *(f"last_action={s}" for s in STRATEGIES))
+#: Words (en) that make the length feature 1.0.
+LENGTH_SCALE = 40.0
+#: Cue counts that make the cue features 1.0.
+CUE_SCALE = 3.0
+
+WRITER_PROMPTS: dict[str, str] = {
+    "en": ("You are a supportive listener in a conversation with someone going through a hard "
+           "time. Write your next reply using this support strategy: {name}: {definition}. "
+           "Reply in English, in one to three natural sentences, without naming the strategy."),
+    "zh": ("你是一位倾听者，正在和一个遇到困难的人聊天。请用下面的支持策略写出你的下一句回复："
+           "{name}：{definition}。用中文回复，一到三句自然的话，不要说出策略的名字。"),
+}
+
+
+def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
+    """Features 3-6 of the observation for one user utterance: float32 (4,) =
+    (length, question, negative cues, positive cues), each in [0, 1]."""
+    if templates.language == "zh":
+        cjk = sum("\u4e00" <= ch <= "\u9fff" for ch in text)
+        words = cjk / 2 + len([w for w in text.split() if w.isascii() and w.isalpha()])
+    else:
+        words = len(text.split())
+    low = text.lower()
+    return np.array([min(1.0, words / LENGTH_SCALE),
+                     1.0 if ("?" in text or "？" in text) else 0.0,
+                     min(1.0, len(templates.negative_cues.findall(low)) / CUE_SCALE),
+                     min(1.0, len(templates.positive_cues.findall(low)) / CUE_SCALE)],
+                    dtype=np.float32)
+
+
+class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
+    """A dialogue in which each action is an ESConv support strategy (see the module
+    docstring for the observation, action and reward).
+
+    Args:
+        personas, difficulty: as :class:`~empathy_gym.env.EmpathyDialogueEnv` (a bank
+            name, a JSONL path or a list, e.g. one part of
+            :func:`~empathy_gym.personas.split_personas`).
+        writer: ``"templates"`` (default) or ``"llm"``.
+        writer_backend: for ``writer="llm"``: a ``ChatBackend`` or a backend name
+            (``"transformers"``, ``"vllm"``, ``"openai"``), built with ``writer_model``,
+            ``writer_base_url`` and ``writer_kwargs``.
+        writer_temperature, writer_max_tokens: the LLM writer's sampling.
+        templates_dir: a folder with your own ``<language>.json`` template files.
+        render_mode: ``None``, ``"ansi"`` or ``"human"`` (the inner env's transcript).
+        **dialogue_kwargs: more :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
+            (``backend``, ``model``, ``user``, ``protocol``, ``max_turns``, ...).
+
+    Raises:
+        ValueError: an unknown ``writer``, or ``writer="llm"`` without a backend;
+            (``step``) an action outside ``Discrete(8)``.
+        TemplateError: a bad template file (naming the file and the field).
+        RuntimeError: ``step`` before ``reset`` or after the episode ended.
+
+    Example:
+        >>> import gymnasium as gym, empathy_gym
+        >>> env = gym.make("EmpathyStrategy-v0")
+        >>> obs, info = env.reset(seed=0)           # obs: float32 (16,)
+        >>> obs, reward, terminated, truncated, info = env.step(2)   # Reflection of Feelings
+        >>> info["strategy"]
+        'reflection_of_feelings'
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
+
+    def __init__(self, personas: PersonaSource | None = None, difficulty: Any = "moderate", *,
+                 writer: str = "templates", writer_backend: str | ChatBackend | None = None,
+                 writer_model: Any = None, writer_base_url: str | None = None,
+                 writer_kwargs: Mapping[str, Any] | None = None, writer_temperature: float = 0.7,
+                 writer_max_tokens: int = 128, templates_dir: str | None = None,
+                 render_mode: str | None = None, **dialogue_kwargs: Any):
+        if writer not in ("templates", "llm"):
+            raise ValueError(f"writer must be 'templates' or 'llm', got {writer!r}")
+        self.dialogue_env = EmpathyDialogueEnv(personas, difficulty, render_mode=render_mode,
+                                               **dialogue_kwargs)
+        self.render_mode = render_mode
+        self.writer = writer
+        self._owns_writer = False
+        self.writer_backend: ChatBackend | None = None
+        if writer == "llm":
+            if writer_backend is None:
+                raise ValueError("writer='llm' needs writer_backend= (a ChatBackend or a backend name)")
+            if isinstance(writer_backend, ChatBackend):
+                self.writer_backend = writer_backend
+            else:
+                from empathy_gym.backends import make_backend
+                self.writer_backend = make_backend(writer_backend, model=writer_model,
+                                                   base_url=writer_base_url, **dict(writer_kwargs or {}))
+                self._owns_writer = True
+        self.writer_temperature = float(writer_temperature)
+        self.writer_max_tokens = int(writer_max_tokens)
+        self.templates_dir = templates_dir
+        for language in {p.language for p in self.dialogue_env.personas}:
+            load_templates(language, templates_dir)  # fail now on a bad file, not mid-episode
+        n = len(STRATEGIES)
+        self.action_space = gym.spaces.Discrete(n)
+        low = np.zeros(8 + n, dtype=np.float32)
+        low[1] = -1.0
+        self.observation_space = gym.spaces.Box(low, np.ones(8 + n, dtype=np.float32), dtype=np.float32)
+        self._last_action: int | None = None
+        self._last_change = 0
+        self._used: dict[str, set[str]] = {}
+
+    # -- gym API -------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start a dialogue (``options["persona"]`` picks a persona by id, as in the inner
+        env). Returns the observation (float32 (16,)) and the inner env's ``info``."""
+        super().reset(seed=seed)
+        text, info = self.dialogue_env.reset(seed=seed, options=options)
+        self._last_action, self._last_change, self._used = None, 0, {}
+        self._last_user_text = text
+        return self._observation(text), info
+
+    def step(self, action: int | np.integer | np.ndarray
+             ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Say an utterance with strategy ``STRATEGIES[action]``.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``; ``info["strategy"]``
+            and ``info["utterance"]`` say what was done.
+
+        Raises:
+            ValueError: ``action`` is not an integer in [0, 8).
+            RuntimeError: no episode is running (from the inner env).
+        """
+        index = self._action_index(action)
+        dialogue = self.dialogue_env.dialogue
+        if dialogue is None or dialogue.done_reason is not None:
+            raise RuntimeError("call reset() before step()" if dialogue is None else
+                               f"the episode has ended ({dialogue.done_reason}); call reset() before step()")
+        strategy = STRATEGIES[index]
+        utterance = self.utterance(strategy)
+        text, reward, terminated, truncated, info = self.dialogue_env.step(utterance)
+        self._last_action, self._last_change = index, int(info["emotion_change"])
+        self._last_user_text = text
+        info.update(strategy=strategy)
+        return self._observation(text), float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        """The inner env's transcript (``"ansi"``: returned, ``"human"``: printed)."""
+        return self.dialogue_env.render()
+
+    def close(self) -> None:
+        self.dialogue_env.close()
+        if self._owns_writer and self.writer_backend is not None:
+            self.writer_backend.close()
+        super().close()
+
+    # -- strategy -> utterance -------------------------------------------------------
+    def utterance(self, strategy: str) -> str:
+        """The utterance that realises ``strategy`` now (templates or the LLM writer)."""
+        dialogue = self.dialogue_env.dialogue
+        if dialogue is None:
+            raise RuntimeError("call reset() before utterance()")
+        persona = dialogue.persona
+        if self.writer == "llm":
+            return self._write_with_llm(strategy, persona, dialogue.messages)
+        templates = load_templates(persona.language, self.templates_dir)
+        variants = templates.variants(strategy, words=user_words(self._last_user_text),
+                                      name=persona.name)
+        used = self._used.setdefault(strategy, set())
+        fresh = [v for v in variants if v not in used] or variants
+        choice = fresh[int(self.np_random.integers(len(fresh)))]
+        used.add(choice)
+        return choice
+
+    def _write_with_llm(self, strategy: str, persona: Persona,
+                        messages: Sequence[dict[str, str]]) -> str:
+        assert self.writer_backend is not None
+        system = WRITER_PROMPTS[persona.language].format(
+            name=STRATEGY_NAMES[strategy], definition=STRATEGY_DEFINITIONS[strategy])
+        chat = [{"role": "system", "content": system}] + [dict(m) for m in messages if m["role"] != "system"]
+        (text,) = self.writer_backend.generate([chat], max_tokens=self.writer_max_tokens,
+                                               temperature=self.writer_temperature,
+                                               seeds=[int(self.np_random.integers(2**31 - 1))])
+        return text.strip()
+
+    # -- helpers ---------------------------------------------------------------------
+    def _action_index(self, action: Any) -> int:
+        value = np.asarray(action)
+        if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+            raise ValueError(f"action must be an integer in [0, {len(STRATEGIES)}) (a strategy index), "
+                             f"got {action!r}")
+        index = int(value.reshape(()))
+        if not 0 <= index < len(STRATEGIES):
+            raise ValueError(f"action must be in [0, {len(STRATEGIES)}), got {index}")
+        return index
+
+    def _observation(self, user_text: str) -> np.ndarray:
+        dialogue = self.dialogue_env.dialogue
+        assert dialogue is not None
+        templates = load_templates(dialogue.persona.language, self.templates_dir)
+        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        obs[0] = dialogue.emotion / 100.0
+        obs[1] = np.clip(self._last_change / 10.0, -1.0, 1.0)
+        obs[2] = min(1.0, dialogue.turn / self.dialogue_env.protocol.max_turns)
+        obs[3:7] = utterance_features(user_text, templates)
+        obs[7] = 1.0 if dialogue.persona.language == "zh" else 0.0
+        if self._last_action is not None:
+            obs[8 + self._last_action] = 1.0
+        return obs
+
+
+def final_emotions(policy: Callable[[np.ndarray], int], personas: Sequence[Persona], *,
+                   episodes_per_persona: int = 1, seed: int = 0,
+                   **env_kwargs: Any) -> np.ndarray:
+    """Play ``policy`` once per persona and repeat, and return the final emotions.
+
+    Args:
+        policy: observation (float32 (16,)) -> strategy index. Called fresh each turn;
+            a stateful policy (e.g. a random one with its own RNG) is fine.
+        personas: the personas to play (each once per repeat, with
+            ``options={"persona": id}``).
+        episodes_per_persona: repeats, each with its own reset seed.
+        seed: episode k of persona j is reset with ``seed + 1000 * k + j``.
+        **env_kwargs: :class:`EmpathyStrategyEnv` arguments (``difficulty``, ``user``...).
+
+    Returns:
+        int64 array (len(personas) * episodes_per_persona,): the emotion (0-100) at the
+        end of each episode, persona-major.
+    """
+    env = EmpathyStrategyEnv(list(personas), **env_kwargs)
+    out = []
+    try:
+        for j, persona in enumerate(personas):
+            for k in range(episodes_per_persona):
+                obs, info = env.reset(seed=seed + 1000 * k + j, options={"persona": persona.id})
+                done = False
+                while not done:
+                    obs, _, terminated, truncated, info = env.step(int(policy(obs)))
+                    done = terminated or truncated
+                out.append(info["emotion"])
+    finally:
+        env.close()
+    return np.array(out, dtype=np.int64)
