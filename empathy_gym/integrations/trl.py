@@ -1,0 +1,231 @@
+"""Multi-turn dialogues for TRL's ``GRPOTrainer``: a ``rollout_func`` and reward functions.
+
+TRL (>= 1.x, experimental API) lets a ``rollout_func(prompts, trainer)`` replace the
+trainer's own generation. It receives this process's slice of prompts (already repeated
+``num_generations`` times, consecutively: each GRPO group is a run of equal prompts) and
+must return one completion per prompt:
+
+* ``prompt_ids``: ``list[list[int]]``, the tokens before the first agent turn (system
+  prompt, the user's opening line, the generation prompt);
+* ``completion_ids``: ``list[list[int]]``, everything after: every agent turn as sampled,
+  and the user's turns appended as tokens in between;
+* ``logprobs``: ``list[list[float]]``, one per completion token: the sampler's
+  log-probability (temperature applied) on sampled tokens, 0.0 on the user's;
+* ``env_mask``: ``list[list[int]]``, 1 on the tokens the policy sampled (the agent's
+  end-of-turn token included), 0 on the user's turns and template headers; TRL
+  multiplies it into the loss mask;
+* any other key is handed to the reward functions as a keyword argument, one value per
+  completion: here ``episode_return`` (float, the sum of the env's turn rewards, i.e.
+  (e_T - e_0) / 100 with ``reward_mode="delta"``), ``final_emotion`` (int, 0-100),
+  ``emotions`` (list[int]), ``termination`` (str) and ``env_seed`` (int).
+
+The dialogues are played by :class:`~empathy_gym.agents.rollout.RolloutEngine`
+(token in, token out; the sampled ids are never re-tokenised, TRL issue 5224) against
+envs that share one simulated user, so each turn's user calls go to the backend as one
+batch. Equal prompts map to equal env seeds, so a GRPO group plays one persona with one
+opening line; its dialogues differ by the policy's samples.
+
+Which prompt is which dialogue: :meth:`EmpathyRollout.dataset` resets the env with seeds
+``seed, seed + 1, ...`` and writes each opening chat as the ``prompt`` column; the
+rollout function finds a prompt's env seed again by its content (the chat as JSON).
+Prompts not made by this object raise ``KeyError``.
+
+Example (a runnable version: ``examples/trl_grpo.py``)::
+
+    from trl import GRPOConfig, GRPOTrainer
+    from empathy_gym.integrations.trl import EmpathyRollout, episode_return_reward
+
+    rollout = EmpathyRollout("EmpathyDialogue-v0", max_new_tokens=64)
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=GRPOConfig(...),
+                          train_dataset=rollout.dataset(64), reward_funcs=[episode_return_reward],
+                          rollout_func=rollout)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+import empathy_gym  # noqa: F401  (registers the env ids)
+from empathy_gym.agents.generation import TransformersGenerator
+from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory, turn_seed
+from empathy_gym.env import EmpathyDialogueEnv
+
+
+def prompt_key(prompt: Sequence[Mapping[str, Any]] | str) -> str:
+    """A dialogue prompt's identity: its messages (role and content) as canonical JSON."""
+    if isinstance(prompt, str):
+        return json.dumps(prompt, ensure_ascii=False)
+    return json.dumps([[m["role"], m["content"]] for m in prompt], ensure_ascii=False)
+
+
+class EmpathyRollout:
+    """A TRL ``rollout_func`` that plays whole dialogues against an empathy-gym env.
+
+    Args:
+        env_id: a registered dialogue id (``"EmpathyDialogue-v0"``, your own from
+            :func:`~empathy_gym.register_persona_env`); built with ``gym.make_vec`` so
+            all envs share one simulated user.
+        env_kwargs: ``gym.make`` keyword arguments (``backend``, ``model``, ``think``,
+            ``max_turns``, ``protocol``...).
+        max_new_tokens: the most tokens per agent turn.
+        max_context_tokens: a dialogue reaching this many tokens stops
+            (``termination == "context_limit"``).
+        seed: mixed with the trainer's global step and each dialogue's index to seed the
+            policy's sampling.
+        generator: a policy sampler (:class:`~empathy_gym.agents.rollout.Generator`) to
+            use instead of sampling from ``trainer.model`` with transformers (e.g. a
+            :class:`~empathy_gym.agents.generation.VLLMGenerator`, or a stub in tests).
+
+    Attributes:
+        last_trajectories: the :class:`~empathy_gym.agents.rollout.Trajectory` list of
+            the last call (transcripts, emotions, masks), for logging.
+    """
+
+    def __init__(self, env_id: str = "EmpathyDialogue-v0", *,
+                 env_kwargs: Mapping[str, Any] | None = None, max_new_tokens: int = 128,
+                 max_context_tokens: int = 4096, seed: int = 0,
+                 generator: Generator | None = None):
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.max_new_tokens = int(max_new_tokens)
+        self.max_context_tokens = int(max_context_tokens)
+        self.seed = int(seed)
+        self.generator = generator
+        self.last_trajectories: list[Trajectory] = []
+        self._seeds: dict[str, int] = {}
+        self._envs: list[EmpathyDialogueEnv] = []
+
+    # -- the dataset ---------------------------------------------------------------
+    def dataset(self, num_prompts: int, *, seed: int = 0) -> Any:
+        """A ``datasets.Dataset`` of ``num_prompts`` distinct dialogue openings.
+
+        Resets the env with seeds ``seed, seed + 1, ...`` and keeps each opening chat
+        (the agent's system prompt and the user's first line) whose content is new, until
+        there are ``num_prompts``. Columns: ``prompt`` (the chat, list of
+        ``{"role", "content"}``), ``env_seed`` (int), ``persona_id`` (str).
+
+        Raises:
+            ValueError: the env's personas cannot give ``num_prompts`` distinct openings
+                within ``100 * num_prompts`` seeds.
+        """
+        from datasets import Dataset
+
+        env = self._ensure_envs(1)[0]
+        rows = []
+        for env_seed in range(seed, seed + 100 * num_prompts):
+            if len(rows) == num_prompts:
+                break
+            _, info = env.reset(seed=env_seed)
+            key = prompt_key(info["messages"])
+            if key in self._seeds:
+                continue
+            self._seeds[key] = env_seed
+            rows.append({"prompt": info["messages"], "env_seed": env_seed,
+                         "persona_id": info["persona_id"]})
+        if len(rows) < num_prompts:
+            raise ValueError(f"{self.env_id}: only {len(rows)} distinct openings in "
+                             f"{100 * num_prompts} seeds; ask for fewer prompts")
+        return Dataset.from_list(rows)
+
+    def seed_of(self, prompt: Sequence[Mapping[str, Any]] | str) -> int:
+        """The env seed behind a prompt of :meth:`dataset`.
+
+        Raises:
+            KeyError: the prompt was not made by :meth:`dataset` of this object.
+        """
+        try:
+            return self._seeds[prompt_key(prompt)]
+        except KeyError:
+            preview = prompt_key(prompt)[:120]
+            raise KeyError(f"prompt {preview}... was not made by EmpathyRollout.dataset(); "
+                           f"build the training dataset with it (it knows {len(self._seeds)} "
+                           f"prompts)") from None
+
+    # -- the rollout function ----------------------------------------------------------
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+        """Play one dialogue per prompt and return TRL's fields (see the module docstring).
+
+        Args:
+            prompts: this process's prompts (each a chat from :meth:`dataset`).
+            trainer: the ``GRPOTrainer`` (its model, tokenizer, temperature, top_p and
+                global step are read).
+
+        Raises:
+            KeyError: a prompt not made by :meth:`dataset`.
+        """
+        seeds = [self.seed_of(prompt) for prompt in prompts]
+        generator = self.generator if self.generator is not None else self._trainer_generator(trainer)
+        tokenizer = trainer.processing_class
+        engine = RolloutEngine(self._ensure_envs(len(prompts)), generator, tokenizer,
+                               max_context_tokens=self.max_context_tokens)
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        groups = _groups(seeds)
+        trajectories = engine.collect(seeds, groups=groups, sampling_seed=turn_seed(self.seed, step))
+        self.last_trajectories = trajectories
+        return to_trl_fields(trajectories)
+
+    def _trainer_generator(self, trainer: Any) -> TransformersGenerator:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return TransformersGenerator(model, trainer.processing_class,
+                                     max_new_tokens=self.max_new_tokens,
+                                     temperature=float(trainer.temperature),
+                                     top_p=float(getattr(trainer.args, "top_p", 1.0)))
+
+    def _ensure_envs(self, n: int) -> list[EmpathyDialogueEnv]:
+        if len(self._envs) < n:
+            for env in self._envs[:1]:
+                env.close()
+            vector = gym.make_vec(self.env_id, num_envs=n, vectorization_mode="vector_entry_point",
+                                  **self.env_kwargs)
+            self._envs = list(vector.unwrapped.envs)
+        return self._envs[:n]
+
+
+def _groups(seeds: Sequence[int]) -> list[int]:
+    """Group index per dialogue: dialogues with equal env seeds share a group."""
+    index: dict[int, int] = {}
+    return [index.setdefault(s, len(index)) for s in seeds]
+
+
+def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
+    """Split each trajectory at its first sampled token into TRL's ``prompt_ids`` and
+    ``completion_ids`` (with ``logprobs`` and ``env_mask`` over the completion), plus the
+    reward fields (see the module docstring).
+
+    Raises:
+        ValueError: a trajectory with no sampled token (nothing to train on).
+    """
+    out: dict[str, list] = {key: [] for key in (
+        "prompt_ids", "completion_ids", "logprobs", "env_mask", "episode_return",
+        "final_emotion", "emotions", "termination", "env_seed")}
+    for t in trajectories:
+        if 1 not in t.loss_mask:
+            raise ValueError(f"dialogue {t.key} (persona {t.persona_id!r}) has no sampled token")
+        start = t.loss_mask.index(1)
+        out["prompt_ids"].append(t.token_ids[:start])
+        out["completion_ids"].append(t.token_ids[start:])
+        out["logprobs"].append(t.rollout_logprobs[start:])
+        out["env_mask"].append(t.loss_mask[start:])
+        out["episode_return"].append(t.episode_return)
+        out["final_emotion"].append(t.emotions[-1])
+        out["emotions"].append(list(t.emotions))
+        out["termination"].append(t.termination)
+        out["env_seed"].append(t.env_seed)
+    return out
+
+
+def episode_return_reward(completions: Sequence[Any], episode_return: Sequence[float],
+                          **kwargs: Any) -> list[float]:
+    """TRL reward function: the dialogue's return, the sum of the env's turn rewards
+    ((e_T - e_0) / 100 with ``reward_mode="delta"``, minus any think-format penalties)."""
+    return [float(r) for r in episode_return]
+
+
+def final_emotion_reward(completions: Sequence[Any], final_emotion: Sequence[int],
+                         **kwargs: Any) -> list[float]:
+    """TRL reward function: RLVER's e_T / 100, the final emotion (RLVER, section 3.1)."""
+    return [e / 100.0 for e in final_emotion]
