@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.policies import Policy, make_policy
+from empathy_gym.seeding import derive_seed
 from empathy_gym.specs import user_env_kwargs
 from empathy_gym.user import SimulatedUser, make_user, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
@@ -81,13 +81,6 @@ class Task:
     def key(self) -> tuple[str, int, int]:
         """``(persona_id, repeat, seed)``, the dialogue's key in the transcripts."""
         return (self.persona.id, self.repeat, self.seed)
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 31-bit seed (int in [0, 2**31 - 1]) from integers and strings, through NumPy's
-    ``SeedSequence`` (strings enter as their CRC-32)."""
-    entropy = [zlib.crc32(p.encode("utf-8")) if isinstance(p, str) else abs(int(p)) for p in parts]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def dialogue_seed(seed: int, persona_id: str, repeat: int) -> int:

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
-from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.personas import Persona
 from empathy_gym.user import SAGE, SimulatorError, UserRequest
 from empathy_gym.user.llm_user import LLMUser, parse_appraisal

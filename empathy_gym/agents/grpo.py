@@ -15,15 +15,15 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from empathy_gym.agents.config import GRPOConfig
-from empathy_gym.agents.rollout import Trajectory, turn_seed
+from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData, forward_tokens
 from empathy_gym.agents.trainer import RLTrainer
+from empathy_gym.seeding import derive_seed
 
 #: Added to the group standard deviation (as TRL's GRPOTrainer).
 STD_EPS = 1e-4
@@ -167,7 +167,7 @@ class GRPOTrainer(RLTrainer):
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
         size = self.config.num_generations
         n_groups = self.config.rollout_batch_size // size
-        seeds = [turn_seed(self.config.seed, step, group) for group in range(n_groups)]
+        seeds = [derive_seed(self.config.seed, step, group) for group in range(n_groups)]
         return [s for s in seeds for _ in range(size)], [g for g in range(n_groups) for _ in range(size)]
 
     def token_advantages(self, trajectories: Sequence[Trajectory], data: Sequence[TokenData]

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.seeding import derive_seed
 
 
 class RolloutInterrupted(RuntimeError):
@@ -165,11 +165,6 @@ class Trajectory:
                 "messages": self.messages}
 
 
-def turn_seed(*parts: int) -> int:
-    """A 31-bit seed from integers (NumPy ``SeedSequence``), for per-dialogue sampling."""
-    return int(np.random.SeedSequence([abs(int(p)) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
 @dataclass
 class RolloutTimes:
     """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase."""
@@ -250,7 +245,7 @@ class RolloutEngine:
             turn += 1
             tick = time.perf_counter()
             samples = self.generator.generate([dialogues[k].token_ids for k in active],
-                                              [turn_seed(sampling_seed, k, turn) for k in active])
+                                              [derive_seed(sampling_seed, k, turn) for k in active])
             times.generation += time.perf_counter() - tick
             times.generated_tokens += sum(len(s.token_ids) for s in samples)
             texts = [self._decode(s) for s in samples]

@@ -34,9 +34,10 @@ import torch
 from empathy_gym.agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from empathy_gym.agents.config import TrainerConfig, to_dict
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
-from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory, turn_seed
+from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.tokens import TokenData, forward_tokens, to_token_data
+from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class RLTrainer:
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
         """``(env_seeds, groups)`` of a step: one fresh seed per dialogue by default."""
         n = self.config.rollout_batch_size
-        return [turn_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
+        return [derive_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
 
     def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         """One update phase; returns metrics."""
@@ -242,7 +243,7 @@ class RLTrainer:
 
     def minibatch_order(self, step: int, epoch: int, n: int) -> list[list[int]]:
         """A seeded permutation of ``range(n)`` cut into ``num_mini_batches`` parts."""
-        generator = torch.Generator().manual_seed(turn_seed(self.config.seed, step, epoch, 7))
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, step, epoch, 7))
         order = torch.randperm(n, generator=generator).tolist()
         return [part.tolist() for part in np.array_split(np.asarray(order), self.config.num_mini_batches)
                 if len(part)]
@@ -304,7 +305,7 @@ class RLTrainer:
         env_seeds, groups = self.env_seeds(step)
         try:
             trajectories = self.engine.collect(
-                env_seeds, groups=groups, sampling_seed=turn_seed(config.seed, step),
+                env_seeds, groups=groups, sampling_seed=derive_seed(config.seed, step),
                 should_stop=lambda: self._stop,
                 on_episode_end=lambda t: self.run_log.episode(step, t))
         except RolloutInterrupted:

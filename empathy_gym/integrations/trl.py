@@ -51,7 +51,8 @@ import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.agents.generation import TransformersGenerator
-from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory, turn_seed
+from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory
+from empathy_gym.seeding import derive_seed
 from empathy_gym.env import EmpathyDialogueEnv
 
 
@@ -164,7 +165,7 @@ class EmpathyRollout:
                                max_context_tokens=self.max_context_tokens)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         groups = _groups(seeds)
-        trajectories = engine.collect(seeds, groups=groups, sampling_seed=turn_seed(self.seed, step))
+        trajectories = engine.collect(seeds, groups=groups, sampling_seed=derive_seed(self.seed, step))
         self.last_trajectories = trajectories
         return to_trl_fields(trajectories)
 

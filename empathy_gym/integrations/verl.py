@@ -48,7 +48,6 @@ The dataset builder (:func:`build_rows`, :func:`prepare_dataset`, and
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import numbers
