@@ -283,3 +283,27 @@ def test_parse_retry_after():
     assert parse_retry_after("-1") == 0.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+
+
+def test_choice_mode_user_falls_back_to_generating_the_letter_on_serve(served, caplog):
+    # transformers serve returns no logprobs, so the LLM user in choice mode asks for the
+    # option letter with greedy decoding instead, and says so in the log. The tiny random
+    # model rarely writes a valid letter: then the repair is tried and a SimulatorError
+    # carries the raw text; it never silently scores.
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401
+    from empathy_gym.user import SimulatorError
+
+    env = gym.make("EmpathyDialogue-v0", backend=served, appraisal_mode="choice",
+                   user_kwargs={"max_tokens": 6, "max_repairs": 1})
+    env.reset(seed=0)
+    with caplog.at_level("WARNING", logger="empathy_gym.user.llm_user"):
+        try:
+            *_, info = env.step("That sounds really hard.")
+        except SimulatorError as error:
+            assert "expected one of A, B, C, D, E" in str(error) and error.attempts == 2
+        else:
+            assert info["appraisal"]["features"] == {"generated_choice": 1.0}
+            assert info["appraisal"]["change"] in (-10, -5, 0, 5, 10)
+    assert "returns no log-probabilities" in caplog.text
