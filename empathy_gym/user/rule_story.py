@@ -1,0 +1,440 @@
+"""The rule user's story: a persona's scenario turned into first-person sentences it can
+tell, in English and Chinese.
+
+From the scenario (third person, or second person "You ...") the rule user derives once
+per persona (:func:`persona_story`):
+
+* ``state``: the opening's sentence(s), the scenario's current state (en: its last
+  sentence; zh RLVER scenes: one or two sentences of ``事件当前状态``, else
+  ``当前面对的问题``, else the story's last paragraph);
+* ``fragment``: a short first-person clause for the ``{fragment}`` slots of replies;
+* ``details``: further story sentences, told one per turn as the dialogue warms up;
+* ``content``: the story's content units, for grounding.
+
+The rewriting into the first person is a heuristic (names and the persona's pronoun
+become I / me / my, 我; third-person verbs lose their -s): right for the plain sentences
+scenarios are written in, not for every sentence. No sentence voices the hidden
+intention (:class:`_LeakCheck`): the agent has to find the need, not read it.
+
+Example:
+    >>> from empathy_gym.personas import Persona
+    >>> from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules
+    >>> persona = Persona(id="maya", language="en", name="Maya", profile="Maya is a nurse.",
+    ...                   scenario="Maya covered night shifts for months. Last week her manager "
+    ...                            "promoted Tom instead of her. She now dreads going back to the ward.",
+    ...                   hidden_intention="not_at_fault", character_type="passive")
+    >>> story = persona_story(persona, load_rules(str(RULES_DIR))["en"])
+    >>> story.state
+    'I now dread going back to the ward.'
+    >>> story.details
+    ('I covered night shifts for months.', 'Last week my manager promoted Tom instead of me.')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from empathy_gym.personas import Persona
+from empathy_gym.user.rule_lexicon import CJK, LanguageRules, cjk_bigrams
+
+#: At most this many story sentences are kept for the user to tell, one per turn.
+MAX_DETAILS = 12
+
+
+@dataclass(frozen=True)
+class PersonaStory:
+    """What the rule user derives once from a persona.
+
+    Attributes:
+        content: content units of the story (see
+            :class:`~empathy_gym.user.rule_lexicon.Scan`), for grounding.
+        intention_content: content units of a free-text hidden intention (empty for the
+            eight standard ones, which have lexicons).
+        state: the opening's sentence(s), in the first person ("" when none).
+        fragment: a short first-person clause for ``{fragment}`` slots ("" when none).
+        details: story sentences in the first person, at most :data:`MAX_DETAILS`,
+            told one per turn in :data:`~empathy_gym.user.rule_user.DETAIL_BANDS` so
+            the agent learns more as the dialogue goes on.
+
+    No sentence here voices the hidden intention (see :class:`_LeakCheck`).
+    """
+
+    content: frozenset[str]
+    intention_content: frozenset[str]
+    state: str
+    fragment: str
+    details: tuple[str, ...]
+
+
+def persona_story(persona: Persona, language: LanguageRules) -> PersonaStory:
+    """A persona's :class:`PersonaStory`, in the persona's language (``"en"`` or
+    ``"zh"``); ``language`` supplies the content units (stopwords, function characters)."""
+    leaks = _LeakCheck(persona, language)
+    if persona.language == "zh":
+        story = _zh_plain(_zh_story(persona.scenario))
+        state = _zh_state(persona, leaks)
+        fragment, details = _zh_fragment(state), _zh_details(persona, leaks, state)
+        joiner = ""
+    else:
+        story = persona.scenario
+        sentences = _en_sentences(persona, leaks)
+        state = sentences[-1:]                 # the last sentence: the current state
+        fragment, details = _en_fragment(state), tuple(sentences[:-1][:MAX_DETAILS])
+        joiner = " "
+    intention_content = (frozenset() if persona.intention_is_standard
+                         else language.units(persona.hidden_intention)[1])
+    return PersonaStory(content=language.units(story)[1], intention_content=intention_content,
+                        state=joiner.join(state), fragment=fragment, details=details)
+
+
+# -- what gives the hidden intention away ----------------------------------------------
+
+#: A sentence that voices what the user wants from the listener gives the need away.
+_ZH_WISH = re.compile(r"希望.{0,6}(?:有人|对方|能有人|找到一个|得到一个)|渴望.{0,4}(?:有人|获得|得到)|"
+                      r"而(?:不是|非|不仅仅是)(?:简单|单纯|一味|直接)|隐藏主题|(?i:emotion|validation)")
+_EN_WISH = re.compile(r"(?i)\b(?:wants?|wishes|hopes?|longs?|needs?) (?:someone|somebody|a listener|"
+                      r"the listener|people|others|them|him|her) to\b|hidden (?:need|intention)")
+#: Shared units with the intention's own sentence that count as giving it away.
+LEAK_OVERLAP = {"zh": 4, "en": 3}
+
+
+class _LeakCheck:
+    """Does a scenario sentence give the hidden intention away? It does when it voices
+    a wish aimed at the listener, or shares :data:`LEAK_OVERLAP` units with the
+    intention's own sentence (zh: character bigrams; en: content stems)."""
+
+    def __init__(self, persona: Persona, language: LanguageRules):
+        self.code = persona.language
+        text = persona.intention_text(self.code)
+        self.units = frozenset(cjk_bigrams(text)) if self.code == "zh" else language.units(text)[1]
+        self.language = language
+
+    def __call__(self, sentence: str) -> bool:
+        """Does ``sentence`` give the hidden intention away?"""
+        if self.code == "zh":
+            shared = frozenset(cjk_bigrams(sentence)) & self.units
+            return bool(_ZH_WISH.search(sentence)) or len(shared) >= LEAK_OVERLAP["zh"]
+        shared = self.language.units(sentence)[1] & self.units
+        return bool(_EN_WISH.search(sentence)) or len(shared) >= LEAK_OVERLAP["en"]
+
+
+# -- English ---------------------------------------------------------------------------
+
+_EN_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
+_EN_ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Prof|Jr|Sr|vs|etc|e\.g|i\.e)|\b[A-Z])\.$")
+
+
+def _en_split(text: str) -> list[str]:
+    """Sentences of ``text``; no split after "Mr.", "Dr.", initials and the like."""
+    sentences: list[str] = []
+    for piece in _EN_SENTENCE.split(text.strip()):
+        if sentences and _EN_ABBREVIATION.search(sentences[-1]):
+            sentences[-1] += " " + piece
+        else:
+            sentences.append(piece)
+    return [sentence.strip() for sentence in sentences if sentence.strip()]
+
+
+_SUBJECT_CONTEXT = frozenset(
+    "and but so because that when while since after before if as until though although "
+    "where now then".split())
+_OBJECT_NEXT = frozenset(
+    "that to and about in on at for with from the a an again too off up down out back away "
+    "as like into over or but so when because feel know see how what why this it more less "
+    "most enough anymore everywhere all alone once twice there here now then yet today "
+    "tonight if until while after before since though either completely".split())
+#: Words after which an -s word is taken for a verb (in :func:`_en_coordinated_verbs`).
+_VERB_NEXT = frozenset(
+    "the a an my his her their your me him them it every any all no this that at to on in "
+    "through about with for into up down out awake off over back home as been".split())
+_ADVERBS = ("now|still|often|always|never|also|just|really|barely|rarely|sometimes|usually|"
+            "constantly|increasingly|secretly|quietly|only|even|finally|already|mostly|simply|"
+            "honestly|hardly|myself")
+_BASE_FORMS = {"is": "am", "isn't": "am not", "has": "have", "hasn't": "haven't", "does": "do",
+               "doesn't": "don't", "are": "am", "aren't": "am not", "were": "was",
+               "weren't": "wasn't", "lies": "lie", "dies": "die", "ties": "tie"}
+_NOT_VERBS = frozenset("always sometimes perhaps thus this its yes less unless towards "
+                       "afterwards nevertheless regardless across was as".split())
+
+
+def _base_form(verb: str) -> str:
+    """The first-person form of a third-person present verb ("avoids" -> "avoid")."""
+    low = verb.lower()
+    if low in _BASE_FORMS:
+        return _BASE_FORMS[low]
+    if low in _NOT_VERBS or len(low) <= 3 or not low.endswith("s") or low.endswith(("ss", "us", "is")):
+        return verb
+    if low.endswith("ies"):
+        return verb[:-3] + "y"
+    if low.endswith(("ches", "shes", "sses", "xes", "zes", "oes")):
+        return verb[:-2]
+    return verb[:-1]
+
+
+def _subject_position(before: str) -> bool:
+    """Does a noun phrase after ``before`` start a clause (so it is a subject)?"""
+    before = before.rstrip()
+    if not before or before[-1] in ".!?;:,(\"-":
+        return True
+    last = re.search(r"[A-Za-z']+$", before)
+    return bool(last) and last.group(0).lower() in _SUBJECT_CONTEXT
+
+
+def _keep_case(original: str, replacement: str) -> str:
+    """``replacement`` capitalised like ``original`` ("I" and "I'm" stay capitalised)."""
+    if replacement == "I" or replacement.startswith("I'"):
+        return replacement
+    return replacement.capitalize() if original[:1].isupper() else replacement
+
+
+def _en_pronoun(persona: Persona) -> str | None:
+    """The persona's pronoun ("she", "he"; ``None`` when unknown or "they")."""
+    for text in (persona.profile, persona.scenario):
+        found = re.search(r"\b(she|he|they)\b", text, re.I)
+        if found:
+            word = found.group(1).lower()
+            return None if word == "they" else word
+    return None
+
+
+def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
+                     second_person: bool) -> str:
+    """Turn a third-person (or second-person) sentence about the persona into the first
+    person: the name and the persona's pronoun become I / me / my, and the verb after
+    "I" loses its third-person -s. A heuristic: right for the plain sentences scenarios
+    are written in, not for every English sentence."""
+    def subject_or_object(match: re.Match) -> str:
+        return "I" if _subject_position(match.string[:match.start()]) else "me"
+
+    if name:
+        for variant in dict.fromkeys((name, name.split()[0])):
+            sentence = re.sub(rf"\b{re.escape(variant)}'s\b", "my", sentence)
+            sentence = re.sub(rf"\b{re.escape(variant)}\b", subject_or_object, sentence)
+    forms = {"she": ("she", "her", "her", "herself"), "he": ("he", "him", "his", "himself")}
+    if pronoun in forms:
+        subject, obj, possessive, reflexive = forms[pronoun]
+
+        def object_or_possessive(match: re.Match) -> str:
+            word = match.group(0).lower()
+            if word == obj and word == possessive:   # "her": decided by the next word
+                following = re.match(r"\s*([A-Za-z']+)", match.string[match.end():])
+                is_object = following is None or following.group(1).lower() in _OBJECT_NEXT
+            else:
+                is_object = word == obj
+            return _keep_case(match.group(0), "me" if is_object else "my")
+
+        sentence = re.sub(rf"(?i)\b{reflexive}\b", "myself", sentence)
+        sentence = re.sub(rf"(?i)\b{subject}'s been\b", "I've been", sentence)
+        sentence = re.sub(rf"(?i)\b{subject}'s\b", "I'm", sentence)
+        sentence = re.sub(rf"(?i)\b{subject}\b", "I", sentence)
+        sentence = re.sub(rf"(?i)\b(?:{obj}|{possessive})\b", object_or_possessive, sentence)
+    if second_person:
+        for pattern, replacement in (("you're", "I'm"), ("you've", "I've"), ("you'll", "I'll"),
+                                     ("you'd", "I'd"), ("yourself", "myself"), ("yours", "mine"),
+                                     ("your", "my")):
+            sentence = re.sub(rf"(?i)\b{pattern}\b", lambda m, r=replacement: _keep_case(m.group(0), r),
+                              sentence)
+        sentence = re.sub(r"(?i)\byou\b", subject_or_object, sentence)
+    sentence = re.sub(rf"\bI((?:\s+(?:{_ADVERBS}))?)\s+([A-Za-z']+)",
+                      lambda m: f"I{m.group(1)} {_base_form(m.group(2))}", sentence)
+    sentence = _en_coordinated_verbs(sentence)
+    return sentence[:1].upper() + sentence[1:]
+
+
+def _en_coordinated_verbs(sentence: str) -> str:
+    """After a clause with the subject "I", verbs listed with "and" or commas share it:
+    "I avoid the office, skips lunch and lies awake" -> "..., skip lunch and lie awake".
+    A word counts as such a verb when it is is/has/does; or ends in -s and, after a
+    comma, is followed by a lower-case word other than and/or ("nights and weekends"
+    stay), or, after "and", by a determiner, a preposition or a pronoun."""
+    start = re.search(r"\bI\b", sentence)
+    if start is None:
+        return sentence
+
+    def fix(match: re.Match) -> str:
+        word, following = match.group(2), match.group(3)
+        after_comma = match.group(1).lstrip().startswith(",")
+        if (word.lower() in _BASE_FORMS or following.lower() in _VERB_NEXT or following.endswith("ing")
+                or (after_comma and following.islower() and following not in ("and", "or"))):
+            return match.group(1) + _base_form(word)
+        return match.group(1) + word
+
+    head, tail = sentence[:start.end()], sentence[start.end():]
+    tail = re.sub(r"((?:,\s+(?:and\s+)?|\s+and\s+))([a-z]+s|hasn't|doesn't|isn't)(?=\s+([A-Za-z']+))",
+                  fix, tail)
+    return head + tail
+
+
+def _en_sentences(persona: Persona, leaks: _LeakCheck) -> list[str]:
+    """The scenario's sentences of 4 to 30 words in the first person, without those that
+    give the hidden intention away."""
+    second_person = bool(re.match(r"\s*you\b", persona.scenario, re.I))
+    pronoun = _en_pronoun(persona)
+    result = []
+    for sentence in _en_split(persona.scenario):
+        if 4 <= len(sentence.split()) <= 30 and not leaks(sentence):
+            sentence = _en_first_person(sentence, persona.name, pronoun, second_person)
+            result.append(sentence if sentence[-1] in ".!?" else sentence + ".")
+    return list(dict.fromkeys(result))
+
+
+def _en_fragment(state: Sequence[str]) -> str:
+    """The state's first clause, 3 to 12 words, lower-cased unless it starts with "I"."""
+    if not state:
+        return ""
+    clause = re.split(r",|;|\s+but\s+|\s+and\s+|\s+because\s+", state[0].rstrip(".!?"), maxsplit=1)[0].strip()
+    if not 3 <= len(clause.split()) <= 12:
+        return ""
+    return clause if clause.startswith(("I ", "I'")) else clause[:1].lower() + clause[1:]
+
+
+# -- Chinese ---------------------------------------------------------------------------
+
+_ZH_REACTIONS_HEADING = re.compile(
+    r"(?i)不同.{0,6}(?:状态|情绪|emotion)|可能的?反应|emotion|情绪反应|角色反应|角色可能|NPC.{0,6}回复")
+_ZH_SECTIONS = (re.compile(r"事件的?当前状态|当前状态"), re.compile(r"当前面[对临]的问题"))
+_ZH_META = ("NPC", "npc", "倾诉", "对话", "交流", "咨询", "聊天", "谈话", "玩家", "隐藏")
+_ZH_HEADING_LINE = re.compile(r"^\s*(?:#|(?:[-*]\s*|\d+\.\s*)?\*{1,2}[^*]{1,30}\*{1,2}[：:]?\s*$)")
+_ZH_LABEL = re.compile(r"\*{1,2}[^*\n]{1,20}\*{1,2}[：:]?")
+_ZH_SENTENCE = re.compile(r"[^。！？!?\n]+[。！？!?]?")
+_ZH_CONNECTIVES = ("但是|而且|并且|于是|所以|因此|因为|虽然|尽管|如果|只是|同时|现在|如今|目前|最近|后来|"
+                   "当时|那天|今天|昨天|上午|下午|晚上|但|而|却|也|还|就|又|才|便|可")
+_ZH_TIME_WORD = re.compile(r"^(?:目前|当前|现在|如今|此时|眼下|最近)[，,]\s*")
+
+
+def _zh_story(scenario: str) -> str:
+    """The narrative part of an RLVER scene: cut before the sections on how the user
+    reacts (they describe the hidden intention) and before any ``隐藏主题`` tail."""
+    scenario = scenario.split("####隐藏主题")[0]
+    offset = 0
+    for line in scenario.splitlines(keepends=True):
+        if offset > 0 and len(line.strip()) < 50 and _ZH_REACTIONS_HEADING.search(line):
+            return scenario[:offset]
+        offset += len(line)
+    return scenario
+
+
+def _zh_plain(text: str) -> str:
+    """Text without markdown headings and bold labels, one sentence stream."""
+    lines = [line.strip(" -*#\t") for line in _ZH_LABEL.sub("", text).splitlines()
+             if line.strip() and not _ZH_HEADING_LINE.match(line) and not line.lstrip().startswith("#")]
+    return "".join(line if line.endswith(("。", "！", "？", "!", "?")) else line + "。"
+                   for line in lines if line)
+
+
+def _zh_section(story: str, pattern: re.Pattern) -> str:
+    """The text under the last heading that matches ``pattern`` ("" when none)."""
+    found = list(pattern.finditer(story))
+    if not found:
+        return ""
+    lines: list[str] = []
+    for line in story[found[-1].end():].lstrip("*：: \t）)").splitlines():
+        if not line.strip():
+            if lines:
+                break
+            continue
+        if lines and _ZH_HEADING_LINE.match(line):
+            break
+        lines.append(line)
+    return _zh_plain("\n".join(lines))
+
+
+def _zh_pronoun(persona: Persona) -> str | None:
+    """她 or 他: from the profile's 性别 (gender) line, else the first of them after the
+    name in the profile (then the scenario); ``None`` when neither tells."""
+    gender = re.search(r"性别[：:]\s*\**\s*(男|女)", persona.profile)
+    if gender:
+        return {"男": "他", "女": "她"}[gender.group(1)]
+    for text in (persona.profile, persona.scenario):
+        start = text.find(persona.name) if persona.name else 0
+        found = re.search(r"(?<!其)[她他](?![们人])", text[max(start, 0):])
+        if found:
+            return found.group(0)
+    return None
+
+
+def _zh_first_person(sentence: str, name: str | None, pronoun: str | None,
+                     about_them: bool) -> str:
+    """Replace the persona's name by 我, and their pronoun too when ``about_them`` (the
+    sentence names them, or the text has been about them since it last did)."""
+    if name:
+        sentence = sentence.replace(name, "我")
+        if len(name) == 3:
+            sentence = sentence.replace(name[1:], "我")
+    if pronoun and (about_them or sentence.startswith(pronoun)):
+        # A pronoun is safely the persona when it starts a clause ("她回家后", "，但她又")
+        # or when the persona is already the clause's subject ("我对……的热情让她");
+        # elsewhere it may be someone else ("婆婆……还说她以前").
+        clauses = re.split(r"([，,；;：:])", sentence)
+        for index in range(0, len(clauses), 2):
+            clause = clauses[index]
+            starts = re.match(rf"\s*[“\"]?(?:{_ZH_CONNECTIVES})?{pronoun}(?![们人])", clause)
+            if starts or ("我" in clause and clause.index("我") < clause.find(pronoun)):
+                clauses[index] = re.sub(rf"(?<!其){pronoun}(?![们人])", "我", clause)
+        sentence = "".join(clauses)
+    return sentence.replace("我我", "我")
+
+
+def _zh_sentences(text: str, persona: Persona, leaks: _LeakCheck) -> list[str]:
+    """The sentences of ``text`` in the first person, without those about the
+    conversation itself or that give the hidden intention away."""
+    pronoun = _zh_pronoun(persona)
+    result, topic = [], False      # topic: the persona is who the text is about
+    for sentence in _ZH_SENTENCE.findall(text):
+        sentence = _ZH_TIME_WORD.sub("", sentence.strip())
+        named = bool(persona.name) and persona.name in sentence
+        first_person = _zh_first_person(sentence, persona.name, pronoun, named or topic)
+        topic = named or (topic and bool(pronoun) and pronoun in sentence)
+        if not CJK.search(sentence) or any(word in sentence for word in _ZH_META):
+            continue
+        if leaks(sentence):
+            first_person = _zh_clean_prefix(first_person, leaks)
+        if first_person:
+            result.append(first_person if first_person[-1] in "。！？!?" else first_person + "。")
+    return result
+
+
+def _zh_clean_prefix(sentence: str, leaks: _LeakCheck) -> str:
+    """The clauses of a sentence before the first one that gives the intention away
+    ("" when fewer than 6 characters remain)."""
+    kept = []
+    for clause in re.split(r"[，,；;]", sentence.rstrip("。！？!?")):
+        if leaks(clause) or any(word in clause for word in _ZH_META):
+            break
+        kept.append(clause)
+    prefix = "，".join(kept)
+    return prefix if len(prefix) >= 6 else ""
+
+
+def _zh_state(persona: Persona, leaks: _LeakCheck) -> list[str]:
+    """One or two sentences of the current state (``事件当前状态``, else
+    ``当前面对的问题``, else the story's last paragraph), at most about 90 characters."""
+    story = _zh_story(persona.scenario)
+    sources = [_zh_section(story, pattern) for pattern in _ZH_SECTIONS]
+    sources.append(_zh_plain(re.split(r"\n\s*\n", story.strip())[-1]))
+    for source in sources:
+        sentences = _zh_sentences(source, persona, leaks)
+        if sentences:
+            chosen = sentences[:1]
+            if len(sentences) > 1 and len(chosen[0]) + len(sentences[1]) <= 90:
+                chosen.append(sentences[1])
+            return chosen
+    return []
+
+
+def _zh_fragment(state: Sequence[str]) -> str:
+    """The first clause of the state, 4 to 24 characters ("" otherwise)."""
+    if not state:
+        return ""
+    clause = re.split(r"[，,；;。！？!?]", state[0], maxsplit=1)[0].strip()
+    return clause if 4 <= len(clause) <= 24 else ""
+
+
+def _zh_details(persona: Persona, leaks: _LeakCheck, state: Sequence[str]) -> tuple[str, ...]:
+    """Story sentences of 8 to 60 characters in story order (not the state's)."""
+    story = _zh_plain(_zh_story(persona.scenario))
+    details = [s for s in dict.fromkeys(_zh_sentences(story, persona, leaks))
+               if 8 <= len(s) <= 60 and s not in state]
+    return tuple(details[:MAX_DETAILS])
