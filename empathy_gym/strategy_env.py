@@ -163,7 +163,8 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         self.observation_space = gym.spaces.Box(low, np.ones(8 + n, dtype=np.float32), dtype=np.float32)
         self._last_action: int | None = None
         self._last_change = 0
-        self._used: dict[str, set[str]] = {}
+        self._last_user_text = ""
+        self._used: dict[str, set[str]] = {}  # strategy -> utterances said this episode
 
     # -- gym API -------------------------------------------------------------------
     def reset(self, *, seed: int | None = None,

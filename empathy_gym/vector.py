@@ -161,8 +161,8 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         if mask is None:
             return np.ones(self.num_envs, dtype=np.bool_)
         if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
-            raise TypeError(f"options['reset_mask'] must be a NumPy bool array, got "
-                            f"{type(mask).__name__}{'' if not isinstance(mask, np.ndarray) else ' of ' + str(mask.dtype)}")
+            got = f"an array of {mask.dtype}" if isinstance(mask, np.ndarray) else type(mask).__name__
+            raise TypeError(f"options['reset_mask'] must be a NumPy bool array, got {got}")
         if mask.shape != (self.num_envs,):
             raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}")
         if not mask.any():
