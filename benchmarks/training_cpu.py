@@ -61,14 +61,14 @@ def main() -> None:
             raise SystemExit(f"{recipe} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    header = f"{'recipe':10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}{'update':>8}{'peak MiB':>10}"
+    header = (f"{'recipe':10}{'dialogues':>10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}"
+              f"{'update':>8}{'peak MiB':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['recipe']:10}{r['tokens_per_s']:>9.1f}{r['s_per_step']:>9.2f}{r['user_share']:>8.1%}"
+        print(f"{r['recipe']:10}{r['dialogues_per_step']:>10}{r['tokens_per_s']:>9.1f}{r['s_per_step']:>9.2f}{r['user_share']:>8.1%}"
               f"{r['generation_share']:>10.1%}{r['update_share']:>8.1%}{r['peak_rss_mib']:>10.0f}")
-    print(f"(means over steps 2..{args.steps}; {rows[0]['dialogues_per_step']}+ dialogues a step; "
-          "shares of the step's wall time)")
+    print(f"(means over steps 2..{args.steps}; dialogues per step; shares of the step's wall time)")
 
 
 if __name__ == "__main__":
