@@ -328,7 +328,7 @@ class RLTrainer:
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward/mean_return']:+.3f}",
                         emotion=f"{metrics['emotion/final_mean']:.1f}",
-                        kl=f"{metrics.get('policy/approx_kl', 0.0):.4f}",
+                        kl=f"{metrics.get('policy/approx_kl', 0.0):.1e}",
                         clip=f"{metrics.get('policy/clipfrac', 0.0):.3f}")
         if config.save_steps and step % config.save_steps == 0:
             self.save()
