@@ -8,11 +8,36 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 Message = dict[str, str]
 Conversation = Sequence[Message]
+
+
+def option_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
+    """The first token id of each option, tokenized alone (no special tokens, no leading
+    space), as it would start the assistant's reply right after the chat template's
+    generation prompt. Used by the in-process backends' ``choice_logprobs``.
+
+    Raises:
+        ValueError: no options, an option that tokenizes to nothing, or two options
+            sharing their first token (they could not be told apart).
+    """
+    if not options:
+        raise ValueError("choice_logprobs: options is empty")
+    ids = []
+    for option in options:
+        tokens = tokenizer.encode(option, add_special_tokens=False)
+        if not tokens:
+            raise ValueError(f"choice_logprobs: option {option!r} tokenizes to no token")
+        ids.append(int(tokens[0]))
+    if len(set(ids)) != len(ids):
+        names = [tokenizer.convert_ids_to_tokens(i) for i in ids]
+        raise ValueError(f"choice_logprobs: options {list(options)} share a first token "
+                         f"({names}); use options that start with different tokens")
+    return ids
 
 
 class BackendError(RuntimeError):

@@ -28,7 +28,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LogitsProcessor, LogitsProcessorList)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from empathy_gym.backends.base import BackendError, ChatBackend, Conversation
+from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
 from empathy_gym.models import ALIASES, load_causal_lm
 
 
@@ -260,27 +260,8 @@ class TransformersBackend(ChatBackend):
         return texts
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
-        """The first token id of each option, tokenized alone (no special tokens, no
-        leading space), as it would start the assistant's reply right after the chat
-        template's generation prompt.
-
-        Raises:
-            ValueError: no options, an option that tokenizes to nothing, or two options
-                sharing their first token (they could not be told apart).
-        """
-        if not options:
-            raise ValueError("choice_logprobs: options is empty")
-        ids = []
-        for option in options:
-            tokens = self.tokenizer.encode(option, add_special_tokens=False)
-            if not tokens:
-                raise ValueError(f"choice_logprobs: option {option!r} tokenizes to no token")
-            ids.append(tokens[0])
-        if len(set(ids)) != len(ids):
-            names = [self.tokenizer.convert_ids_to_tokens(i) for i in ids]
-            raise ValueError(f"choice_logprobs: options {list(options)} share a first token "
-                             f"({names}); use options that start with different tokens")
-        return ids
+        """:func:`~empathy_gym.backends.base.option_token_ids` with this tokenizer."""
+        return option_token_ids(self.tokenizer, options)
 
     @torch.inference_mode()
     def choice_logprobs(self, conversations: Sequence[Conversation],

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.backends.base import ChatBackend, Conversation
+from empathy_gym.backends.base import ChatBackend, Conversation, option_token_ids
 
 #: Top log-probs asked for where vLLM lacks ``logprob_token_ids`` (vLLM's default cap).
 FALLBACK_TOP_LOGPROBS = 20
@@ -104,23 +104,8 @@ class VLLMBackend(ChatBackend):
         return [output.outputs[0].text.strip() for output in self._chat(conversations, params)]
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
-        """The first token id of each option, tokenized alone (no special tokens).
-
-        Raises:
-            ValueError: no options, an option with no token, or options sharing a first token.
-        """
-        if not options:
-            raise ValueError("choice_logprobs: options is empty")
-        ids = []
-        for option in options:
-            tokens = self.tokenizer.encode(option, add_special_tokens=False)
-            if not tokens:
-                raise ValueError(f"choice_logprobs: option {option!r} tokenizes to no token")
-            ids.append(int(tokens[0]))
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"choice_logprobs: options {list(options)} share a first token; "
-                             "use options that start with different tokens")
-        return ids
+        """:func:`~empathy_gym.backends.base.option_token_ids` with this tokenizer."""
+        return option_token_ids(self.tokenizer, options)
 
     def choice_logprobs(self, conversations: Sequence[Conversation],
                         options: Sequence[str]) -> np.ndarray:

@@ -184,8 +184,9 @@ class LLMUser(SimulatedUser):
 
     def _appraise_free(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
-        results = yield from self._generate_with_repair(requests, chats, parse_appraisal, temperature=self.temperature,
-                                             max_tokens=self.max_tokens, letters=None)
+        results = yield from self._generate_with_repair(
+            requests, chats, parse_appraisal, temperature=self.temperature, max_tokens=self.max_tokens,
+            letters=None)
         return [Appraisal(change=int(value["change"]), thoughts=value["thoughts"].strip(),
                           raw=raw, repairs=repairs) for value, raw, repairs in results]
 
