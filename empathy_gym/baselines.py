@@ -99,8 +99,28 @@ class ListenerAgent:
         return templates[turn % len(templates)].format(f=_fragment(text, chinese))
 
 
+class ESConvAgent:
+    """Cycles through ESConv support strategies (Liu et al., 2021) turn by turn, each
+    realised by :mod:`empathy_gym.strategies`' templates quoting the user's newest words:
+    reflection of feelings, question, restatement, affirmation and reassurance, providing
+    suggestions, then again. The template variant rotates with the turn too."""
+
+    ORDER = ("reflection_of_feelings", "question", "restatement_or_paraphrasing",
+             "affirmation_and_reassurance", "providing_suggestions")
+
+    def __call__(self, messages: Messages) -> str:
+        from empathy_gym.strategies import load_templates, user_words
+
+        templates = load_templates("zh" if conversation_is_chinese(messages) else "en")
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        strategy = self.ORDER[turn % len(self.ORDER)]
+        variants = templates.variants(strategy, words=user_words(last_user_message(messages)), name=None)
+        return variants[(turn // len(self.ORDER)) % len(variants)]
+
+
 BASELINES: dict[str, type] = {
     "generic": GenericComfortAgent,
     "echo": EchoAgent,
     "listener": ListenerAgent,
+    "esconv": ESConvAgent,
 }
