@@ -99,3 +99,39 @@ def test_fresh_run_refuses_a_used_output_dir(tmp_path):
     trainer(tmp_path, "ppo", "used", 1).train()
     with pytest.raises(FileExistsError, match="--resume"):
         trainer(tmp_path, "ppo", "used", 1).train()
+
+
+def test_separate_critic_lora_kl_and_gradient_checkpointing(tmp_path):
+    run = trainer(tmp_path, "ppo", "critic", 2, extra=(
+        "policy.use_lora=true", "policy.lora_r=4", "critic=separate", "kl_coef=0.1",
+        "policy.gradient_checkpointing=true", "critic_learning_rate=1e-2"))
+    critic_before = {k: v.clone() for k, v in run.critic_model.named_parameters() if v.requires_grad}
+    base_before = {k: v.clone() for k, v in run.model.named_parameters() if not v.requires_grad}
+    metrics = run.train()
+    # Step 1: LoRA's B matrices start at zero, so the policy equals the reference exactly.
+    assert metrics[0]["policy/kl_to_reference"] == 0.0
+    assert metrics[1]["policy/kl_to_reference"] != 0.0
+    # The reference is the base with adapters off: no copy, and the base never moves.
+    assert run.reference is None
+    assert all(torch.equal(v, base_before[k]) for k, v in run.model.named_parameters() if not v.requires_grad)
+    # The separate critic trained its own adapters.
+    assert any(not torch.equal(v, critic_before[k]) for k, v in run.critic_model.named_parameters()
+               if v.requires_grad)
+    # and the checkpoint holds them
+    resumed = trainer(tmp_path, "ppo", "critic", 2, extra=(
+        "policy.use_lora=true", "policy.lora_r=4", "critic=separate", "kl_coef=0.1",
+        "policy.gradient_checkpointing=true", "critic_learning_rate=1e-2"))
+    resumed.load(tmp_path / "critic" / "checkpoints" / "step-000002")
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(run.critic_model.named_parameters(),
+                                                           resumed.critic_model.named_parameters()))
+
+
+def test_full_fine_tuning_reference_is_a_frozen_copy(tmp_path):
+    run = trainer(tmp_path, "grpo", "fullkl", 3, extra=("num_generations=4", "beta=0.1"))
+    initial = {k: v.clone() for k, v in run.model.state_dict().items()}
+    metrics = run.train()
+    kls = [m["policy/kl_to_reference"] for m in metrics if m["grpo/skipped_groups"] == 0]
+    assert kls and all(kl >= 0.0 for kl in kls) and max(kls) > 0.0   # k3 is never negative
+    assert all(torch.equal(v, initial[k]) for k, v in run.reference.state_dict().items())
+    assert any(not torch.equal(v, initial[k]) for k, v in run.model.state_dict().items())
+    assert not any(p.requires_grad for p in run.reference.parameters())

@@ -189,19 +189,19 @@ class GRPOTrainer(RLTrainer):
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
+        stats: dict[str, list[float]] = {k: [] for k in (
+            "loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+            "policy/kl_to_reference", "grad_norm")}
         metrics = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
                                                      if degenerate[i]})),
                    "grpo/groups": float(len({t.group for t in trajectories}))}
-        if not keep:
-            return metrics
+        if not keep:  # no signal this step: no update, the loss statistics are undefined
+            return metrics | {key: float("nan") for key in stats}
         data = [data[i] for i in keep]
         advantages = [advantages[i] for i in keep]
         old_logprobs = self.policy_logprobs(data)
         ref_logprobs = self.policy_logprobs(data, reference=True) if config.beta > 0 else None
 
-        stats: dict[str, list[float]] = {k: [] for k in (
-            "loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-            "policy/kl_to_reference", "grad_norm")}
         for epoch in range(config.num_ppo_epochs):
             for minibatch in self.minibatch_order(step, epoch, len(data)):
                 micro = self.micro_batches(minibatch)
