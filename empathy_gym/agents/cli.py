@@ -47,6 +47,10 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
     except FileExistsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint
+        print(f"\naborted at step {trainer.step}; finished dialogues are in {config.output_dir}/episodes.jsonl; "
+              "rerun with --resume to continue from the last checkpoint", file=sys.stderr)
+        return 130
     if metrics:
         first, last = metrics[0], metrics[-1]
         print(f"\n{algorithm.upper()}: {trainer.step}/{config.total_steps} steps in {config.output_dir}")
