@@ -213,7 +213,7 @@ def test_a_run_directory_refuses_another_configuration(tmp_path):
 
 def test_policy_specs():
     assert make_policy("baseline:listener").name == "baseline:listener"
-    with pytest.raises(SpecError, match="unknown baseline 'kind'; known: echo, generic, listener"):
+    with pytest.raises(SpecError, match="unknown baseline 'kind'; known: echo, esconv, generic, listener"):
         make_policy("baseline:kind")
     with pytest.raises(SpecError, match="unknown policy kind 'gpt'"):
         make_policy("gpt:4")
