@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -44,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from _machine import cpu_model  # benchmarks/_machine.py
 
 from empathy_gym.backends.transformers_backend import TransformersBackend
 from empathy_gym.baselines import ListenerAgent
@@ -156,15 +155,9 @@ def run_model(model: str, n: int, steps: int, max_tokens: int, appraisal_mode: s
 
 
 def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    cpu = cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}; nproc {os.cpu_count()}; torch {torch.__version__} with {torch.get_num_threads()} "
+    return (f"{cpu}; torch {torch.__version__} with {torch.get_num_threads()} "
             f"threads; transformers {transformers.__version__}; load average {load:.1f} at the start")
 
 

@@ -28,12 +28,12 @@ import argparse
 import itertools
 import os
 import platform
-import subprocess
 import time
 from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
+from _machine import cpu_model  # benchmarks/_machine.py
 
 import empathy_gym  # noqa: F401  (registers the ids)
 from empathy_gym.user.scripted import ScriptedUser
@@ -86,15 +86,9 @@ def utterances(parts: tuple[list[str], list[str], list[str]], language: str) -> 
 
 
 def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    cpu = cpu_model()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    return (f"{cpu}; nproc {os.cpu_count()}; pinned to CPUs {affinity}; Python "
+    return (f"{cpu}; pinned to CPUs {affinity}; Python "
             f"{platform.python_version()}; gymnasium {gym.__version__}; numpy {np.__version__}")
 
 
