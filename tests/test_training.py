@@ -135,3 +135,37 @@ def test_full_fine_tuning_reference_is_a_frozen_copy(tmp_path):
     assert all(torch.equal(v, initial[k]) for k, v in run.reference.state_dict().items())
     assert any(not torch.equal(v, initial[k]) for k, v in run.model.state_dict().items())
     assert not any(p.requires_grad for p in run.reference.parameters())
+
+
+def test_bfloat16_full_fine_tuning_trains_float32_master_weights(tmp_path):
+    """Adam's first step moves a weight by lr * g / (|g| + eps) (Kingma & Ba 2015, Alg. 1):
+    by lr = 1e-6 wherever |g| >> eps = 1e-8, never more. Stored in bfloat16 such a step
+    rounds away (the spacing near 0.02 is 2^-13 ~ 1.2e-4); the trainer keeps float32
+    master weights and computes in bfloat16 under autocast."""
+    run = trainer(tmp_path, "ppo", "bf16", 1, extra=(
+        "policy.dtype=bfloat16", "policy.use_lora=false", "learning_rate=1e-6",
+        "critic_learning_rate=1e-6", "num_ppo_epochs=1", "num_mini_batches=1"))
+    assert run.compute_dtype == torch.bfloat16
+    assert {p.dtype for p in run.model.parameters()} == {torch.float32}
+    before = {k: v.detach().clone() for k, v in run.model.named_parameters()}
+    run.train()
+    delta = torch.cat([(p.detach() - before[k]).abs().flatten() for k, p in run.model.named_parameters()])
+    rounding = torch.cat([v.abs().flatten() for v in before.values()]) * torch.finfo(torch.float32).eps
+    assert bool((delta <= 1e-6 + rounding).all())  # rounding: float32's own spacing at |w|
+    assert (delta > 0.5e-6).float().mean() > 0.5
+
+
+def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tmp_path):
+    run = trainer(tmp_path, "grpo", "bf16lora", 1, extra=(
+        "policy.dtype=bfloat16", "policy.use_lora=true", "policy.lora_r=4", "num_generations=2"))
+    trainable = {p.dtype for p in run.model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in run.model.parameters() if not p.requires_grad}
+    assert trainable == {torch.float32} and frozen == {torch.bfloat16}
+    adapters = {k: v.detach().clone() for k, v in run.model.named_parameters() if v.requires_grad}
+    run.train()
+    assert any(not torch.equal(v, adapters[k]) for k, v in run.model.named_parameters() if v.requires_grad)
+
+
+def test_float16_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match="float16 would need loss scaling"):
+        trainer(tmp_path, "ppo", "fp16", 1, extra=("policy.dtype=float16",))

@@ -43,14 +43,18 @@ class TransformersGenerator:
         temperature: > 0 samples (each row with its own ``torch.Generator``); 0 is greedy.
         top_p: nucleus mass in (0, 1].
         max_batch_size: rows per ``generate`` call.
+        compute_dtype: run ``generate`` under ``torch.autocast`` in this dtype (the
+            trainer's mixed precision; ``None``: the model's own dtype).
 
     The returned log-probs are ``log_softmax(logits / temperature)`` at the sampled
     token, from the model's raw logits (top-p truncation not renormalised).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
-                 temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32):
+                 temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32,
+                 compute_dtype: torch.dtype | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.compute_dtype = compute_dtype
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_batch_size = max_batch_size
         self.eos_ids = end_of_turn_ids(tokenizer, model)
@@ -88,9 +92,11 @@ class TransformersGenerator:
                                   eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
                                   use_cache=True, output_logits=True,
                                   return_dict_in_generate=True)
-        out = self.model.generate(input_ids=input_ids.to(device),
-                                  attention_mask=attention_mask.to(device),
-                                  generation_config=config, logits_processor=processors)
+        with torch.autocast(device.type, dtype=self.compute_dtype or torch.float32,
+                            enabled=self.compute_dtype is not None):
+            out = self.model.generate(input_ids=input_ids.to(device),
+                                      attention_mask=attention_mask.to(device),
+                                      generation_config=config, logits_processor=processors)
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T_new, V)
         scale = self.temperature if self.temperature > 0 else 1.0

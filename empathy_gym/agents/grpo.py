@@ -21,7 +21,7 @@ import torch
 
 from empathy_gym.agents.config import GRPOConfig
 from empathy_gym.agents.rollout import Trajectory
-from empathy_gym.agents.tokens import TokenData, forward_tokens
+from empathy_gym.agents.tokens import TokenData
 from empathy_gym.agents.trainer import RLTrainer
 from empathy_gym.seeding import derive_seed
 
@@ -207,8 +207,7 @@ class GRPOTrainer(RLTrainer):
                 micro = self.micro_batches(minibatch)
                 for part in micro:
                     chunk = [data[i] for i in part]
-                    logprobs, entropy, _ = forward_tokens(self.model, chunk, self.pad_id, self.device,
-                                                          self.temperature)
+                    logprobs, entropy, _ = self.forward(self.model, chunk)
                     segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
                                           for j, d in enumerate(chunk)]).to(self.device)
                     loss, loss_stats = grpo_loss(

@@ -24,7 +24,7 @@ from torch import nn
 
 from empathy_gym.agents.config import PPOConfig
 from empathy_gym.agents.rollout import Trajectory
-from empathy_gym.agents.tokens import TokenData, forward_tokens, pad_flat, unpad_flat
+from empathy_gym.agents.tokens import TokenData, pad_flat, unpad_flat
 from empathy_gym.agents.trainer import RLTrainer
 
 
@@ -194,11 +194,9 @@ class PPOTrainer(RLTrainer):
     def _forward(self, chunk: Sequence[TokenData]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Flat (logprobs, entropy, values) of a micro-batch, with gradients."""
         shared = self.critic_model is None
-        logprobs, entropy, hidden = forward_tokens(self.model, chunk, self.pad_id, self.device,
-                                                   self.temperature, hidden=shared)
+        logprobs, entropy, hidden = self.forward(self.model, chunk, hidden=shared)
         if not shared:
-            _, _, hidden = forward_tokens(self.critic_model, chunk, self.pad_id, self.device,
-                                          self.temperature, hidden=True)
+            _, _, hidden = self.forward(self.critic_model, chunk, hidden=True)
         return logprobs, entropy, self.value_head(hidden)
 
     @torch.no_grad()

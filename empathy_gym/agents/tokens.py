@@ -120,14 +120,18 @@ def split_flat(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
 
 
 def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
-                   temperature: float, hidden: bool = False
+                   temperature: float, hidden: bool = False, compute_dtype: torch.dtype | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward pass over a micro-batch: flat ``(logprobs, entropy, hidden or None)``,
     each over the micro-batch's trainable tokens (hidden: (n, H), the last layer's
-    states at the positions that predict them)."""
+    states at the positions that predict them).
+
+    ``compute_dtype`` (``torch.bfloat16``): run the model under ``torch.autocast`` in that
+    dtype, so float32 master weights compute in half precision (mixed precision)."""
     ids, attention, targets = collate(data, pad_id, device)
-    out = model(input_ids=ids, attention_mask=attention, output_hidden_states=hidden,
-                use_cache=False)
+    with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=hidden,
+                    use_cache=False)
     logprobs, entropy = token_logprobs(out.logits, ids, targets, temperature)
     states = out.hidden_states[-1][:, :-1][targets] if hidden else None
     return logprobs, entropy, states

@@ -49,6 +49,29 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def half_precision_dtype(model: Any) -> torch.dtype | None:
+    """The model's floating dtype when it is bfloat16 or float16, else ``None``."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype if parameter.dtype in (torch.bfloat16, torch.float16) else None
+    return None
+
+
+def keep_trainable_in_float32(model: Any) -> Any:
+    """Cast the parameters that train to float32 in place; frozen ones keep their dtype.
+
+    Mixed precision (Micikevicius et al. 2018, arXiv 1710.03740, section 3.1): an update
+    of lr * 1 (Adam's first step) = 1e-6 on a bfloat16 weight of size 0.02 is far below
+    half of bfloat16's spacing there (2^-13 ~ 1.2e-4) and rounds away, so full fine-tuning
+    in pure bfloat16 at RLVER's learning rate would not move at all. The forward passes still compute in
+    half precision under ``torch.autocast`` (:func:`~empathy_gym.agents.tokens.forward_tokens`).
+    """
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
+    return model
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (for model initialisation; steps use derived seeds)."""
     import random
@@ -100,8 +123,14 @@ class RLTrainer:
         envs: unwrapped envs to roll out in (``None``: ``rollout_batch_size`` envs of
             ``config.env`` sharing one user).
 
+    Precision: a model in bfloat16 (``policy.dtype``, or as passed) keeps its frozen
+    weights in bfloat16 and its trainable ones (all of them without LoRA) in float32;
+    every forward pass and generation runs under ``torch.autocast`` in bfloat16
+    (``compute_dtype``). See :func:`keep_trainable_in_float32`.
+
     Raises:
-        ValueError: ``model`` without ``tokenizer``, or too few ``envs``.
+        ValueError: ``model`` without ``tokenizer``, too few ``envs``, or a float16 model
+            (it would need loss scaling, which this trainer does not do: use bfloat16).
     """
 
     algorithm = "base"
@@ -124,6 +153,10 @@ class RLTrainer:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         self.base_model_name = config.policy.model
+        self.compute_dtype = half_precision_dtype(model)
+        if self.compute_dtype == torch.float16:
+            raise ValueError("policy.dtype float16 would need loss scaling, which this trainer does not do; "
+                             "use bfloat16 (or float32)")
         self.model = self._wrap_policy(model.to(self.device))
         self.reference: Any = None  # a frozen copy, only for KL without LoRA
         self._build_algorithm()
@@ -151,6 +184,7 @@ class RLTrainer:
                               lora_dropout=policy.lora_dropout, task_type="CAUSAL_LM",
                               target_modules=list(target) if isinstance(target, (list, tuple)) else target)
             model = get_peft_model(model, lora)
+        keep_trainable_in_float32(model)
         if policy.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if policy.use_lora:
@@ -170,7 +204,8 @@ class RLTrainer:
                                  gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
                                  dtype=self.config.policy.dtype)
         return TransformersGenerator(self.model, self.tokenizer, max_new_tokens=gen.max_new_tokens,
-                                     temperature=gen.temperature, top_p=gen.top_p)
+                                     temperature=gen.temperature, top_p=gen.top_p,
+                                     compute_dtype=self.compute_dtype)
 
     def _build_algorithm(self) -> None:
         """Create algorithm-specific modules (value head, critic, reference)."""
@@ -180,6 +215,8 @@ class RLTrainer:
         without LoRA a deep copy made now."""
         if not self.config.policy.use_lora and self.reference is None:
             self.reference = copy.deepcopy(self.model).eval()
+            if self.compute_dtype is not None:  # frozen: no float32 master copy needed
+                self.reference.to(self.compute_dtype)
             for parameter in self.reference.parameters():
                 parameter.requires_grad_(False)
 
@@ -214,6 +251,13 @@ class RLTrainer:
     def temperature(self) -> float:
         return self.config.generation.temperature
 
+    def forward(self, model: Any, chunk: Sequence[TokenData], hidden: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:func:`~empathy_gym.agents.tokens.forward_tokens` with this run's pad id,
+        device, temperature and compute dtype."""
+        return forward_tokens(model, chunk, self.pad_id, self.device, self.temperature, hidden=hidden,
+                              compute_dtype=self.compute_dtype)
+
     def token_data(self, trajectories: Sequence[Trajectory]) -> list[TokenData]:
         return [to_token_data(t) for t in trajectories]
 
@@ -231,12 +275,12 @@ class RLTrainer:
         for batch in self.micro_batches(range(len(data))):
             chunk = [data[i] for i in batch]
             if reference and self.reference is not None:
-                logprobs, _, _ = forward_tokens(self.reference, chunk, self.pad_id, self.device, self.temperature)
+                logprobs, _, _ = self.forward(self.reference, chunk)
             elif reference:
                 with self.model.disable_adapter():
-                    logprobs, _, _ = forward_tokens(self.model, chunk, self.pad_id, self.device, self.temperature)
+                    logprobs, _, _ = self.forward(self.model, chunk)
             else:
-                logprobs, _, _ = forward_tokens(self.model, chunk, self.pad_id, self.device, self.temperature)
+                logprobs, _, _ = self.forward(self.model, chunk)
             out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
         self.model.train()
         return out
