@@ -25,3 +25,28 @@ def test_transformers_user_backend_on_the_gpu():
     backend = make_backend("transformers", model="tiny", device="cuda")
     texts = backend.generate([[{"role": "user", "content": "hi"}]] * 3, max_tokens=4, seeds=[1, 2, 1])
     assert len(texts) == 3 and texts[0] == texts[2]
+
+
+def test_vllm_full_weight_sync_on_the_gpu(tiny_model_dir):
+    """After ``sync`` vLLM samples from the trainer's weights: greedy tokens equal
+    transformers' on the same (perturbed) weights."""
+    pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
+    from empathy_gym.agents.rollout import ChatTokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn(weight.shape, generator=generator, device="cuda") * 0.05)
+    prompt = ChatTokens(tokenizer).prompt([{"role": "user", "content": "hi"}])
+    (expected,) = TransformersGenerator(model, tokenizer, max_new_tokens=8, temperature=0.0).generate([prompt], [1])
+    vllm_generator = VLLMGenerator(str(tiny_model_dir), tokenizer, max_new_tokens=8, temperature=0.0,
+                                   dtype="float32", gpu_memory_utilization=0.1, max_model_len=512)
+    (before,) = vllm_generator.generate([prompt], [1])
+    vllm_generator.sync(model, step=1)
+    (after,) = vllm_generator.generate([prompt], [1])
+    assert after.token_ids == expected.token_ids and before.token_ids != expected.token_ids

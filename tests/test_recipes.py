@@ -1,0 +1,67 @@
+"""The recipes in agents/: every one loads, the GPU ones carry RLVER's settings, and a bad
+recipe or override is refused with the file, line and field."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from empathy_gym.agents import GRPOConfig, PPOConfig, load_recipe
+from empathy_gym.agents.config import RecipeError
+
+RECIPES = sorted(Path("agents").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_recipe_loads(path):
+    algorithm = None if re.search(r"^algorithm:", path.read_text(), re.M) else "ppo"
+    assert isinstance(load_recipe(path, [], algorithm=algorithm), (PPOConfig, GRPOConfig))
+
+
+@pytest.mark.parametrize("name,algorithm", [("qwen2.5-7b-ppo.yaml", PPOConfig), ("qwen2.5-7b-grpo.yaml", GRPOConfig)])
+def test_the_qwen_recipes_carry_rlvers_settings(name, algorithm):
+    """RLVER (arXiv 2507.03112) section 4.1: batch 32, clip 0.2, entropy 0.001, no KL,
+    gamma = lambda = 1, temperature 1.0, 4 rollouts per profile for GRPO, reward e_T / 100
+    at the end of an 8-turn dialogue starting at emotion 30. One GPU: LoRA on bfloat16."""
+    config = load_recipe(Path("agents") / name)
+    assert isinstance(config, algorithm)
+    assert config.policy.model == "Qwen/Qwen2.5-7B-Instruct" and config.policy.dtype == "bfloat16"
+    assert config.policy.use_lora and config.policy.gradient_checkpointing
+    assert config.rollout_batch_size == 32 and config.entropy_coef == 0.001
+    assert config.generation.temperature == 1.0 and config.generation.engine == "vllm"
+    assert config.env.kwargs["protocol"] == "rlver_training" and config.env.kwargs["reward_mode"] == "final"
+    if algorithm is PPOConfig:
+        assert (config.cliprange, config.kl_coef, config.gamma, config.lam) == (0.2, 0.0, 1.0, 1.0)
+        assert config.critic == "separate"
+    else:
+        assert (config.epsilon, config.beta, config.num_generations) == (0.2, 0.0, 4)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text,message", [
+    ("algorithm: ppo\nseed: 0\npolicy:\n  model: tiny\n  lora_rr: 3\n",
+     r"recipe.yaml:5: field 'policy.lora_rr': Key 'lora_rr' not in 'PolicyConfig'"),
+    ("algorithm: ppo\nseed: zero\n", r"recipe.yaml:2: field 'seed': Value 'zero'"),
+    ("algorithm: ppo\nseed: [0\n", r"recipe.yaml:3: not valid YAML"),
+    ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
+    ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
+    ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16', 'float16' or 'auto'"),
+    ("algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
+     r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)"),
+])
+def test_a_bad_recipe_names_the_file_line_and_field(tmp_path, text, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(write(tmp_path, text))
+
+
+def test_a_bad_override_or_algorithm_is_named():
+    with pytest.raises(RecipeError, match=r"command-line override 'policy.lora_r': Value 'x'"):
+        load_recipe("agents/tiny-cpu.yaml", ["policy.lora_r=x"], algorithm="ppo")
+    with pytest.raises(RecipeError, match=r"qwen2.5-7b-ppo.yaml:\d+: field 'algorithm': the recipe is for 'ppo', "
+                                          r"this script trains 'grpo'"):
+        load_recipe("agents/qwen2.5-7b-ppo.yaml", algorithm="grpo")
