@@ -73,7 +73,7 @@ def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
 @app.command("eval", epilog=EXIT_CODES)
 def eval_command(
     policy: Annotated[str, typer.Option(
-        "--policy", "-p", help="the agent: baseline:generic|echo|listener | hf:PATH[,adapter=DIR]"
+        "--policy", "-p", help="the agent: baseline:generic|echo|listener|esconv | hf:PATH[,adapter=DIR]"
         "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR")],
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, "
                                       "transcripts.jsonl, trajectories.png; rerun to resume")],
@@ -348,6 +348,9 @@ def envs() -> None:
                           str(len(bank)), ", ".join(f"{lang} {n}" for lang, n in sorted(languages.items())),
                           backend if isinstance(backend, str) else type(backend).__name__)
     console.print(table)
+    for env_id, spec in sorted(gym.registry.items()):  # the other kinds, e.g. EmpathyStrategy-v0
+        if str(spec.entry_point).startswith("empathy_gym") and spec.entry_point != ENTRY_POINT:
+            console.print(f"also {env_id} ({spec.entry_point})")
 
 
 def main() -> None:

@@ -157,7 +157,7 @@ def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int = 
     Specs (:mod:`empathy_gym.specs`):
 
     * ``baseline:NAME``: a baseline of :data:`empathy_gym.baselines.BASELINES`
-      (``generic``, ``echo``, ``listener``);
+      (``generic``, ``echo``, ``listener``, ``esconv``);
     * ``hf:PATH[,adapter=DIR][,device=cuda][,dtype=bfloat16][,max_batch_size=16]``: a
       local transformers model or hub id, with a LoRA adapter merged in
       (:func:`load_transformers_policy`);

@@ -109,6 +109,7 @@ def test_envs_lists_the_builtin_ids():
     assert rows["EmpathyDialogue-RLVER-v0"] == ["moderate", "500", "zh 500", "rule"]
     assert rows["EmpathyDialogue-Hard-v0"] == ["challenging", "56", "en 48, zh 8", "rule"]
     assert {"EmpathyDialogue-v0", "EmpathyDialogue-Easy-v0"} <= set(rows)
+    assert "also EmpathyStrategy-v0 (empathy_gym.strategy_env:EmpathyStrategyEnv)" in result.stdout
 
 
 def test_eval_on_the_rlver_bank_end_to_end(tmp_path):

@@ -23,6 +23,15 @@ def welch_t(a: np.ndarray, b: np.ndarray) -> float:
     return float((b.mean() - a.mean()) / np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
 
 
+def group_means(episodes: list[dict]) -> np.ndarray:
+    """Mean return per (step, group): the independent units. A GRPO group's dialogues
+    share persona and opening line, so they are not independent of each other."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for e in episodes:
+        groups.setdefault((e["step"], e["group"]), []).append(e["return"])
+    return np.array([np.mean(returns) for returns in groups.values()])
+
+
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_tiny_recipe_improves_the_return(tmp_path, algorithm):
     config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "progress=false", "save_steps=0"],
@@ -30,10 +39,11 @@ def test_tiny_recipe_improves_the_return(tmp_path, algorithm):
     assert config.total_steps == 100 and config.rollout_batch_size == 16
     TRAINERS[algorithm](config).train()
     episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    first = np.array([e["return"] for e in episodes if e["step"] <= 20])
-    last = np.array([e["return"] for e in episodes if e["step"] > 80])
+    first = [e for e in episodes if e["step"] <= 20]
+    last = [e for e in episodes if e["step"] > 80]
     assert len(first) == len(last) == 320
-    gain, t = last.mean() - first.mean(), welch_t(first, last)
+    gain = np.mean([e["return"] for e in last]) - np.mean([e["return"] for e in first])
+    t = welch_t(group_means(first), group_means(last))
     print(f"{algorithm}: first 20 steps {first.mean():+.4f}, last 20 {last.mean():+.4f}, "
           f"gain {gain:+.4f}, Welch t {t:.2f}")
     assert gain >= 0.015 and t > 4.0

@@ -169,3 +169,15 @@ def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tm
 def test_float16_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match="float16 would need loss scaling"):
         trainer(tmp_path, "ppo", "fp16", 1, extra=("policy.dtype=float16",))
+
+
+def test_trl_argument_names_work_too(tmp_path):
+    from empathy_gym.models import load_causal_lm
+    config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path}"], algorithm="grpo")
+    model, tokenizer = load_causal_lm("tiny")
+    run = GRPOTrainer(args=config, model=model, processing_class=tokenizer, envs=envs(word_user()))
+    assert run.config is config and run.tokenizer is tokenizer
+    with pytest.raises(TypeError, match="pass the config once"):
+        GRPOTrainer(config, args=config)
+    with pytest.raises(ValueError, match="pass the tokenizer together with the model"):
+        GRPOTrainer(args=config, model=model)

@@ -116,10 +116,11 @@ class RLTrainer:
     :class:`~empathy_gym.agents.grpo.GRPOTrainer`.
 
     Args:
-        config: a :class:`PPOConfig` or :class:`GRPOConfig`.
+        config: a :class:`PPOConfig` or :class:`GRPOConfig` (TRL's name ``args=`` works too).
         model: a loaded causal LM (``None``: load ``config.policy.model``). LoRA is
             applied here when ``config.policy.use_lora``.
-        tokenizer: its tokenizer (required with ``model``).
+        tokenizer: its tokenizer (required with ``model``; TRL's name
+            ``processing_class=`` works too).
         envs: unwrapped envs to roll out in (``None``: ``rollout_batch_size`` envs of
             ``config.env`` sharing one user).
 
@@ -129,14 +130,20 @@ class RLTrainer:
     (``compute_dtype``). See :func:`keep_trainable_in_float32`.
 
     Raises:
+        TypeError: no config, or both ``config`` and ``args``.
         ValueError: ``model`` without ``tokenizer``, too few ``envs``, or a float16 model
             (it would need loss scaling, which this trainer does not do: use bfloat16).
     """
 
     algorithm = "base"
 
-    def __init__(self, config: TrainerConfig, *, model: Any = None, tokenizer: Any = None,
-                 envs: Sequence[Any] | None = None):
+    def __init__(self, config: TrainerConfig | None = None, *, model: Any = None, tokenizer: Any = None,
+                 envs: Sequence[Any] | None = None, args: TrainerConfig | None = None,
+                 processing_class: Any = None):
+        if (config is None) == (args is None):
+            raise TypeError("pass the config once: Trainer(config) or Trainer(args=config)")
+        config = config if config is not None else args
+        tokenizer = tokenizer if tokenizer is not None else processing_class
         self.config = config
         seed_everything(config.seed)
         self.device = resolve_device(config.policy.device)
