@@ -10,7 +10,14 @@ Any recipe field can be overridden as ``key=value`` (nested: ``policy.lora_r=8``
 ``checkpoints/`` (every ``save_steps`` and on Ctrl-C) and ``curves.png``.
 """
 
-from empathy_gym.agents.cli import train_main
+import sys
 
 if __name__ == "__main__":
-    raise SystemExit(train_main("ppo"))
+    try:
+        from empathy_gym.agents.cli import train_main  # imports torch and transformers: seconds
+
+        code = train_main("ppo")
+    except KeyboardInterrupt:  # Ctrl-C while importing: nothing started, nothing to save
+        print("\nstopped before the first step", file=sys.stderr)
+        code = 130
+    raise SystemExit(code)

@@ -51,6 +51,12 @@ def write(tmp_path, text):
     ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
     ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
     ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16', 'float16' or 'auto'"),
+    ("algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
+     r"recipe.yaml:3: field 'env.id': Environment `EmpathyDialog` doesn't exist. Did you mean: `EmpathyDialogue`\?"),
+    ("algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    max_turn: 2\n",
+     r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
+     r"did you mean 'max_turns'\?"),
+    ("algorithm: ppo\nlearning_rate: -1\n", r"learning_rate must be > 0, got -1.0"),
     ("algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
      r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)"),
 ])
@@ -65,3 +71,11 @@ def test_a_bad_override_or_algorithm_is_named():
     with pytest.raises(RecipeError, match=r"qwen2.5-7b-ppo.yaml:\d+: field 'algorithm': the recipe is for 'ppo', "
                                           r"this script trains 'grpo'"):
         load_recipe("agents/qwen2.5-7b-ppo.yaml", algorithm="grpo")
+
+
+def test_changed_settings_lists_every_differing_dotted_key():
+    from empathy_gym.agents.trainer import changed_settings
+    saved = {"learning_rate": 0.01, "policy": {"lora_r": 8, "dtype": "float32"}, "seed": 0}
+    now = {"learning_rate": 0.3, "policy": {"lora_r": 8, "dtype": "bfloat16"}, "seed": 0, "new": 1}
+    assert changed_settings(saved, now) == ["learning_rate: 0.01 -> 0.3", "new: None -> 1",
+                                            "policy.dtype: 'float32' -> 'bfloat16'"]

@@ -181,3 +181,24 @@ def test_trl_argument_names_work_too(tmp_path):
         GRPOTrainer(config, args=config)
     with pytest.raises(ValueError, match="pass the tokenizer together with the model"):
         GRPOTrainer(args=config, model=model)
+
+
+def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpoint(tmp_path, caplog, capsys):
+    from empathy_gym.agents.checkpoint import CheckpointError
+    from empathy_gym.agents.cli import train_main
+    trainer(tmp_path, "ppo", "run", 2).train()
+    again = trainer(tmp_path, "ppo", "run", 3, extra=("learning_rate=0.3",))
+    with caplog.at_level("WARNING"):
+        again.train(resume=True)
+    assert "learning_rate: 0.01 -> 0.3" in caplog.text and "total_steps: 2 -> 3" in caplog.text
+    with pytest.raises(CheckpointError, match="is a ppo checkpoint, this is grpo"):
+        trainer(tmp_path, "grpo", "run", 4, extra=("num_generations=2",)).train(resume=True)
+    code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", "--resume", *OVERRIDES,
+                               f"output_dir={tmp_path / 'run'}", "num_generations=2"])
+    assert code == 1 and "is a ppo checkpoint, this is grpo" in capsys.readouterr().err
+
+
+def test_resume_without_a_checkpoint_says_so(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        trainer(tmp_path, "ppo", "fresh", 1).train(resume=True)
+    assert "no checkpoint in" in caplog.text and "starting at step 0" in caplog.text

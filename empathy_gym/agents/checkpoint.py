@@ -23,6 +23,10 @@ import torch
 POINTER = "latest"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot continue this run (another algorithm's)."""
+
+
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch (CPU, and CUDA when present) RNG states."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -1,7 +1,8 @@
 """The command line of ``examples/train_ppo.py`` and ``examples/train_grpo.py``.
 
-Exit codes: 0 done, 1 invalid recipe or override, 130 stopped by Ctrl-C (after saving
-the last completed step; rerun with ``--resume``).
+Exit codes: 0 done, 1 invalid recipe or override (or a used output folder, or another
+algorithm's checkpoint), 130 stopped by Ctrl-C (after saving the last completed step;
+rerun with ``--resume``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from empathy_gym.agents.checkpoint import CheckpointError
 from empathy_gym.agents.config import RecipeError, load_recipe
 
 
@@ -39,12 +41,16 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
     except (RecipeError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    from empathy_gym.agents import TRAINERS  # heavy: torch, transformers
+    try:
+        from empathy_gym.agents import TRAINERS  # heavy: torch, transformers
 
-    trainer = TRAINERS[algorithm](config)
+        trainer = TRAINERS[algorithm](config)
+    except KeyboardInterrupt:
+        print("\nstopped before the first step; nothing to save", file=sys.stderr)
+        return 130
     try:
         metrics = trainer.train(resume=args.resume)
-    except FileExistsError as error:
+    except (FileExistsError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint

@@ -195,7 +195,7 @@ class RecipeError(ValueError):
 
 
 def _yaml_line(path: Path, dotted_key: str) -> int | None:
-    """1-based line of ``dotted_key`` in the YAML file, when it is there."""
+    """1-based line of ``dotted_key`` in the YAML file; ``None`` when it is not there."""
     try:
         node = yaml.compose(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -203,13 +203,13 @@ def _yaml_line(path: Path, dotted_key: str) -> int | None:
     line = None
     for part in dotted_key.split("."):
         if not isinstance(node, yaml.MappingNode):
-            break
+            return None
         for key_node, value_node in node.value:
             if key_node.value == part:
                 line, node = key_node.start_mark.line + 1, value_node
                 break
         else:
-            break
+            return None
     return line
 
 
@@ -267,11 +267,47 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
         raise RecipeError(f"command-line override {key!r}: {str(error).splitlines()[0]}") from None
     config = OmegaConf.to_object(merged)
     _check(config)
+    _check_env(config, source)
     return config
+
+
+def _check_env(config: TrainerConfig, source: Path | None) -> None:
+    """``env.id`` is registered and ``env.kwargs`` are arguments its entry point takes
+    (checked from its signature; nothing is built)."""
+    import difflib
+    import inspect
+
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401  (registers the ids)
+
+    def where(key: str) -> str:
+        line = _yaml_line(source, key) if source is not None else None
+        return f"{source}:{line}" if line else f"{source or 'recipe'} (or an override)"
+
+    try:
+        spec = gym.spec(config.env.id)
+    except gym.error.Error as error:
+        raise RecipeError(f"{where('env.id')}: field 'env.id': {error}") from None
+    creator = spec.entry_point
+    if isinstance(creator, str):
+        creator = gym.envs.registration.load_env_creator(creator)
+    params = inspect.signature(creator).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for name in config.env.kwargs:
+        if name not in params:
+            close = difflib.get_close_matches(name, list(params), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise RecipeError(f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': "
+                              f"{config.env.id} takes no argument {name!r}{hint}")
 
 
 def _check(config: TrainerConfig) -> None:
     problems = []
+    for name in ("learning_rate", "critic_learning_rate"):
+        if getattr(config, name, 1.0) <= 0:
+            problems.append(f"{name} must be > 0, got {getattr(config, name)}")
     if config.rollout_batch_size < 1:
         problems.append("rollout_batch_size must be >= 1")
     if config.rollout_batch_size % config.num_mini_batches:

@@ -31,7 +31,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from empathy_gym.agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from empathy_gym.agents.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
+                                           set_rng_state)
 from empathy_gym.agents.config import TrainerConfig, to_dict
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
@@ -70,6 +71,18 @@ def keep_trainable_in_float32(model: Any) -> Any:
         if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
     return model
+
+
+def changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """``"key: old -> new"`` for every dotted key whose value differs between two config dicts."""
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        old, new = saved.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changed
 
 
 def seed_everything(seed: int) -> None:
@@ -328,6 +341,8 @@ class RLTrainer:
             if found is not None:
                 self.load(found)
                 log.info("resumed from %s (step %d)", found, self.step)
+            else:
+                log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
             resume_step = self.step
         self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
                               resume_step=resume_step)
@@ -412,10 +427,18 @@ class RLTrainer:
         return path
 
     def load(self, path: Path) -> None:
-        """Restore weights, optimiser, algorithm modules, RNG and step from a checkpoint."""
+        """Restore weights, optimiser, algorithm modules, RNG and step from a checkpoint;
+        settings that differ from the checkpoint's are logged as a warning.
+
+        Raises:
+            CheckpointError: another algorithm's checkpoint.
+        """
         state, modules, rng = load_checkpoint(path)
         if state.get("algorithm") != self.algorithm:
-            raise ValueError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+            raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+        changed = changed_settings(state.get("config") or {}, to_dict(self.config))
+        if changed:
+            log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
         policy_dir = path / "policy"
         if self.config.policy.use_lora:
             from peft import set_peft_model_state_dict
