@@ -235,8 +235,13 @@ def _is_rlver(record: Any) -> bool:
 
 
 def _parse_jsonl(path: Path) -> Iterable[tuple[int, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise PersonaError(f"not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1}); "
+                                   "save the file as UTF-8", path=str(path), line=number) from None
             if not text.strip():
                 continue
             try:

@@ -120,6 +120,15 @@ def test_bad_json_line(tmp_path):
         load_personas_file(path)
 
 
+def test_a_line_that_is_not_utf8(tmp_path):
+    path = tmp_path / "bank.jsonl"
+    latin1 = json.dumps({**GOOD, "id": "p2", "profile": "Zoé"}, ensure_ascii=False).encode("latin-1")
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + latin1 + b"\n")
+    column = latin1.index(b"\xe9") + 1
+    with pytest.raises(PersonaError, match=rf"bank.jsonl:2: not valid UTF-8 \(byte 0xe9 at column {column}\)"):
+        load_personas_file(path)
+
+
 def test_duplicate_id(tmp_path):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, GOOD])
     with pytest.raises(PersonaError, match=r":2: field 'id': duplicate persona id 'p1' \(first on line 1\)"):

@@ -79,3 +79,10 @@ def test_changed_settings_lists_every_differing_dotted_key():
     now = {"learning_rate": 0.3, "policy": {"lora_r": 8, "dtype": "bfloat16"}, "seed": 0, "new": 1}
     assert changed_settings(saved, now) == ["learning_rate: 0.01 -> 0.3", "new: None -> 1",
                                             "policy.dtype: 'float32' -> 'bfloat16'"]
+
+
+def test_a_recipe_that_is_not_utf8(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes("algorithm: ppo\noutput_dir: runs/zoé\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=r"recipe.yaml: not valid UTF-8 \(byte 0xe9 at offset 34\)"):
+        load_recipe(path)

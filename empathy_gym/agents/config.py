@@ -235,6 +235,9 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
     if source is not None:
         try:
             recipe = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as error:
+            raise RecipeError(f"{source}: not valid UTF-8 (byte {error.object[error.start]:#04x} at offset "
+                              f"{error.start}); save the file as UTF-8") from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"{source}:{mark.line + 1}" if mark else str(source)

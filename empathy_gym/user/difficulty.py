@@ -113,4 +113,6 @@ def load_difficulty(difficulty: str | os.PathLike | Mapping[str, Any] | Difficul
             record = json.load(handle)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not valid UTF-8; save the file as UTF-8") from None
     return difficulty_from_dict(record, str(path))
