@@ -161,3 +161,25 @@ def test_vllm_full_weight_sync_loads_every_tensor_then_drops_the_prefix_cache(ti
     generator.llm = SimpleNamespace(llm_engine=SimpleNamespace())  # a multiprocess engine
     with pytest.raises(NotImplementedError, match="external_launcher"):
         generator.sync(model, step=2)
+
+
+def test_a_stop_request_ends_generation_at_once_and_skips_the_user_turn(tiny):
+    """Ctrl-C in the trainer: generation stops at the next token (the stopping criterion is
+    polled once per token) and the user is not asked for the turn."""
+    from empathy_gym.agents.rollout import RolloutInterrupted
+    model, tokenizer = tiny
+    polls, user_calls = [], []
+    def should_stop():
+        polls.append(1)
+        return len(polls) > 3
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=40, should_stop=should_stop)
+    prompt = ChatTokens(tokenizer).prompt([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
+    (sample,) = generator.generate([prompt], [1])
+    assert len(sample.token_ids) == 4 and not sample.finished
+
+    polls.clear()
+    user = ScriptedUser(change_fn=lambda request: user_calls.append(request) or 0)
+    engine = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=user, max_turns=3)], generator, tokenizer)
+    with pytest.raises(RolloutInterrupted, match="while generating turn 1"):
+        engine.collect([0], sampling_seed=1, should_stop=should_stop)
+    assert user_calls == []

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from empathy_gym.agents.rollout import Sample
 from empathy_gym.backends.transformers_backend import PerRowSampler
@@ -33,6 +33,17 @@ def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
+class StopOnRequest(StoppingCriteria):
+    """Ends every row of a ``generate`` call once ``should_stop()`` is True."""
+
+    def __init__(self, should_stop: Any):
+        self.should_stop = should_stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), bool(self.should_stop()), dtype=torch.bool,
+                          device=input_ids.device)
+
+
 class TransformersGenerator:
     """Samples turns with ``model.generate`` (transformers), left-padded batches.
 
@@ -45,6 +56,8 @@ class TransformersGenerator:
         max_batch_size: rows per ``generate`` call.
         compute_dtype: run ``generate`` under ``torch.autocast`` in this dtype (the
             trainer's mixed precision; ``None``: the model's own dtype).
+        should_stop: polled after every token; True ends the batch at once (Ctrl-C in
+            the trainer: the rollout is then discarded, so nobody waits for a full turn).
 
     The returned log-probs are ``log_softmax(logits / temperature)`` at the sampled
     token, from the model's raw logits (top-p truncation not renormalised).
@@ -52,9 +65,10 @@ class TransformersGenerator:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
                  temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32,
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, should_stop: Any = None):
         self.model, self.tokenizer = model, tokenizer
         self.compute_dtype = compute_dtype
+        self.should_stop = should_stop
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_batch_size = max_batch_size
         self.eos_ids = end_of_turn_ids(tokenizer, model)
@@ -96,7 +110,9 @@ class TransformersGenerator:
                             enabled=self.compute_dtype is not None):
             out = self.model.generate(input_ids=input_ids.to(device),
                                       attention_mask=attention_mask.to(device),
-                                      generation_config=config, logits_processor=processors)
+                                      generation_config=config, logits_processor=processors,
+                                      stopping_criteria=StoppingCriteriaList(
+                                          [StopOnRequest(self.should_stop)] if self.should_stop else []))
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T_new, V)
         scale = self.temperature if self.temperature > 0 else 1.0

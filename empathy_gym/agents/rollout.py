@@ -206,7 +206,8 @@ class RolloutEngine:
             groups: the group of each dialogue (default: its index).
             sampling_seed: mixed with each dialogue's index and turn to seed its
                 sampling, so dialogues that share an env seed still differ.
-            should_stop: polled after every turn; True raises :class:`RolloutInterrupted`.
+            should_stop: polled after each generation and each turn; True raises
+                :class:`RolloutInterrupted`.
             on_episode_end: called with each trajectory as soon as it ends.
 
         Returns:
@@ -247,6 +248,8 @@ class RolloutEngine:
             samples = self.generator.generate([dialogues[k].token_ids for k in active],
                                               [derive_seed(sampling_seed, k, turn) for k in active])
             times.generation += time.perf_counter() - tick
+            if should_stop is not None and should_stop():  # before the (slow) user turn
+                raise RolloutInterrupted(f"stopped while generating turn {turn}")
             times.generated_tokens += sum(len(s.token_ids) for s in samples)
             texts = [self._decode(s) for s in samples]
             tick = time.perf_counter()

@@ -225,7 +225,7 @@ class RLTrainer:
                                  dtype=self.config.policy.dtype)
         return TransformersGenerator(self.model, self.tokenizer, max_new_tokens=gen.max_new_tokens,
                                      temperature=gen.temperature, top_p=gen.top_p,
-                                     compute_dtype=self.compute_dtype)
+                                     compute_dtype=self.compute_dtype, should_stop=lambda: self._stop)
 
     def _build_algorithm(self) -> None:
         """Create algorithm-specific modules (value head, critic, reference)."""
