@@ -307,3 +307,9 @@ def test_choice_mode_user_falls_back_to_generating_the_letter_on_serve(served, c
             assert info["appraisal"]["features"] == {"generated_choice": 1.0}
             assert info["appraisal"]["change"] in (-10, -5, 0, 5, 10)
     assert "returns no log-probabilities" in caplog.text
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:9/v1", "localhost:8000", "ftp://host/v1", "http:///v1", ""])
+def test_a_base_url_without_scheme_or_host_fails_at_once(url):
+    with pytest.raises(ValueError, match=r"base_url must be an http:// or https:// URL with a host"):
+        OpenAIBackend(url, "m")

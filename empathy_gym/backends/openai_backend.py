@@ -129,7 +129,8 @@ class OpenAIBackend(ChatBackend):
             ``max(backoff_max, 60)`` seconds.
 
     Raises:
-        ValueError: ``max_retries`` < 0 or ``max_concurrency`` < 1.
+        ValueError: ``max_retries`` < 0, ``max_concurrency`` < 1, or a ``base_url`` that is
+            not an http(s) URL with a host.
     """
 
     name = "openai"
@@ -143,6 +144,13 @@ class OpenAIBackend(ChatBackend):
             raise ValueError(f"OpenAIBackend: max_retries must be >= 0, got {max_retries}")
         if max_concurrency < 1:
             raise ValueError(f"OpenAIBackend: max_concurrency must be >= 1, got {max_concurrency}")
+        try:
+            url = httpx.URL(base_url)
+        except (httpx.InvalidURL, TypeError):
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"OpenAIBackend: base_url must be an http:// or https:// URL with a host, "
+                             f"e.g. http://localhost:8000/v1; got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.model = model
