@@ -192,8 +192,12 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
         Raises:
             KeyError: an unknown persona id.
+            ValueError: an options key other than ``"persona"``.
         """
         super().reset(seed=seed)
+        unknown = set(options or {}) - {"persona"}
+        if unknown:
+            raise ValueError(f"reset options: unknown key(s) {sorted(unknown)}; known: ['persona']")
         chosen = (options or {}).get("persona")
         if chosen is None:
             persona = self.personas[int(self.np_random.integers(len(self.personas)))]

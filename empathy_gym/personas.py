@@ -303,12 +303,16 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
     Raises:
         PersonaError: as :func:`load_personas_file`; for lists the "line" is the
             1-based index.
+        FileNotFoundError: a name that is neither a file nor a built-in bank.
     """
     if source is None:
         return builtin_bank("en") + builtin_bank("zh")
     if isinstance(source, (str, os.PathLike)):
         if isinstance(source, str) and source in BUILTIN_BANKS:
             return builtin_bank(source)
+        if not Path(source).exists():
+            raise FileNotFoundError(f"no persona bank {str(source)!r}: not a file, and not a built-in bank "
+                                    f"({', '.join(BUILTIN_BANKS)})")
         return load_personas_file(source)
     if isinstance(source, (Persona, Mapping)):
         source = [source]

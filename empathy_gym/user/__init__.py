@@ -31,10 +31,18 @@ def make_user(backend: str | ChatBackend = "rule", *, difficulty: Any = "moderat
             :class:`~empathy_gym.user.rule_user.RuleUser` arguments.
 
     Raises:
-        ValueError: unknown backend or bad options.
+        ValueError: unknown backend or bad options (an unknown ``appraisal_mode``;
+            ``model``, ``base_url`` or ``backend_kwargs`` with the rule user).
     """
     user_kwargs = dict(user_kwargs or {})
+    if appraisal_mode not in ("free", "choice"):
+        raise ValueError(f"appraisal_mode must be 'free' or 'choice', got {appraisal_mode!r}")
     if isinstance(backend, str) and backend == "rule":
+        unused = [name for name, value in (("model", model), ("base_url", base_url),
+                                           ("backend_kwargs", backend_kwargs)) if value]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} given, but backend='rule' (the rule-based user "
+                             "uses no LLM); set backend='openai', 'transformers' or 'vllm'")
         from empathy_gym.user.rule_user import RuleUser
         return RuleUser(difficulty, **user_kwargs)
     from empathy_gym.user.llm_user import LLMUser

@@ -10,6 +10,7 @@ integers, as in both papers' simulator outputs.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
@@ -38,6 +39,11 @@ class EmotionProtocol:
     max_turns: int = 10
 
     def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
+                    value is None and field.name in ("min_change", "max_change")):
+                raise TypeError(f"{field.name} must be an int, got {value!r} ({type(value).__name__})")
         if not 0 <= self.initial_emotion <= 100:
             raise ValueError(f"initial_emotion must be in [0, 100], got {self.initial_emotion}")
         if self.max_turns < 1:
