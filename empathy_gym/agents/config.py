@@ -278,6 +278,7 @@ def _check_env(config: TrainerConfig, source: Path | None) -> None:
     """``env.id`` is registered and ``env.kwargs`` are arguments its entry point takes
     (checked from its signature; nothing is built)."""
     import difflib
+    import importlib
     import inspect
 
     import gymnasium as gym
@@ -288,9 +289,12 @@ def _check_env(config: TrainerConfig, source: Path | None) -> None:
         line = _yaml_line(source, key) if source is not None else None
         return f"{source}:{line}" if line else f"{source or 'recipe'} (or an override)"
 
+    module, _, env_id = config.env.id.rpartition(":")  # "pkg.module:Id-v0", as gym.make takes
     try:
-        spec = gym.spec(config.env.id)
-    except gym.error.Error as error:
+        if module:
+            importlib.import_module(module)
+        spec = gym.spec(env_id)
+    except (gym.error.Error, ImportError) as error:
         raise RecipeError(f"{where('env.id')}: field 'env.id': {error}") from None
     creator = spec.entry_point
     if isinstance(creator, str):

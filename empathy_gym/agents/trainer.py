@@ -64,8 +64,9 @@ def keep_trainable_in_float32(model: Any) -> Any:
     Mixed precision (Micikevicius et al. 2018, arXiv 1710.03740, section 3.1): an update
     of lr * 1 (Adam's first step) = 1e-6 on a bfloat16 weight of size 0.02 is far below
     half of bfloat16's spacing there (2^-13 ~ 1.2e-4) and rounds away, so full fine-tuning
-    in pure bfloat16 at RLVER's learning rate would not move at all. The forward passes still compute in
-    half precision under ``torch.autocast`` (:func:`~empathy_gym.agents.tokens.forward_tokens`).
+    in pure bfloat16 at RLVER's learning rate would not move at all. The forward passes
+    still compute in half precision under ``torch.autocast``
+    (:func:`~empathy_gym.agents.tokens.forward_tokens`).
     """
     for parameter in model.parameters():
         if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
