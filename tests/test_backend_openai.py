@@ -313,3 +313,21 @@ def test_choice_mode_user_falls_back_to_generating_the_letter_on_serve(served, c
 def test_a_base_url_without_scheme_or_host_fails_at_once(url):
     with pytest.raises(ValueError, match=r"base_url must be an http:// or https:// URL with a host"):
         OpenAIBackend(url, "m")
+
+
+def test_an_openai_policy_plays_the_benchmark_end_to_end(stub_server):
+    """``openai:MODEL@URL`` as the policy of ``evaluate``: every agent turn is one request
+    with the dialogue so far, and the server's reply is what the user hears."""
+    from empathy_gym.evaluation import evaluate
+    reply = "That sounds really hard. I hear you."
+    stub = stub_server([(200, {}, completion(reply))])
+    result = evaluate(f"openai:policy-model@{stub.url},max_concurrency=2", "en", limit=2, max_tokens=64,
+                      temperature=0.3)
+    turns = sum(record["turns"] for record in result.records)
+    assert result.report["dialogues"] == 2 and turns >= 2 and len(stub.requests) == turns
+    for _, body in stub.requests:
+        assert (body["model"], body["max_tokens"], body["temperature"]) == ("policy-model", 64, 0.3)
+        assert body["messages"][0]["role"] == "system" and body["messages"][-1]["role"] == "user"
+    for record in result.records:
+        agent = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+        assert agent == [reply] * record["turns"]
