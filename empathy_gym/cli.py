@@ -246,18 +246,20 @@ def personas_validate(
     paths: Annotated[list[Path], typer.Argument(metavar="PATH", help="JSONL persona files (our format or RLVER/SAGE's)")],
 ) -> None:
     """Check persona files: JSON on every line, every field against the schema, known
-    labels, unique ids. Prints FILE:LINE: field 'NAME': problem for the first error of
-    each invalid file; exit code 1 when any file is invalid.
+    labels, unique ids. Prints FILE:LINE: field 'NAME': problem for every invalid line
+    (its first problem); exit code 1 when any file is invalid.
     """
-    from empathy_gym.personas import PersonaError, load_personas_file
+    from empathy_gym.personas import check_personas_file
 
     invalid = 0
     for path in paths:
         try:
-            bank = load_personas_file(path)
-        except (PersonaError, OSError) as error:
-            message = f"{path}: {error.strerror}" if isinstance(error, OSError) else str(error)
-            errors.print(f"[red]invalid:[/red] {escape(message)}")
+            bank, problems = check_personas_file(path)
+        except OSError as error:
+            problems = [f"{path}: {error.strerror}"]
+        if problems:
+            for problem in problems:
+                errors.print(f"[red]invalid:[/red] {escape(str(problem))}")
             invalid += 1
             continue
         languages = Counter(p.language for p in bank)

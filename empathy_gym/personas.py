@@ -234,30 +234,67 @@ def _is_rlver(record: Any) -> bool:
     return isinstance(record, Mapping) and "player" in record and "scene" in record
 
 
-def _parse_jsonl(path: Path) -> Iterable[tuple[int, Any]]:
+def _records(path: Path) -> Iterable[tuple[int, Any]]:
+    """``(line number, JSON record or the line's PersonaError)`` for each non-blank line."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise PersonaError(f"not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1}); "
-                                   "save the file as UTF-8", path=str(path), line=number) from None
+                yield number, PersonaError(f"not valid UTF-8 (byte {raw[error.start]:#04x} at column "
+                                           f"{error.start + 1}); save the file as UTF-8", path=str(path), line=number)
+                continue
             if not text.strip():
                 continue
             try:
                 yield number, json.loads(text)
             except json.JSONDecodeError as error:
-                raise PersonaError(f"not valid JSON: {error.msg} (column {error.colno})",
-                                   path=str(path), line=number) from None
+                yield number, PersonaError(f"not valid JSON: {error.msg} (column {error.colno})",
+                                           path=str(path), line=number)
+
+
+def _duplicates(personas: Sequence[Persona], lines: Sequence[int | None], path: str) -> list[PersonaError]:
+    seen: dict[str, int | None] = {}
+    found = []
+    for persona, line in zip(personas, lines):
+        if persona.id in seen:
+            found.append(PersonaError(f"duplicate persona id {persona.id!r} (first on line {seen[persona.id]})",
+                                      path=path, line=line, field="id"))
+        else:
+            seen[persona.id] = line
+    return found
 
 
 def _check_unique(personas: Sequence[Persona], lines: Sequence[int | None], path: str) -> None:
-    seen: dict[str, int | None] = {}
-    for persona, line in zip(personas, lines):
-        if persona.id in seen:
-            raise PersonaError(f"duplicate persona id {persona.id!r} (first on line {seen[persona.id]})",
-                               path=path, line=line, field="id")
-        seen[persona.id] = line
+    found = _duplicates(personas, lines, path)
+    if found:
+        raise found[0]
+
+
+def check_personas_file(path: str | os.PathLike) -> tuple[tuple[Persona, ...], list[PersonaError]]:
+    """Every valid persona of a JSONL bank and every problem in it, in line order (the
+    first problem of each line: bad UTF-8 or JSON, a schema violation, an unknown label,
+    a duplicate id; or an empty bank).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+    """
+    path = Path(path)
+    personas, lines, problems = [], [], []
+    for number, record in _records(path):
+        if isinstance(record, PersonaError):
+            problems.append(record)
+            continue
+        convert = persona_from_rlver if _is_rlver(record) else persona_from_dict
+        try:
+            personas.append(convert(record, path=str(path), line=number))
+            lines.append(number)
+        except PersonaError as error:
+            problems.append(error)
+    problems += _duplicates(personas, lines, str(path))
+    if not personas and not problems:
+        problems.append(PersonaError("the bank holds no personas", path=str(path)))
+    return tuple(personas), sorted(problems, key=lambda error: error.line or 0)
 
 
 def load_personas_file(path: str | os.PathLike) -> tuple[Persona, ...]:
@@ -268,7 +305,8 @@ def load_personas_file(path: str | os.PathLike) -> tuple[Persona, ...]:
 
     Raises:
         PersonaError: bad JSON, a schema violation, an unknown label or a duplicate id,
-            naming the file, the line and the field; also when the file is empty.
+            naming the file, the line and the field (the first problem; all of them:
+            :func:`check_personas_file`); also when the file is empty.
         FileNotFoundError: when ``path`` does not exist.
     """
     path = Path(path)
@@ -277,15 +315,10 @@ def load_personas_file(path: str | os.PathLike) -> tuple[Persona, ...]:
 
 @functools.lru_cache(maxsize=32)
 def _load_cached(path: str, _mtime_ns: int) -> tuple[Persona, ...]:
-    personas, lines = [], []
-    for number, record in _parse_jsonl(Path(path)):
-        convert = persona_from_rlver if _is_rlver(record) else persona_from_dict
-        personas.append(convert(record, path=path, line=number))
-        lines.append(number)
-    if not personas:
-        raise PersonaError("the bank holds no personas", path=path)
-    _check_unique(personas, lines, path)
-    return tuple(personas)
+    personas, problems = check_personas_file(path)
+    if problems:
+        raise problems[0]
+    return personas
 
 
 PersonaSource = Union[str, os.PathLike, Persona, Mapping[str, Any], Sequence[Any]]

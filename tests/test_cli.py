@@ -75,6 +75,16 @@ def test_validate_names_file_line_and_field(tmp_path, lines, where):
     assert f"invalid: {path}{where}" in result.stderr
 
 
+def test_validate_reports_every_invalid_line_not_just_the_first(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", GOOD, '{"id": ', {**GOOD, "id": "g2", "language": "fr"}, GOOD,
+                       {**GOOD, "id": "g3"})
+    result = runner.invoke(app, ["personas", "validate", str(path)])
+    assert result.exit_code == 1
+    reported = [line.split(": ", 1)[1] for line in result.stderr.splitlines() if line.startswith("invalid: ")]
+    assert [line.split(": ")[0] for line in reported] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+    assert "field 'id': duplicate persona id 'g1' (first on line 1)" in reported[2]
+
+
 def test_validate_checks_every_file_and_fails_if_any_is_invalid(tmp_path):
     good = write_jsonl(tmp_path / "good.jsonl", GOOD)
     missing = tmp_path / "missing.jsonl"
