@@ -493,7 +493,7 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
     Raises:
         PersonaError: an invalid persona bank (file, line, field).
         EvaluationError: a corrupt transcripts file, a run directory with another
-            configuration, bad ``repeats``/``limit``/``batch_size``.
+            configuration, an ``out_dir`` that is a file, bad ``repeats``/``limit``/``batch_size``.
         SpecError: a malformed policy or user spec.
         SimulatorError, BackendError: from the simulated user or the policy's backend;
             dialogues already finished stay in the transcripts.
@@ -510,6 +510,8 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
         "generation": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
     }
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise EvaluationError(f"out_dir {str(out)!r} is a file; give a folder (new or a run to resume)")
     owns_policy = isinstance(policy, str)
     policy_obj = None if owns_policy else make_policy(policy)  # a spec loads only if needed
     config["policy"] = policy if owns_policy else policy_obj.name

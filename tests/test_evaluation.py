@@ -266,3 +266,9 @@ def test_a_transformers_policy_with_and_without_a_lora_adapter(tiny_model_dir, t
     assert agent_turns(again) == agent_turns(base)        # seeded sampling reproduces
     assert agent_turns(tuned) != agent_turns(base)        # the adapter was merged in
     assert base.report["sentient_score"] == pytest.approx((100 + 0) / 2)
+
+
+def test_an_out_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "report").write_text("not a folder")
+    with pytest.raises(EvaluationError, match=r"out_dir '.*report' is a file; give a folder"):
+        evaluate("baseline:echo", "en", limit=1, out_dir=tmp_path / "report")
