@@ -7,14 +7,7 @@ Same options and outputs as ``train_ppo.py``; a group of ``num_generations`` dia
 shares one persona and opening line.
 """
 
-import sys
+from empathy_gym.agents.cli import train_main
 
 if __name__ == "__main__":
-    try:
-        from empathy_gym.agents.cli import train_main  # imports torch and transformers: seconds
-
-        code = train_main("grpo")
-    except KeyboardInterrupt:  # Ctrl-C while importing: nothing started, nothing to save
-        print("\nstopped before the first step", file=sys.stderr)
-        code = 130
-    raise SystemExit(code)
+    raise SystemExit(train_main("grpo"))

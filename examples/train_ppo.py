@@ -10,14 +10,7 @@ Any recipe field can be overridden as ``key=value`` (nested: ``policy.lora_r=8``
 ``checkpoints/`` (every ``save_steps`` and on Ctrl-C) and ``curves.png``.
 """
 
-import sys
+from empathy_gym.agents.cli import train_main
 
 if __name__ == "__main__":
-    try:
-        from empathy_gym.agents.cli import train_main  # imports torch and transformers: seconds
-
-        code = train_main("ppo")
-    except KeyboardInterrupt:  # Ctrl-C while importing: nothing started, nothing to save
-        print("\nstopped before the first step", file=sys.stderr)
-        code = 130
-    raise SystemExit(code)
+    raise SystemExit(train_main("ppo"))

@@ -60,3 +60,14 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
     assert result.returncode == 0, result.stderr
     n_builtin, n_rlver, reward_type = result.stdout.split()
     assert int(n_builtin) >= 56 and int(n_rlver) == 500 and reward_type == "float"
+
+
+def test_the_training_configs_and_cli_import_without_torch():
+    """Recipes load and ``train_*.py --help`` answers before torch is imported (seconds)."""
+    script = ("import sys\n"
+              "from empathy_gym.agents import load_recipe\n"
+              "from empathy_gym.agents.cli import train_main\n"
+              "load_recipe('agents/tiny-cpu.yaml', algorithm='ppo')\n"
+              "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr

