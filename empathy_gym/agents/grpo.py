@@ -196,6 +196,9 @@ class GRPOTrainer(RLTrainer):
                                                      if degenerate[i]})),
                    "grpo/groups": float(len({t.group for t in trajectories}))}
         if not keep:  # no signal this step: no update, the loss statistics are undefined
+            if self.processes.world > 1:  # the other processes may have signal: join their steps
+                for _ in range(config.num_ppo_epochs * config.num_mini_batches):
+                    self.clip_and_step()
             return metrics | {key: float("nan") for key in stats}
         data = [data[i] for i in keep]
         advantages = [advantages[i] for i in keep]

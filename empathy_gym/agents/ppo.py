@@ -15,6 +15,8 @@ References:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -199,6 +201,15 @@ class PPOTrainer(RLTrainer):
             _, _, hidden = self.forward(self.critic_model, chunk, hidden=True)
         return logprobs, entropy, self.value_head(hidden)
 
+    def _whiten(self, values: torch.Tensor) -> torch.Tensor:
+        """:func:`whiten` with the mean and variance of every process's advantages."""
+        if self.processes.world == 1:
+            return whiten(values)
+        total, squares, count = self.processes.sum([float(values.sum()), float((values ** 2).sum()),
+                                                    float(values.numel())])
+        mean = total / count
+        return (values - mean) / math.sqrt(max(squares / count - mean ** 2, 0.0) + 1e-8)
+
     @torch.no_grad()
     def _rollout_values(self, data: Sequence[TokenData]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-trajectory flat (old log-probs, old values) under the current parameters."""
@@ -230,7 +241,7 @@ class PPOTrainer(RLTrainer):
         advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam)
         advantages, returns = unpad_flat(advantages, valid), unpad_flat(returns, valid)
         if config.whiten_advantages:
-            flat = whiten(torch.cat(advantages))
+            flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
 
         stats: dict[str, list[float]] = {k: [] for k in (

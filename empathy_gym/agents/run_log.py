@@ -71,7 +71,11 @@ class RunLog:
                                          if resume_step is not None else None)
 
     def episode(self, step: int, trajectory: Trajectory) -> None:
-        self._episodes.write(json.dumps(dict(step=step, **trajectory.record()), ensure_ascii=False) + "\n")
+        self.episode_record(step, trajectory.record())
+
+    def episode_record(self, step: int, record: dict[str, Any]) -> None:
+        """Append one finished episode (a :meth:`Trajectory.record`) and sync it to disk."""
+        self._episodes.write(json.dumps(dict(step=step, **record), ensure_ascii=False) + "\n")
         self._episodes.flush()
         os.fsync(self._episodes.fileno())
 

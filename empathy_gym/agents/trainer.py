@@ -34,6 +34,7 @@ import torch
 from empathy_gym.agents.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
                                            set_rng_state)
 from empathy_gym.agents.config import TrainerConfig, to_dict
+from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
 from empathy_gym.agents.run_log import RunLog
@@ -160,7 +161,11 @@ class RLTrainer:
         tokenizer = tokenizer if tokenizer is not None else processing_class
         self.config = config
         seed_everything(config.seed)
+        self.processes = Processes(cpu=config.policy.device == "cpu" or not torch.cuda.is_available())
+        self._check_processes()
         self.device = resolve_device(config.policy.device)
+        if self.processes.device is not None and self.processes.device.type == "cuda":
+            self.device = self.processes.device  # cuda:LOCAL_RANK under a launcher
         if model is None:
             from empathy_gym.models import load_causal_lm
             kwargs = {}
@@ -183,9 +188,11 @@ class RLTrainer:
         self._build_algorithm()
         self.optimizer = torch.optim.AdamW(self.param_groups(), weight_decay=0.0)
         think = config.generation.think
-        self.envs = list(envs) if envs is not None else make_envs(config, config.rollout_batch_size, think)
-        if len(self.envs) < config.rollout_batch_size:
-            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}")
+        local_batch = config.rollout_batch_size // self.processes.world
+        self.envs = list(envs) if envs is not None else make_envs(config, local_batch, think)
+        if len(self.envs) < local_batch:
+            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
+                             + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
         self.generator = self._make_generator()
         self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
                                     max_context_tokens=config.generation.max_context_tokens)
@@ -196,6 +203,18 @@ class RLTrainer:
         self.run_log: RunLog | None = None
 
     # -- set-up ------------------------------------------------------------------
+    def _check_processes(self) -> None:
+        """Several processes split a step's groups evenly and sample with transformers."""
+        world = self.processes.world
+        if world == 1:
+            return
+        groups = len(set(self.env_seeds(0)[1]))
+        if groups % world:
+            raise ValueError(f"{groups} dialogue groups per step do not split evenly over {world} processes; "
+                             "make rollout_batch_size (/ num_generations) a multiple of the process count")
+        if self.config.generation.engine != "transformers":
+            raise ValueError("several processes need generation.engine='transformers' (vLLM: one process)")
+
     def _wrap_policy(self, model: Any) -> Any:
         policy = self.config.policy
         if policy.use_lora:
@@ -310,13 +329,15 @@ class RLTrainer:
         """A seeded permutation of ``range(n)`` cut into ``num_mini_batches`` parts."""
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, step, epoch, 7))
         order = torch.randperm(n, generator=generator).tolist()
-        return [part.tolist() for part in np.array_split(np.asarray(order), self.config.num_mini_batches)
-                if len(part)]
+        parts = np.array_split(np.asarray(order, dtype=int), self.config.num_mini_batches)
+        # several processes: every one takes num_mini_batches optimiser steps, empty or not
+        return [part.tolist() for part in parts if len(part) or self.processes.world > 1]
 
     def clip_and_step(self) -> float:
         """Clip the global gradient norm to ``max_grad_norm``, step the optimiser; returns
         the norm before clipping."""
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.processes.mean_gradients(parameters)
         norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -345,14 +366,15 @@ class RLTrainer:
             else:
                 log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
             resume_step = self.step
+        main = self.processes.is_main
         self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
-                              resume_step=resume_step)
+                              resume_step=resume_step) if main else None
         self._saved_step = self.step if resume_step is not None else -1
         previous_handler = self._install_interrupt_handler()
-        bar = tqdm(total=config.total_steps, initial=self.step, disable=not config.progress,
+        bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
                    desc=f"{self.algorithm} steps", dynamic_ncols=True)
         try:
-            while self.step < config.total_steps and not self._stop:
+            while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
                     break
         finally:
@@ -361,8 +383,9 @@ class RLTrainer:
             bar.close()
             if not self._dirty and self.step > self._saved_step and self.step > 0:
                 self.save()
-            self.run_log.plot()
-            self.run_log.close()
+            if self.run_log is not None:
+                self.run_log.plot()
+                self.run_log.close()
         return self.run_log.read_metrics() if self.run_log else []
 
     def _run_step(self, step: int, bar: Any) -> bool:
@@ -370,14 +393,26 @@ class RLTrainer:
         started = time.perf_counter()
         self.generator.sync(self.model, step)
         env_seeds, groups = self.env_seeds(step)
+        mine = self.processes.mine(groups)
+        single = self.processes.world == 1
+        interrupted = False
         try:
             trajectories = self.engine.collect(
-                env_seeds, groups=groups, sampling_seed=derive_seed(config.seed, step),
+                [env_seeds[i] for i in mine], groups=[groups[i] for i in mine],
+                sampling_seed=derive_seed(config.seed, step) if single else
+                derive_seed(config.seed, step, self.processes.rank),
                 should_stop=lambda: self._stop,
-                on_episode_end=lambda t: self.run_log.episode(step, t))
+                on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None)
         except RolloutInterrupted:
+            interrupted = True
+        if self.processes.any(interrupted):
             log.warning("interrupted during the rollout of step %d; it is discarded", step)
             return False
+        if not single:  # the first process writes everyone's episodes, at the end of the rollout
+            records = self.processes.gather([{**t.record(), "key": mine[t.key]} for t in trajectories])
+            if self.run_log is not None:
+                for record in sorted(records, key=lambda r: r["key"]):
+                    self.run_log.episode_record(step, record)
         times = self.engine.times
         tick = time.perf_counter()
         self._dirty = True
@@ -390,8 +425,10 @@ class RLTrainer:
                         "time/step": time.perf_counter() - started,
                         "tokens/generated": float(times.generated_tokens),
                         "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
-        self.run_log.metrics(step, metrics)
-        self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
+        metrics = self.processes.mean_metrics(metrics)
+        if self.run_log is not None:
+            self.run_log.metrics(step, metrics)
+            self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward/mean_return']:+.3f}",
                         emotion=f"{metrics['emotion/final_mean']:.1f}",
@@ -418,12 +455,17 @@ class RLTrainer:
         self._stop = True
 
     # -- checkpoints ---------------------------------------------------------------
-    def save(self) -> Path:
-        """Checkpoint the last completed step atomically (see :mod:`checkpoint`)."""
-        path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
-                               policy=self.model, tokenizer=self.tokenizer,
-                               modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
-                               state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+    def save(self) -> Path | None:
+        """Checkpoint the last completed step atomically (see :mod:`checkpoint`); with
+        several processes the first one writes it (the weights are the same in all)
+        and the others return ``None``."""
+        path = None
+        if self.processes.is_main:
+            path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
+                                   policy=self.model, tokenizer=self.tokenizer,
+                                   modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
+                                   state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+        self.processes.barrier()
         self._saved_step = self.step
         return path
 

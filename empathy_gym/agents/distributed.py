@@ -1,0 +1,101 @@
+"""Data parallelism over processes: one process per device, launched by ``accelerate
+launch`` or ``torchrun`` (accelerate's ``PartialState`` joins the process group: NCCL on
+GPUs, gloo on CPUs).
+
+Each process plays its share of a step's dialogues (whole GRPO groups), computes
+gradients on them, and every optimiser step uses the mean of all processes' gradients,
+as PyTorch's DistributedDataParallel does (Li et al. 2020, "PyTorch Distributed",
+arXiv 2006.15704, section 3.2). All processes therefore hold the same weights; the first
+one writes logs and checkpoints. With one process (no launcher) every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+class Processes:
+    """This process's place among the training processes.
+
+    Args:
+        cpu: join with gloo on CPUs (else NCCL on the local GPU).
+
+    Attributes:
+        rank: 0-based index of this process; ``world``: how many there are.
+        device: this process's device under a launcher, else ``None`` (the config decides).
+    """
+
+    def __init__(self, cpu: bool):
+        self.rank, self.world, self.device = 0, 1, None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import PartialState
+            state = PartialState(cpu=cpu)
+            self.rank, self.world, self.device = state.process_index, state.num_processes, state.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, groups: Iterable[int]) -> list[int]:
+        """Indices of the dialogues this process plays: those whose group % world == rank."""
+        return [i for i, group in enumerate(groups) if group % self.world == self.rank]
+
+    def mean_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Replace each gradient by its mean over the processes (a missing one counts as 0)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+        for parameter in parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= self.world
+
+    def any(self, flag: bool) -> bool:
+        """True when ``flag`` is True in any process (e.g. a Ctrl-C seen by one)."""
+        if self.world == 1:
+            return flag
+        import torch.distributed as dist
+        value = torch.tensor([float(flag)], device=self._collective_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over the processes."""
+        if self.world == 1:
+            return list(values)
+        import torch.distributed as dist
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric's mean over the processes that have a number for it (NaN: none)."""
+        if self.world == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = [metrics[k] for k in keys]
+        sums = self.sum([0.0 if math.isnan(v) else v for v in values] +
+                        [0.0 if math.isnan(v) else 1.0 for v in values])
+        n = len(keys)
+        return {k: (sums[i] / sums[n + i] if sums[n + i] else float("nan")) for i, k in enumerate(keys)}
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        """All processes' ``items`` concatenated in rank order (picklable objects)."""
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+        return gather_object(items)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.barrier()
+
+    def _collective_device(self) -> Any:
+        return self.device if self.device is not None and self.device.type == "cuda" else "cpu"
