@@ -14,6 +14,10 @@ turn and is discarded; an update finishes), then the last completed step is
 checkpointed and the run exits; a second Ctrl-C aborts at once. Finished episodes are
 already in ``episodes.jsonl``. ``train(resume=True)`` continues from the last
 checkpoint.
+
+Under ``torchrun`` or ``accelerate launch`` several processes train one model together
+(:mod:`~empathy_gym.agents.distributed`): each plays its share of a step's dialogues,
+and their episodes are written by the first process when the rollout phase ends.
 """
 
 from __future__ import annotations
