@@ -58,7 +58,10 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     # GRPO: whole groups per process (group 0 on rank 0, group 1 on rank 1)
     groups = [e["group"] for e in episodes]
     assert groups == ([0, 0, 1, 1] * 2 if algorithm == "grpo" else [0, 1, 2, 3] * 2)
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    if algorithm == "grpo":  # counts are totals over the processes
+        assert all(m["grpo/groups"] == 2 for m in metrics)
     assert (out / "checkpoints" / "step-000002" / "policy").is_dir()
 
 
@@ -68,3 +71,17 @@ def test_each_process_plays_whole_groups():
     assert (processes.rank, processes.world) == (0, 1) and processes.mine([0, 0, 1, 1]) == [0, 1, 2, 3]
     processes.rank, processes.world = 1, 2
     assert processes.mine([0, 0, 1, 1, 2, 2, 3, 3]) == [2, 3, 6, 7]
+
+
+def test_metrics_are_means_over_processes_and_counts_are_totals(monkeypatch):
+    from empathy_gym.agents import distributed
+    processes = distributed.Processes(cpu=True)
+    processes.world = 2
+    other = {"loss": float("nan"), "reward": 0.25, "groups": 3.0}  # what the other process has
+    # the other process's (values, counts) in sorted key order: groups, loss, reward
+    monkeypatch.setattr(processes, "sum", lambda values: [a + b for a, b in zip(
+        values, [3.0, 0.0, 0.25, 1.0, 0.0, 1.0])])
+    mine = {"loss": float("nan"), "reward": 0.75, "groups": 1.0}
+    merged = processes.mean_metrics(mine, summed=["groups"])
+    assert merged["reward"] == 0.5 and merged["groups"] == 4.0 and merged["loss"] != merged["loss"]
+    assert set(merged) == set(other)

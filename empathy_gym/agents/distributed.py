@@ -74,16 +74,19 @@ class Processes:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Each metric's mean over the processes that have a number for it (NaN: none)."""
+    def mean_metrics(self, metrics: dict[str, float], summed: Iterable[str] = ()) -> dict[str, float]:
+        """Each metric's mean over the processes that have a number for it (NaN: none);
+        the ``summed`` ones (counts, throughputs) are totals instead. Every process must
+        pass the same keys."""
         if self.world == 1:
             return metrics
         keys = sorted(metrics)
         values = [metrics[k] for k in keys]
         sums = self.sum([0.0 if math.isnan(v) else v for v in values] +
                         [0.0 if math.isnan(v) else 1.0 for v in values])
-        n = len(keys)
-        return {k: (sums[i] / sums[n + i] if sums[n + i] else float("nan")) for i, k in enumerate(keys)}
+        n, summed = len(keys), set(summed)
+        return {k: (sums[i] if k in summed else sums[i] / sums[n + i]) if sums[n + i] else float("nan")
+                for i, k in enumerate(keys)}
 
     def gather(self, items: list[Any]) -> list[Any]:
         """All processes' ``items`` concatenated in rank order (picklable objects)."""
