@@ -85,3 +85,28 @@ def test_metrics_are_means_over_processes_and_counts_are_totals(monkeypatch):
     merged = processes.mean_metrics(mine, summed=["groups"])
     assert merged["reward"] == 0.5 and merged["groups"] == 4.0 and merged["loss"] != merged["loss"]
     assert set(merged) == set(other)
+
+
+GRADIENTS = """
+import torch
+from empathy_gym.agents.distributed import Processes
+processes = Processes(cpu=True)
+weight = torch.nn.Parameter(torch.zeros(3))
+contributed = processes.rank != 1          # process 1 had no signal: no gradient
+if contributed:
+    weight.grad = torch.full((3,), float(processes.rank + 1))
+processes.mean_gradients([weight], contributed=contributed)
+print("GRAD", processes.rank, weight.grad.tolist(), flush=True)
+"""
+
+
+def test_gradients_are_averaged_over_the_processes_that_have_one(tmp_path):
+    """Three processes: gradients 1, none, 3 -> every process steps with (1 + 3) / 2 = 2."""
+    script = tmp_path / "grad.py"
+    script.write_text(GRADIENTS)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
+                           "--master_port", str(free_port()), str(script)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grads = sorted(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("GRAD "))
+    assert grads == [["0", "[2.0, 2.0, 2.0]"], ["1", "[2.0, 2.0, 2.0]"], ["2", "[2.0, 2.0, 2.0]"]]

@@ -50,7 +50,15 @@ def write(tmp_path, text):
     ("algorithm: ppo\nseed: [0\n", r"recipe.yaml:3: not valid YAML"),
     ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
     ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
-    ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16', 'float16' or 'auto'"),
+    ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16' or 'auto'"),
+    ("algorithm: ppo\npolicy:\n  dtype: float16\n", r"float16 would need loss scaling"),
+    ("algorithm: ppo\nmax_grad_norm: -1\nnum_ppo_epochs: 0\nseed: -5\n",
+     r"max_grad_norm must be > 0, got -1.0; num_ppo_epochs must be > 0, got 0; seed must be >= 0, got -5"),
+    ("algorithm: grpo\nnum_generations: 0\nnum_mini_batches: 0\n",
+     r"num_mini_batches must be > 0, got 0; num_generations must be > 0, got 0"),
+    ("algorithm: ppo\ngeneration:\n  temperature: -1\n  top_p: 5\n  max_new_tokens: 0\n",
+     r"max_new_tokens must be >= 1, got 0; generation.temperature must be >= 0 \(0: greedy\), got -1.0; "
+     r"generation.top_p must be in \(0, 1\], got 5.0"),
     ("algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
      r"recipe.yaml:3: field 'env.id': Environment `EmpathyDialog` doesn't exist. Did you mean: `EmpathyDialogue`\?"),
     ("algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    max_turn: 2\n",
@@ -86,3 +94,20 @@ def test_a_recipe_that_is_not_utf8(tmp_path):
     path.write_bytes("algorithm: ppo\noutput_dir: runs/zoé\n".encode("latin-1"))
     with pytest.raises(RecipeError, match=r"recipe.yaml: not valid UTF-8 \(byte 0xe9 at offset 34\)"):
         load_recipe(path)
+
+
+def test_several_processes_need_even_groups_and_transformers(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RecipeError, match=r"5 dialogue groups per step do not split evenly over 2 processes"):
+        load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=5"], algorithm="ppo")
+    with pytest.raises(RecipeError, match=r"3 dialogue groups per step do not split evenly over 2 processes; .*"
+                                          r"several processes need generation.engine='transformers'"):
+        load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=6", "num_generations=2",
+                                             "generation.engine=vllm"], algorithm="grpo")
+    assert load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=8", "num_generations=2"], algorithm="grpo")
+
+
+def test_an_override_is_named_as_the_override():
+    with pytest.raises(RecipeError, match=r"^command-line override: field 'env.id': Environment version `v9` "
+                                          r"for environment `EmpathyDialogue` doesn't exist"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.id=EmpathyDialogue-v9"], algorithm="ppo")

@@ -166,6 +166,25 @@ def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tm
     assert any(not torch.equal(v, adapters[k]) for k, v in run.model.named_parameters() if v.requires_grad)
 
 
+def test_configs_built_in_python_are_checked_too(tmp_path):
+    from empathy_gym.agents import GRPOConfig, PPOConfig, RecipeError
+    from empathy_gym.models import load_causal_lm
+    model, tokenizer = load_causal_lm("tiny")
+    with pytest.raises(RecipeError, match=r"learning_rate must be > 0, got -1.0"):
+        GRPOTrainer(args=GRPOConfig(learning_rate=-1.0), model=model, processing_class=tokenizer)
+    with pytest.raises(TypeError, match=r"GRPOTrainer needs a GRPOConfig, got a PPOConfig"):
+        GRPOTrainer(args=PPOConfig(), model=model, processing_class=tokenizer)
+
+
+def test_a_bad_env_value_is_a_recipe_error(tmp_path):
+    from empathy_gym.agents import RecipeError
+    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "env.kwargs.reward_mode=bogus"],
+                         algorithm="ppo")
+    with pytest.raises(RecipeError, match=r"field 'env' \(EmpathyDialogue-v0 with kwargs .*\): reward_mode must be "
+                                          r"'delta' or 'final', got 'bogus'"):
+        PPOTrainer(config)
+
+
 def test_float16_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match="float16 would need loss scaling"):
         trainer(tmp_path, "ppo", "fp16", 1, extra=("policy.dtype=float16",))

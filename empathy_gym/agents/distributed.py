@@ -45,16 +45,19 @@ class Processes:
         """Indices of the dialogues this process plays: those whose group % world == rank."""
         return [i for i, group in enumerate(groups) if group % self.world == self.rank]
 
-    def mean_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
-        """Replace each gradient by its mean over the processes (a missing one counts as 0)."""
+    def mean_gradients(self, parameters: Iterable[torch.Tensor], contributed: bool = True) -> None:
+        """Replace each gradient by its mean over the processes that ``contributed`` one
+        (a GRPO process whose groups all lacked reward variance did not; it joins the
+        step with zeros, which are not counted, so they do not dilute the others')."""
         if self.world == 1:
             return
         import torch.distributed as dist
+        contributors = max(self.sum([float(contributed)])[0], 1.0)
         for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             dist.all_reduce(parameter.grad)
-            parameter.grad /= self.world
+            parameter.grad /= contributors
 
     def any(self, flag: bool) -> bool:
         """True when ``flag`` is True in any process (e.g. a Ctrl-C seen by one)."""

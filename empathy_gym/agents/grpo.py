@@ -158,6 +158,7 @@ class GRPOTrainer(RLTrainer):
     """
 
     algorithm = "grpo"
+    config_class = GRPOConfig
     config: GRPOConfig
 
     def _build_algorithm(self) -> None:

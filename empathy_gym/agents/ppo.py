@@ -160,6 +160,7 @@ class PPOTrainer(RLTrainer):
     """
 
     algorithm = "ppo"
+    config_class = PPOConfig
     config: PPOConfig
 
     def _build_algorithm(self) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from empathy_gym.agents.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
                                            set_rng_state)
-from empathy_gym.agents.config import TrainerConfig, to_dict
+from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
@@ -49,9 +49,16 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> torch.device:
-    """``"auto"`` is CUDA when available, else CPU."""
+    """``"auto"`` is CUDA when available, else CPU.
+
+    Raises:
+        RecipeError: a CUDA device asked for where torch has none.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RecipeError(f"policy.device {device!r}: this torch has no CUDA device (torch {torch.__version__}); "
+                          "use 'cpu' or 'auto'")
     return torch.device(device)
 
 
@@ -107,7 +114,11 @@ def make_envs(config: TrainerConfig, count: int, think: bool) -> list[Any]:
     if config.env.personas is not None:
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
-    first = gym.make(config.env.id, **kwargs).unwrapped
+    try:
+        first = gym.make(config.env.id, **kwargs).unwrapped
+    except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
+        raise RecipeError(f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
+                          f"{str(error).split(' was raised from the environment creator')[0]}") from None
     return [first] + [gym.make(config.env.id, user=first.user, **kwargs).unwrapped
                       for _ in range(count - 1)]
 
@@ -155,6 +166,7 @@ class RLTrainer:
     """
 
     algorithm = "base"
+    config_class: type[TrainerConfig] = TrainerConfig
 
     def __init__(self, config: TrainerConfig | None = None, *, model: Any = None, tokenizer: Any = None,
                  envs: Sequence[Any] | None = None, args: TrainerConfig | None = None,
@@ -162,11 +174,14 @@ class RLTrainer:
         if (config is None) == (args is None):
             raise TypeError("pass the config once: Trainer(config) or Trainer(args=config)")
         config = config if config is not None else args
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, "
+                            f"got a {type(config).__name__}")
+        validate(config)
         tokenizer = tokenizer if tokenizer is not None else processing_class
         self.config = config
         seed_everything(config.seed)
         self.processes = Processes(cpu=config.policy.device == "cpu" or not torch.cuda.is_available())
-        self._check_processes()
         self.device = resolve_device(config.policy.device)
         if self.processes.device is not None and self.processes.device.type == "cuda":
             self.device = self.processes.device  # cuda:LOCAL_RANK under a launcher
@@ -207,18 +222,6 @@ class RLTrainer:
         self.run_log: RunLog | None = None
 
     # -- set-up ------------------------------------------------------------------
-    def _check_processes(self) -> None:
-        """Several processes split a step's groups evenly and sample with transformers."""
-        world = self.processes.world
-        if world == 1:
-            return
-        groups = len(set(self.env_seeds(0)[1]))
-        if groups % world:
-            raise ValueError(f"{groups} dialogue groups per step do not split evenly over {world} processes; "
-                             "make rollout_batch_size (/ num_generations) a multiple of the process count")
-        if self.config.generation.engine != "transformers":
-            raise ValueError("several processes need generation.engine='transformers' (vLLM: one process)")
-
     def _wrap_policy(self, model: Any) -> Any:
         policy = self.config.policy
         if policy.use_lora:
@@ -341,7 +344,7 @@ class RLTrainer:
         """Clip the global gradient norm to ``max_grad_norm``, step the optimiser; returns
         the norm before clipping."""
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.processes.mean_gradients(parameters)
+        self.processes.mean_gradients(parameters, contributed=any(p.grad is not None for p in parameters))
         norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -371,8 +374,15 @@ class RLTrainer:
                 log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
             resume_step = self.step
         main = self.processes.is_main
-        self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
-                              resume_step=resume_step) if main else None
+        used: FileExistsError | None = None
+        try:
+            self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
+                                  resume_step=resume_step) if main else None
+        except FileExistsError as error:
+            used = error
+        if self.processes.any(used is not None):  # every process stops with the message
+            raise used or FileExistsError(f"{config.output_dir} already holds a run (see the first process); "
+                                          "pass --resume to continue it, or choose another output_dir")
         self._saved_step = self.step if resume_step is not None else -1
         previous_handler = self._install_interrupt_handler()
         bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
