@@ -5,6 +5,7 @@ the first process writes every episode, the metrics and the checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -42,9 +43,11 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     out = tmp_path / "run"
+    # an empty model cache: both processes need the tiny model, the first one builds it
+    fresh_cache = {**os.environ, "EMPATHY_GYM_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(free_port()), str(script), algorithm, str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=fresh_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = {}
     for line in done.stdout.splitlines():

@@ -190,8 +190,12 @@ class RLTrainer:
             kwargs = {}
             if config.policy.attn_implementation:
                 kwargs["attn_implementation"] = config.policy.attn_implementation
+            if not self.processes.is_main:
+                self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
             model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
                                               device=self.device, **kwargs)
+            if self.processes.is_main:
+                self.processes.barrier()
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         if tokenizer.pad_token is None:
