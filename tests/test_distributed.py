@@ -28,7 +28,8 @@ trainer = TRAINERS[algorithm](config)
 before = float(sum(p.double().sum() for p in trainer.model.parameters()))
 trainer.train()
 after = float(sum(p.double().sum() for p in trainer.model.parameters()))
-print(f"RANK {trainer.processes.rank} {trainer.processes.world} {before!r} {after!r}", flush=True)
+with open(f"{out}.rank{trainer.processes.rank}.txt", "w") as handle:  # stdout lines of processes interleave
+    handle.write(f"{trainer.processes.world} {before!r} {after!r}")
 """
 
 
@@ -50,10 +51,9 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
                           cwd=REPO, capture_output=True, text=True, timeout=600, env=fresh_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("RANK "):
-            rank, world, before, after = line.split()[1:]
-            ranks[int(rank)] = (int(world), float(before), float(after))
+    for path in tmp_path.glob("run.rank*.txt"):
+        world, before, after = path.read_text().split()
+        ranks[int(path.name[len("run.rank"):-len(".txt")])] = (int(world), float(before), float(after))
     assert sorted(ranks) == [0, 1] and ranks[0][0] == ranks[1][0] == 2
     assert ranks[0][2] == ranks[1][2] != ranks[0][1]   # trained, and identically in both
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
@@ -91,6 +91,7 @@ def test_metrics_are_means_over_processes_and_counts_are_totals(monkeypatch):
 
 
 GRADIENTS = """
+import sys
 import torch
 from empathy_gym.agents.distributed import Processes
 processes = Processes(cpu=True)
@@ -99,7 +100,8 @@ contributed = processes.rank != 1          # process 1 had no signal: no gradien
 if contributed:
     weight.grad = torch.full((3,), float(processes.rank + 1))
 processes.mean_gradients([weight], contributed=contributed)
-print("GRAD", processes.rank, weight.grad.tolist(), flush=True)
+with open(f"{sys.argv[1]}/grad{processes.rank}.txt", "w") as handle:
+    handle.write(str(weight.grad.tolist()))
 """
 
 
@@ -108,8 +110,8 @@ def test_gradients_are_averaged_over_the_processes_that_have_one(tmp_path):
     script = tmp_path / "grad.py"
     script.write_text(GRADIENTS)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
-                           "--master_port", str(free_port()), str(script)],
+                           "--master_port", str(free_port()), str(script), str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    grads = sorted(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("GRAD "))
-    assert grads == [["0", "[2.0, 2.0, 2.0]"], ["1", "[2.0, 2.0, 2.0]"], ["2", "[2.0, 2.0, 2.0]"]]
+    grads = [(tmp_path / f"grad{rank}.txt").read_text() for rank in range(3)]
+    assert grads == ["[2.0, 2.0, 2.0]"] * 3
