@@ -329,8 +329,8 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
 
     Args:
         source: ``None`` (the built-in bank, English and Chinese), a bank name under
-            ``envs/personas`` (``"en"``, ``"zh"``) or ``"rlver"`` (the 500 RLVER training
-            profiles), a path to a JSONL file, or a list of :class:`Persona`, dicts in
+            ``envs/personas`` (``"en"``, ``"zh"``), ``"rlver"`` (the 500 RLVER training
+            profiles) or ``"sage"`` (SAGE's 100 test profiles), a path to a JSONL file, or a list of :class:`Persona`, dicts in
             our format or RLVER dicts (a single one is accepted too).
 
     Raises:
@@ -371,6 +371,7 @@ BUILTIN_BANKS: dict[str, str] = {
     "en": "personas/en.jsonl",
     "zh": "personas/zh.jsonl",
     "rlver": "rlver/train_profile.jsonl",
+    "sage": "sage/profiles.jsonl",
 }
 
 
