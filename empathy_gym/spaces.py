@@ -4,6 +4,10 @@ Gymnasium's :class:`gymnasium.spaces.Text` accepts only the characters of its ch
 (letters and digits by default), so ordinary sentences fail ``contains`` and
 ``check_env``. :class:`AnyText` accepts any ``str`` from ``min_length`` to
 ``max_length`` characters and samples, like its parent, from the charset.
+
+Gymnasium's ``AsyncVectorEnv`` with shared memory (its default) stores a Text
+observation as charset indices and fails on real sentences with a bare ``KeyError``;
+for :class:`AnyText` it now refuses with a message saying what to use instead.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gymnasium.spaces import Text
+from gymnasium.vector.utils.shared_memory import create_shared_memory
 
 
 class AnyText(Text):
@@ -34,3 +39,13 @@ class AnyText(Text):
     def __eq__(self, other: Any) -> bool:
         return (isinstance(other, AnyText) and self.min_length == other.min_length
                 and self.max_length == other.max_length)
+
+
+@create_shared_memory.register(AnyText)
+def _refuse_shared_memory(space: AnyText, n: int = 1, ctx: Any = None) -> Any:
+    raise TypeError(
+        "AnyText observations (real sentences) cannot go through AsyncVectorEnv's shared memory, "
+        "which encodes text as charset indices. Use gym.make_vec(id, num_envs=N) with the default "
+        "vectorization_mode (one process, the N user turns batched into one call: "
+        "empathy_gym.vector.EmpathyDialogueVectorEnv), or, for one process per env, "
+        "vectorization_mode='async' with vector_kwargs={'shared_memory': False}.")

@@ -224,3 +224,20 @@ def test_llm_user_awaits_agenerate_and_matches_the_sync_path():
     assert turns == sync
     assert [(t.emotion, t.reply, t.appraisal.repairs) for t in turns] == [(45, "ok 8", 1), (45, "ok 10", 1)]
     assert asyncio.run(user.aopening([ANA], [3])) == ["They blamed me."]  # its opening_line
+
+
+def test_async_vectorization_with_shared_memory_is_refused_with_what_to_use():
+    """Gymnasium's AsyncVectorEnv stores Text observations in shared memory as charset
+    indices and failed on the first real sentence with a bare KeyError; now make_vec
+    refuses at once and names the alternatives, and the pipe path (no shared memory) works."""
+    with pytest.raises(TypeError, match=r"vector_kwargs=\{'shared_memory': False\}"):
+        gym.make_vec("EmpathyDialogue-v0", num_envs=2, vectorization_mode="async")
+    envs = gym.make_vec("EmpathyDialogue-v0", num_envs=2, vectorization_mode="async",
+                        vector_kwargs={"shared_memory": False})
+    try:
+        observations, _ = envs.reset(seed=0)
+        assert all(isinstance(o, str) and " " in o for o in observations)
+        _, rewards, _, _, _ = envs.step(("That sounds hard. What happened?", "I hear you."))
+        assert rewards.shape == (2,)
+    finally:
+        envs.close()
