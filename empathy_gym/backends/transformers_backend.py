@@ -4,9 +4,15 @@
 file or takes an already-loaded model, renders each conversation with the tokenizer's
 chat template, left-pads the batch and calls ``model.generate``.
 
+Reuse: the key/value states of what the model has read are kept in a
+:class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`, so a prompt that shares its
+beginning with an earlier one (the persona, scene and history that every appraisal and
+reply call of a dialogue repeats) prefills only the tokens after the shared part
+(:func:`~empathy_gym.backends.prefix_cache.sample_batch`).
+
 Seeding: each conversation gets its own ``torch.Generator`` seeded with its seed, and
 its next token is drawn from its own (temperature, top-p) distribution with that
-generator (:class:`PerRowSampler`). A conversation's completion therefore depends on
+generator (as :class:`PerRowSampler`). A conversation's completion therefore depends on
 its seed and its own logits only, not on which other conversations share its batch
 or on the global torch RNG; the one caveat is that its logits can differ in the last
 bits between batches of different widths (padding changes the shapes of the
@@ -24,11 +30,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                          LogitsProcessor, LogitsProcessorList)
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
+from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.models import ALIASES, load_causal_lm
 
 
@@ -101,6 +107,9 @@ class TransformersBackend(ChatBackend):
         chat_template: a Jinja chat template replacing the tokenizer's.
         max_batch_size: conversations per forward batch (>= 1); larger inputs are cut
             into consecutive chunks.
+        prefix_cache_tokens: the most tokens whose key/value states are kept for reuse
+            (>= 0; 0 turns reuse off). SmolLM2-135M holds 46 KB per token in float32, so the
+            default 32,768 tokens take up to 1.5 GB.
         trust_remote_code: passed to ``from_pretrained``.
         model_kwargs: more keyword arguments for ``AutoModelForCausalLM.from_pretrained``
             (e.g. ``{"attn_implementation": "sdpa"}``).
@@ -109,6 +118,8 @@ class TransformersBackend(ChatBackend):
         model: the ``PreTrainedModel``, in eval mode.
         tokenizer: its tokenizer.
         device: the ``torch.device`` inputs are sent to.
+        prefix_cache: the :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`; its
+            ``stats`` count prompt tokens reused and prefilled.
 
     Raises:
         BackendError: the model or tokenizer cannot be loaded (message names the source),
@@ -123,11 +134,16 @@ class TransformersBackend(ChatBackend):
     def __init__(self, model: Any, tokenizer: Any = None, *, device: str | torch.device = "auto",
                  dtype: str | torch.dtype = "auto", gguf_file: str | None = None,
                  chat_template: str | None = None, max_batch_size: int = 16,
-                 trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None):
+                 trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+                 prefix_cache_tokens: int = 32768):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"TransformersBackend: max_batch_size must be an int >= 1, "
                              f"got {max_batch_size!r}")
+        if not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
+            raise ValueError(f"TransformersBackend: prefix_cache_tokens must be an int >= 0, "
+                             f"got {prefix_cache_tokens!r}")
         self.max_batch_size = max_batch_size
+        self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
         if isinstance(model, str) and model in ALIASES:  # "tiny", "smollm2": offline, cached
             model, tokenizer = load_causal_lm(model, dtype=_resolve_dtype(dtype, _resolve_device(device)),
                                               device=_resolve_device(device), **(model_kwargs or {}))
@@ -191,29 +207,25 @@ class TransformersBackend(ChatBackend):
         ids += configured if isinstance(configured, (list, tuple)) else [configured]
         return sorted({int(i) for i in ids if i is not None})
 
-    def _encode(self, conversations: Sequence[Conversation]) -> dict[str, torch.Tensor]:
-        """Chat-template, tokenize and LEFT-pad: input_ids and attention_mask, (B, T) int64."""
+    def _encode(self, conversations: Sequence[Conversation]) -> list[list[int]]:
+        """Chat-template and tokenize each conversation (with the generation prompt)."""
         rows = []
         for index, conversation in enumerate(conversations):
             if not conversation:
                 raise ValueError(f"TransformersBackend: conversation {index} is empty")
-            rows.append(self.tokenizer.apply_chat_template(
+            rows.append(list(self.tokenizer.apply_chat_template(
                 list(conversation), add_generation_prompt=True, tokenize=True,
-                return_dict=True)["input_ids"])
-        batch = self.tokenizer.pad({"input_ids": rows}, padding=True, padding_side="left",
-                                   return_tensors="pt")
-        return {key: batch[key].to(self.device) for key in ("input_ids", "attention_mask")}
+                return_dict=True)["input_ids"]))
+        return rows
 
     def _chunks(self, items: Sequence[Any]) -> list[Sequence[Any]]:
         return [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
 
-    def _generators(self, seeds: Sequence[int | None]) -> list[torch.Generator]:
-        generators = []
-        for seed in seeds:
-            if seed is None:  # drawn from the global torch RNG: reproducible under torch.manual_seed
-                seed = int(torch.randint(0, 2**62, (1,)).item())
-            generators.append(torch.Generator(device=self.device).manual_seed(int(seed)))
-        return generators
+    @staticmethod
+    def _seed_values(seeds: Sequence[int | None]) -> list[int]:
+        """Each seed, or for ``None`` one drawn from the global torch RNG (reproducible
+        under ``torch.manual_seed``)."""
+        return [int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed) for seed in seeds]
 
     @torch.inference_mode()
     def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
@@ -248,20 +260,15 @@ class TransformersBackend(ChatBackend):
         seeds = [None] * len(conversations) if seeds is None else list(seeds)
         if len(seeds) != len(conversations):
             raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
-        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False,
-                                  eos_token_id=self._eos_ids,
-                                  pad_token_id=self.tokenizer.pad_token_id)
         texts: list[str] = []
         for chunk, chunk_seeds in zip(self._chunks(conversations), self._chunks(seeds)):
-            batch = self._encode(chunk)
-            processors = LogitsProcessorList()
-            if temperature > 0:
-                processors.append(PerRowSampler(temperature, top_p, self._generators(chunk_seeds)))
-            output = self.model.generate(**batch, generation_config=config,
-                                         logits_processor=processors)
-            new_tokens = output[:, batch["input_ids"].shape[1]:]
-            texts += [text.strip() for text in
-                      self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+            rows = sample_batch(self.model, self._encode(chunk), max_new_tokens=max_tokens,
+                                eos_ids=self._eos_ids, pad_id=self.tokenizer.pad_token_id,
+                                temperature=temperature, top_p=top_p,
+                                seeds=self._seed_values(chunk_seeds),
+                                cache=self.prefix_cache)
+            texts += [text.strip() for text in self.tokenizer.batch_decode(
+                [row.token_ids for row in rows], skip_special_tokens=True)]
         return texts
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
@@ -274,7 +281,8 @@ class TransformersBackend(ChatBackend):
         """Log-probability that the assistant's reply starts with each option.
 
         One forward pass over the left-padded prompts (position ids from the attention
-        mask); at the last prompt position, ``log_softmax`` over the whole vocabulary
+        mask; the prefix shared with earlier prompts is read from the prefix cache); at
+        the last prompt position, ``log_softmax`` over the whole vocabulary
         in float32, read at each option's first token (:meth:`option_token_ids`).
         Options should be single tokens (``"A"``..``"E"`` are in any byte-level BPE);
         for a longer option only its first token counts.
@@ -289,10 +297,9 @@ class TransformersBackend(ChatBackend):
         option_ids = torch.tensor(self.option_token_ids(options), device=self.device)
         rows = []
         for chunk in self._chunks(conversations):
-            batch = self._encode(chunk)
-            position_ids = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-            logits = self.model(**batch, position_ids=position_ids, logits_to_keep=1).logits
-            logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)
+            logits = next_token_logits(self.model, self._encode(chunk), pad_id=self.tokenizer.pad_token_id,
+                                       cache=self.prefix_cache)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
             rows.append(logprobs[:, option_ids].cpu().double().numpy())
         return np.concatenate(rows, axis=0) if rows else np.zeros((0, len(options)))
 
@@ -302,6 +309,7 @@ class TransformersBackend(ChatBackend):
         if getattr(self, "model", None) is None:
             return
         self.model = None
+        self.prefix_cache.clear()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
