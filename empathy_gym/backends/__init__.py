@@ -6,6 +6,9 @@ vllm, httpx) are imported only when that backend is built.
 * ``"transformers"``: a local causal LM (path, hub id or GGUF file), CPU or GPU.
 * ``"vllm"``: an in-process ``vllm.LLM`` (``pip install empathy-gym[vllm]``).
 * ``"openai"``: any OpenAI-compatible chat-completions server.
+* ``"policy"``: the policy's own base model with its LoRA adapters off
+  (:class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`); a trainer builds it
+  from its policy (recipe ``env.kwargs.backend: policy``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None,
         if base_url is None or model is None:
             raise ValueError("the openai backend needs base_url= and model=")
         return OpenAIBackend(base_url=base_url, model=model, **kwargs)
+    if name == "policy":
+        raise ValueError("backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
+                         "builds it from its policy (recipe env.kwargs.backend: policy); elsewhere pass "
+                         "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)")
     raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
 
 

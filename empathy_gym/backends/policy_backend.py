@@ -1,0 +1,84 @@
+"""The simulated user served by the policy's own weights, with its LoRA adapters off.
+
+RLVER's simulated user was DeepSeek-V3 behind an API. On one GPU a second model is a
+luxury: :class:`PolicyUserBackend` lets the *base* model under the policy's LoRA
+adapters play the user, so there is no second copy of the weights and no server. The
+base weights never change during LoRA training, so the user is the same model at every
+step, and the key/value states it caches (the persona and history it has read) stay
+valid across steps; the policy's never see the user's and the user's never see the
+adapters (:meth:`PolicyUserBackend.adapters_off`).
+
+The trade-off: a 7B base model is a weaker judge than RLVER's DeepSeek-V3; measure how
+much weaker with the replay harness (``empathy-gym replay --user ...``) against SAGE's
+logged appraisals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from empathy_gym.backends.base import Conversation
+from empathy_gym.backends.transformers_backend import TransformersBackend
+
+
+class PolicyUserBackend(TransformersBackend):
+    """A :class:`~empathy_gym.backends.transformers_backend.TransformersBackend` on a
+    peft model whose adapters are switched off for every call.
+
+    Args:
+        model: the policy, a peft ``PeftModel`` with LoRA adapters.
+        tokenizer: its tokenizer (with a chat template).
+        compute_dtype: ``torch.bfloat16`` to run under autocast as the trainer does
+            (float32 master adapters over bfloat16 weights), else ``None``.
+        **kwargs: more :class:`TransformersBackend` arguments (``max_batch_size``,
+            ``prefix_cache_tokens``).
+
+    Raises:
+        ValueError: a model without adapters (a fully fine-tuned policy would change the
+            user at every step: use another backend for the user).
+    """
+
+    name = "policy"
+
+    def __init__(self, model: Any, tokenizer: Any, *, compute_dtype: torch.dtype | None = None, **kwargs: Any):
+        if not hasattr(model, "disable_adapter"):
+            raise ValueError("backend='policy' needs a policy with LoRA adapters (policy.use_lora=true): the "
+                             "base model under them plays the user; a fully fine-tuned policy would change the "
+                             "user at every step")
+        was_training = model.training
+        super().__init__(model, tokenizer, **kwargs)
+        model.train(was_training)              # the trainer owns the mode; calls switch to eval and back
+        self.compute_dtype = compute_dtype
+
+    @contextlib.contextmanager
+    def adapters_off(self) -> Iterator[None]:
+        """Eval mode, no adapters, autocast in the trainer's compute dtype; restored after."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter(), torch.autocast(
+                    self.device.type, dtype=self.compute_dtype or torch.float32,
+                    enabled=self.compute_dtype is not None):
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def generate(self, conversations: Sequence[Conversation], **kwargs: Any) -> list[str]:
+        with self.adapters_off():
+            return super().generate(conversations, **kwargs)
+
+    def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
+        with self.adapters_off():
+            return super().choice_logprobs(conversations, options)
+
+    def close(self) -> None:
+        """Forget the cached states; the model belongs to the trainer and stays."""
+        self.prefix_cache.clear()
+
+    def __repr__(self) -> str:
+        return f"PolicyUserBackend(device={str(self.device)!r})"
