@@ -1,9 +1,10 @@
-"""The ``empathy-gym`` command (typer): ``eval``, ``play``, ``personas``, ``envs``.
+"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``play``, ``personas``, ``envs``.
 
 Exit codes: 0 success; 1 invalid input or a failed run (a persona file that does not
 validate, a bad spec, an unreachable server; the message on stderr names the file, line
 and field where there is one); 2 usage error (unknown option, missing argument: typer's);
-130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue, rerun it to resume).
+130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue and ``replay`` every
+appraised batch: rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -145,6 +146,94 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
             table.add_row(escape(group[:40]), str(stats["dialogues"]), f"{stats['sentient_score']:.1f}",
                           str(stats["successes"]), str(stats["failures"]), f"{stats['mean_turns']:.1f}")
         console.print(table)
+
+
+# -- replay ----------------------------------------------------------------------------
+@app.command("replay", epilog=EXIT_CODES)
+def replay_command(
+    logs: Annotated[list[Path], typer.Argument(
+        metavar="LOG...", help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl) "
+        "or folders of them")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, "
+                                      "scatter.png; rerun to resume")],
+    user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
+    appraisal_mode: Annotated[AppraisalMode, typer.Option(
+        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
+    difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
+    protocol: Annotated[ProtocolName, typer.Option(
+        help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")] = ProtocolName.sage,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N dialogues of each log")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,
+) -> None:
+    """Measure a simulated user against SAGE's: score each log as SAGE's leaderboard does,
+    re-appraise every logged agent turn with --user (given the logged history and
+    emotion before it), and report the agreement with SAGE's logged changes: sign
+    agreement, Cohen's kappa, Spearman, Pearson, MAE, a sign confusion table, per-log
+    means, and Kendall's tau between the rankings of the tested models.
+
+        empathy-gym replay ../shared/data/sage/logs --user rule --out runs/replay-rule
+
+    Each batch of appraisals is saved at once; rerunning the same command after a crash
+    or Ctrl-C skips them and gives the same report.
+    """
+    from empathy_gym.replay import TURNS, replay_logs
+
+    with _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; "
+                     f"rerun the same command to resume"), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), console=errors, transient=True,
+                     disable=not errors.is_terminal) as progress:
+        bar = progress.add_task("turns", total=None)
+        result = replay_logs(logs, user, appraisal_mode=appraisal_mode.value, difficulty=difficulty,
+                             protocol=protocol.value, seed=seed, batch_size=batch_size, limit=limit,
+                             out_dir=out,
+                             on_progress=lambda done, total: progress.update(bar, completed=done,
+                                                                             total=total))
+    _print_replay(result.report, result.resumed)
+    console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def _print_replay(report: dict[str, Any], resumed: int) -> None:
+    logs = Table(title="SAGE's logs: leaderboard numbers, and the same dialogues replayed through "
+                       "our protocol with the logged changes", title_justify="left")
+    for column in ("log", "dialogues", "score", "success", "failure", "replayed", "turns",
+                   "logged mean", "predicted mean", "sign agree"):
+        logs.add_column(column, justify="left" if column == "log" else "right")
+    for row in report["logs"]:
+        logs.add_row(escape(row["name"]), str(row["dialogues"]), f"{row['score']:.2f}",
+                     str(row["success"]), str(row["failure"]),
+                     f"{row['protocol_matches']}/{row['dialogues']}", str(row["turns"]),
+                     _number(row["mean_logged"]), _number(row["mean_predicted"]),
+                     _number(row["sign_agreement"]))
+    console.print(logs)
+    table = Table(title=f"agreement with SAGE's logged changes ({report['turns']} turns"
+                        f"{f', {resumed} resumed' if resumed else ''})", title_justify="left")
+    columns = ("turns", "sign agree", "sign agree (logged != 0)", "chance", "kappa", "Spearman",
+               "Pearson", "MAE", "Kendall tau (change)", "Kendall tau (score)")
+    table.add_column("simulator")
+    for column in columns:
+        table.add_column(column, justify="right")
+    rows = [("all logs", report["agreement"])] + list(report["by_simulator"].items())
+    for name, stats in rows:
+        table.add_row(escape(name), str(stats["turns"]), _number(stats["sign_agreement"]),
+                      _number(stats["sign_agreement_nonzero"]), _number(stats["chance_agreement"]),
+                      _number(stats["cohen_kappa"]), _number(stats["spearman"]),
+                      _number(stats["pearson"]), _number(stats["mae"]),
+                      _number(stats["kendall_tau"]), _number(stats["kendall_tau_score"]))
+    console.print(table)
+    confusion = Table(title="signs: logged (rows) against predicted (columns), all logs",
+                      title_justify="left")
+    confusion.add_column("logged")
+    for sign in ("-", "0", "+"):
+        confusion.add_column(sign, justify="right")
+    for sign, row in report["agreement"]["confusion"].items():
+        confusion.add_row(sign, *(str(row[s]) for s in ("-", "0", "+")))
+    console.print(confusion)
 
 
 # -- play ------------------------------------------------------------------------------

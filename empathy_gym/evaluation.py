@@ -203,15 +203,16 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
     return (str(record["persona_id"]), int(record["repeat"]), int(record["seed"]))
 
 
-def read_transcripts(path: str | os.PathLike, *, repair: bool = False
-                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """The finished dialogues in a transcripts file, by key (first record of a key wins).
+def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
+                       ) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The records of a JSON Lines file that is appended to as work finishes, by key
+    (the values of ``key_fields``; the first record of a key wins).
 
     A last line without its newline is an unfinished write: it is ignored, and with
     ``repair=True`` cut off the file so that appends start on a fresh line.
 
     Returns:
-        ``{(persona_id, repeat, seed): record}``; empty when the file does not exist.
+        ``{key: record}``; empty when the file does not exist.
 
     Raises:
         EvaluationError: a complete line that is not a JSON object or lacks a key field,
@@ -227,7 +228,7 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
             handle.truncate(complete)
             handle.flush()
             os.fsync(handle.fileno())
-    records: dict[tuple[str, int, int], dict[str, Any]] = {}
+    records: dict[tuple[Any, ...], dict[str, Any]] = {}
     for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -238,19 +239,62 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
                                   f"(column {error.colno})") from None
         if not isinstance(record, dict):
             raise EvaluationError(f"{path}:{number}: expected a JSON object")
-        for name in KEY_FIELDS:
+        for name in key_fields:
             if name not in record:
                 raise EvaluationError(f"{path}:{number}: field {name!r}: missing")
+        records.setdefault(tuple(record[name] for name in key_fields), record)
+    return records
+
+
+def read_transcripts(path: str | os.PathLike, *, repair: bool = False
+                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The finished dialogues in a transcripts file, by ``(persona_id, repeat, seed)``
+    (:func:`read_jsonl_records`: an unfinished last line is ignored, and cut off with
+    ``repair=True``).
+
+    Raises:
+        EvaluationError: a complete line that is not a JSON object or lacks a key field,
+            naming the file and the line.
+    """
+    records: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for record in read_jsonl_records(path, KEY_FIELDS, repair=repair).values():
         records.setdefault(record_key(record), record)
     return records
 
 
-def append_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
-    """Append one record as a JSON line, flushed and fsynced before returning."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *,
+                   where: Sequence[str] | None = None) -> None:
+    """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
+
+    Every line is encoded before the file is opened, so records that cannot be written
+    leave the file unchanged.
+
+    Args:
+        where: one description per record (e.g. the dialogue), for the error message.
+
+    Raises:
+        EvaluationError: a record holds text that UTF-8 cannot encode (a lone
+            surrogate), naming the record (``where``) and the offending text.
+    """
+    lines = []
+    for index, record in enumerate(records):
+        try:
+            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        except UnicodeEncodeError as error:
+            snippet = error.object[max(0, error.start - 30):error.end + 30]
+            what = where[index] if where is not None else f"record {index + 1}"
+            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} "
+                                  f"near {snippet!r}") from None
+    with open(path, "ab") as handle:
+        handle.write(b"".join(lines))
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def append_record(path: str | os.PathLike, record: Mapping[str, Any], *,
+                  where: str | None = None) -> None:
+    """Append one record (:func:`append_records`; ``where`` names it in errors)."""
+    append_records(path, [record], where=None if where is None else [where])
 
 
 def _write_json(path: Path, payload: Any) -> None:
@@ -544,7 +588,9 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
             records = run_dialogues(todo, policy_obj, make_env, batch_size=batch_size)
             for finished, record in enumerate(records, start=1):
                 if out is not None:
-                    append_record(out / TRANSCRIPTS, record)
+                    append_record(out / TRANSCRIPTS, record, where=(
+                        f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, "
+                        f"seed {record['seed']})"))
                 done[record_key(record)] = record
                 if on_progress is not None:
                     on_progress(resumed + finished, len(tasks))
