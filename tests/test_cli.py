@@ -44,7 +44,7 @@ def test_the_console_script_points_at_main():
     assert name == "empathy-gym" and callable(getattr(importlib.import_module(module), attr))
 
 
-@pytest.mark.parametrize("args", [[], ["eval"], ["play"], ["envs"], ["personas"],
+@pytest.mark.parametrize("args", [[], ["eval"], ["replay"], ["play"], ["envs"], ["personas"],
                                   ["personas", "validate"], ["personas", "list"], ["personas", "show"]])
 def test_every_command_has_help(args):
     result = runner.invoke(app, [*args, "--help"])
