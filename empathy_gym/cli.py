@@ -37,8 +37,10 @@ app.add_typer(personas_app, name="personas")
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
-PERSONAS_HELP = ("persona bank: a name (rlver: the 500 RLVER profiles; en; zh) or a JSONL "
-                 "path, in our format or RLVER/SAGE's (first_talk is the opening line)")
+PERSONAS_HELP = ("persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
+                 "training profiles; rlver_minus_sage: those without the 47 players that also "
+                 "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
+                 "(first_talk is the opening line)")
 USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
              "openai:MODEL@URL; options after commas: ,temperature=0.3,max_concurrency=16")
 
@@ -78,29 +80,31 @@ def eval_command(
         "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR")],
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, "
                                       "transcripts.jsonl, trajectories.png; rerun to resume")],
-    personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "rlver",
+    personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
     appraisal_mode: Annotated[AppraisalMode, typer.Option(
-        help="LLM users: free (JSON with thoughts, SAGE) or choice (scored options)")] = AppraisalMode.free,
+        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[ProtocolName, typer.Option(
-        help="sage: start 40, change in [-10, 10], success at 100, failure below 10, 10 turns")] = ProtocolName.sage,
+        help="sage: start 40, change in [-10, 10], ends at 100, below 10 or on a goodbye, at most 10 "
+             "agent replies of which the 10th is never scored (9 steps)")] = ProtocolName.sage,
     think: Annotated[bool, typer.Option(help="the policy writes `<think>...</think>` before each reply")] = False,
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N personas")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="dialogues per persona, each with its own seed")] = 1,
     seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
-    max_tokens: Annotated[int, typer.Option(min=1, help="model policies: new tokens per reply")] = 256,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        min=1, help="model policies: new tokens per reply (default: no cap, as SAGE)")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
 ) -> None:
-    """Run the Sentient benchmark: one dialogue per persona, the mean final emotion with a
-    bootstrap 95% CI, success and failure counts, breakdowns by hidden intention and
-    character type.
+    """Run the Sentient benchmark (SAGE): one dialogue per persona (default: SAGE's 100
+    test profiles), the mean final emotion with a bootstrap 95% CI, success and failure
+    counts, breakdowns by hidden intention and character type.
 
-    Offline, a baseline against the rule user on 50 RLVER profiles:
+    Offline, a baseline against the rule user on 50 SAGE profiles:
 
-        empathy-gym eval --personas rlver --policy baseline:listener --user rule --limit 50 --out runs/listener
+        empathy-gym eval --policy baseline:listener --user rule --limit 50 --out runs/listener
 
     A local model (with a LoRA adapter) against an LLM user on an OpenAI-compatible server:
 
@@ -136,7 +140,8 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
         f"(95% CI {ci['low']:.1f} to {ci['high']:.1f}, {n} dialogues, "
         f"{report['personas']} personas{f', {resumed} resumed' if resumed else ''})\n"
         f"success {report['successes']}/{n}, failure {report['failures']}/{n}, "
-        f"out of turns {report['max_turns']}/{n}, mean turns {report['mean_turns']:.1f}")
+        f"goodbye {report['goodbyes']}/{n}, out of turns {report['max_turns']}/{n}, "
+        f"mean turns {report['mean_turns']:.1f}")
     for title, key in (("hidden intention", "by_hidden_intention"),
                        ("character type", "by_character_type")):
         table = Table(title=f"by {title}", title_justify="left")
@@ -251,8 +256,8 @@ def play(
 ) -> None:
     """Talk with the simulated user yourself: you are the agent. Type a reply and press
     Enter; the user answers and the emotion bar shows where you stand (0-100; the dialogue
-    ends at 100, below 10, or after the turn limit). /restart starts a new dialogue,
-    /quit (or Ctrl-D) leaves. Works offline with the rule user.
+    ends at 100, below 10, when the user says goodbye, or after the turn limit). /restart
+    starts a new dialogue, /quit (or Ctrl-D) leaves. Works offline with the rule user.
     """
     import gymnasium as gym
 
@@ -321,6 +326,7 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
             ended = True
             outcome = {"success": "success: the user feels better and says goodbye",
                        "failure": "failure: the user gives up and leaves",
+                       "goodbye": "the user says goodbye",
                        "max_turns": "out of turns"}[info["termination_reason"]]
             persona = env.dialogue.persona
             console.print(f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "

@@ -198,7 +198,7 @@ def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
 
 # -- play in a pseudo-terminal -------------------------------------------------------
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
-TURN = re.compile(r"\[[#-]{20}\]\s+(\d+)/100\s+\(([+-]\d+), turn (\d+)/10\)")
+TURN = re.compile(r"\[[#-]{20}\]\s+(\d+)/100\s+\(([+-]\d+), turn (\d+)/9\)")  # SAGE: 9 appraised turns
 
 
 class Terminal:
