@@ -323,12 +323,14 @@ def turn_record(log: LogFile, dialogue: LoggedDialogue, turn: LoggedTurn, reques
     ``line`` (in the log), ``seed``, ``emotion_before``; ``logged_change`` (SAGE's
     applied change), ``logged_proposed`` (its appraisal's change field); ``predicted``
     (our user's change, clamped by the protocol), ``proposed`` (before clamping),
-    ``thoughts`` and ``repairs`` of our user's appraisal."""
+    ``thoughts``, ``analysis`` (an LLM user's analysis steps) and ``repairs`` of our
+    user's appraisal."""
     return {"log": log.name, "dialogue_id": dialogue.id, "turn": turn.turn, "line": dialogue.line,
             "seed": request.seed, "emotion_before": turn.emotion_before,
             "logged_change": turn.change, "logged_proposed": turn.proposed_change,
             "predicted": protocol.clamp_change(appraisal.change), "proposed": appraisal.change,
-            "thoughts": appraisal.thoughts, "repairs": appraisal.repairs}
+            "thoughts": appraisal.thoughts, "analysis": dict(appraisal.analysis),
+            "repairs": appraisal.repairs}
 
 
 def _agreement_dict(records: Sequence[Mapping[str, Any]], scores: Mapping[str, float]) -> dict[str, Any]:
