@@ -76,8 +76,12 @@ class VLLMBackend(ChatBackend):
 
     @property
     def context_length(self) -> int | None:
-        """The engine's ``max_model_len``."""
-        return int(self.llm.llm_engine.model_config.max_model_len)
+        """The engine's ``max_model_len`` (``None`` where this vLLM version hides it)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        config = getattr(engine, "model_config", None) or getattr(
+            getattr(engine, "vllm_config", None), "model_config", None)
+        length = getattr(config, "max_model_len", None)
+        return int(length) if length else None
 
     def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int]:
         """Tokens of each conversation after the chat template with the generation prompt."""
