@@ -1,9 +1,10 @@
-"""The ``empathy-gym`` command (typer): ``eval``, ``play``, ``personas``, ``envs``.
+"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``play``, ``personas``, ``envs``.
 
 Exit codes: 0 success; 1 invalid input or a failed run (a persona file that does not
 validate, a bad spec, an unreachable server; the message on stderr names the file, line
 and field where there is one); 2 usage error (unknown option, missing argument: typer's);
-130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue, rerun it to resume).
+130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue and ``replay`` every
+appraised batch: rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ app.add_typer(personas_app, name="personas")
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
-PERSONAS_HELP = ("persona bank: a name (rlver: the 500 RLVER profiles; en; zh) or a JSONL "
-                 "path, in our format or RLVER/SAGE's (first_talk is the opening line)")
+PERSONAS_HELP = ("persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
+                 "training profiles; rlver_minus_sage: those without the 47 players that also "
+                 "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
+                 "(first_talk is the opening line)")
 USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
              "openai:MODEL@URL; options after commas: ,temperature=0.3,max_concurrency=16")
 
@@ -77,29 +80,31 @@ def eval_command(
         "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR")],
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, "
                                       "transcripts.jsonl, trajectories.png; rerun to resume")],
-    personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "rlver",
+    personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
     appraisal_mode: Annotated[AppraisalMode, typer.Option(
-        help="LLM users: free (JSON with thoughts, SAGE) or choice (scored options)")] = AppraisalMode.free,
+        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[ProtocolName, typer.Option(
-        help="sage: start 40, change in [-10, 10], success at 100, failure below 10, 10 turns")] = ProtocolName.sage,
+        help="sage: start 40, change in [-10, 10], ends at 100, below 10 or on a goodbye, at most 10 "
+             "agent replies of which the 10th is never scored (9 steps)")] = ProtocolName.sage,
     think: Annotated[bool, typer.Option(help="the policy writes `<think>...</think>` before each reply")] = False,
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N personas")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="dialogues per persona, each with its own seed")] = 1,
     seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
-    max_tokens: Annotated[int, typer.Option(min=1, help="model policies: new tokens per reply")] = 256,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        min=1, help="model policies: new tokens per reply (default: no cap, as SAGE)")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
 ) -> None:
-    """Run the Sentient benchmark: one dialogue per persona, the mean final emotion with a
-    bootstrap 95% CI, success and failure counts, breakdowns by hidden intention and
-    character type.
+    """Run the Sentient benchmark (SAGE): one dialogue per persona (default: SAGE's 100
+    test profiles), the mean final emotion with a bootstrap 95% CI, success and failure
+    counts, breakdowns by hidden intention and character type.
 
-    Offline, a baseline against the rule user on 50 RLVER profiles:
+    Offline, a baseline against the rule user on 50 SAGE profiles:
 
-        empathy-gym eval --personas rlver --policy baseline:listener --user rule --limit 50 --out runs/listener
+        empathy-gym eval --policy baseline:listener --user rule --limit 50 --out runs/listener
 
     A local model (with a LoRA adapter) against an LLM user on an OpenAI-compatible server:
 
@@ -135,7 +140,8 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
         f"(95% CI {ci['low']:.1f} to {ci['high']:.1f}, {n} dialogues, "
         f"{report['personas']} personas{f', {resumed} resumed' if resumed else ''})\n"
         f"success {report['successes']}/{n}, failure {report['failures']}/{n}, "
-        f"out of turns {report['max_turns']}/{n}, mean turns {report['mean_turns']:.1f}")
+        f"goodbye {report['goodbyes']}/{n}, out of turns {report['max_turns']}/{n}, "
+        f"mean turns {report['mean_turns']:.1f}")
     for title, key in (("hidden intention", "by_hidden_intention"),
                        ("character type", "by_character_type")):
         table = Table(title=f"by {title}", title_justify="left")
@@ -145,6 +151,94 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
             table.add_row(escape(group[:40]), str(stats["dialogues"]), f"{stats['sentient_score']:.1f}",
                           str(stats["successes"]), str(stats["failures"]), f"{stats['mean_turns']:.1f}")
         console.print(table)
+
+
+# -- replay ----------------------------------------------------------------------------
+@app.command("replay", epilog=EXIT_CODES)
+def replay_command(
+    logs: Annotated[list[Path], typer.Argument(
+        metavar="LOG...", help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl) "
+        "or folders of them")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, "
+                                      "scatter.png; rerun to resume")],
+    user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
+    appraisal_mode: Annotated[AppraisalMode, typer.Option(
+        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
+    difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
+    protocol: Annotated[ProtocolName, typer.Option(
+        help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")] = ProtocolName.sage,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N dialogues of each log")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,
+) -> None:
+    """Measure a simulated user against SAGE's: score each log as SAGE's leaderboard does,
+    re-appraise every logged agent turn with --user (given the logged history and
+    emotion before it), and report the agreement with SAGE's logged changes: sign
+    agreement, Cohen's kappa, Spearman, Pearson, MAE, a sign confusion table, per-log
+    means, and Kendall's tau between the rankings of the tested models.
+
+        empathy-gym replay ../shared/data/sage/logs --user rule --out runs/replay-rule
+
+    Each batch of appraisals is saved at once; rerunning the same command after a crash
+    or Ctrl-C skips them and gives the same report.
+    """
+    from empathy_gym.replay import TURNS, replay_logs
+
+    with _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; "
+                     f"rerun the same command to resume"), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), console=errors, transient=True,
+                     disable=not errors.is_terminal) as progress:
+        bar = progress.add_task("turns", total=None)
+        result = replay_logs(logs, user, appraisal_mode=appraisal_mode.value, difficulty=difficulty,
+                             protocol=protocol.value, seed=seed, batch_size=batch_size, limit=limit,
+                             out_dir=out,
+                             on_progress=lambda done, total: progress.update(bar, completed=done,
+                                                                             total=total))
+    _print_replay(result.report, result.resumed)
+    console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def _print_replay(report: dict[str, Any], resumed: int) -> None:
+    logs = Table(title="SAGE's logs: leaderboard numbers, and the same dialogues replayed through "
+                       "our protocol with the logged changes", title_justify="left")
+    for column in ("log", "dialogues", "score", "success", "failure", "replayed", "turns",
+                   "logged mean", "predicted mean", "sign agree"):
+        logs.add_column(column, justify="left" if column == "log" else "right")
+    for row in report["logs"]:
+        logs.add_row(escape(row["name"]), str(row["dialogues"]), f"{row['score']:.2f}",
+                     str(row["success"]), str(row["failure"]),
+                     f"{row['protocol_matches']}/{row['dialogues']}", str(row["turns"]),
+                     _number(row["mean_logged"]), _number(row["mean_predicted"]),
+                     _number(row["sign_agreement"]))
+    console.print(logs)
+    table = Table(title=f"agreement with SAGE's logged changes ({report['turns']} turns"
+                        f"{f', {resumed} resumed' if resumed else ''})", title_justify="left")
+    columns = ("turns", "sign agree", "sign agree (logged != 0)", "chance", "kappa", "Spearman",
+               "Pearson", "MAE", "Kendall tau (change)", "Kendall tau (score)")
+    table.add_column("simulator")
+    for column in columns:
+        table.add_column(column, justify="right")
+    rows = [("all logs", report["agreement"])] + list(report["by_simulator"].items())
+    for name, stats in rows:
+        table.add_row(escape(name), str(stats["turns"]), _number(stats["sign_agreement"]),
+                      _number(stats["sign_agreement_nonzero"]), _number(stats["chance_agreement"]),
+                      _number(stats["cohen_kappa"]), _number(stats["spearman"]),
+                      _number(stats["pearson"]), _number(stats["mae"]),
+                      _number(stats["kendall_tau"]), _number(stats["kendall_tau_score"]))
+    console.print(table)
+    confusion = Table(title="signs: logged (rows) against predicted (columns), all logs",
+                      title_justify="left")
+    confusion.add_column("logged")
+    for sign in ("-", "0", "+"):
+        confusion.add_column(sign, justify="right")
+    for sign, row in report["agreement"]["confusion"].items():
+        confusion.add_row(sign, *(str(row[s]) for s in ("-", "0", "+")))
+    console.print(confusion)
 
 
 # -- play ------------------------------------------------------------------------------
@@ -162,8 +256,8 @@ def play(
 ) -> None:
     """Talk with the simulated user yourself: you are the agent. Type a reply and press
     Enter; the user answers and the emotion bar shows where you stand (0-100; the dialogue
-    ends at 100, below 10, or after the turn limit). /restart starts a new dialogue,
-    /quit (or Ctrl-D) leaves. Works offline with the rule user.
+    ends at 100, below 10, when the user says goodbye, or after the turn limit). /restart
+    starts a new dialogue, /quit (or Ctrl-D) leaves. Works offline with the rule user.
     """
     import gymnasium as gym
 
@@ -232,6 +326,7 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
             ended = True
             outcome = {"success": "success: the user feels better and says goodbye",
                        "failure": "failure: the user gives up and leaves",
+                       "goodbye": "the user says goodbye",
                        "max_turns": "out of turns"}[info["termination_reason"]]
             persona = env.dialogue.persona
             console.print(f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "

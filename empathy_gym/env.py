@@ -13,6 +13,16 @@ Rewards (``reward_mode``):
   constant.
 * ``"final"``: 0 until the last step, then e_T / 100 (RLVER, section 3.1).
 
+Episode length (``max_turns``, :mod:`empathy_gym.user.protocol`): one step is one agent
+reply that the user appraises and answers, and ``max_turns`` counts steps. Under
+``protocol="sage"`` it is 9: SAGE takes at most 10 agent replies but never appraises the
+10th, which can therefore never change the score, so the env stops after the 9th
+(``truncated=True``). Under ``protocol="rlver_training"`` it is 9 too: RLVER checks its
+``max_turns=8`` after the user's answer. The user ends a dialogue earlier
+(``terminated=True``) at success (e >= 100, SAGE only), failure (SAGE e < 10, RLVER
+e <= 0) or when its answer says goodbye (再见 or 拜拜 in Chinese, "goodbye" or "bye" in
+English); ``info["termination_reason"]`` says which.
+
 In think mode (``think=True``) the agent writes ``<think>...</think>`` before its reply;
 only the reply reaches the user. A missing or unclosed block costs ``format_penalty``
 (default 0.1, i.e. ten emotion points) on that step's reward and sets
@@ -42,6 +52,18 @@ from empathy_gym.think import split_think
 from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, make_user, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 
+def sanitize_text(text: str) -> tuple[str, bool]:
+    """``text`` with every lone UTF-16 surrogate (U+D800 to U+DFFF, which no UTF-8 file
+    can hold) replaced by U+FFFD, and a surrogate pair joined into its character.
+
+    Returns:
+        ``(clean text, whether anything changed)``.
+    """
+    if not any("\ud800" <= char <= "\udfff" for char in text):
+        return text, False
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
+
+
 #: Default longest utterance, in characters, in both spaces. Longer actions are accepted
 #: but cut to this length before they reach the user (``info["action_truncated"]``).
 MAX_UTTERANCE_CHARS = 4096
@@ -50,6 +72,15 @@ AGENT_SYSTEM_PROMPTS: dict[str, str] = {
     "en": ("You are a warm, perceptive listener. The person you are talking with is going "
            "through something difficult. Reply in English, in a few natural sentences."),
     "zh": "你是一位温暖、敏锐的倾听者。和你聊天的人正经历一些困难。请用中文回复，用几句自然的话。",
+}
+#: SAGE's agent system prompt (Tencent/digitalhuman ``SAGE/npc_response.py`` line 14) in
+#: our own words: a smart chat partner with high emotional intelligence who leaves the
+#: user comfortable, happier or helped. :func:`empathy_gym.evaluation.evaluate` uses it
+#: under ``protocol="sage"``. It asks for no particular length, as SAGE's does not.
+SAGE_AGENT_SYSTEM_PROMPTS: dict[str, str] = {
+    "en": ("You are a smart chat companion with high emotional intelligence: you talk with "
+           "the user so that they feel at ease and in good spirits, or get the help they need."),
+    "zh": "你是一个聪明的聊天伙伴，情商很高：你和用户聊天，让对方觉得自在、心情变好，或者得到他需要的帮助。",
 }
 THINK_INSTRUCTIONS: dict[str, str] = {
     "en": (" Before each reply, think privately inside <think>...</think>; only the text "
@@ -70,7 +101,8 @@ class Dialogue:
         messages: the agent-side chat (system prompt, user turns, the agent's full
             outputs including any thinking), as ``{"role", "content"}`` dicts.
         emotions: the emotion after each user turn, starting with e_0.
-        done_reason: ``None`` while running, else "success", "failure" or "max_turns".
+        done_reason: ``None`` while running, else "success", "failure", "goodbye" or
+            "max_turns".
     """
 
     persona: Persona
@@ -90,6 +122,7 @@ class PendingStep:
     action: str
     format_error: str | None
     action_truncated: bool
+    action_sanitized: bool = False
 
 
 class EmpathyDialogueEnv(gym.Env[str, str]):
@@ -108,14 +141,18 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         backend_kwargs, user_kwargs: more arguments for the backend and the user.
         user: a ready :class:`~empathy_gym.user.SimulatedUser` (overrides ``backend``).
         protocol: ``"sage"`` (default: initial 40, change in [-10, 10], success at 100,
-            failure below 10, 10 turns), ``"rlver_training"``, a dict or an
+            failure below 10, goodbye ends, 9 appraised turns), ``"rlver_training"``
+            (initial 30, unclamped, failure at 0, goodbye ends, 9 turns), a dict or an
             :class:`~empathy_gym.user.EmotionProtocol`.
-        initial_emotion, max_turns: override the protocol's.
+        initial_emotion, max_turns: override the protocol's (``max_turns``: the most
+            steps, i.e. appraised agent replies; see the module docstring).
         reward_mode: ``"delta"`` or ``"final"`` (see the module docstring).
         think: expect ``<think>...</think>`` before each reply.
         format_penalty: subtracted from the reward of a malformed think-mode action (>= 0).
-        system_prompt: the agent's system prompt in ``info["messages"]``; ``None`` picks
-            a default in the persona's language.
+        system_prompt: the agent's system prompt in ``info["messages"]``: a ``str``, a
+            dict ``{language: str}``, or ``None`` for :data:`AGENT_SYSTEM_PROMPTS` in the
+            persona's language (the think instruction is added to dict and default
+            prompts in think mode).
         max_utterance_chars: the spaces' ``max_length``.
         render_mode: ``None``, ``"ansi"`` or ``"human"``.
 
@@ -124,7 +161,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     ``info`` (reset and step): ``messages``, ``emotion`` (0-100), ``turn``,
     ``persona_id``, ``language``. Step adds ``emotion_change`` (the applied change),
-    ``termination_reason``, ``format_error``, ``action_truncated``, ``utterance`` (what
+    ``termination_reason``, ``format_error``, ``action_truncated``,
+    ``action_sanitized`` (lone surrogates were replaced by U+FFFD), ``utterance`` (what
     reached the user), and, **privileged** (for analysis, never for the policy's input):
     ``appraisal`` (proposed change, thoughts, raw text, repairs, features),
     ``hidden_intention`` and ``character_type``.
@@ -151,7 +189,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
                  user: SimulatedUser | None = None, protocol: Any = "sage",
                  initial_emotion: int | None = None, max_turns: int | None = None,
                  reward_mode: Literal["delta", "final"] = "delta", think: bool = False,
-                 format_penalty: float = 0.1, system_prompt: str | None = None,
+                 format_penalty: float = 0.1, system_prompt: str | Mapping[str, str] | None = None,
                  max_utterance_chars: int = MAX_UTTERANCE_CHARS,
                  render_mode: str | None = None):
         if reward_mode not in ("delta", "final"):
@@ -212,11 +250,18 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     def finish_reset(self, persona: Persona, opening: str) -> tuple[str, dict[str, Any]]:
         """Second half of :meth:`reset`, given the user's opening utterance."""
-        opening = opening[: self.max_utterance_chars]
+        opening = sanitize_text(opening[: self.max_utterance_chars])[0]
         emotion = (persona.initial_emotion if persona.initial_emotion is not None
                    else self.protocol.initial_emotion)
-        system = self.system_prompt or AGENT_SYSTEM_PROMPTS[persona.language] + (
-            THINK_INSTRUCTIONS[persona.language] if self.think else "")
+        if isinstance(self.system_prompt, str):
+            system = self.system_prompt
+        else:
+            prompts = self.system_prompt or AGENT_SYSTEM_PROMPTS
+            if persona.language not in prompts:
+                raise KeyError(f"system_prompt has no prompt for language {persona.language!r} "
+                               f"(persona {persona.id!r}); it has {sorted(prompts)}")
+            system = prompts[persona.language] + (
+                THINK_INSTRUCTIONS[persona.language] if self.think else "")
         self.dialogue = Dialogue(
             persona=persona, emotion=emotion, history=(("user", opening),),
             messages=[{"role": "system", "content": system}, {"role": "user", "content": opening}],
@@ -238,8 +283,9 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     # -- step --------------------------------------------------------------------
     def prepare_step(self, action: str) -> PendingStep:
-        """First half of :meth:`step`: check the action, split off thinking, build the
-        request for the simulated user.
+        """First half of :meth:`step`: check the action, replace lone surrogates (see
+        :func:`sanitize_text`; ``info["action_sanitized"]``), split off thinking, build
+        the request for the simulated user.
 
         Raises:
             TypeError: ``action`` is not a ``str``.
@@ -254,6 +300,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         if dialogue.done_reason is not None:
             raise RuntimeError(f"the episode has ended ({dialogue.done_reason}); "
                                f"call reset() before step()")
+        action, sanitized = sanitize_text(action)
         split = split_think(action)
         utterance = split.reply
         truncated = len(utterance) > self.max_utterance_chars
@@ -261,7 +308,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
                               utterance=utterance[: self.max_utterance_chars],
                               emotion=dialogue.emotion, turn=dialogue.turn + 1,
                               seed=self._draw_seed())
-        return PendingStep(request, action, split.error if self.think else None, truncated)
+        return PendingStep(request, action, split.error if self.think else None, truncated,
+                           sanitized)
 
     def finish_step(self, pending: PendingStep, outcome: UserTurn
                     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -269,7 +317,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         dialogue = self.dialogue
         assert dialogue is not None
         request = pending.request
-        reply = outcome.reply[: self.max_utterance_chars]
+        reply = sanitize_text(outcome.reply[: self.max_utterance_chars])[0]
         previous = dialogue.emotion
         dialogue.emotion = outcome.emotion
         dialogue.turn = request.turn
@@ -277,7 +325,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         dialogue.history = request.history + (("agent", request.utterance), ("user", reply))
         dialogue.messages += [{"role": "assistant", "content": pending.action},
                               {"role": "user", "content": reply}]
-        terminated, truncated, reason = self.protocol.termination(dialogue.emotion, dialogue.turn)
+        terminated, truncated, reason = self.protocol.termination(
+            dialogue.emotion, dialogue.turn, reply, dialogue.persona.language)
         dialogue.done_reason = reason
         if self.reward_mode == "delta":
             reward = (dialogue.emotion - previous) / 100.0
@@ -289,7 +338,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         info.update(
             emotion_change=dialogue.emotion - previous, termination_reason=reason,
             format_error=pending.format_error, action_truncated=pending.action_truncated,
-            utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
+            action_sanitized=pending.action_sanitized, utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
             hidden_intention=dialogue.persona.hidden_intention,
             character_type=dialogue.persona.character_type)
         if self.render_mode == "human":
@@ -302,7 +351,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         Returns:
             ``(observation, reward, terminated, truncated, info)``: the user's reply,
             the reward (float, see ``reward_mode``), whether the user ended the dialogue
-            (success or failure), whether the turn limit was reached, and ``info``.
+            (success, failure or goodbye), whether the turn limit was reached, and
+            ``info``.
 
         Raises:
             TypeError, RuntimeError: see :meth:`prepare_step`.

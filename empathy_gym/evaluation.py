@@ -1,11 +1,17 @@
 """The Sentient-style benchmark (SAGE, arXiv 2505.02847): run a policy against a persona
 set with a simulated user, and report the mean final emotion.
 
-Protocol (SAGE section 2.2, the default): every dialogue starts at emotion 40 (or the
-persona's own ``initial_emotion``), each turn's change is clamped to [-10, 10], the
-dialogue ends with *success* when the emotion reaches 100, with *failure* when it falls
-below 10, and otherwise after 10 agent turns. The user's first utterance is the
-profile's opening line (SAGE's ``first_talk``) when it has one.
+Protocol (``protocol="sage"``, the default; :mod:`empathy_gym.user.protocol` gives
+SAGE's file and line for each rule): the persona bank is SAGE's 100 test profiles
+(``personas="sage"``); every dialogue starts at emotion 40 (or the persona's own
+``initial_emotion``) with the profile's opening line (SAGE's ``first_talk``), which is
+not appraised; each turn's change is clamped to [-10, 10]; the dialogue ends with
+*success* when the emotion reaches 100, with *failure* when it falls below 10, with a
+*goodbye* when the user's answer says one (再见 or 拜拜), and otherwise after 9 appraised
+agent replies (SAGE's 10th reply is never appraised, so it is not asked for). The agent
+gets SAGE's system prompt (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) and no
+reply-length cap. The score is the mean final emotion; success and failure count the
+dialogues that ended at >= 100 and < 10, as SAGE's leaderboard.
 
 One dialogue per persona and repeat, each with its own seed
 (:func:`dialogue_seed`: from the run seed, the persona id and the repeat index), so a
@@ -42,12 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv, reset_many, step_many
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.policies import Policy, make_policy
 from empathy_gym.seeding import derive_seed
 from empathy_gym.specs import user_env_kwargs
 from empathy_gym.user import SimulatedUser, make_user, resolve_protocol
+from empathy_gym.user.protocol import protocol_name
 from empathy_gym.user.difficulty import load_difficulty
 
 TRANSCRIPTS = "transcripts.jsonl"
@@ -125,8 +132,8 @@ def dialogue_record(task: Task, info: Mapping[str, Any], steps: Sequence[Mapping
     Fields: ``persona_id``, ``repeat``, ``seed`` (the key); ``language``,
     ``hidden_intention``, ``character_type``; ``initial_emotion``, ``final_emotion``
     (ints in [0, 100]); ``emotions`` (after each user turn, e_0 first: turns + 1 ints);
-    ``turns`` (agent turns, int >= 1); ``termination`` (``"success"``, ``"failure"`` or
-    ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
+    ``turns`` (agent turns, int >= 1); ``termination`` (``"success"``, ``"failure"``,
+    ``"goodbye"`` or ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
     turn: ``utterance`` that reached the user, proposed ``change``, ``applied_change``,
     ``emotion``, user ``thoughts``, ``format_error``); ``messages`` (the agent-side chat).
     """
@@ -203,15 +210,16 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
     return (str(record["persona_id"]), int(record["repeat"]), int(record["seed"]))
 
 
-def read_transcripts(path: str | os.PathLike, *, repair: bool = False
-                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """The finished dialogues in a transcripts file, by key (first record of a key wins).
+def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
+                       ) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The records of a JSON Lines file that is appended to as work finishes, by key
+    (the values of ``key_fields``; the first record of a key wins).
 
     A last line without its newline is an unfinished write: it is ignored, and with
     ``repair=True`` cut off the file so that appends start on a fresh line.
 
     Returns:
-        ``{(persona_id, repeat, seed): record}``; empty when the file does not exist.
+        ``{key: record}``; empty when the file does not exist.
 
     Raises:
         EvaluationError: a complete line that is not a JSON object or lacks a key field,
@@ -227,7 +235,7 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
             handle.truncate(complete)
             handle.flush()
             os.fsync(handle.fileno())
-    records: dict[tuple[str, int, int], dict[str, Any]] = {}
+    records: dict[tuple[Any, ...], dict[str, Any]] = {}
     for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -238,19 +246,62 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
                                   f"(column {error.colno})") from None
         if not isinstance(record, dict):
             raise EvaluationError(f"{path}:{number}: expected a JSON object")
-        for name in KEY_FIELDS:
+        for name in key_fields:
             if name not in record:
                 raise EvaluationError(f"{path}:{number}: field {name!r}: missing")
+        records.setdefault(tuple(record[name] for name in key_fields), record)
+    return records
+
+
+def read_transcripts(path: str | os.PathLike, *, repair: bool = False
+                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The finished dialogues in a transcripts file, by ``(persona_id, repeat, seed)``
+    (:func:`read_jsonl_records`: an unfinished last line is ignored, and cut off with
+    ``repair=True``).
+
+    Raises:
+        EvaluationError: a complete line that is not a JSON object or lacks a key field,
+            naming the file and the line.
+    """
+    records: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for record in read_jsonl_records(path, KEY_FIELDS, repair=repair).values():
         records.setdefault(record_key(record), record)
     return records
 
 
-def append_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
-    """Append one record as a JSON line, flushed and fsynced before returning."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *,
+                   where: Sequence[str] | None = None) -> None:
+    """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
+
+    Every line is encoded before the file is opened, so records that cannot be written
+    leave the file unchanged.
+
+    Args:
+        where: one description per record (e.g. the dialogue), for the error message.
+
+    Raises:
+        EvaluationError: a record holds text that UTF-8 cannot encode (a lone
+            surrogate), naming the record (``where``) and the offending text.
+    """
+    lines = []
+    for index, record in enumerate(records):
+        try:
+            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        except UnicodeEncodeError as error:
+            snippet = error.object[max(0, error.start - 30):error.end + 30]
+            what = where[index] if where is not None else f"record {index + 1}"
+            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} "
+                                  f"near {snippet!r}") from None
+    with open(path, "ab") as handle:
+        handle.write(b"".join(lines))
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def append_record(path: str | os.PathLike, record: Mapping[str, Any], *,
+                  where: str | None = None) -> None:
+    """Append one record (:func:`append_records`; ``where`` names it in errors)."""
+    append_records(path, [record], where=None if where is None else [where])
 
 
 def _write_json(path: Path, payload: Any) -> None:
@@ -326,6 +377,7 @@ def _group_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"dialogues": len(records), "sentient_score": float(np.mean(finals)),
             "successes": sum(r["termination"] == "success" for r in records),
             "failures": sum(r["termination"] == "failure" for r in records),
+            "goodbyes": sum(r["termination"] == "goodbye" for r in records),
             "mean_turns": float(np.mean([r["turns"] for r in records]))}
 
 
@@ -350,10 +402,11 @@ def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
       each persona's mean over its repeats is one value (with one repeat, the dialogues
       themselves), so repeats of one persona are never treated as independent;
     * ``dialogues``, ``personas``; ``successes`` (ended at the success threshold),
-      ``failures`` (ended below the failure threshold), ``max_turns`` (ran out of turns),
-      their rates; ``mean_turns``;
+      ``failures`` (ended below the failure threshold), ``goodbyes`` (the user said
+      goodbye in between), ``max_turns`` (ran out of turns), the success and failure
+      rates; ``mean_turns``;
     * ``by_hidden_intention``, ``by_character_type``: per group ``dialogues``,
-      ``sentient_score``, ``successes``, ``failures``, ``mean_turns`` (standard ids in
+      ``sentient_score``, ``successes``, ``failures``, ``goodbyes``, ``mean_turns`` (standard ids in
       the papers' order first, free-text intentions after, sorted).
 
     Raises:
@@ -375,7 +428,8 @@ def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
                "resamples": n_resamples, "seed": seed, "unit": "persona",
                "source": BOOTSTRAP_SOURCE},
         "dialogues": n, "personas": len(per_persona),
-        "successes": overall["successes"], "failures": overall["failures"], "max_turns": ended_max,
+        "successes": overall["successes"], "failures": overall["failures"],
+        "goodbyes": overall["goodbyes"], "max_turns": ended_max,
         "success_rate": overall["successes"] / n, "failure_rate": overall["failures"] / n,
         "mean_turns": overall["mean_turns"],
         "by_hidden_intention": _breakdown(records, "hidden_intention", list(INTENTIONS)),
@@ -385,11 +439,12 @@ def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
 
 # -- the plot --------------------------------------------------------------------------
 def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
-                      success_emotion: int = 100, failure_below: int = 10,
+                      success_emotion: int | None = 100, failure_below: int = 10,
                       title: str | None = None) -> None:
     """Save a PNG of the emotion trajectories: one thin line per dialogue (green: success,
-    red: failure, grey: ran out of turns), the mean trajectory in black (a dialogue that
-    has ended keeps its final emotion in the mean), and the thresholds dashed.
+    red: failure, orange: goodbye, grey: ran out of turns), the mean trajectory in black
+    (a dialogue that has ended keeps its final emotion in the mean), and the thresholds
+    dashed (no success line when ``success_emotion`` is ``None``).
 
     Axes: agent turn (0 = the opening) against emotion (0-100). Uses matplotlib's Agg
     canvas directly (no pyplot, no display needed).
@@ -397,7 +452,8 @@ def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathL
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    colours = {"success": "tab:green", "failure": "tab:red", "max_turns": "tab:gray"}
+    colours = {"success": "tab:green", "failure": "tab:red", "goodbye": "tab:orange",
+               "max_turns": "tab:gray"}
     longest = max(len(r["emotions"]) for r in records)
     padded = np.array([r["emotions"] + [r["emotions"][-1]] * (longest - len(r["emotions"]))
                        for r in records], dtype=np.float64)
@@ -409,8 +465,9 @@ def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathL
         axes.plot(range(len(record["emotions"])), record["emotions"],
                   color=colours.get(record["termination"], "tab:blue"), alpha=alpha, linewidth=0.8)
     axes.plot(range(longest), padded.mean(axis=0), color="black", linewidth=2.5, label="mean")
-    axes.axhline(success_emotion, color="tab:green", linestyle="--", linewidth=1,
-                 label=f"success ({success_emotion})")
+    if success_emotion is not None:
+        axes.axhline(success_emotion, color="tab:green", linestyle="--", linewidth=1,
+                     label=f"success ({success_emotion})")
     axes.axhline(failure_below, color="tab:red", linestyle="--", linewidth=1,
                  label=f"failure (< {failure_below})")
     axes.xaxis.get_major_locator().set_params(integer=True)
@@ -451,12 +508,13 @@ def _describe(value: Any) -> Any:
     return getattr(value, "name", None) or type(value).__name__
 
 
-def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "rlver", *,
+def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "sage", *,
              user: str | SimulatedUser = "rule", appraisal_mode: str = "free",
              difficulty: Any = "moderate", protocol: Any = "sage", think: bool = False,
              repeats: int = 1, limit: int | None = None, seed: int = 0,
              out_dir: str | os.PathLike | None = None, batch_size: int = 32,
-             max_tokens: int = 256, temperature: float = 0.7, top_p: float = 1.0,
+             max_tokens: int | None = None, temperature: float = 0.7, top_p: float = 1.0,
+             system_prompt: str | Mapping[str, str] | None = None,
              confidence: float = 0.95, n_resamples: int = 10_000,
              on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Run the benchmark: one dialogue per persona and repeat, then the report.
@@ -466,8 +524,10 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
             ``"openai:MODEL@URL"``, ``"python:MODULE:ATTR"``), a
             :class:`~empathy_gym.policies.Policy`, or a callable ``messages -> str``
             (:func:`~empathy_gym.policies.make_policy`).
-        personas: a bank name (``"rlver"``, ``"en"``, ``"zh"``), a JSONL path (our format
-            or RLVER/SAGE's, ``first_talk`` included), a list, or ``None`` (built-in bank).
+        personas: a bank name (``"sage"``, the default: SAGE's 100 test profiles;
+            ``"rlver"``, ``"rlver_minus_sage"``, ``"en"``, ``"zh"``), a JSONL path (our
+            format or RLVER/SAGE's, ``first_talk`` included), a list, or ``None``
+            (the built-in English and Chinese bank).
         user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
             ``"openai:MODEL@URL"``; :func:`~empathy_gym.specs.user_env_kwargs`) or a ready
             :class:`~empathy_gym.user.SimulatedUser` (not closed here).
@@ -481,7 +541,12 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
         seed: the run seed (int >= 0); it also seeds the bootstrap.
         out_dir: where to write and resume (``None``: nothing written, no resume).
         batch_size: dialogues run at once (>= 1).
-        max_tokens, temperature, top_p: generation settings of model-backed policies.
+        max_tokens: new tokens per reply of model-backed policies; ``None`` (default):
+            no cap but the model's context, as SAGE.
+        temperature, top_p: sampling settings of model-backed policies.
+        system_prompt: the agent's system prompt (a ``str`` or ``{language: str}``);
+            ``None``: SAGE's (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) under
+            the ``sage`` protocol, else the env's default.
         confidence, n_resamples: of the bootstrap interval.
         on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
             the first new dialogue (``done`` = those resumed) and after each one ends.
@@ -508,6 +573,8 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
         "appraisal_mode": appraisal_mode, "difficulty": _describe(difficulty),
         "protocol": dataclasses.asdict(protocol_obj), "think": think, "seed": seed,
         "generation": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
+        "system_prompt": _describe(system_prompt if system_prompt is not None else (
+            SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol_obj) == "sage" else None)),
     }
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():
@@ -539,12 +606,15 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
 
             def make_env() -> EmpathyDialogueEnv:
                 return EmpathyDialogueEnv(bank, difficulty_obj, user=shared_user,
-                                          protocol=protocol_obj, think=think)
+                                          protocol=protocol_obj, think=think,
+                                          system_prompt=config["system_prompt"])
 
             records = run_dialogues(todo, policy_obj, make_env, batch_size=batch_size)
             for finished, record in enumerate(records, start=1):
                 if out is not None:
-                    append_record(out / TRANSCRIPTS, record)
+                    append_record(out / TRANSCRIPTS, record, where=(
+                        f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, "
+                        f"seed {record['seed']})"))
                 done[record_key(record)] = record
                 if on_progress is not None:
                     on_progress(resumed + finished, len(tasks))

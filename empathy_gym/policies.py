@@ -91,14 +91,15 @@ class BackendPolicy:
 
     Args:
         backend: the chat engine.
-        max_tokens: new tokens per reply (>= 1); raise it in think mode.
+        max_tokens: new tokens per reply (>= 1), or ``None`` (default) for no cap but the
+            model's context, as SAGE (its logged replies run 160 to 760 characters).
         temperature: sampling temperature (>= 0; 0 is greedy).
         top_p: nucleus mass in (0, 1].
         name: recorded in the run configuration; defaults to ``repr(backend)``.
         owns_backend: :meth:`close` closes the backend.
     """
 
-    def __init__(self, backend: ChatBackend, *, max_tokens: int = 256, temperature: float = 0.7,
+    def __init__(self, backend: ChatBackend, *, max_tokens: int | None = None, temperature: float = 0.7,
                  top_p: float = 1.0, name: str | None = None, owns_backend: bool = True):
         self.backend = backend
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
@@ -150,7 +151,7 @@ def load_transformers_policy(model: str | os.PathLike, *, adapter: str | os.Path
     return backend
 
 
-def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int = 256,
+def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int | None = None,
                 temperature: float = 0.7, top_p: float = 1.0) -> Policy:
     """A :class:`Policy` from a spec string, a ready policy or a callable.
 
@@ -166,7 +167,8 @@ def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int = 
     * ``python:MODULE:ATTR[,batched=true]``: a callable (a class is instantiated with no
       arguments) taking ``messages`` (or a batch of them).
 
-    ``max_tokens``, ``temperature``, ``top_p`` apply to the model-backed kinds.
+    ``max_tokens`` (``None``: no cap), ``temperature``, ``top_p`` apply to the
+    model-backed kinds.
 
     Raises:
         SpecError: a malformed spec or an unknown kind or baseline.

@@ -6,18 +6,30 @@ user's proposed change, clamped by the protocol, is compared with SAGE's applied
 (:func:`agreement`): does it move the same way, how strongly do the changes correlate,
 and does it rank the tested models (one log file each) as SAGE's simulator did.
 
+:func:`replay_logs` is the whole harness (``empathy-gym replay LOG...``): it scores each
+log as SAGE's leaderboard does, checks that our ``sage`` protocol reproduces each logged
+dialogue from its logged changes (:func:`replay_with_logged_changes`), re-appraises
+every scored turn in batches, and writes ``report.json``, ``turns.jsonl`` (one line per
+turn, appended as each batch finishes, so a rerun resumes) and ``scatter.png``.
+
 The logs come from :mod:`empathy_gym.sage_logs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from empathy_gym.sage_logs import LoggedTurn
-from empathy_gym.user.base import SimulatedUser, UserRequest
+from empathy_gym.personas import Persona
+from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
+from empathy_gym.seeding import derive_seed
+from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
 
@@ -26,6 +38,14 @@ def turn_request(turn: LoggedTurn, persona, seed: int = 0) -> UserRequest:
     the logged history, reply and emotion before it."""
     return UserRequest(persona=persona, history=turn.history, utterance=turn.utterance,
                        emotion=turn.emotion_before, turn=turn.turn, seed=seed)
+
+
+def _appraise_in_batches(user: SimulatedUser, requests: Sequence[UserRequest], batch_size: int
+                         ) -> Iterator[list[Appraisal]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for start in range(0, len(requests), batch_size):
+        yield user.appraise(requests[start:start + batch_size])
 
 
 def reappraise(user: SimulatedUser, requests: Sequence[UserRequest], *,
@@ -44,13 +64,13 @@ def reappraise(user: SimulatedUser, requests: Sequence[UserRequest], *,
 
     Raises:
         SimulatorError: the user could not appraise a turn.
+        ValueError: ``batch_size`` < 1.
     """
     changes: list[int] = []
-    for start in range(0, len(requests), batch_size):
-        batch = requests[start:start + batch_size]
-        changes += [protocol.clamp_change(a.change) for a in user.appraise(batch)]
+    for appraisals in _appraise_in_batches(user, requests, batch_size):
+        changes += [protocol.clamp_change(a.change) for a in appraisals]
         if on_batch is not None:
-            on_batch(len(batch))
+            on_batch(len(appraisals))
     return changes
 
 
@@ -140,3 +160,402 @@ def agreement(predicted: Sequence[float], logged: Sequence[float],
                      chance_agreement=chance, cohen_kappa=float(kappa), spearman=spearman, pearson=pearson,
                      mae=float(np.mean(np.abs(predicted_a - logged_a))), confusion=confusion,
                      per_model=per_model, kendall_tau=tau)
+
+
+class LoggedUser(SimulatedUser):
+    """A simulated user that replays SAGE's logs: at agent turn t of a logged dialogue
+    (found by the persona's id) it proposes the logged appraisal's change and answers
+    with the logged user message. Playing the logged agent replies against it in an
+    env reproduces the logged dialogue, so it checks a protocol against SAGE's
+    (:func:`replay_with_logged_changes`).
+
+    Args:
+        dialogues: the logged dialogues (:func:`~empathy_gym.sage_logs.read_sage_log`);
+            persona ids must be unique among them.
+
+    Raises:
+        ValueError: two dialogues with one id.
+        SimulatorError (from :meth:`appraise`): a turn that SAGE never appraised, or one
+            the logs do not hold.
+    """
+
+    deterministic = True
+
+    def __init__(self, dialogues: Sequence[LoggedDialogue]):
+        self.turns: dict[tuple[str, int], LoggedTurn] = {}
+        for dialogue in dialogues:
+            if (dialogue.id, 1) in self.turns:
+                raise ValueError(f"LoggedUser: two dialogues with id {dialogue.id!r}")
+            self.turns.update({(dialogue.id, turn.turn): turn for turn in dialogue.turns})
+
+    def _turn(self, request: UserRequest) -> LoggedTurn:
+        turn = self.turns.get((request.persona.id, request.turn))
+        if turn is None or not turn.scored:
+            raise SimulatorError(f"dialogue {request.persona.id!r}, turn {request.turn}: "
+                                 f"{'not in the logs' if turn is None else 'SAGE never appraised it'}")
+        return turn
+
+    def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        return [persona.opening_line or "" for persona in personas]
+
+    def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
+        out = []
+        for request in requests:
+            turn = self._turn(request)
+            change = turn.proposed_change if turn.proposed_change is not None else turn.change
+            out.append(Appraisal(change=int(change), thoughts=str((turn.appraisal or {}).get("activity", ""))))
+        return out
+
+    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
+              emotions: Sequence[int]) -> list[str]:
+        return [self._turn(request).reply or "" for request in requests]
+
+
+@dataclass(frozen=True)
+class ProtocolReplay:
+    """A logged dialogue played again through our env (:func:`replay_with_logged_changes`).
+
+    Attributes:
+        emotions: e_0 and the emotion after each step (ints).
+        termination: the env's ``termination_reason`` of the last step.
+        steps: env steps played.
+        matches: the emotions equal the logged ones, step for step, and the env stopped
+            where the log stops (the final emotion then equals SAGE's ``emo_point``).
+    """
+
+    emotions: tuple[int, ...]
+    termination: str | None
+    steps: int
+    matches: bool
+
+
+def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtocol | str = "sage"
+                               ) -> ProtocolReplay:
+    """Play a logged dialogue through :class:`~empathy_gym.env.EmpathyDialogueEnv` under
+    ``protocol``: the logged agent replies as actions, :class:`LoggedUser` proposing the
+    logged changes and answering with the logged messages.
+
+    Under ``"sage"`` the env's emotions and stopping point should equal the log's: the
+    same clamping and cap at 100, the same thresholds, the goodbye rule, and no
+    appraisal of a 10th reply.
+    """
+    from empathy_gym.env import EmpathyDialogueEnv
+
+    env = EmpathyDialogueEnv([dialogue.persona], user=LoggedUser([dialogue]), protocol=protocol)
+    _, info = env.reset(seed=0)
+    emotions = [info["emotion"]]
+    reason = None
+    for turn in dialogue.turns:
+        if not turn.scored:
+            break
+        _, _, terminated, truncated, info = env.step(turn.utterance)
+        emotions.append(info["emotion"])
+        reason = info["termination_reason"]
+        if terminated or truncated:
+            break
+    ended = env.dialogue.done_reason is not None
+    matches = tuple(emotions) == tuple(dialogue.emotions) and ended
+    return ProtocolReplay(tuple(emotions), reason, len(emotions) - 1, matches)
+
+
+# -- the harness: empathy-gym replay ---------------------------------------------------
+TURNS = "turns.jsonl"
+REPORT = "report.json"
+PLOT = "scatter.png"
+RUN = "run.json"
+
+#: Fields of a per-turn record that identify its turn.
+TURN_KEY: tuple[str, ...] = ("log", "dialogue_id", "turn")
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """One SAGE result log read for replay.
+
+    Attributes:
+        path: the file. name: ``"<simulator>/<model>"`` (:func:`~empathy_gym.sage_logs.log_names`),
+            the log's key in the records. simulator, model: its parts.
+        dialogues: the dialogues read (the first ``limit`` when a limit was given).
+    """
+
+    path: str
+    name: str
+    simulator: str
+    model: str
+    dialogues: tuple[LoggedDialogue, ...]
+
+
+def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None) -> list[LogFile]:
+    """Read SAGE result logs for :func:`replay_logs`; a folder stands for the
+    ``*_result.jsonl`` files under it (sorted).
+
+    Raises:
+        SageLogError: a malformed line (file, line, field). FileNotFoundError: a missing
+            path, or a folder without logs. ValueError: two files with one
+            ``simulator/model`` name.
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.rglob("*_result.jsonl"))
+            if not found:
+                raise FileNotFoundError(f"{path}: no *_result.jsonl files in this folder")
+            files += found
+        elif not path.exists():
+            raise FileNotFoundError(f"{path}: no such log file")
+        else:
+            files.append(path)
+    logs, seen = [], {}
+    for path in files:
+        simulator, model = log_names(path)
+        name = f"{simulator}/{model}"
+        if name in seen:
+            raise ValueError(f"{path} and {seen[name]} have the same simulator/model name {name!r}; "
+                             f"replay them separately")
+        seen[name] = path
+        logs.append(LogFile(str(path), name, simulator, model, tuple(read_sage_log(path, limit=limit))))
+    return logs
+
+
+def turn_record(log: LogFile, dialogue: LoggedDialogue, turn: LoggedTurn, request: UserRequest,
+                appraisal: Appraisal, protocol: EmotionProtocol) -> dict[str, Any]:
+    """One line of ``turns.jsonl``: the turn's key (``log``, ``dialogue_id``, ``turn``),
+    ``line`` (in the log), ``seed``, ``emotion_before``; ``logged_change`` (SAGE's
+    applied change), ``logged_proposed`` (its appraisal's change field); ``predicted``
+    (our user's change, clamped by the protocol), ``proposed`` (before clamping),
+    ``thoughts``, ``analysis`` (an LLM user's analysis steps) and ``repairs`` of our
+    user's appraisal."""
+    return {"log": log.name, "dialogue_id": dialogue.id, "turn": turn.turn, "line": dialogue.line,
+            "seed": request.seed, "emotion_before": turn.emotion_before,
+            "logged_change": turn.change, "logged_proposed": turn.proposed_change,
+            "predicted": protocol.clamp_change(appraisal.change), "proposed": appraisal.change,
+            "thoughts": appraisal.thoughts, "analysis": dict(appraisal.analysis),
+            "repairs": appraisal.repairs}
+
+
+def _agreement_dict(records: Sequence[Mapping[str, Any]], scores: Mapping[str, float]) -> dict[str, Any]:
+    result = agreement([r["predicted"] for r in records], [r["logged_change"] for r in records],
+                       models=[r["log"] for r in records]).as_dict()
+    from scipy import stats
+    per_model = result["per_model"]
+    result["kendall_tau_score"] = (float(stats.kendalltau(
+        [per_model[m]["mean_predicted"] for m in per_model], [scores[m] for m in per_model]).statistic)
+        if len(per_model) >= 2 else None)
+    return result
+
+
+def summarize_replay(logs: Sequence[LogFile], records: Sequence[Mapping[str, Any]],
+                     protocol_checks: Mapping[str, Sequence[ProtocolReplay]]) -> dict[str, Any]:
+    """The report of a replay.
+
+    Returns a dict with:
+
+    * ``logs``: per file ``name``, ``path``, ``simulator``, ``model``, ``dialogues``,
+      SAGE's leaderboard numbers (``score`` the mean final emotion, ``success``
+      (final >= 100), ``failure`` (final < 10)); ``replayed_score`` and
+      ``protocol_matches`` (dialogues whose logged changes, replayed through our
+      protocol, give the logged emotions and stop where the log stops); ``turns``
+      (scored turns), ``mean_logged``, ``mean_predicted`` (emotion points per turn),
+      ``sign_agreement``;
+    * ``agreement``: :func:`agreement` over all turns (``per_model`` keyed by log name,
+      ``kendall_tau`` between the ranking of the logs by mean predicted and by mean
+      logged change) plus ``kendall_tau_score`` (mean predicted change against the
+      log's score);
+    * ``by_simulator``: the same for the logs of each SAGE simulator (rankings are
+      comparable within one simulator only).
+
+    Raises:
+        ValueError: no records.
+    """
+    if not records:
+        raise ValueError("summarize_replay: no turns to summarize")
+    by_log: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        by_log.setdefault(record["log"], []).append(record)
+    files, scores = [], {}
+    for log in logs:
+        board = leaderboard(log.dialogues)
+        scores[log.name] = board["score"]
+        checks = protocol_checks[log.name]
+        rows = by_log.get(log.name, [])
+        files.append({
+            "name": log.name, "path": log.path, "simulator": log.simulator, "model": log.model,
+            "dialogues": board["dialogues"], "score": board["score"], "success": board["success"],
+            "failure": board["failure"],
+            "replayed_score": float(np.mean([c.emotions[-1] for c in checks])),
+            "protocol_matches": sum(c.matches for c in checks), "turns": len(rows),
+            "mean_logged": float(np.mean([r["logged_change"] for r in rows])) if rows else float("nan"),
+            "mean_predicted": float(np.mean([r["predicted"] for r in rows])) if rows else float("nan"),
+            "sign_agreement": float(np.mean([np.sign(r["predicted"]) == np.sign(r["logged_change"])
+                                             for r in rows])) if rows else float("nan"),
+        })
+    simulators: dict[str, list[Mapping[str, Any]]] = {}
+    names = {log.name: log.simulator for log in logs}
+    for record in records:
+        simulators.setdefault(names[record["log"]], []).append(record)
+    return {"logs": files, "turns": len(records), "agreement": _agreement_dict(records, scores),
+            "by_simulator": {sim: _agreement_dict(rows, scores) for sim, rows in simulators.items()}}
+
+
+def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
+                   title: str | None = None) -> None:
+    """Save a PNG: SAGE's logged change (x) against our user's predicted change (y), one
+    circle per pair of values with its area proportional to the turn count (the changes
+    are a few integers, so points would pile up), the diagonal dashed. Uses
+    matplotlib's Agg canvas (no display needed)."""
+    from collections import Counter
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    counts = Counter((r["logged_change"], r["predicted"]) for r in records)
+    xs, ys, ns = zip(*[(x, y, n) for (x, y), n in sorted(counts.items())])
+    figure = Figure(figsize=(6.5, 6), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    largest = max(ns)
+    axes.scatter(xs, ys, s=[1500 * n / largest for n in ns], alpha=0.5, color="tab:blue",
+                 edgecolors="tab:blue")
+    for x, y, n in zip(xs, ys, ns):
+        axes.annotate(str(n), (x, y), ha="center", va="center", fontsize=8)
+    low = min(min(xs), min(ys)) - 2
+    high = max(max(xs), max(ys)) + 2
+    axes.plot([low, high], [low, high], color="gray", linestyle="--", linewidth=1)
+    axes.axhline(0, color="lightgray", linewidth=0.8)
+    axes.axvline(0, color="lightgray", linewidth=0.8)
+    axes.set(xlim=(low, high), ylim=(low, high), xlabel="SAGE's logged change",
+             ylabel="predicted change", title=title or f"{len(records)} turns")
+    figure.savefig(path)
+
+
+@dataclass
+class ReplayResult:
+    """What :func:`replay_logs` returns.
+
+    Attributes:
+        report: :func:`summarize_replay`'s dict plus ``config``.
+        records: the per-turn records, in log, dialogue and turn order.
+        logs: the logs read.
+        out_dir: where the files went, or ``None``.
+        resumed: turns taken from an existing ``turns.jsonl``.
+    """
+
+    report: dict[str, Any]
+    records: list[dict[str, Any]]
+    logs: list[LogFile] = field(default_factory=list)
+    out_dir: Path | None = None
+    resumed: int = 0
+
+
+def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "rule", *,
+                appraisal_mode: str = "free", difficulty: Any = "moderate",
+                protocol: Any = "sage", seed: int = 0, batch_size: int = 64,
+                limit: int | None = None, out_dir: str | os.PathLike | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Measure a simulated user against SAGE's: re-appraise every scored turn of SAGE's
+    result logs and compare with the logged changes.
+
+    Args:
+        logs: ``*_result.jsonl`` files or folders of them (SAGE.md: one dialogue per line).
+        user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``, ``"vllm:PATH"``,
+            ``"openai:MODEL@URL"``) or a ready :class:`SimulatedUser` (not closed here).
+        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+        difficulty: preset name, path or dict (LLM users' instructions, rule weights).
+        protocol: clamps the predicted change (``"sage"``: [-10, 10]) and is the protocol
+            checked against the logs.
+        seed: each turn's request seed is ``derive_seed(seed, log name, dialogue id, turn)``.
+        batch_size: turns per appraise call (>= 1); results are saved after each batch.
+        limit: the first ``limit`` dialogues of each log (>= 1).
+        out_dir: where to write ``run.json``, ``turns.jsonl``, ``report.json`` and
+            ``scatter.png``, and to resume from (``None``: nothing written).
+        on_progress: ``on_progress(done, total)`` in turns, once before the first batch
+            and after each.
+
+    Returns:
+        :class:`ReplayResult`.
+
+    Raises:
+        SageLogError: a malformed log line (file, line, field). FileNotFoundError: a
+            missing log.
+        EvaluationError: a run directory with another configuration, an ``out_dir`` that
+            is a file, a corrupt ``turns.jsonl``, bad ``batch_size`` / ``limit``.
+        SpecError: a malformed user spec. SimulatorError, BackendError: from the user;
+            turns already appraised stay in ``turns.jsonl``.
+    """
+    from empathy_gym.evaluation import (EvaluationError, _write_json, append_records,
+                                        check_run_config, read_jsonl_records)
+    from empathy_gym.specs import user_env_kwargs
+    from empathy_gym.user import make_user, resolve_protocol
+    from empathy_gym.user.difficulty import load_difficulty
+
+    if batch_size < 1:
+        raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
+    if limit is not None and limit < 1:
+        raise EvaluationError(f"limit must be >= 1, got {limit}")
+    protocol_obj = resolve_protocol(protocol)
+    difficulty_obj = load_difficulty(difficulty)
+    files = read_logs(logs, limit=limit)
+    user_kwargs = user_env_kwargs(user) if isinstance(user, str) else {}
+    config = {"user": user if isinstance(user, str) else type(user).__name__,
+              "appraisal_mode": appraisal_mode, "difficulty": difficulty_obj.name,
+              "protocol": dataclasses.asdict(protocol_obj), "seed": seed}
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise EvaluationError(f"out_dir {str(out)!r} is a file; give a folder (new or a replay to resume)")
+    checks = {log.name: [replay_with_logged_changes(d, protocol_obj) for d in log.dialogues]
+              for log in files}
+    todo: list[tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]] = []
+    for log in files:
+        for dialogue in log.dialogues:
+            for turn in dialogue.turns:
+                if turn.scored:
+                    request = turn_request(turn, dialogue.persona,
+                                           seed=derive_seed(seed, log.name, dialogue.id, turn.turn))
+                    todo.append((log, dialogue, turn, request))
+    keys = [(log.name, dialogue.id, turn.turn) for log, dialogue, turn, _ in todo]
+    done: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if out is not None:
+        check_run_config(out, config)
+        done = read_jsonl_records(out / TURNS, TURN_KEY, repair=True)
+    pending = [item for item, key in zip(todo, keys) if key not in done]
+    resumed = len(todo) - len(pending)
+    if on_progress is not None:
+        on_progress(resumed, len(todo))
+    if pending:
+        shared_user = user if isinstance(user, SimulatedUser) else make_user(
+            user_kwargs.get("backend", "rule"), difficulty=difficulty_obj, protocol=protocol_obj,
+            model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
+            appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
+            user_kwargs=user_kwargs.get("user_kwargs"))
+        try:
+            if out is not None and not (out / RUN).exists():
+                out.mkdir(parents=True, exist_ok=True)
+                _write_json(out / RUN, config)
+            finished = resumed
+            batches = _appraise_in_batches(shared_user, [item[3] for item in pending], batch_size)
+            for start, appraisals in zip(range(0, len(pending), batch_size), batches):
+                batch = pending[start:start + len(appraisals)]
+                records = [turn_record(log, dialogue, turn, request, appraisal, protocol_obj)
+                           for (log, dialogue, turn, request), appraisal in zip(batch, appraisals)]
+                if out is not None:
+                    append_records(out / TURNS, records, where=[
+                        f"{log.name} dialogue {dialogue.id!r} turn {turn.turn}"
+                        for log, dialogue, turn, _ in batch])
+                for record in records:
+                    done[(record["log"], record["dialogue_id"], record["turn"])] = record
+                finished += len(appraisals)
+                if on_progress is not None:
+                    on_progress(finished, len(todo))
+        finally:
+            if shared_user is not user:
+                shared_user.close()
+    records = [done[key] for key in keys]
+    report = summarize_replay(files, records, checks)
+    report["config"] = {**config, "logs": [log.path for log in files], "limit": limit}
+    if out is not None:
+        _write_json(out / REPORT, report)
+        overall = report["agreement"]
+        plot_agreement(records, out / PLOT, title=(
+            f"{config['user']} vs SAGE's logged appraisals ({len(records)} turns)\n"
+            f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"))
+    return ReplayResult(report, records, files, out, resumed)

@@ -245,6 +245,30 @@ def test_connection_errors_are_retried(stub_server):
 
 
 @pytest.mark.parametrize("use_async", [False, True])
+def test_a_hanging_server_fails_after_one_timeout_without_retries(stub_server, use_async):
+    stub = stub_server([OK], delay=3.0)  # accepts the request and answers too late
+    backend = OpenAIBackend(stub.url, "m", timeout=0.5, **FAST)
+    start = time.monotonic()
+    with pytest.raises(BackendError, match=r"no answer within 0.5 s \(timeout\); the server is hanging"):
+        asyncio.run(backend.agenerate([HELLO])) if use_async else backend.generate([HELLO])
+    assert time.monotonic() - start < 2.0
+    assert len(stub.requests) == 1  # 6 attempts (max_retries=5) before: 6 x 60 s with the defaults
+
+
+def test_default_timeouts_fail_a_hanging_server_within_a_minute():
+    backend = OpenAIBackend("http://127.0.0.1:1/v1", "m")
+    assert (backend.timeout.read, backend.timeout.connect) == (60.0, 5.0)
+    with pytest.raises(ValueError, match="timeout and connect_timeout must be > 0"):
+        OpenAIBackend("http://127.0.0.1:1/v1", "m", timeout=0)
+
+
+def test_no_max_tokens_leaves_the_field_out(stub_server):
+    stub = stub_server([OK])
+    OpenAIBackend(stub.url, "m").generate([HELLO], max_tokens=None)
+    assert "max_tokens" not in stub.requests[0][1]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
 def test_concurrency_is_limited(stub_server, use_async):
     stub = stub_server([OK], delay=0.15)
     backend = OpenAIBackend(stub.url, "m", max_concurrency=2)

@@ -44,7 +44,7 @@ def test_the_console_script_points_at_main():
     assert name == "empathy-gym" and callable(getattr(importlib.import_module(module), attr))
 
 
-@pytest.mark.parametrize("args", [[], ["eval"], ["play"], ["envs"], ["personas"],
+@pytest.mark.parametrize("args", [[], ["eval"], ["replay"], ["play"], ["envs"], ["personas"],
                                   ["personas", "validate"], ["personas", "list"], ["personas", "show"]])
 def test_every_command_has_help(args):
     result = runner.invoke(app, [*args, "--help"])
@@ -198,7 +198,7 @@ def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
 
 # -- play in a pseudo-terminal -------------------------------------------------------
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
-TURN = re.compile(r"\[[#-]{20}\]\s+(\d+)/100\s+\(([+-]\d+), turn (\d+)/10\)")
+TURN = re.compile(r"\[[#-]{20}\]\s+(\d+)/100\s+\(([+-]\d+), turn (\d+)/9\)")  # SAGE: 9 appraised turns
 
 
 class Terminal:

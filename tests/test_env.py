@@ -1,3 +1,6 @@
+import dataclasses
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -86,6 +89,63 @@ def test_rlver_training_protocol():
     assert [s[4]["emotion"] for s in steps] == [10, 0]
     assert steps[-1][1] == pytest.approx(-0.10)
     assert steps[-1][4]["termination_reason"] == "failure"
+
+
+def test_rlver_training_runs_nine_turns_and_does_not_stop_at_100():
+    env = make([30], protocol="rlver_training")
+    env.reset(seed=0)
+    steps = play(env, 20)
+    # RLVER checks turn_count > 8 after the user's answer: 9 appraised turns; 100 is not an end
+    assert len(steps) == 9 and [s[4]["emotion"] for s in steps][:3] == [60, 90, 100]
+    assert steps[-1][3] and steps[-1][4]["termination_reason"] == "max_turns"
+
+
+class GoodbyeUser(ScriptedUser):
+    """Says goodbye (in the persona's language) in its answer to turn ``at``."""
+
+    def __init__(self, at, words):
+        super().__init__([0])
+        self.at, self.words = at, words
+
+    def reply(self, requests, appraisals, emotions):
+        return [f"ok. {self.words}" if r.turn == self.at else "go on" for r in requests]
+
+
+@pytest.mark.parametrize("language,words", [("zh", "那我先走了，再见"), ("zh", "拜拜"), ("en", "Thanks. Goodbye.")])
+def test_a_goodbye_in_the_users_answer_ends_the_dialogue(language, words):
+    persona = dataclasses.replace(PERSONAS[0], language=language)
+    for protocol in ("sage", "rlver_training"):
+        env = EmpathyDialogueEnv([persona], user=GoodbyeUser(3, words), protocol=protocol)
+        env.reset(seed=0)
+        steps = play(env, 20)
+        assert len(steps) == 3 and steps[-1][2:4] == (True, False)
+        assert steps[-1][4]["termination_reason"] == "goodbye"
+    # an English goodbye does not end a Chinese persona's dialogue, as SAGE's rule reads Chinese
+    env = EmpathyDialogueEnv([dataclasses.replace(persona, language="zh")], user=GoodbyeUser(3, "bye"))
+    env.reset(seed=0)
+    assert len(play(env, 20)) == 9
+
+
+def test_a_lone_surrogate_is_replaced_and_the_transcript_can_be_written():
+    env = make([0])
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("I hear\ud800 you \ud83d\ude00")
+    assert info["action_sanitized"] is True
+    assert info["utterance"] == "I hear\ufffd you \U0001F600"   # the pair becomes its emoji
+    assert info["messages"][-2]["content"] == "I hear\ufffd you \U0001F600"
+    json.dumps(info, ensure_ascii=False).encode("utf-8")        # raised UnicodeEncodeError before
+    assert env.step("fine")[4]["action_sanitized"] is False
+
+
+def test_system_prompt_per_language():
+    zh = dataclasses.replace(PERSONAS[1], language="zh")
+    env = EmpathyDialogueEnv([PERSONAS[0], zh], user=ScriptedUser([0]),
+                             system_prompt={"en": "Be kind.", "zh": "要友善。"}, think=True)
+    _, info = env.reset(seed=0, options={"persona": zh.id})
+    assert info["messages"][0]["content"].startswith("要友善。") and "<think>" in info["messages"][0]["content"]
+    env = EmpathyDialogueEnv([zh], user=ScriptedUser([0]), system_prompt={"en": "Be kind."})
+    with pytest.raises(KeyError, match="no prompt for language 'zh'"):
+        env.reset(seed=0)
 
 
 def test_persona_initial_emotion_overrides_protocol():

@@ -34,8 +34,8 @@ def script(request):
     if request.persona.id == "b":
         return -10   # 40 30 20 10 0: failure at turn 4 (0 < 10), final 0
     if request.persona.id == "c":
-        return 3     # 40 + 3 * 10 = 70 after 10 turns: out of turns, final 70
-    return 25 if request.turn == 1 else -5  # 25 -> +10: 50, then 45 ... 10 (turn 9), 5 (turn 10): failure, final 5
+        return 3     # 40 + 3 * 9 = 67 after 9 turns (SAGE never appraises a 10th reply): final 67
+    return 25 if request.turn == 1 else -5  # 25 -> +10: 50, then 45 ... 10 at turn 9 (alive: failure is < 10): final 10
 
 
 def reply(messages):
@@ -52,25 +52,25 @@ def run(tmp_path=None, policy=reply, **kwargs):
 def test_scores_success_and_failure_worked_out_by_hand():
     result, _ = run()
     report = result.report
-    # finals 100, 0, 70, 5
-    assert report["sentient_score"] == pytest.approx((100 + 0 + 70 + 5) / 4)  # 43.75
+    # finals 100, 0, 67, 10
+    assert report["sentient_score"] == pytest.approx((100 + 0 + 67 + 10) / 4)  # 44.25
     assert (report["dialogues"], report["personas"]) == (4, 4)
-    assert (report["successes"], report["failures"], report["max_turns"]) == (1, 2, 1)
-    assert report["success_rate"] == pytest.approx(0.25) and report["failure_rate"] == pytest.approx(0.5)
-    assert report["mean_turns"] == pytest.approx((6 + 4 + 10 + 10) / 4)  # 7.5
+    assert (report["successes"], report["failures"], report["goodbyes"], report["max_turns"]) == (1, 1, 0, 2)
+    assert report["success_rate"] == pytest.approx(0.25) and report["failure_rate"] == pytest.approx(0.25)
+    assert report["mean_turns"] == pytest.approx((6 + 4 + 9 + 9) / 4)  # 7.0
     assert report["by_hidden_intention"] == {
-        "deep_empathy": {"dialogues": 2, "sentient_score": 85.0, "successes": 1, "failures": 0, "mean_turns": 8.0},
-        "practical_advice": {"dialogues": 1, "sentient_score": 0.0, "successes": 0, "failures": 1, "mean_turns": 4.0},
-        "specific_praise": {"dialogues": 1, "sentient_score": 5.0, "successes": 0, "failures": 1, "mean_turns": 10.0},
+        "deep_empathy": {"dialogues": 2, "sentient_score": 83.5, "successes": 1, "failures": 0, "goodbyes": 0, "mean_turns": 7.5},
+        "practical_advice": {"dialogues": 1, "sentient_score": 0.0, "successes": 0, "failures": 1, "goodbyes": 0, "mean_turns": 4.0},
+        "specific_praise": {"dialogues": 1, "sentient_score": 10.0, "successes": 0, "failures": 0, "goodbyes": 0, "mean_turns": 9.0},
     }
     assert report["by_character_type"] == {
-        "negative": {"dialogues": 2, "sentient_score": 2.5, "successes": 0, "failures": 2, "mean_turns": 7.0},
-        "passive": {"dialogues": 1, "sentient_score": 100.0, "successes": 1, "failures": 0, "mean_turns": 6.0},
-        "avoidant": {"dialogues": 1, "sentient_score": 70.0, "successes": 0, "failures": 0, "mean_turns": 10.0},
+        "negative": {"dialogues": 2, "sentient_score": 5.0, "successes": 0, "failures": 1, "goodbyes": 0, "mean_turns": 6.5},
+        "passive": {"dialogues": 1, "sentient_score": 100.0, "successes": 1, "failures": 0, "goodbyes": 0, "mean_turns": 6.0},
+        "avoidant": {"dialogues": 1, "sentient_score": 67.0, "successes": 0, "failures": 0, "goodbyes": 0, "mean_turns": 9.0},
     }
     assert list(report["by_character_type"]) == ["negative", "passive", "avoidant"]  # the papers' order
     low, high = report["ci"]["low"], report["ci"]["high"]
-    assert low <= 43.75 <= high and (low, high) != (43.75, 43.75)
+    assert low <= 44.25 <= high and (low, high) != (44.25, 44.25)
 
 
 def test_records_hold_the_trajectory_and_the_transcript():
@@ -79,7 +79,8 @@ def test_records_hold_the_trajectory_and_the_transcript():
     assert [r["persona_id"] for r in result.records] == ["a", "b", "c", "d"]  # task order
     assert by_id["b"]["emotions"] == [40, 30, 20, 10, 0]
     assert by_id["b"]["termination"] == "failure" and by_id["b"]["turns"] == 4
-    assert by_id["d"]["emotions"][:3] == [40, 50, 45] and by_id["d"]["emotions"][-2:] == [10, 5]
+    assert by_id["d"]["emotions"][:3] == [40, 50, 45] and by_id["d"]["emotions"][-2:] == [15, 10]
+    assert by_id["d"]["termination"] == "max_turns" and by_id["d"]["turns"] == 9
     assert [s["change"] for s in by_id["d"]["steps"][:2]] == [25, -5]          # proposed
     assert [s["applied_change"] for s in by_id["d"]["steps"][:2]] == [10, -5]  # clamped
     assert by_id["a"]["messages"][1] == {"role": "user", "content": "Opening a."}  # the opening line
@@ -95,11 +96,11 @@ def test_all_dialogues_of_a_turn_go_to_the_user_and_the_policy_together():
         return ["I hear you."] * len(conversations)
 
     together, user = run(policy=CallablePolicy(batched, batched=True, name="batched"), batch_size=4)
-    # b ends after turn 4, a after turn 6, c and d after turn 10.
-    assert sizes == [4, 4, 4, 4, 3, 3, 2, 2, 2, 2]
-    assert user.calls == 10  # one batched appraisal per turn
+    # b ends after turn 4, a after turn 6, c and d after turn 9 (a 10th reply is never asked for).
+    assert sizes == [4, 4, 4, 4, 3, 3, 2, 2, 2]
+    assert user.calls == 9  # one batched appraisal per turn
     alone, user_alone = run(policy=CallablePolicy(batched, batched=True, name="batched"), batch_size=1)
-    assert user_alone.calls == 6 + 4 + 10 + 10
+    assert user_alone.calls == 6 + 4 + 9 + 9
     assert alone.report == together.report and alone.records == together.records
 
 
@@ -140,7 +141,7 @@ def test_dialogue_seeds_depend_on_persona_id_and_repeat_only():
 def test_repeats_are_resampled_by_persona():
     result, _ = run(repeats=2)
     assert (result.report["dialogues"], result.report["personas"]) == (8, 4)
-    assert result.report["sentient_score"] == pytest.approx(43.75)  # the script ignores the seed
+    assert result.report["sentient_score"] == pytest.approx(44.25)  # the script ignores the seed
     assert [r["repeat"] for r in result.records[:2]] == [0, 1]
 
 
@@ -272,3 +273,46 @@ def test_an_out_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "report").write_text("not a folder")
     with pytest.raises(EvaluationError, match=r"out_dir '.*report' is a file; give a folder"):
         evaluate("baseline:echo", "en", limit=1, out_dir=tmp_path / "report")
+
+
+def test_sage_defaults_bank_system_prompt_and_no_length_cap():
+    from empathy_gym.env import AGENT_SYSTEM_PROMPTS, SAGE_AGENT_SYSTEM_PROMPTS
+    seen = []
+
+    def agent(messages):
+        seen.append(messages[0]["content"])
+        return "嗯，我在听。"
+
+    result = evaluate(agent, user=ScriptedUser([0]), limit=2, n_resamples=100)
+    sage_ids = [p.id for p in load_personas("sage")]
+    assert [r["persona_id"] for r in result.records] == sage_ids[:2]      # SAGE's bank by default
+    assert set(seen) == {SAGE_AGENT_SYSTEM_PROMPTS["zh"]}                 # SAGE's agent prompt
+    assert result.report["config"]["generation"]["max_tokens"] is None   # no cap on replies
+    assert all(r["turns"] == 9 for r in result.records)                  # the 10th reply is never asked for
+    seen.clear()
+    evaluate(agent, user=ScriptedUser([0]), limit=1, protocol="rlver_training", n_resamples=100)
+    assert set(seen) == {AGENT_SYSTEM_PROMPTS["zh"]}
+    seen.clear()
+    evaluate(agent, user=ScriptedUser([0]), limit=1, system_prompt="Be brief.", n_resamples=100)
+    assert set(seen) == {"Be brief."}
+    assert make_policy("openai:m@http://127.0.0.1:1/v1").max_tokens is None
+
+
+def test_a_lone_surrogate_from_the_policy_does_not_break_the_transcripts(tmp_path):
+    # before: UnicodeEncodeError when writing transcripts.jsonl, on every rerun
+    result = evaluate(lambda messages: "I hear you \ud800", PERSONAS[:1], user=ScriptedUser([0]),
+                      out_dir=tmp_path, n_resamples=100)
+    line = (tmp_path / "transcripts.jsonl").read_text(encoding="utf-8")
+    assert "I hear you \ufffd" in line and result.records[0]["steps"][0]["utterance"] == "I hear you \ufffd"
+
+
+def test_no_max_tokens_generates_up_to_the_context(tiny_model_dir):
+    from empathy_gym.backends.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(str(tiny_model_dir), device="cpu")
+    chat = [{"role": "user", "content": "hello there"}]
+    (length,) = backend.prompt_lengths([chat])
+    backend.model.config.max_position_embeddings = length + 5   # a context with room for 5 tokens
+    assert backend.context_length == length + 5
+    (text,) = backend.generate([chat], max_tokens=None, temperature=0.0)
+    assert 0 < len(backend.tokenizer.encode(text, add_special_tokens=False)) <= 5

@@ -27,6 +27,7 @@ def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in ["empathy_gym/_envs/personas/en.jsonl", "empathy_gym/_envs/personas/zh.jsonl",
                      "empathy_gym/_envs/rlver/train_profile.jsonl", "empathy_gym/_envs/rlver/LICENSE.txt",
+                     "empathy_gym/_envs/sage/profiles.jsonl", "empathy_gym/_envs/sage/LICENSE.txt",
                      "empathy_gym/_envs/difficulty/challenging.json", "empathy_gym/user/persona.schema.json",
                      "empathy_gym/user/prompts/zh/appraisal.txt", "empathy_gym/user/prompts/en/bands.json",
                      "empathy_gym/user/rules/en.json", "empathy_gym/strategy_templates/en.json",
@@ -39,8 +40,11 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    # Without PYTHONPATH: pointing at the source tree, where the build leaves an egg-info, it
+    # makes pip believe the package is installed already, and pip skips the wheel.
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env=clean_env)
     # Dependencies come from this interpreter's site-packages, added after the new venv's own.
     site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                         text=True).strip())
@@ -55,7 +59,6 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
         "rl = gym.make('EmpathyDialogue-RLVER-v0').unwrapped\n"
         "print(len(env.unwrapped.personas), len(rl.personas), type(r).__name__)\n"
     )
-    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path, env=clean_env)
     assert result.returncode == 0, result.stderr
     n_builtin, n_rlver, reward_type = result.stdout.split()

@@ -160,5 +160,5 @@ def test_edited_file_is_reloaded(tmp_path):
 
 def test_an_unknown_bank_name_lists_the_built_in_ones():
     with pytest.raises(FileNotFoundError, match=r"no persona bank 'nosuch': not a file, and not a built-in "
-                                                r"bank \(en, zh, rlver\)"):
+                                                r"bank \(en, zh, rlver, sage, rlver_minus_sage\)"):
         load_personas("nosuch")

@@ -28,8 +28,9 @@ def backend():
 
 def play(backend, mode):
     """Play DIALOGUES dialogues of up to TURNS turns; returns per-turn infos and errors."""
+    # reply_plan=False: a 135M model cannot write the planned-reply JSON in 48 tokens
     env = gym.make("EmpathyDialogue-v0", personas="en", backend=backend, appraisal_mode=mode,
-                   max_turns=TURNS, user_kwargs={"max_repairs": 2, "max_tokens": 48})
+                   max_turns=TURNS, user_kwargs={"max_repairs": 2, "max_tokens": 48, "reply_plan": False})
     agent, infos, errors = ListenerAgent(), [], []
     for seed in range(DIALOGUES):
         _, info = env.reset(seed=seed)
@@ -70,3 +71,31 @@ def test_free_mode_repairs_or_raises_never_scores_silently(backend, measured):
         assert -10 <= info["emotion_change"] <= 10
     for error in errors:
         assert error.attempts == 3 and error.raw is not None and error.raw in str(error)
+
+
+def test_a_chinese_sage_dialogue_outgrows_smollm2s_context_with_a_clear_error(backend, measured):
+    from pathlib import Path
+
+    from empathy_gym.replay import turn_request
+    from empathy_gym.sage_logs import read_sage_log
+    from empathy_gym.user import SAGE, prompts
+    from empathy_gym.user.llm_user import LLMUser, PromptTooLongError
+
+    log = Path(__file__).parent / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
+    dialogue = read_sage_log(log)[0]
+    user = LLMUser(backend)                               # max_tokens 1024
+    assert backend.context_length == 8192
+    requests = [turn_request(turn, dialogue.persona) for turn in dialogue.turns if turn.scored]
+    lengths = [backend.prompt_lengths([prompts.appraisal_messages(r, user.difficulty, SAGE)])[0]
+               for r in requests]
+    measured(f"SmolLM2 tokens of the appraisal prompt of SAGE dialogue {dialogue.id}, turns 1-9: {lengths}")
+    assert lengths == sorted(lengths) and lengths[0] > 4000   # Chinese costs SmolLM2 many tokens
+    first_too_long = next(i for i, n in enumerate(lengths) if n + 1024 > 8192)
+    user.check_context([prompts.appraisal_messages(requests[0], user.difficulty, SAGE)],
+                       [dialogue.persona], [1], 1024, "appraisal")   # turn 1 fits
+    with pytest.raises(PromptTooLongError) as info:
+        user.appraise([requests[first_too_long]])             # raised before any generation
+    error = info.value
+    assert (error.persona_id, error.turn, error.context_length) == (dialogue.id, first_too_long + 1, 8192)
+    assert error.prompt_tokens == lengths[first_too_long] and error.prompt_tokens + 1024 > 8192
+    assert f"turn {first_too_long + 1}: the appraisal prompt is {lengths[first_too_long]:,} tokens" in str(error)

@@ -50,11 +50,11 @@ def test_observation_features_worked_out_by_hand():
     obs, reward, terminated, truncated, info = env.step(2)
     # reply "reply 1 (emotion 45)": 4 words, no question, no cue
     expected = np.zeros(16, np.float32)
-    expected[[0, 1, 2, 3, 8 + 2]] = [0.45, 0.5, 0.1, 0.1, 1.0]
+    expected[[0, 1, 2, 3, 8 + 2]] = [0.45, 0.5, 1 / 9, 0.1, 1.0]   # turn 1 of SAGE's 9
     np.testing.assert_allclose(obs, expected, rtol=1e-6)
     assert reward == pytest.approx(0.05) and info["strategy"] == "reflection_of_feelings"
     obs, reward, *_ = env.step(np.int64(7))
-    assert obs[0] == pytest.approx(0.35) and obs[1] == -1.0 and obs[2] == pytest.approx(0.2)
+    assert obs[0] == pytest.approx(0.35) and obs[1] == -1.0 and obs[2] == pytest.approx(2 / 9)
     assert obs[8 + 7] == 1.0 and obs[8:].sum() == 1.0 and reward == pytest.approx(-0.10)
 
 

@@ -1,6 +1,7 @@
 """The batched vector env (empathy_gym.vector) and the async twins of the single env."""
 
 import asyncio
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -183,8 +184,8 @@ def test_async_twins_gather_equals_sync_steps():
 
 
 class AsyncFakeBackend(ChatBackend):
-    """Answers appraisals with an invalid text first (one repair), then {"change": 5};
-    replies with "ok <seed>". Records which method served each call."""
+    """Answers appraisals with an invalid text first (one repair), then a change of +5;
+    replies (planned JSON) with "ok <seed>". Records which method served each call."""
 
     name = "fake-async"
 
@@ -192,11 +193,13 @@ class AsyncFakeBackend(ChatBackend):
         self.calls = []
 
     def _answer(self, conversation, seed):
-        if "\"change\"" not in conversation[-1]["content"] and len(conversation) < 4:
-            return f"ok {seed}"
+        if '"inner_thoughts"' not in conversation[1]["content"]:  # the reply
+            return json.dumps({"attitude": "", "goal": "", "tone": "", "content": "", "draft": "",
+                               "response": f"ok {seed}"})
         if len(conversation) < 4:  # the first appraisal attempt: not JSON
             return "I feel better."
-        return '{"thoughts": "They listen.", "change": 5}'
+        return json.dumps({"content": "", "goal_fit": "", "inner_thoughts": "They listen.",
+                           "feeling": "", "change": 5})
 
     def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
         self.calls.append("generate")

@@ -60,15 +60,28 @@ class ChatBackend(abc.ABC):
     name: str = "base"
     supports_seed: bool = False
 
+    @property
+    def context_length(self) -> int | None:
+        """The model's context window in tokens (prompt plus completion), or ``None``
+        where the backend cannot tell (a remote server reports it in its error instead)."""
+        return None
+
+    def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int] | None:
+        """The prompt length in tokens of each conversation as the model sees it (chat
+        template and generation prompt included), or ``None`` where the backend cannot
+        count (a remote server)."""
+        return None
+
     @abc.abstractmethod
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                  temperature: float = 0.7, top_p: float = 1.0,
                  seeds: Sequence[int | None] | None = None) -> list[str]:
         """Complete each conversation with one assistant message.
 
         Args:
             conversations: B conversations, each ending with a user message.
-            max_tokens: new tokens per completion.
+            max_tokens: new tokens per completion; ``None``: no cap but the model's
+                context (the server's default for a remote one).
             temperature: 0 means greedy decoding.
             top_p: nucleus sampling mass.
             seeds: one seed per conversation (or ``None``); where ``supports_seed`` the

@@ -8,6 +8,15 @@ with exponential backoff and jitter (tenacity), waiting ``Retry-After`` seconds
 instead when the server sends it; any other 4xx raises :class:`BackendError` at once
 with the status code and the server's error message.
 
+Timeouts: connecting may take ``connect_timeout`` (5 s) and is retried (a server still
+starting refuses connections: with the defaults the backend gives up after about 17 s
+of refusals, or about 50 s when connections hang); an answer may take ``timeout``
+(60 s) and is not retried: a server that accepted the request but did not answer in
+time is hanging or overloaded, and sending the request again would only queue it
+twice. So a hanging server fails after one minute with the defaults (it took six
+minutes when read timeouts were retried). Raise ``timeout`` for long generations on a
+slow server (``backend_kwargs={"timeout": 300}``).
+
 The API key is read from an environment variable and goes only into the
 ``Authorization`` header: never into ``repr``, logs or error messages (any echo of it
 in a server's message is masked).
@@ -116,9 +125,11 @@ class OpenAIBackend(ChatBackend):
         model: the ``model`` field of each request.
         api_key_env: name of the environment variable holding the API key, read once
             here; unset or empty means no ``Authorization`` header.
-        timeout: seconds for connecting, reading and writing each request.
+        timeout: seconds to wait for each answer (read and write); a request that runs
+            out of it fails at once, without retries (see the module docstring).
+        connect_timeout: seconds to open a connection; retried like connection errors.
         max_retries: retries after the first attempt of each request (attempts =
-            ``max_retries + 1``), for 429, 5xx and connection errors.
+            ``max_retries + 1``), for 429, 5xx, connection errors and connect timeouts.
         max_concurrency: requests in flight at once (>= 1).
         extra_body: fields merged into every request body (e.g. ``{"top_k": 20}`` for
             vLLM); they override the backend's own fields.
@@ -129,21 +140,25 @@ class OpenAIBackend(ChatBackend):
             ``max(backoff_max, 60)`` seconds.
 
     Raises:
-        ValueError: ``max_retries`` < 0, ``max_concurrency`` < 1, or a ``base_url`` that is
-            not an http(s) URL with a host.
+        ValueError: ``max_retries`` < 0, ``max_concurrency`` < 1, a timeout <= 0, or a
+            ``base_url`` that is not an http(s) URL with a host.
     """
 
     name = "openai"
     supports_seed = True
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 60.0, max_retries: int = 5, max_concurrency: int = 8,
+                 timeout: float = 60.0, connect_timeout: float = 5.0, max_retries: int = 5,
+                 max_concurrency: int = 8,
                  extra_body: dict[str, Any] | None = None, backoff_initial: float = 0.5,
                  backoff_max: float = 30.0):
         if max_retries < 0:
             raise ValueError(f"OpenAIBackend: max_retries must be >= 0, got {max_retries}")
         if max_concurrency < 1:
             raise ValueError(f"OpenAIBackend: max_concurrency must be >= 1, got {max_concurrency}")
+        if not (timeout > 0 and connect_timeout > 0):
+            raise ValueError(f"OpenAIBackend: timeout and connect_timeout must be > 0, got "
+                             f"{timeout} and {connect_timeout}")
         try:
             url = httpx.URL(base_url)
         except (httpx.InvalidURL, TypeError):
@@ -156,7 +171,7 @@ class OpenAIBackend(ChatBackend):
         self.model = model
         self.max_retries, self.max_concurrency = max_retries, max_concurrency
         self.extra_body = dict(extra_body or {})
-        self.timeout = httpx.Timeout(timeout)
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._wait = WaitRetryAfter(tenacity.wait_exponential_jitter(
             multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial),
             max(backoff_max, RETRY_AFTER_MAX))
@@ -198,6 +213,12 @@ class OpenAIBackend(ChatBackend):
                             f"{self.max_retries + 1} attempts; last error: {error}")
 
     def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
+        """A transient error to retry, except a read timeout, which fails at once."""
+        if isinstance(exc, httpx.ReadTimeout):
+            raise BackendError(f"POST {self.url} (model {self.model!r}): no answer within "
+                               f"{self.timeout.read:g} s (timeout); the server is hanging or "
+                               f"overloaded. Not retried; raise timeout= (backend_kwargs="
+                               f"{{'timeout': ...}}) for long generations") from None
         return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}")
 
     def _post(self, client: httpx.Client, payload: dict) -> dict:
@@ -251,10 +272,10 @@ class OpenAIBackend(ChatBackend):
         payload.update(self.extra_body)
         return payload
 
-    def _generate_payloads(self, conversations: Sequence[Conversation], max_tokens: int,
+    def _generate_payloads(self, conversations: Sequence[Conversation], max_tokens: int | None,
                            temperature: float, top_p: float,
                            seeds: Sequence[int | None] | None) -> list[dict]:
-        if max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
         seeds = [None] * len(conversations) if seeds is None else list(seeds)
         if len(seeds) != len(conversations):
@@ -271,14 +292,15 @@ class OpenAIBackend(ChatBackend):
                                f"{json.dumps(body)[:300]}") from exc
         return (content or "").strip()
 
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                  temperature: float = 0.7, top_p: float = 1.0,
                  seeds: Sequence[int | None] | None = None) -> list[str]:
         """Complete each conversation (one request each, ``max_concurrency`` at a time).
 
         Args:
             conversations: B conversations.
-            max_tokens: the ``max_tokens`` field, >= 1.
+            max_tokens: the ``max_tokens`` field, >= 1; ``None`` leaves it out (the
+                server's default: vLLM generates until the context is full).
             temperature: the ``temperature`` field; 0 asks the server for greedy decoding.
             top_p: the ``top_p`` field.
             seeds: B ints or ``None``s (``None``: no ``seed`` field), or ``None``.
@@ -288,13 +310,13 @@ class OpenAIBackend(ChatBackend):
 
         Raises:
             BackendError: a 4xx other than 429 (with status and server message), a body
-                without content, or retries exhausted.
+                without content, no answer within ``timeout``, or retries exhausted.
             ValueError: bad ``max_tokens`` or a seeds length other than B.
         """
         payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
         return [self._content(body) for body in self._post_all(payloads)]
 
-    async def agenerate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+    async def agenerate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                         temperature: float = 0.7, top_p: float = 1.0,
                         seeds: Sequence[int | None] | None = None) -> list[str]:
         """:meth:`generate` for asyncio: same arguments, results and errors; at most

@@ -218,6 +218,20 @@ class TransformersBackend(ChatBackend):
                 return_dict=True)["input_ids"]))
         return rows
 
+    @property
+    def context_length(self) -> int | None:
+        """``max_position_embeddings`` of the model's config (SmolLM2-135M: 8,192), or
+        ``None`` when the config has none."""
+        value = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int]:
+        """Tokens of each conversation after the chat template with the generation prompt
+        (what :meth:`generate` feeds the model)."""
+        return [len(self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
+                                                       tokenize=True, return_dict=True)["input_ids"])
+                for c in conversations]
+
     def _chunks(self, items: Sequence[Any]) -> list[Sequence[Any]]:
         return [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
 
@@ -228,7 +242,7 @@ class TransformersBackend(ChatBackend):
         return [int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed) for seed in seeds]
 
     @torch.inference_mode()
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                  temperature: float = 0.7, top_p: float = 1.0,
                  seeds: Sequence[int | None] | None = None) -> list[str]:
         """Complete each conversation with one assistant message (see the module docstring
@@ -236,7 +250,8 @@ class TransformersBackend(ChatBackend):
 
         Args:
             conversations: B conversations (lists of ``{"role", "content"}`` dicts).
-            max_tokens: new tokens per completion, >= 1.
+            max_tokens: new tokens per completion, >= 1; ``None``: until end of turn or
+                the context (:attr:`context_length`) is full.
             temperature: >= 0; 0 is greedy decoding (seeds are then unused).
             top_p: nucleus mass in (0, 1].
             seeds: B ints or ``None``s, or ``None``; a ``None`` seed is drawn from the global
@@ -251,8 +266,11 @@ class TransformersBackend(ChatBackend):
             ValueError: bad ``max_tokens``, ``temperature``, ``top_p``, or ``seeds`` whose
                 length is not B.
         """
-        if max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
+        if max_tokens is None and self.context_length is None:
+            raise ValueError("generate: max_tokens=None needs the model's context length, and its "
+                             "config has no max_position_embeddings; give max_tokens")
         if temperature < 0:
             raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
         if not 0 < top_p <= 1:
@@ -262,7 +280,10 @@ class TransformersBackend(ChatBackend):
             raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
         texts: list[str] = []
         for chunk, chunk_seeds in zip(self._chunks(conversations), self._chunks(seeds)):
-            rows = sample_batch(self.model, self._encode(chunk), max_new_tokens=max_tokens,
+            prompts = self._encode(chunk)
+            budget = max_tokens if max_tokens is not None else [
+                max(1, (self.context_length or len(p) + 1) - len(p)) for p in prompts]
+            rows = sample_batch(self.model, prompts, max_new_tokens=budget,
                                 eos_ids=self._eos_ids, pad_id=self.tokenizer.pad_token_id,
                                 temperature=temperature, top_p=top_p,
                                 seeds=self._seed_values(chunk_seeds),

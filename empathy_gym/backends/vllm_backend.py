@@ -74,16 +74,33 @@ class VLLMBackend(ChatBackend):
         self._has_logprob_token_ids = (
             "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters)
 
+    @property
+    def context_length(self) -> int | None:
+        """The engine's ``max_model_len`` (``None`` where this vLLM version hides it)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        config = getattr(engine, "model_config", None) or getattr(
+            getattr(engine, "vllm_config", None), "model_config", None)
+        length = getattr(config, "max_model_len", None)
+        return int(length) if length else None
+
+    def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int]:
+        """Tokens of each conversation after the chat template with the generation prompt."""
+        return [len(self.tokenizer.apply_chat_template([dict(m) for m in c], chat_template=self.chat_template,
+                                                       add_generation_prompt=True, tokenize=True))
+                for c in conversations]
+
     def _chat(self, conversations: Sequence[Conversation], params: list[Any]) -> list[Any]:
         messages = [[dict(message) for message in conversation] for conversation in conversations]
         return self.llm.chat(messages, params, use_tqdm=False, chat_template=self.chat_template,
                              add_generation_prompt=True)
 
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int = 256,
+    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                  temperature: float = 0.7, top_p: float = 1.0,
                  seeds: Sequence[int | None] | None = None) -> list[str]:
         """Complete each conversation with ``LLM.chat``: one ``SamplingParams`` per
         conversation carrying its seed.
+
+        ``max_tokens=None``: no cap but the engine's ``max_model_len``.
 
         Returns:
             B strings, special tokens skipped, whitespace stripped at both ends.
@@ -91,7 +108,7 @@ class VLLMBackend(ChatBackend):
         Raises:
             ValueError: ``max_tokens`` < 1, or a seeds length other than B.
         """
-        if max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
         seeds = [None] * len(conversations) if seeds is None else list(seeds)
         if len(seeds) != len(conversations):

@@ -83,6 +83,9 @@ class Appraisal:
         repairs: how many repair retries it took (0 when the first output was valid).
         features: named scores behind the change (rule user) or option log-probs
             (choice mode); empty when not applicable.
+        analysis: the LLM user's analysis steps by name (free mode: ``content``,
+            ``goal_fit``, ``inner_thoughts``, ``feeling``; see
+            :mod:`empathy_gym.user.prompts`); empty when not applicable.
     """
 
     change: int
@@ -90,6 +93,7 @@ class Appraisal:
     raw: str | None = None
     repairs: int = 0
     features: dict[str, float] = field(default_factory=dict)
+    analysis: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,16 @@
 answers in character (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv 2507.03112,
 section 3.1).
 
+The prompts follow SAGE's simulator design (:mod:`empathy_gym.user.prompts`): a
+five-step analysis before the signed change, and a reply planned from the emotion band
+and the appraisal.
+
 Two appraisal modes:
 
-* ``"free"`` (SAGE's): the model writes ``{"thoughts": ..., "change": <int>}``. The
-  JSON is validated against :data:`APPRAISAL_SCHEMA`; an invalid answer is sent back
-  with a repair instruction up to ``max_repairs`` times (counted in
+* ``"free"`` (SAGE's): the model writes one JSON object with a field per analysis step,
+  ``{"content", "goal_fit", "inner_thoughts", "feeling", "change": <int>}``. It is
+  validated against :data:`APPRAISAL_SCHEMA`; an invalid answer is sent back with a
+  repair instruction up to ``max_repairs`` times (counted in
   :attr:`Appraisal.repairs`), then :class:`SimulatorError` is raised with the raw text.
   It never silently scores zero. Sampled, so two runs can differ.
 * ``"choice"``: the change is one of a fixed set (default -10, -5, 0, +5, +10, the
@@ -19,6 +24,18 @@ Two appraisal modes:
   ``logprobs`` field), ``choice_fallback="generate"`` asks for the letter with greedy
   decoding instead (repaired and then failing like the free mode), and
   ``choice_fallback="error"`` raises :class:`ChoiceScoringUnavailable`.
+
+The reply is a JSON object too (``reply_plan=True``, SAGE's design: attitude, goal,
+tone, content, draft, then the ``response``), validated against :data:`REPLY_SCHEMA`
+and repaired like the appraisal; ``reply_plan=False`` asks for the bare message (for
+small models that cannot write the JSON).
+
+Context: before each call the prompt's tokens plus ``max_tokens`` are checked against
+the user model's context where the backend can count them (transformers, vLLM); a
+prompt that does not fit raises :class:`PromptTooLongError`, naming the dialogue (the
+persona id), the turn and both lengths. Nothing is cut from the history: a shorter
+history would be another simulator. (An OpenAI-compatible server answers such a
+request with a 400 that names the lengths.)
 
 The logic of each method is written once, as a generator that yields the backend calls
 it needs (``("generate", args, kwargs)``) and receives their results: :meth:`LLMUser._run`
@@ -44,22 +61,54 @@ from empathy_gym.personas import Persona
 from empathy_gym.user import prompts
 from empathy_gym.user.base import (Appraisal, SimulatedUser, SimulatorError, UserRequest,
                                    UserTurn)
+from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
 log = logging.getLogger(__name__)
 
-#: JSON Schema of a free-text appraisal.
+#: JSON Schema of a free appraisal: one field per analysis step (SAGE's five steps).
 APPRAISAL_SCHEMA: dict = {
     "type": "object",
-    "required": ["thoughts", "change"],
+    "required": list(APPRAISAL_STEPS),
     "properties": {
-        "thoughts": {"type": "string"},
+        **{name: {"type": "string"} for name in APPRAISAL_STEPS if name != "change"},
         "change": {"type": "integer", "minimum": -100, "maximum": 100},
     },
 }
+#: JSON Schema of a planned reply (SAGE's plan, draft and rewritten response).
+REPLY_SCHEMA: dict = {
+    "type": "object",
+    "required": list(REPLY_STEPS),
+    "properties": {
+        **{name: {"type": "string"} for name in REPLY_STEPS},
+        "response": {"type": "string", "pattern": r"\S"},
+    },
+}
 _validator = jsonschema.Draft202012Validator(APPRAISAL_SCHEMA)
+_reply_validator = jsonschema.Draft202012Validator(REPLY_SCHEMA)
 _decoder = json.JSONDecoder()
+
+
+class PromptTooLongError(SimulatorError):
+    """A simulated-user prompt does not fit the user model's context.
+
+    Attributes:
+        persona_id: the dialogue's persona. turn: the agent turn (0 for the opening).
+        prompt_tokens: the prompt's length. max_tokens: new tokens reserved.
+        context_length: the model's context.
+    """
+
+    def __init__(self, persona_id: str, turn: int, stage: str, prompt_tokens: int,
+                 max_tokens: int, context_length: int):
+        super().__init__(
+            f"dialogue with persona {persona_id!r}, turn {turn}: the {stage} prompt is "
+            f"{prompt_tokens:,} tokens and {max_tokens:,} new tokens are reserved "
+            f"({prompt_tokens + max_tokens:,} in all), but the user model's context is "
+            f"{context_length:,} tokens. Use a user model with a longer context, fewer turns "
+            f"(max_turns), or a smaller max_tokens")
+        self.persona_id, self.turn, self.stage = persona_id, turn, stage
+        self.prompt_tokens, self.max_tokens, self.context_length = prompt_tokens, max_tokens, context_length
 
 #: A backend call asked for by the user's logic: (method name, args, kwargs).
 BackendCall = tuple[str, tuple, dict]
@@ -67,26 +116,37 @@ T = TypeVar("T")
 Steps = Generator[BackendCall, Any, T]
 
 
-def parse_appraisal(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """Find the first JSON object in ``text`` that is a valid appraisal.
-
-    Tolerates code fences and prose around the object.
-
-    Returns:
-        ``(appraisal, None)`` when valid, else ``(None, reason)``.
-    """
+def _parse_json(text: str, validator: jsonschema.protocols.Validator
+                ) -> tuple[dict[str, Any] | None, str | None]:
     reason = "no JSON object found"
     for match in re.finditer(r"\{", text):
         try:
             value, _ = _decoder.raw_decode(text, match.start())
         except json.JSONDecodeError:
             continue
-        error = jsonschema.exceptions.best_match(_validator.iter_errors(value))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if error is None:
             return value, None
         field = "/".join(str(p) for p in error.absolute_path) or "object"
         reason = f"field {field!r}: {error.message}"
     return None, reason
+
+
+def parse_appraisal(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Find the first JSON object in ``text`` that is a valid appraisal
+    (:data:`APPRAISAL_SCHEMA`). Tolerates code fences and prose around the object.
+
+    Returns:
+        ``(appraisal, None)`` when valid, else ``(None, reason)`` (the reason names the
+        field of the best candidate).
+    """
+    return _parse_json(text, _validator)
+
+
+def parse_reply(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Find the first JSON object in ``text`` that is a valid planned reply
+    (:data:`REPLY_SCHEMA`); like :func:`parse_appraisal`."""
+    return _parse_json(text, _reply_validator)
 
 
 def _parse_letter(text: str, letters: Sequence[str]) -> tuple[str | None, str | None]:
@@ -106,9 +166,13 @@ class LLMUser(SimulatedUser):
         appraisal_mode: ``"free"`` or ``"choice"`` (see the module docstring).
         choices: the emotion changes offered in choice mode (ints).
         choice_fallback: ``"generate"`` or ``"error"``, when the backend has no logprobs.
-        max_repairs: repair retries for an invalid appraisal before SimulatorError.
+        max_repairs: repair retries for an invalid appraisal or planned reply before
+            SimulatorError.
         temperature: sampling temperature for replies and free appraisals.
-        max_tokens: new-token limit for each call.
+        max_tokens: new-token limit for each call (the five-step analysis needs room).
+        reply_plan: the reply plans attitude, goal, tone and content and writes a draft
+            before the response, as one JSON object (SAGE's design); ``False`` asks for
+            the bare message.
         owns_backend: close the backend in :meth:`close` (set when the user built it).
 
     Raises:
@@ -118,8 +182,8 @@ class LLMUser(SimulatedUser):
     def __init__(self, backend: ChatBackend, difficulty: Any = "moderate", *,
                  protocol: EmotionProtocol = SAGE, appraisal_mode: str = "free",
                  choices: Sequence[int] = (-10, -5, 0, 5, 10), choice_fallback: str = "generate",
-                 max_repairs: int = 2, temperature: float = 0.7, max_tokens: int = 256,
-                 owns_backend: bool = False):
+                 max_repairs: int = 2, temperature: float = 0.7, max_tokens: int = 1024,
+                 reply_plan: bool = True, owns_backend: bool = False):
         if appraisal_mode not in ("free", "choice"):
             raise ValueError(f"appraisal_mode must be 'free' or 'choice', got {appraisal_mode!r}")
         if choice_fallback not in ("generate", "error"):
@@ -134,8 +198,30 @@ class LLMUser(SimulatedUser):
         self.max_repairs = max_repairs
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.reply_plan = reply_plan
         self.owns_backend = owns_backend
         self._warned_fallback = False
+
+    # -- context -----------------------------------------------------------------
+    def check_context(self, chats: Sequence[Sequence[dict[str, str]]], personas: Sequence[Persona],
+                      turns: Sequence[int], max_tokens: int, stage: str) -> None:
+        """Raise :class:`PromptTooLongError` for the first chat whose prompt plus
+        ``max_tokens`` exceeds the backend's context (no check where the backend cannot
+        count tokens)."""
+        context = self.backend.context_length
+        if context is None:
+            return
+        lengths = self.backend.prompt_lengths(chats)
+        if lengths is None:
+            return
+        for length, persona, turn in zip(lengths, personas, turns):
+            if length + max_tokens > context:
+                raise PromptTooLongError(persona.id, turn, stage, length, max_tokens, context)
+
+    def _generate(self, chats: list[list[dict[str, str]]], personas: Sequence[Persona],
+                  turns: Sequence[int], stage: str, **kwargs: Any) -> BackendCall:
+        self.check_context(chats, personas, turns, kwargs["max_tokens"], stage)
+        return ("generate", (chats,), kwargs)
 
     # -- opening -----------------------------------------------------------------
     def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
@@ -149,9 +235,10 @@ class LLMUser(SimulatedUser):
                 personas[i], self.difficulty,
                 personas[i].initial_emotion if personas[i].initial_emotion is not None
                 else self.protocol.initial_emotion) for i in missing]
-            texts = yield ("generate", (chats,), dict(max_tokens=self.max_tokens,
-                                                      temperature=self.temperature,
-                                                      seeds=[seeds[i] for i in missing]))
+            texts = yield self._generate(chats, [personas[i] for i in missing], [0] * len(missing),
+                                         "opening", max_tokens=self.max_tokens,
+                                         temperature=self.temperature,
+                                         seeds=[seeds[i] for i in missing])
             for i, text in zip(missing, texts):
                 lines[i] = text.strip()
         return [line or "" for line in lines]
@@ -165,6 +252,8 @@ class LLMUser(SimulatedUser):
             return (yield from self._appraise_free(requests))
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol, self.choices)
                  for r in requests]
+        self.check_context(chats, [r.persona for r in requests], [r.turn for r in requests], 1,
+                           "appraisal")
         try:
             scores = yield ("choice_logprobs", (chats, self.letters), {})
         except ChoiceScoringUnavailable:
@@ -186,32 +275,39 @@ class LLMUser(SimulatedUser):
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
         results = yield from self._generate_with_repair(
             requests, chats, parse_appraisal, temperature=self.temperature, max_tokens=self.max_tokens,
-            letters=None)
-        return [Appraisal(change=int(value["change"]), thoughts=value["thoughts"].strip(),
-                          raw=raw, repairs=repairs) for value, raw, repairs in results]
+            letters=None, kind="appraisal")
+        appraisals = []
+        for value, raw, repairs in results:
+            analysis = {name: value[name].strip() for name in APPRAISAL_STEPS if name != "change"}
+            appraisals.append(Appraisal(change=int(value["change"]), thoughts=analysis["inner_thoughts"],
+                                        raw=raw, repairs=repairs, analysis=analysis))
+        return appraisals
 
     def _appraise_choice_by_generation(self, requests: Sequence[UserRequest],
                                        chats: list[list[dict[str, str]]]) -> Steps[list[Appraisal]]:
         results = yield from self._generate_with_repair(
             requests, chats, lambda text: _parse_letter(text, self.letters), temperature=0.0,
-            max_tokens=8, letters=self.letters)
+            max_tokens=8, letters=self.letters, kind="appraisal")
         return [Appraisal(change=self.choices[self.letters.index(letter)], raw=raw,
                           repairs=repairs, features={"generated_choice": 1.0})
                 for letter, raw, repairs in results]
 
     def _generate_with_repair(self, requests: Sequence[UserRequest], chats: list[list[dict[str, str]]],
                               parse: Callable[[str], tuple[Any, str | None]], *, temperature: float,
-                              max_tokens: int, letters: Sequence[str] | None
-                              ) -> Steps[list[tuple[Any, str, int]]]:
+                              max_tokens: int, letters: Sequence[str] | None, kind: str,
+                              seed_offset: int = 0) -> Steps[list[tuple[Any, str, int]]]:
         """Generate for every chat; re-ask the invalid ones (batched) with a repair
         message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat."""
         results: list[tuple[Any, str, int] | None] = [None] * len(chats)
         pending = list(range(len(chats)))
         chats = [list(chat) for chat in chats]
+        what = "appraisal" if kind == "appraisal" else "reply"
         for attempt in range(self.max_repairs + 1):
-            texts = yield ("generate", ([chats[i] for i in pending],), dict(
-                max_tokens=max_tokens, temperature=temperature,
-                seeds=[requests[i].seed + 7919 * attempt for i in pending]))
+            texts = yield self._generate(
+                [chats[i] for i in pending], [requests[i].persona for i in pending],
+                [requests[i].turn for i in pending], what, max_tokens=max_tokens,
+                temperature=temperature,
+                seeds=[requests[i].seed + seed_offset + 7919 * attempt for i in pending])
             still = []
             for i, text in zip(pending, texts):
                 value, error = parse(text)
@@ -220,12 +316,12 @@ class LLMUser(SimulatedUser):
                     continue
                 if attempt == self.max_repairs:
                     raise SimulatorError(
-                        f"the simulated user gave no valid appraisal after {attempt + 1} attempts "
+                        f"the simulated user gave no valid {what} after {attempt + 1} attempts "
                         f"(persona {requests[i].persona.id!r}, turn {requests[i].turn}): {error}",
                         raw=text, attempts=attempt + 1)
                 language = requests[i].persona.language
                 chats[i] += [{"role": "assistant", "content": text},
-                             prompts.repair_message(language, error, letters)]
+                             prompts.repair_message(language, error, letters, kind)]
                 still.append(i)
             pending = still
             if not pending:
@@ -239,11 +335,16 @@ class LLMUser(SimulatedUser):
 
     def _reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
                emotions: Sequence[int]) -> Steps[list[str]]:
-        chats = [prompts.reply_messages(r, self.difficulty, a.thoughts, e)
+        chats = [prompts.reply_messages(r, self.difficulty, a, e, plan=self.reply_plan)
                  for r, a, e in zip(requests, appraisals, emotions)]
-        texts = yield ("generate", (chats,), dict(max_tokens=self.max_tokens,
-                                                  temperature=self.temperature,
-                                                  seeds=[r.seed + 1 for r in requests]))
+        if self.reply_plan:
+            results = yield from self._generate_with_repair(
+                requests, chats, parse_reply, temperature=self.temperature,
+                max_tokens=self.max_tokens, letters=None, kind="reply", seed_offset=1)
+            return [value["response"].strip() for value, _, _ in results]
+        texts = yield self._generate(chats, [r.persona for r in requests], [r.turn for r in requests],
+                                     "reply", max_tokens=self.max_tokens, temperature=self.temperature,
+                                     seeds=[r.seed + 1 for r in requests])
         return [text.strip() for text in texts]
 
     # -- asyncio -----------------------------------------------------------------

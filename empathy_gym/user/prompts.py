@@ -1,7 +1,26 @@
 """Prompts of the LLM simulated user, rendered from per-language template files in
-``empathy_gym/user/prompts/<language>/`` (our own wording; the structure follows SAGE,
-arXiv 2505.02847, section 2.2: persona + scenario + hidden intention, then appraisal
-and reply).
+``empathy_gym/user/prompts/<language>/``.
+
+The design follows SAGE's simulator (Tencent/digitalhuman ``SAGE/simulator_response.py``;
+``../shared/SAGE.md``), in our own words:
+
+* the system prompt (:func:`system_prompt`) gives the persona, the scenario (with the
+  reactions it describes), the hidden need, and the conversation goal: a heart-to-heart
+  talk in which the person confides through concrete events, seeks emotional value and
+  follows the hidden need without revealing it;
+* the appraisal (:func:`appraisal_messages`) sees the emotion as a number and works
+  through five analysis steps in order (what the listener means; whether and where it
+  fits the goal and the hidden need; the inner thoughts in character; the feeling; the
+  signed change, normally +-5 or +-10), answered as one JSON object with one field per
+  step (``content``, ``goal_fit``, ``inner_thoughts``, ``feeling``, ``change``);
+* the reply (:func:`reply_messages`) sees the emotion band only (S/A/B/C/F, not the
+  number) and the appraisal (``goal_fit`` as the objective part, the thoughts and
+  feeling as the subjective part); it plans attitude, goal, tone and content, writes a
+  draft and rewrites it under SAGE's rules (short, colloquial, emotion through tone, a
+  new detail, no repetition, at most two questions, no change of topic, a passive
+  character does not ask, hint at needs but never state the hidden one), answered as a
+  JSON object (``attitude``, ``goal``, ``tone``, ``content``, ``draft``, ``response``) or,
+  with ``plan=False``, as the bare message.
 
 The agent's words never enter a prompt as free text: the history and the newest
 utterance are inserted as JSON (``json.dumps``), and the system prompt tells the
@@ -18,13 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from empathy_gym.personas import LANGUAGES, Persona
-from empathy_gym.user.base import Utterance, UserRequest
+from empathy_gym.user.base import Appraisal, Utterance, UserRequest
 from empathy_gym.user.difficulty import Difficulty
 from empathy_gym.user.protocol import EmotionProtocol, emotion_band
 
 _DIR = Path(__file__).resolve().parent / "prompts"
 _TEMPLATES = ("system", "appraisal", "appraisal_choice", "reply", "opening", "repair",
               "repair_choice")
+
+#: The appraisal's fields, one per analysis step, in the order the model writes them.
+APPRAISAL_STEPS: tuple[str, ...] = ("content", "goal_fit", "inner_thoughts", "feeling", "change")
+#: The planned reply's fields, in order; ``response`` is the message the agent sees.
+REPLY_STEPS: tuple[str, ...] = ("attitude", "goal", "tone", "content", "draft", "response")
 
 Messages = list[dict[str, str]]
 
@@ -111,31 +135,51 @@ def appraisal_messages(request: UserRequest, difficulty: Difficulty,
 
 
 def repair_message(language: str, error: str | None = None,
-                   letters: Sequence[str] | None = None) -> dict[str, str]:
-    """The user-turn message that asks the model to answer again in the right format."""
+                   letters: Sequence[str] | None = None, kind: str = "appraisal") -> dict[str, str]:
+    """The user-turn message that asks the model to answer again in the right format:
+    one of ``letters`` (choice mode), or the JSON object of ``kind`` (``"appraisal"`` or
+    ``"reply"``), naming the ``error``."""
     prompts = prompt_set(language)
     if letters is not None:
         text = prompts.templates["repair_choice"].substitute(letters=", ".join(letters))
     else:
-        text = prompts.templates["repair"].substitute(error=error or "invalid")
+        text = prompts.templates["repair"].substitute(error=error or "invalid",
+                                                      format=prompts.words[f"{kind}_format"])
     return {"role": "user", "content": text}
 
 
-def reply_messages(request: UserRequest, difficulty: Difficulty, thoughts: str,
-                   emotion: int) -> Messages:
-    """The chat for the in-character reply at the new ``emotion`` (0-100)."""
+def band_text(language: str, emotion: int) -> str:
+    """The description of ``emotion``'s band (S/A/B/C/F, :func:`emotion_band`) that the
+    reply and opening prompts show instead of the number."""
+    return prompt_set(language).bands[emotion_band(emotion)]
+
+
+def reply_messages(request: UserRequest, difficulty: Difficulty, appraisal: Appraisal,
+                   emotion: int, *, plan: bool = True) -> Messages:
+    """The chat for the in-character reply at the new ``emotion`` (0-100; shown as its
+    band only), given the ``appraisal`` (its ``goal_fit`` step as the objective part, its
+    thoughts and feeling as the subjective part; ``-`` where the mode wrote none).
+    ``plan``: ask for the planned JSON answer (:data:`REPLY_STEPS`), else for the bare
+    message."""
     persona = request.persona
     prompts = prompt_set(persona.language)
+    words = prompts.words
+    subjective = " ".join(part for part in (appraisal.thoughts.strip(),
+                                            appraisal.analysis.get("feeling", "").strip()) if part)
     body = prompts.templates["reply"].substitute(
         history=_history_json(request.history),
         utterance=json.dumps(request.utterance, ensure_ascii=False),
-        thoughts=thoughts or "-", emotion=emotion, band=prompts.bands[emotion_band(emotion)])
+        goal_fit=appraisal.analysis.get("goal_fit", "").strip() or words["none"],
+        thoughts=subjective or words["none"], band=band_text(persona.language, emotion),
+        passive=words["passive_rule"] if persona.character_type == "passive" else "",
+        output=words["reply_output_plan" if plan else "reply_output_plain"])
     return [{"role": "system", "content": system_prompt(persona, difficulty)},
             {"role": "user", "content": body}]
 
 
 def opening_messages(persona: Persona, difficulty: Difficulty, emotion: int) -> Messages:
-    """The chat that asks for the user's first utterance."""
-    body = prompt_set(persona.language).templates["opening"].substitute(emotion=emotion)
+    """The chat that asks for the user's first utterance, at ``emotion`` (shown as its band)."""
+    body = prompt_set(persona.language).templates["opening"].substitute(
+        band=band_text(persona.language, emotion))
     return [{"role": "system", "content": system_prompt(persona, difficulty)},
             {"role": "user", "content": body}]

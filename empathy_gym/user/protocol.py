@@ -1,20 +1,59 @@
-"""The emotion protocol: initial emotion, clamping, thresholds, turn limit.
+"""The emotion protocol: initial emotion, clamping, when a dialogue ends.
 
-Numbers from SAGE (arXiv 2505.02847, section 2.2: initial emotion 40, change clamped
-to [-10, 10], success at 100, failure below 10, at most 10 turns) and from RLVER's
-training code (arXiv 2507.03112, section 3.1 and Tencent/digitalhuman: initial 30,
-change not clamped, ends at e <= 0 or after 8 turns). Emotions and changes are
-integers, as in both papers' simulator outputs.
+Two presets, each following its reference code (facts in ``../shared/SAGE.md``):
+
+* ``SAGE`` (Sentient Agent as a Judge, arXiv 2505.02847; Tencent/digitalhuman
+  ``SAGE/test_npc.py`` lines 88-115 and ``SAGE/simulator_response.py`` lines 150-155):
+  start at 40; each change clamped to [-10, 10]; the dialogue ends when the user's
+  answer says goodbye (contains 再见 or 拜拜), when the emotion is >= 100 or < 10, or
+  after 10 agent replies, of which the 10th is never appraised.
+* ``RLVER_TRAINING`` (RLVER, arXiv 2507.03112, its training simulator in verl's
+  multi-turn rollout): start at 30; changes not clamped; no stop at 100; the dialogue
+  ends when the user says goodbye or the emotion is <= 0, or when the turn counter
+  passes ``max_turns=8``, which it checks after the user's answer: 9 appraised turns.
+
+How this maps onto Gymnasium: one env step is one agent reply that the user appraises
+and answers. ``max_turns`` counts those steps. SAGE's 10th reply is never appraised and
+so can never change the score; the env therefore does not ask for it, and a SAGE
+dialogue is at most 9 steps (``SAGE.max_turns == 9``): the step that reaches it returns
+``truncated=True``. A goodbye, success or failure returns ``terminated=True`` (the user
+ended the dialogue). The final emotion, and so the Sentient score, equals SAGE's for
+the same appraisals (tested against SAGE's released logs).
+
+Emotions and changes are integers, as in both simulators' outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-TerminationReason = Literal["success", "failure", "max_turns"]
+TerminationReason = Literal["success", "failure", "goodbye", "max_turns"]
+
+#: SAGE's goodbye rule (``test_npc.py`` line 107): the answer contains one of these.
+GOODBYE_ZH: tuple[str, ...] = ("再见", "拜拜")
+#: Our English equivalent (SAGE has no English personas): "goodbye", "good-bye", "bye"
+#: or "bye-bye" as a word, any case. Like SAGE's substring rule it also fires on a
+#: goodbye quoted inside a sentence.
+GOODBYE_EN = re.compile(r"\b(?:good-?bye|bye)\b", re.IGNORECASE)
+
+
+def says_goodbye(text: str, language: str | None = None) -> bool:
+    """Whether a user answer ends the dialogue by saying goodbye.
+
+    Chinese (``language="zh"``): SAGE's rule, the text contains 再见 or 拜拜. English
+    (``"en"``): :data:`GOODBYE_EN`. ``None``: either rule.
+    """
+    chinese = any(word in text for word in GOODBYE_ZH)
+    english = GOODBYE_EN.search(text) is not None
+    if language == "zh":
+        return chinese
+    if language == "en":
+        return english
+    return chinese or english
 
 
 @dataclass(frozen=True)
@@ -22,27 +61,38 @@ class EmotionProtocol:
     """How the simulated user's emotion score moves and when a dialogue ends.
 
     Attributes:
-        initial_emotion: emotion e_0 at reset, int in [0, 100] (SAGE 40).
+        initial_emotion: emotion e_0 at reset, int in [0, 100] (SAGE 40, RLVER 30).
         min_change, max_change: bounds of one turn's change (SAGE -10, +10); ``None``
             leaves that side unclamped (RLVER training).
-        success_emotion: the episode terminates with ``"success"`` when e >= this (100).
+        success_emotion: the episode terminates with ``"success"`` when e >= this
+            (SAGE 100); ``None``: never (RLVER training keeps talking at 100).
         failure_below: the episode terminates with ``"failure"`` when e < this
             (SAGE 10; RLVER's "e <= 0" is ``failure_below=1`` for integer emotions).
-        max_turns: the episode is truncated after this many agent turns (SAGE 10).
+        max_turns: the most env steps, i.e. agent replies that the user appraises
+            (SAGE 9: its 10th reply is never appraised; RLVER 9). The step that reaches
+            it is truncated.
+        goodbye: the episode terminates with ``"goodbye"`` when the user's answer says
+            goodbye (:func:`says_goodbye`), as in SAGE and RLVER.
     """
 
     initial_emotion: int = 40
     min_change: int | None = -10
     max_change: int | None = 10
-    success_emotion: int = 100
+    success_emotion: int | None = 100
     failure_below: int = 10
-    max_turns: int = 10
+    max_turns: int = 9
+    goodbye: bool = True
 
     def __post_init__(self) -> None:
+        optional = ("min_change", "max_change", "success_emotion")
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name == "goodbye":
+                if not isinstance(value, bool):
+                    raise TypeError(f"goodbye must be a bool, got {value!r} ({type(value).__name__})")
+                continue
             if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
-                    value is None and field.name in ("min_change", "max_change")):
+                    value is None and field.name in optional):
                 raise TypeError(f"{field.name} must be an int, got {value!r} ({type(value).__name__})")
         if not 0 <= self.initial_emotion <= 100:
             raise ValueError(f"initial_emotion must be in [0, 100], got {self.initial_emotion}")
@@ -53,7 +103,8 @@ class EmotionProtocol:
             raise ValueError(f"min_change {self.min_change} > max_change {self.max_change}")
 
     def clamp_change(self, change: int) -> int:
-        """The change limited to [min_change, max_change] (SAGE section 2.2)."""
+        """The change limited to [min_change, max_change] (SAGE ``simulator_response.py``
+        line 151)."""
         if self.min_change is not None:
             change = max(self.min_change, change)
         if self.max_change is not None:
@@ -61,19 +112,27 @@ class EmotionProtocol:
         return int(change)
 
     def apply(self, emotion: int, change: int) -> int:
-        """e <- clip(e + clamp(change), 0, 100)."""
+        """e <- clip(e + clamp(change), 0, 100). (SAGE caps at 100 and stops below 10, so
+        its emotion never goes below 0; RLVER floors its reward at 0.)"""
         return int(min(100, max(0, emotion + self.clamp_change(change))))
 
-    def termination(self, emotion: int, turn: int) -> tuple[bool, bool, TerminationReason | None]:
-        """``(terminated, truncated, reason)`` after agent turn ``turn`` (1-based).
+    def termination(self, emotion: int, turn: int, reply: str | None = None,
+                    language: str | None = None) -> tuple[bool, bool, TerminationReason | None]:
+        """``(terminated, truncated, reason)`` after agent turn ``turn`` (1-based), given
+        the new emotion and the user's answer ``reply`` (in ``language``).
 
-        Success and failure terminate; reaching ``max_turns`` truncates (Gymnasium's
-        distinction: a time limit is not a terminal state of the user).
+        In this order: success (e >= ``success_emotion``), failure (e <
+        ``failure_below``), goodbye (``reply`` says goodbye) terminate; reaching
+        ``max_turns`` truncates (Gymnasium's distinction: a time limit is not a terminal
+        state of the user). Success and failure come first, so a dialogue counts as a
+        success exactly when its final emotion reaches the threshold, as SAGE counts.
         """
-        if emotion >= self.success_emotion:
+        if self.success_emotion is not None and emotion >= self.success_emotion:
             return True, False, "success"
         if emotion < self.failure_below:
             return True, False, "failure"
+        if self.goodbye and reply is not None and says_goodbye(reply, language):
+            return True, False, "goodbye"
         if turn >= self.max_turns:
             return False, True, "max_turns"
         return False, False, None
@@ -81,11 +140,18 @@ class EmotionProtocol:
 
 #: SAGE evaluation (the default).
 SAGE = EmotionProtocol()
-#: RLVER training: start at 30, unclamped changes, ends at e <= 0, 8 turns.
+#: RLVER training: start at 30, unclamped changes, no stop at 100, ends at e <= 0 or on
+#: a goodbye, 9 appraised turns.
 RLVER_TRAINING = EmotionProtocol(initial_emotion=30, min_change=None, max_change=None,
-                                 success_emotion=100, failure_below=1, max_turns=8)
+                                 success_emotion=None, failure_below=1, max_turns=9)
 
 PROTOCOLS: dict[str, EmotionProtocol] = {"sage": SAGE, "rlver_training": RLVER_TRAINING}
+
+
+def protocol_name(protocol: EmotionProtocol) -> str | None:
+    """The preset name of ``protocol`` (``"sage"``, ``"rlver_training"``) when it equals
+    one, else ``None``."""
+    return next((name for name, preset in PROTOCOLS.items() if preset == protocol), None)
 
 
 def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None,
@@ -111,8 +177,9 @@ def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None,
 
 
 def emotion_band(emotion: int) -> str:
-    """SAGE's emotion band of a score in [0, 100]: ``"S"`` (>= 100: thanks, goodbye),
-    ``"A"`` (>= 70), ``"B"`` (>= 40), ``"C"`` (>= 10), ``"F"`` (< 10: leaves)."""
+    """SAGE's emotion band of a score in [0, 100] (``simulator_response.py`` lines 15 and
+    164-169): ``"S"`` (>= 100: thanks, goodbye), ``"A"`` (>= 70), ``"B"`` (>= 40), ``"C"``
+    (>= 10), ``"F"`` (< 10: leaves)."""
     if emotion >= 100:
         return "S"
     if emotion >= 70:
