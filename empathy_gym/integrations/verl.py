@@ -1,9 +1,21 @@
-"""The simulated user as a verl multi-turn *interaction*, plus verl's dataset format.
+"""verl plumbing shared by both verl adapters, and the simulated user as a verl <= 0.7.1
+*interaction*.
 
-verl (volcengine/verl, the trainer RLVER used) drives multi-turn rollouts with an agent
-loop that, after each assistant turn, asks an *interaction* for the user's next message
-(``verl.interactions.base.BaseInteraction``). :class:`EmpathyInteraction` is that
-interaction for our simulated user:
+Two adapters connect our simulated user to verl (volcengine/verl, the trainer RLVER used):
+
+* verl >= 0.8 (0.9.x on PyPI now): the agent loop
+  :class:`empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop` (needs verl to import);
+* verl <= 0.7.1: :class:`EmpathyInteraction` here, verl's multi-turn *interaction*
+  (``verl.interactions.base.BaseInteraction``), kept for clusters pinned to 0.7.x. verl 0.8.0
+  removed ``verl.interactions`` and the interaction path of ``ToolAgentLoop``.
+
+What both share lives here and imports without verl: the per-process :class:`Session`
+(one simulated user, a :class:`~empathy_gym.integrations.batching.MicroBatcher` that sends
+concurrent user turns as one :func:`~empathy_gym.env.step_many` call), the dataset rows
+(:func:`build_rows`, :func:`prepare_dataset`, ``python -m empathy_gym.integrations.verl
+prepare``), :func:`dialogue_fields` and the reward function :func:`compute_score`.
+
+The interaction (verl <= 0.7.1):
 
 * ``start_interaction(instance_id, persona_id=, seed=, opening=)`` recreates the dataset
   row's dialogue: ``env.prepare_reset(seed, persona)`` then ``env.finish_reset(persona,
@@ -15,17 +27,10 @@ interaction for our simulated user:
 * ``calculate_score(instance_id)`` is the running return; ``finalize_interaction``
   drops the dialogue.
 
-Concurrent ``generate_response`` calls are grouped by a :class:`MicroBatcher` into one
-:func:`~empathy_gym.env.step_many` call (one batched call of the simulated user).
+With verl 0.7.x importable we subclass its ``BaseInteraction``; otherwise a local class
+with the same interface stands in, so this module imports and works without verl.
 
-Which verl: the interaction interface exists in verl up to **0.7.1**
-(``verl/interactions/base.py``; ``actor_rollout_ref.rollout.multi_turn.
-interaction_config_path``). verl 0.8.0 removed ``verl.interactions`` and the
-interaction path of ``ToolAgentLoop``; 0.9.1 (on PyPI now) has neither. With verl
-importable we subclass its ``BaseInteraction``; otherwise a local class with the same
-interface stands in, so this module imports and works without verl.
-
-verl 0.7.1 facts that shape this module (read in its source):
+verl 0.7.1 facts that shape the interaction (read in its source):
 
 * ``ToolAgentLoop`` is instantiated **per sample** and builds its interactions in its
   constructor, so one interaction object exists per dialogue. The simulated user, the
@@ -38,11 +43,12 @@ verl 0.7.1 facts that shape this module (read in its source):
   :func:`compute_score` sums them (``reward.custom_reward_function``).
 * It calls ``generate_response(request_id, messages, **interaction_kwargs)``.
 
-The dataset builder (:func:`build_rows`, :func:`prepare_dataset`, and
-``python -m empathy_gym.integrations.verl prepare``) writes verl's RL parquet format
-(as in verl's ``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``):
-``data_source``, ``prompt`` (the agent-side chat), ``ability``, ``reward_model``
-(``style``, ``ground_truth``) and ``extra_info`` with ``interaction_kwargs``.
+The dataset builder writes verl's RL parquet format (as in verl's
+``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``): ``data_source``,
+``prompt`` (the agent-side chat), ``ability``, ``reward_model`` (``style``,
+``ground_truth``) and ``extra_info`` with ``interaction_kwargs`` (``persona_id``,
+``seed``, ``opening``), which verl's ``RLHFDataset`` also hands to agent loops as a
+top-level ``interaction_kwargs`` field. The same rows serve both adapters.
 """
 
 from __future__ import annotations
@@ -218,6 +224,31 @@ def close_sessions() -> None:
         _SESSIONS.clear()
 
 
+def dialogue_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The dialogue start of a dataset row, validated: its ``interaction_kwargs``
+    (``persona_id``: str, ``seed``: int, ``opening``: str), as :func:`build_rows` writes
+    them. Shared by :class:`EmpathyInteraction` and the agent loop.
+
+    Returns:
+        ``{"persona_id": str, "seed": int, "opening": str}``.
+
+    Raises:
+        KeyError: a missing (or ``None``) field. TypeError: a field of the wrong type.
+    """
+    kinds = {"persona_id": str, "seed": numbers.Integral, "opening": str}
+    fields = {}
+    for field, kind in kinds.items():
+        value = kwargs.get(field)
+        if value is None:
+            raise KeyError(f"interaction_kwargs: field {field!r} is missing (rows from "
+                           f"empathy_gym.integrations.verl.build_rows carry it)")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"interaction_kwargs: field {field!r} must be "
+                            f"{kind.__name__}, got {type(value).__name__}")
+        fields[field] = int(value) if field == "seed" else value
+    return fields
+
+
 def _last_assistant_content(messages: Sequence[Mapping[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") == "assistant":
@@ -284,19 +315,12 @@ class EmpathyInteraction(BaseInteraction):
             KeyError: a missing field, or an unknown persona id.
             TypeError: a field of the wrong type. ValueError: ``instance_id`` is running.
         """
-        fields = {"persona_id": (persona_id, str), "seed": (seed, numbers.Integral),
-                  "opening": (opening, str)}
-        for field, (value, kind) in fields.items():
-            if value is None:
-                raise KeyError(f"interaction_kwargs: field {field!r} is missing (rows from "
-                               f"empathy_gym.integrations.verl.build_rows carry it)")
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise TypeError(f"interaction_kwargs: field {field!r} must be "
-                                f"{kind.__name__}, got {type(value).__name__}")
+        fields = dialogue_fields({"persona_id": persona_id, "seed": seed, "opening": opening})
         instance_id = instance_id if instance_id is not None else str(uuid4())
         env = self.session.new_env()
-        persona, _ = env.prepare_reset(seed=int(seed), options={"persona": persona_id})
-        env.finish_reset(persona, opening)
+        persona, _ = env.prepare_reset(seed=fields["seed"],
+                                       options={"persona": fields["persona_id"]})
+        env.finish_reset(persona, fields["opening"])
         self.session.add(instance_id, Dialogue(env))
         return instance_id
 
@@ -492,7 +516,7 @@ def _bank(config: Mapping[str, Any] | None):
 
 def load_interaction_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
     """The ``config`` mapping of our entry in a verl interaction YAML (``interaction:``
-    list of ``{name, class_name, config}``), with ``name`` added as verl does.
+    list of ``{name, class_name, config}``, verl <= 0.7.1), with ``name`` added as verl does.
 
     Raises:
         KeyError: no entry with ``class_name`` ending in ``EmpathyInteraction`` (or with
@@ -509,14 +533,56 @@ def load_interaction_config(path: str | Path, name: str | None = None) -> dict[s
                    + (f" named {name!r}" if name else ""))
 
 
+def load_agent_loop_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The session config of our entry in a verl agent-loop YAML (verl >= 0.8,
+    ``rollout.agent.agent_loop_config_path``: a list of ``{name, _target_, ...}``): the
+    entry without ``name`` and ``_target_``, i.e. the keyword arguments that
+    :class:`~empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop` receives.
+
+    Args:
+        path: the YAML file (``${oc.env:...}`` interpolations are resolved).
+        name: the entry's ``name``; ``None`` takes the first entry whose ``_target_`` ends
+            in ``EmpathyAgentLoop``.
+
+    Raises:
+        KeyError: no such entry. TypeError: the file is not a list of entries.
+    """
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(entries, list):
+        raise TypeError(f"{path}: an agent-loop config is a list of {{name, _target_, ...}} "
+                        f"entries, got a {type(entries).__name__}")
+    for entry in entries:
+        if (name is None and str(entry.get("_target_", "")).endswith("EmpathyAgentLoop")) \
+                or (name is not None and entry.get("name") == name):
+            return {key: value for key, value in entry.items() if key not in ("name", "_target_")}
+    raise KeyError(f"{path}: no EmpathyAgentLoop entry" + (f" named {name!r}" if name else "")
+                   + f" (entries: {[entry.get('name') for entry in entries]})")
+
+
+def load_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The env options of our entry in either kind of verl YAML: an agent-loop config
+    (a list, :func:`load_agent_loop_config`) or an interaction config (``interaction:``,
+    :func:`load_interaction_config`)."""
+    from omegaconf import ListConfig, OmegaConf
+
+    if isinstance(OmegaConf.load(path), ListConfig):
+        return load_agent_loop_config(path, name)
+    return load_interaction_config(path, name)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m empathy_gym.integrations.verl prepare --personas rlver --out DIR``."""
+    """``python -m empathy_gym.integrations.verl prepare --config agents/verl/agent_loop.yaml
+    --out DIR`` (or ``--personas rlver`` without a config)."""
     parser = argparse.ArgumentParser(prog="python -m empathy_gym.integrations.verl")
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="write verl parquet files of dialogue starts")
     prepare.add_argument("--out", required=True, help="output folder")
-    prepare.add_argument("--config", help="verl interaction YAML to read env options from "
-                                          "(e.g. agents/verl/interaction.yaml)")
+    prepare.add_argument("--config", help="verl agent-loop YAML (e.g. agents/verl/agent_loop.yaml) "
+                                          "or interaction YAML (agents/verl/v0.7/interaction.yaml) "
+                                          "to read the env options from")
+    prepare.add_argument("--name", help="which entry of --config (default: the first of ours)")
     prepare.add_argument("--personas", help="persona bank: 'rlver', 'en', 'zh' or a JSONL path")
     prepare.add_argument("--env-id", help="registered env id (default from --config, "
                                           f"else {SESSION_KEYS['env_id']})")
@@ -524,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     prepare.add_argument("--val-size", type=int, default=32,
                          help="personas held out for val.parquet (0: none)")
     args = parser.parse_args(argv)
-    config = load_interaction_config(args.config) if args.config else {}
+    config = load_config(args.config, args.name) if args.config else {}
     if args.personas:
         config["personas"] = args.personas
     if args.env_id:
