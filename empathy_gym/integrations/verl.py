@@ -54,10 +54,7 @@ top-level ``interaction_kwargs`` field. The same rows serve both adapters.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import numbers
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,11 +62,12 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
-from empathy_gym.integrations.batching import MicroBatcher
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.integrations.dialogues import (SHARED_USER_KEYS, SharedUser, close_shared,
+                                                dialogue_fields, dialogue_starts,
+                                                persona_bank, shared, start_env)
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +102,7 @@ except ImportError:
 #: Interaction-config keys read by :class:`Session`; every other key (except ``name``)
 #: goes to ``gym.make`` (``backend``, ``model``, ``base_url``, ``appraisal_mode``,
 #: ``protocol``, ``difficulty``, ``personas``, ``reward_mode``, ``think``, ...).
-SESSION_KEYS = {"env_id": "EmpathyDialogue-RLVER-v0", "batch_window_ms": 5.0,
-                "max_batch_size": 64, "max_instances": 4096}
+SESSION_KEYS = {**SHARED_USER_KEYS, "max_instances": 4096}
 DEFAULT_NAME = "empathy"
 
 
@@ -126,12 +123,13 @@ class Dialogue:
     busy: bool = False
 
 
-class Session:
-    """What all interaction objects of one process and one config share: the simulated
-    user (built once), the dialogues by instance id, and the micro-batcher.
+class Session(SharedUser):
+    """What all verl adapter objects of one process and one config share: the simulated
+    user (built once) and the micro-batcher (:class:`SharedUser`), plus the interaction's
+    dialogues by instance id.
 
     Args:
-        config: the interaction config (see :data:`SESSION_KEYS`; other keys except
+        config: the adapter config (see :data:`SESSION_KEYS`; other keys except
             ``name`` are ``gym.make`` keywords, e.g. ``{"backend": "openai", "model":
             "...", "base_url": "...", "protocol": "rlver_training"}``; a ``user`` key may
             hold a ready :class:`~empathy_gym.user.SimulatedUser`, from Python only).
@@ -140,27 +138,12 @@ class Session:
         gymnasium.error.Error: an unknown ``env_id``. ValueError/KeyError: bad env options.
     """
 
-    def __init__(self, config: Mapping[str, Any]):
-        config = dict(config)
-        config.pop("name", None)
-        options = {key: config.pop(key, default) for key, default in SESSION_KEYS.items()}
-        self.env_id: str = options["env_id"]
-        self.env_kwargs: dict[str, Any] = config
-        self.max_instances = int(options["max_instances"])
-        first = gym.make(self.env_id, **self.env_kwargs).unwrapped
-        if not isinstance(first, EmpathyDialogueEnv):
-            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv "
-                            f"(got {type(first).__name__})")
-        self._owner = first  # owns the user; never handed out, so finalize never closes it
-        self.user = first.user
-        self.dialogues: OrderedDict[str, Dialogue] = OrderedDict()
-        self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], tuple] = MicroBatcher(
-            self._step_batch, window_s=float(options["batch_window_ms"]) / 1000.0,
-            max_batch=int(options["max_batch_size"]))
+    option_defaults = SESSION_KEYS
 
-    def new_env(self) -> EmpathyDialogueEnv:
-        """An env with this session's options and its shared simulated user."""
-        return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
+    def __init__(self, config: Mapping[str, Any]):
+        super().__init__(config)
+        self.max_instances = int(self.options["max_instances"])
+        self.dialogues: OrderedDict[str, Dialogue] = OrderedDict()
 
     def add(self, instance_id: str, dialogue: Dialogue) -> None:
         """Register a dialogue; beyond ``max_instances`` drop the oldest (verl 0.7.1
@@ -191,62 +174,16 @@ class Session:
             raise KeyError(f"no running dialogue with instance_id {instance_id!r}; call "
                            f"start_interaction first ({len(self.dialogues)} running)") from None
 
-    @staticmethod
-    def _step_batch(items: list[tuple[EmpathyDialogueEnv, str]]) -> list[tuple]:
-        return step_many([env for env, _ in items], [action for _, action in items])
-
-
-_SESSIONS: dict[str, Session] = {}
-_SESSIONS_LOCK = threading.Lock()
-
-
-def _config_key(config: Mapping[str, Any]) -> str:
-    plain = {key: value for key, value in config.items() if key != "name"}
-    return json.dumps(plain, sort_keys=True,
-                      default=lambda value: f"<{type(value).__name__} at {id(value):#x}>")
-
 
 def shared_session(config: Mapping[str, Any]) -> Session:
     """The process-wide :class:`Session` for ``config`` (created on first use); configs
     equal up to ``name`` share one."""
-    key = _config_key(config)
-    with _SESSIONS_LOCK:
-        if key not in _SESSIONS:
-            _SESSIONS[key] = Session(config)
-        return _SESSIONS[key]
+    return shared(Session, config)
 
 
 def close_sessions() -> None:
-    """Close every shared session's simulated user and forget the sessions."""
-    with _SESSIONS_LOCK:
-        for session in _SESSIONS.values():
-            session._owner.close()  # closes the user only if the session built it
-        _SESSIONS.clear()
-
-
-def dialogue_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The dialogue start of a dataset row, validated: its ``interaction_kwargs``
-    (``persona_id``: str, ``seed``: int, ``opening``: str), as :func:`build_rows` writes
-    them. Shared by :class:`EmpathyInteraction` and the agent loop.
-
-    Returns:
-        ``{"persona_id": str, "seed": int, "opening": str}``.
-
-    Raises:
-        KeyError: a missing (or ``None``) field. TypeError: a field of the wrong type.
-    """
-    kinds = {"persona_id": str, "seed": numbers.Integral, "opening": str}
-    fields = {}
-    for field, kind in kinds.items():
-        value = kwargs.get(field)
-        if value is None:
-            raise KeyError(f"interaction_kwargs: field {field!r} is missing (rows from "
-                           f"empathy_gym.integrations.verl.build_rows carry it)")
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise TypeError(f"interaction_kwargs: field {field!r} must be "
-                            f"{kind.__name__}, got {type(value).__name__}")
-        fields[field] = int(value) if field == "seed" else value
-    return fields
+    """Close every shared session's (and shared user's) simulated user and forget them."""
+    close_shared()
 
 
 def _last_assistant_content(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -315,12 +252,11 @@ class EmpathyInteraction(BaseInteraction):
             KeyError: a missing field, or an unknown persona id.
             TypeError: a field of the wrong type. ValueError: ``instance_id`` is running.
         """
-        fields = dialogue_fields({"persona_id": persona_id, "seed": seed, "opening": opening})
+        start = {"persona_id": persona_id, "seed": seed, "opening": opening}
+        dialogue_fields(start)  # validate before anything changes
         instance_id = instance_id if instance_id is not None else str(uuid4())
         env = self.session.new_env()
-        persona, _ = env.prepare_reset(seed=fields["seed"],
-                                       options={"persona": fields["persona_id"]})
-        env.finish_reset(persona, fields["opening"])
+        start_env(env, start)
         self.session.add(instance_id, Dialogue(env))
         return instance_id
 
@@ -352,8 +288,8 @@ class EmpathyInteraction(BaseInteraction):
         action = _last_assistant_content(messages)
         dialogue.busy = True
         try:
-            reply, reward, terminated, truncated, info = await self.session.batcher.submit(
-                (dialogue.env, action))
+            reply, reward, terminated, truncated, info = await self.session.step(
+                dialogue.env, action)
         finally:
             dialogue.busy = False
         dialogue.score += float(reward)
@@ -432,28 +368,16 @@ def build_rows(config: Mapping[str, Any] | None = None, *, persona_ids: Sequence
     """
     config = dict(config or {})
     name = config.get("name", DEFAULT_NAME)
-    session_options = {key: config.pop(key, default) for key, default in SESSION_KEYS.items()}
-    config.pop("name", None)
-    env_id = session_options["env_id"]
-    first = gym.make(env_id, **config).unwrapped
-    ids = list(persona_ids) if persona_ids is not None else [p.id for p in first.personas]
-    envs = [first] + [gym.make(env_id, **{**config, "user": first.user}).unwrapped
-                      for _ in ids[1:]]
-    seeds = [seed + index for index in range(len(ids))]
-    results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
-    rows = []
-    for index, (pid, row_seed, (opening, info)) in enumerate(zip(ids, seeds, results)):
-        rows.append({
-            "data_source": data_source or f"empathy_gym/{env_id}",
-            "prompt": info["messages"],
-            "ability": "empathy",
-            "reward_model": {"style": "rule", "ground_truth": pid},
-            "extra_info": {"split": split, "index": index, "persona_id": pid,
-                           "interaction_kwargs": {"name": name, "persona_id": pid,
-                                                  "seed": row_seed, "opening": opening}},
-        })
-    first.close()  # closes the user only if it was built here
-    return rows
+    env_id = config.get("env_id", SESSION_KEYS["env_id"])
+    return [{
+        "data_source": data_source or f"empathy_gym/{env_id}",
+        "prompt": start.messages,
+        "ability": "empathy",
+        "reward_model": {"style": "rule", "ground_truth": start.persona_id},
+        "extra_info": {"split": split, "index": index, "persona_id": start.persona_id,
+                       "interaction_kwargs": {"name": name, "persona_id": start.persona_id,
+                                              "seed": start.seed, "opening": start.opening}},
+    } for index, start in enumerate(dialogue_starts(config, persona_ids=persona_ids, seed=seed))]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -490,7 +414,7 @@ def prepare_dataset(out_dir: str | Path, config: Mapping[str, Any] | None = None
     """
     import numpy as np
 
-    bank = [p.id for p in _bank(config)]
+    bank = [p.id for p in persona_bank(config)]
     if not 0 <= val_size < len(bank):
         raise ValueError(f"val_size must be in [0, {len(bank) - 1}] for a bank of "
                          f"{len(bank)} personas, got {val_size}")
@@ -505,13 +429,6 @@ def prepare_dataset(out_dir: str | Path, config: Mapping[str, Any] | None = None
             build_rows(config, persona_ids=[p for p in bank if p in val_ids],
                        seed=seed + len(bank), split="val"), out / "val.parquet")
     return paths
-
-
-def _bank(config: Mapping[str, Any] | None):
-    config = dict(config or {})
-    env_id = config.get("env_id", SESSION_KEYS["env_id"])
-    personas = config.get("personas", gym.spec(env_id).kwargs.get("personas"))
-    return empathy_gym.load_personas(personas)
 
 
 def load_interaction_config(path: str | Path, name: str | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ which GRPO does not notice and GAE sees as one delayed reward. With
 
 The simulated user is shared by the loops of one worker process: verl builds an agent
 loop object per sample, and every object built from an equal config shares one
-:class:`~empathy_gym.integrations.verl.Session`, so concurrent dialogues of a worker send
+:class:`~empathy_gym.integrations.dialogues.SharedUser`, so concurrent dialogues of a worker send
 their user turns as one batched :func:`~empathy_gym.env.step_many` call (micro-batched
 within ``batch_window_ms``, at most ``max_batch_size``; see
 :mod:`empathy_gym.integrations.batching`). Each agent-loop worker
@@ -44,7 +44,7 @@ Configuration: the loop's keyword arguments are the entry of the agent-loop YAML
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names
 (``agents/verl/agent_loop.yaml``); verl instantiates the entry with
 ``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
-:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.integrations.verl.Session`
+:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.integrations.dialogues.SharedUser`
 (``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
 ``backend``, ``model``, ``base_url``, ``protocol``, ``max_turns``, ``reward_mode``,
 ``think``).
@@ -63,7 +63,7 @@ from uuid import uuid4
 
 import torch
 
-from empathy_gym.integrations.verl import Session, dialogue_fields, shared_session
+from empathy_gym.integrations.dialogues import SharedUser, dialogue_fields, shared, start_env
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -195,8 +195,8 @@ class EmpathyAgentLoop(AgentLoopBase):
         super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls,
                          data_config, hf_model_type=hf_model_type)
         self.name = name
-        self.session: Session = shared_session(
-            {key: _plain(value) for key, value in env_config.items()})
+        self.session: SharedUser = shared(
+            SharedUser, {key: _plain(value) for key, value in env_config.items()})
         self.response_length: int = int(self.rollout_config.response_length)
         self.max_assistant_turns: int | None = self.rollout_config.multi_turn.max_assistant_turns
 
@@ -230,18 +230,16 @@ class EmpathyAgentLoop(AgentLoopBase):
                 data with this loop's config).
             SimulatorError: the LLM user failed (for every dialogue of its batch).
         """
-        fields = dialogue_fields(kwargs.get("interaction_kwargs")
-                                 or (kwargs.get("extra_info") or {}).get("interaction_kwargs")
-                                 or {})
+        start = dialogue_fields(kwargs.get("interaction_kwargs")
+                                or (kwargs.get("extra_info") or {}).get("interaction_kwargs")
+                                or {})
         messages = [dict(message) for message in kwargs["raw_prompt"]]
         env = self.session.new_env()
         try:
-            persona, _ = env.prepare_reset(seed=fields["seed"],
-                                           options={"persona": fields["persona_id"]})
-            env.finish_reset(persona, fields["opening"])
+            start_env(env, start)
             if messages != env.dialogue.messages:
                 raise ValueError(
-                    f"row {kwargs.get('index')!r} (persona {fields['persona_id']!r}): its "
+                    f"row {kwargs.get('index')!r} (persona {start['persona_id']!r}): its "
                     f"prompt is not the dialogue that agent loop {self.name!r} recreates "
                     f"(system prompt or opening differ); rebuild the data with this "
                     f"loop's config (python -m empathy_gym.integrations.verl prepare "
@@ -285,7 +283,7 @@ class EmpathyAgentLoop(AgentLoopBase):
             reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
             with simple_timer("tool_calls", metrics):  # verl's field for environment time
                 observation, reward, terminated, truncated, info = \
-                    await self.session.batcher.submit((env, reply))
+                    await self.session.step(env, reply)
             turn_scores.append(float(reward))
             emotions.append(int(info["emotion"]))
             messages.append({"role": "assistant", "content": reply})
