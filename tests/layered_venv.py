@@ -43,6 +43,9 @@ VERL_0_9 = [
 #: verl 0.7.1 (the last release with ``verl.interactions``), stacked on the 0.9.1 layer for
 #: its dependencies. Its own pin numpy < 2 is left out: torch here is built for numpy 2.
 VERL_0_7 = [["--no-deps", "verl==0.7.1"]]
+#: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
+#: verifiers' chat harness needs to prepare its program.
+VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]
 
 
 class LayerUnavailable(RuntimeError):

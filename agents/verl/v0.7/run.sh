@@ -4,7 +4,7 @@
 #   e.g. agents/verl/v0.7/run.sh grpo trainer.nnodes=4 trainer.logger='[console,wandb]'
 # Needs: pip install "verl[vllm]==0.7.1" and pip install -e ".[verl]" (empathy-gym), GPUs,
 # and the simulated user's OpenAI-compatible server (EMPATHY_USER_BASE_URL, EMPATHY_USER_MODEL;
-# see interaction.yaml). Not run by us: see README.md in this folder.
+# see interaction.yaml). Not run by us: see agents/verl/README.md.
 set -euo pipefail
 algo=${1:?usage: agents/verl/v0.7/run.sh ppo|grpo [hydra overrides ...]}
 shift
