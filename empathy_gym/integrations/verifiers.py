@@ -26,8 +26,8 @@ env does with a game engine. Here the simulated user answers:
 Use it from Python with :func:`load_environment`, or from verifiers' tools by the taskset
 id ``empathy-dialogue`` (the top-level module ``empathy_dialogue`` that empathy-gym ships
 re-exports these classes), e.g. ``vf-eval empathy-dialogue -m <model> --client.base-url
-<url> --env.agent.runtime.type subprocess``. The agent's seat defaults to verifiers'
-tool-less ``null`` harness in a local subprocess runtime. Options of the env
+<url>``. The agent's seat defaults to verifiers' tool-less ``null`` harness in a local
+subprocess runtime (``--env.agent.*`` changes it). Options of the env
 (``gym.make`` keywords) go to ``--env.taskset.task.env`` (TOML ``[env.taskset.task.env]``).
 """
 

@@ -219,7 +219,7 @@ class EmpathyAgentLoop(AgentLoopBase):
             ``turn_scores`` (list of float, one per appraised reply), ``turn_ends``
             (index of the last response token of each appraised reply), ``emotions``
             (int 0-100 after reset and after each reply), ``termination_reason``
-            (the env's ``"success"``/``"failure"``/``"max_turns"``/``"goodbye"``, or
+            (the env's ``"success"``/``"failure"``/``"max_turns"``, or
             ``"response_length"``, ``"max_assistant_turns"``), ``persona_id``,
             ``tool_rewards`` ([]) and ``reward_extra_info`` (``score``,
             ``final_emotion``).
@@ -266,8 +266,11 @@ class EmpathyAgentLoop(AgentLoopBase):
                 output = await self.server_manager.generate(
                     request_id=request_id, prompt_ids=token_ids, sampling_params=sampling_params)
             _merge_server_extra_fields(extra_fields, output.extra_fields)
-            preempted = output.num_preempted if output.num_preempted is not None else 0
-            metrics["num_preempted"] = metrics.get("num_preempted", 0) + preempted
+            if metrics.get("num_preempted") is None:  # as ToolAgentLoop: -1 = not reported
+                metrics["num_preempted"] = (output.num_preempted
+                                            if output.num_preempted is not None else -1)
+            elif output.num_preempted is not None:
+                metrics["num_preempted"] += output.num_preempted
             merged, response_mask, logprobs = await self.ct_merge_assistant_token(
                 token_ids, output.token_ids, response_mask,
                 response_logprobs if (response_logprobs or output.log_probs) else None,
@@ -315,7 +318,6 @@ class EmpathyAgentLoop(AgentLoopBase):
                            "agent token", len(turn_scores), len(turn_ends))
         turn_ends = turn_ends[: len(turn_scores)]
         score = float(sum(turn_scores))
-        metrics.setdefault("num_preempted", -1)
         extra_fields.update({
             "turn_scores": turn_scores, "tool_rewards": [], "turn_ends": turn_ends,
             "emotions": emotions, "termination_reason": reason,
