@@ -58,8 +58,11 @@ def cache_root() -> Path:
 
 
 def _parent_fingerprint() -> str:
+    """This interpreter and the packages installed in its site directories (not whatever
+    else is on ``sys.path``, such as a checkout's ``*.egg-info``)."""
     packages = sorted(f"{d.metadata['Name']}=={d.version}"
-                      for d in importlib.metadata.distributions() if d.metadata["Name"])
+                      for d in importlib.metadata.distributions(path=_site_dirs(None))
+                      if d.metadata["Name"])
     return json.dumps([sys.executable, sys.version, packages])
 
 
