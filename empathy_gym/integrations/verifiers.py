@@ -137,6 +137,15 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
         self.user = shared(SharedUser, self.taskset.config.task.user_config())
 
     async def run(self, task: EmpathyTask, agents: vf.Agents) -> None:
+        """One episode: the agent answers the opening line, the simulated user answers
+        each reply (steps of the task's recreated env, batched with the other episodes'),
+        until the env ends the dialogue or verifiers ends the agent's run. Records the
+        reward and metrics on the agent's trace.
+
+        Raises:
+            KeyError, TypeError: task data without a valid persona id, seed or opening.
+            SimulatorError: the LLM user failed (for every episode of its batch).
+        """
         user = shared(SharedUser, task.config.user_config())
         env = user.new_env()
         rewards: list[float] = []

@@ -348,8 +348,9 @@ def build_rows(config: Mapping[str, Any] | None = None, *, persona_ids: Sequence
     starts it.
 
     Args:
-        config: the interaction config (as for :class:`EmpathyInteraction`), so that the
-            rows match what the interaction recreates (system prompt, think mode).
+        config: the adapter config: the agent loop's (:func:`load_agent_loop_config`) or
+            the interaction's (:class:`EmpathyInteraction`), so that the rows match the
+            dialogue the adapter recreates (system prompt, think mode).
         persona_ids: which personas, in order; ``None`` for the whole bank.
         seed: row i gets env seed ``seed + i``.
         split: written to ``extra_info.split``.

@@ -263,7 +263,9 @@ def test_concurrent_dialogues_share_one_user_in_batched_calls(tmp_path, tokenize
         loops = [direct_loop(config, StubServer(tokenizer, REPLIES), tokenizer, **options)
                  for _ in range(4)]
         assert len({id(loop.session) for loop in loops}) == 1
-        return await asyncio.gather(*(loop.run({}, **dataset[i]) for i, loop in enumerate(loops))), loops[0].session
+        outputs = await asyncio.gather(*(loop.run({}, **dataset[i])
+                                         for i, loop in enumerate(loops)))
+        return outputs, loops[0].session
 
     outputs, session = asyncio.run(main())
     assert [o.extra_fields["emotions"] for o in outputs] == [
