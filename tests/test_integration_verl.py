@@ -1,14 +1,17 @@
-"""The verl integration: EmpathyInteraction, the micro-batcher, compute_score and the
-dataset builder.
+"""The verl <= 0.7.1 integration: EmpathyInteraction, the micro-batcher, compute_score and
+the dataset builder (shared with the agent loop).
 
-Everything here runs without verl. Tests marked "real verl" also run when verl 0.7.1
-(the last release with ``verl.interactions``) is importable, and skip otherwise.
+Everything here runs without verl. The tests marked "real verl" need verl 0.7.1 (the last
+release with ``verl.interactions``) importable and skip otherwise; in the main run,
+``test_interaction_against_verl_0_7_1`` runs them in a venv layered on this one that has
+verl 0.7.1 (``tests/layered_venv.py``: stacked on the verl 0.9.1 layer for its dependencies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,6 +22,8 @@ from empathy_gym.integrations import verl as ev
 from empathy_gym.integrations.batching import MicroBatcher
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
+from layered_venv import (VERL_0_7, VERL_0_9, LayerUnavailable, check_passed, layered_venv,
+                          run_pytest)
 
 REPO = Path(__file__).resolve().parent.parent
 EN = [p.id for p in load_personas("en")]
@@ -54,6 +59,22 @@ def assistant(text: str) -> list[dict[str, str]]:
 def scripted_config(user, **extra):
     return {"name": "empathy", "env_id": "EmpathyDialogue-v0", "personas": "en",
             "protocol": "rlver_training", "user": user, **extra}
+
+
+def test_interaction_against_verl_0_7_1(measured):
+    """Runs this file's "real verl" tests with verl 0.7.1's own classes."""
+    if _verl_interactions_importable():
+        pytest.skip("verl 0.7.x is importable here: the real-verl tests run in this session")
+    try:
+        parent, parent_s = layered_venv("verl-0.9.1", VERL_0_9)
+        python, build_s = layered_venv("verl-0.7.1", VERL_0_7, parent=parent)
+    except LayerUnavailable as error:
+        pytest.skip(f"verl 0.7.1 cannot be installed on this machine: {error}")
+    expected = sum(1 for name in globals() if name.startswith("test_real_verl"))
+    start = time.monotonic()
+    check_passed(run_pytest(python, Path(__file__), "-k", "real_verl"), expected)
+    measured(f"verl 0.7.1 layer (on the 0.9.1 layer): built in {parent_s + build_s:.0f} s "
+             f"(0 = cached); {expected} real-verl tests ran in {time.monotonic() - start:.0f} s")
 
 
 # -- the interface ---------------------------------------------------------------------
@@ -439,7 +460,7 @@ def test_parquet_files_round_trip_and_the_cli_writes_them(tmp_path):
 
 
 def test_shipped_interaction_config_parses():
-    config = ev.load_interaction_config(REPO / "agents" / "verl" / "interaction.yaml")
+    config = ev.load_interaction_config(REPO / "agents" / "verl" / "v0.7" / "interaction.yaml")
     assert config["name"] == "empathy"
     assert config["env_id"] == "EmpathyDialogue-RLVER-v0"
     assert config["protocol"] == "rlver_training" and config["max_turns"] == 8
@@ -462,7 +483,7 @@ RLVER_SETTINGS = {  # DESIGN.md section 1 (RLVER's training facts)
 def test_training_configs_carry_rlver_settings():
     from omegaconf import OmegaConf
 
-    folder = REPO / "agents" / "verl"
+    folder = REPO / "agents" / "verl" / "v0.7"
     common = OmegaConf.load(folder / "rlver_common.yaml")
     for key, value in RLVER_SETTINGS.items():
         assert OmegaConf.select(common, key) == value, key
@@ -492,7 +513,8 @@ def test_real_verl_composes_and_validates_the_training_configs(monkeypatch, tiny
     monkeypatch.setenv("EMPATHY_POLICY_MODEL", str(tiny_model_dir))
     for name, estimator, n, critic in (("rlver_ppo", "gae", 1, True),
                                        ("rlver_grpo", "grpo", 4, False)):
-        with initialize_config_dir(config_dir=str(REPO / "agents" / "verl"), version_base=None):
+        with initialize_config_dir(config_dir=str(REPO / "agents" / "verl" / "v0.7"),
+                                   version_base=None):
             config = compose(config_name=name)
         OmegaConf.resolve(config)
         for key, value in RLVER_SETTINGS.items():

@@ -1,9 +1,21 @@
-"""The simulated user as a verl multi-turn *interaction*, plus verl's dataset format.
+"""verl plumbing shared by both verl adapters, and the simulated user as a verl <= 0.7.1
+*interaction*.
 
-verl (volcengine/verl, the trainer RLVER used) drives multi-turn rollouts with an agent
-loop that, after each assistant turn, asks an *interaction* for the user's next message
-(``verl.interactions.base.BaseInteraction``). :class:`EmpathyInteraction` is that
-interaction for our simulated user:
+Two adapters connect our simulated user to verl (volcengine/verl, the trainer RLVER used):
+
+* verl >= 0.8 (0.9.x on PyPI now): the agent loop
+  :class:`empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop` (needs verl to import);
+* verl <= 0.7.1: :class:`EmpathyInteraction` here, verl's multi-turn *interaction*
+  (``verl.interactions.base.BaseInteraction``), kept for clusters pinned to 0.7.x. verl 0.8.0
+  removed ``verl.interactions`` and the interaction path of ``ToolAgentLoop``.
+
+What both share lives here and imports without verl: the per-process :class:`Session`
+(one simulated user, a :class:`~empathy_gym.integrations.batching.MicroBatcher` that sends
+concurrent user turns as one :func:`~empathy_gym.env.step_many` call), the dataset rows
+(:func:`build_rows`, :func:`prepare_dataset`, ``python -m empathy_gym.integrations.verl
+prepare``), :func:`dialogue_fields` and the reward function :func:`compute_score`.
+
+The interaction (verl <= 0.7.1):
 
 * ``start_interaction(instance_id, persona_id=, seed=, opening=)`` recreates the dataset
   row's dialogue: ``env.prepare_reset(seed, persona)`` then ``env.finish_reset(persona,
@@ -15,17 +27,10 @@ interaction for our simulated user:
 * ``calculate_score(instance_id)`` is the running return; ``finalize_interaction``
   drops the dialogue.
 
-Concurrent ``generate_response`` calls are grouped by a :class:`MicroBatcher` into one
-:func:`~empathy_gym.env.step_many` call (one batched call of the simulated user).
+With verl 0.7.x importable we subclass its ``BaseInteraction``; otherwise a local class
+with the same interface stands in, so this module imports and works without verl.
 
-Which verl: the interaction interface exists in verl up to **0.7.1**
-(``verl/interactions/base.py``; ``actor_rollout_ref.rollout.multi_turn.
-interaction_config_path``). verl 0.8.0 removed ``verl.interactions`` and the
-interaction path of ``ToolAgentLoop``; 0.9.1 (on PyPI now) has neither. With verl
-importable we subclass its ``BaseInteraction``; otherwise a local class with the same
-interface stands in, so this module imports and works without verl.
-
-verl 0.7.1 facts that shape this module (read in its source):
+verl 0.7.1 facts that shape the interaction (read in its source):
 
 * ``ToolAgentLoop`` is instantiated **per sample** and builds its interactions in its
   constructor, so one interaction object exists per dialogue. The simulated user, the
@@ -38,20 +43,18 @@ verl 0.7.1 facts that shape this module (read in its source):
   :func:`compute_score` sums them (``reward.custom_reward_function``).
 * It calls ``generate_response(request_id, messages, **interaction_kwargs)``.
 
-The dataset builder (:func:`build_rows`, :func:`prepare_dataset`, and
-``python -m empathy_gym.integrations.verl prepare``) writes verl's RL parquet format
-(as in verl's ``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``):
-``data_source``, ``prompt`` (the agent-side chat), ``ability``, ``reward_model``
-(``style``, ``ground_truth``) and ``extra_info`` with ``interaction_kwargs``.
+The dataset builder writes verl's RL parquet format (as in verl's
+``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``): ``data_source``,
+``prompt`` (the agent-side chat), ``ability``, ``reward_model`` (``style``,
+``ground_truth``) and ``extra_info`` with ``interaction_kwargs`` (``persona_id``,
+``seed``, ``opening``), which verl's ``RLHFDataset`` also hands to agent loops as a
+top-level ``interaction_kwargs`` field. The same rows serve both adapters.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import numbers
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,11 +62,12 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
-from empathy_gym.integrations.batching import MicroBatcher
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.integrations.dialogues import (SHARED_USER_KEYS, SharedUser, close_shared,
+                                                dialogue_fields, dialogue_starts,
+                                                persona_bank, shared, start_env)
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +102,7 @@ except ImportError:
 #: Interaction-config keys read by :class:`Session`; every other key (except ``name``)
 #: goes to ``gym.make`` (``backend``, ``model``, ``base_url``, ``appraisal_mode``,
 #: ``protocol``, ``difficulty``, ``personas``, ``reward_mode``, ``think``, ...).
-SESSION_KEYS = {"env_id": "EmpathyDialogue-RLVER-v0", "batch_window_ms": 5.0,
-                "max_batch_size": 64, "max_instances": 4096}
+SESSION_KEYS = {**SHARED_USER_KEYS, "max_instances": 4096}
 DEFAULT_NAME = "empathy"
 
 
@@ -120,12 +123,13 @@ class Dialogue:
     busy: bool = False
 
 
-class Session:
-    """What all interaction objects of one process and one config share: the simulated
-    user (built once), the dialogues by instance id, and the micro-batcher.
+class Session(SharedUser):
+    """What all verl adapter objects of one process and one config share: the simulated
+    user (built once) and the micro-batcher (:class:`SharedUser`), plus the interaction's
+    dialogues by instance id.
 
     Args:
-        config: the interaction config (see :data:`SESSION_KEYS`; other keys except
+        config: the adapter config (see :data:`SESSION_KEYS`; other keys except
             ``name`` are ``gym.make`` keywords, e.g. ``{"backend": "openai", "model":
             "...", "base_url": "...", "protocol": "rlver_training"}``; a ``user`` key may
             hold a ready :class:`~empathy_gym.user.SimulatedUser`, from Python only).
@@ -134,27 +138,12 @@ class Session:
         gymnasium.error.Error: an unknown ``env_id``. ValueError/KeyError: bad env options.
     """
 
-    def __init__(self, config: Mapping[str, Any]):
-        config = dict(config)
-        config.pop("name", None)
-        options = {key: config.pop(key, default) for key, default in SESSION_KEYS.items()}
-        self.env_id: str = options["env_id"]
-        self.env_kwargs: dict[str, Any] = config
-        self.max_instances = int(options["max_instances"])
-        first = gym.make(self.env_id, **self.env_kwargs).unwrapped
-        if not isinstance(first, EmpathyDialogueEnv):
-            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv "
-                            f"(got {type(first).__name__})")
-        self._owner = first  # owns the user; never handed out, so finalize never closes it
-        self.user = first.user
-        self.dialogues: OrderedDict[str, Dialogue] = OrderedDict()
-        self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], tuple] = MicroBatcher(
-            self._step_batch, window_s=float(options["batch_window_ms"]) / 1000.0,
-            max_batch=int(options["max_batch_size"]))
+    option_defaults = SESSION_KEYS
 
-    def new_env(self) -> EmpathyDialogueEnv:
-        """An env with this session's options and its shared simulated user."""
-        return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
+    def __init__(self, config: Mapping[str, Any]):
+        super().__init__(config)
+        self.max_instances = int(self.options["max_instances"])
+        self.dialogues: OrderedDict[str, Dialogue] = OrderedDict()
 
     def add(self, instance_id: str, dialogue: Dialogue) -> None:
         """Register a dialogue; beyond ``max_instances`` drop the oldest (verl 0.7.1
@@ -185,37 +174,16 @@ class Session:
             raise KeyError(f"no running dialogue with instance_id {instance_id!r}; call "
                            f"start_interaction first ({len(self.dialogues)} running)") from None
 
-    @staticmethod
-    def _step_batch(items: list[tuple[EmpathyDialogueEnv, str]]) -> list[tuple]:
-        return step_many([env for env, _ in items], [action for _, action in items])
-
-
-_SESSIONS: dict[str, Session] = {}
-_SESSIONS_LOCK = threading.Lock()
-
-
-def _config_key(config: Mapping[str, Any]) -> str:
-    plain = {key: value for key, value in config.items() if key != "name"}
-    return json.dumps(plain, sort_keys=True,
-                      default=lambda value: f"<{type(value).__name__} at {id(value):#x}>")
-
 
 def shared_session(config: Mapping[str, Any]) -> Session:
     """The process-wide :class:`Session` for ``config`` (created on first use); configs
     equal up to ``name`` share one."""
-    key = _config_key(config)
-    with _SESSIONS_LOCK:
-        if key not in _SESSIONS:
-            _SESSIONS[key] = Session(config)
-        return _SESSIONS[key]
+    return shared(Session, config)
 
 
 def close_sessions() -> None:
-    """Close every shared session's simulated user and forget the sessions."""
-    with _SESSIONS_LOCK:
-        for session in _SESSIONS.values():
-            session._owner.close()  # closes the user only if the session built it
-        _SESSIONS.clear()
+    """Close every shared session's (and shared user's) simulated user and forget them."""
+    close_shared()
 
 
 def _last_assistant_content(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -284,19 +252,11 @@ class EmpathyInteraction(BaseInteraction):
             KeyError: a missing field, or an unknown persona id.
             TypeError: a field of the wrong type. ValueError: ``instance_id`` is running.
         """
-        fields = {"persona_id": (persona_id, str), "seed": (seed, numbers.Integral),
-                  "opening": (opening, str)}
-        for field, (value, kind) in fields.items():
-            if value is None:
-                raise KeyError(f"interaction_kwargs: field {field!r} is missing (rows from "
-                               f"empathy_gym.integrations.verl.build_rows carry it)")
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise TypeError(f"interaction_kwargs: field {field!r} must be "
-                                f"{kind.__name__}, got {type(value).__name__}")
+        start = {"persona_id": persona_id, "seed": seed, "opening": opening}
+        dialogue_fields(start)  # validate before anything changes
         instance_id = instance_id if instance_id is not None else str(uuid4())
         env = self.session.new_env()
-        persona, _ = env.prepare_reset(seed=int(seed), options={"persona": persona_id})
-        env.finish_reset(persona, opening)
+        start_env(env, start)
         self.session.add(instance_id, Dialogue(env))
         return instance_id
 
@@ -328,8 +288,8 @@ class EmpathyInteraction(BaseInteraction):
         action = _last_assistant_content(messages)
         dialogue.busy = True
         try:
-            reply, reward, terminated, truncated, info = await self.session.batcher.submit(
-                (dialogue.env, action))
+            reply, reward, terminated, truncated, info = await self.session.step(
+                dialogue.env, action)
         finally:
             dialogue.busy = False
         dialogue.score += float(reward)
@@ -388,8 +348,9 @@ def build_rows(config: Mapping[str, Any] | None = None, *, persona_ids: Sequence
     starts it.
 
     Args:
-        config: the interaction config (as for :class:`EmpathyInteraction`), so that the
-            rows match what the interaction recreates (system prompt, think mode).
+        config: the adapter config: the agent loop's (:func:`load_agent_loop_config`) or
+            the interaction's (:class:`EmpathyInteraction`), so that the rows match the
+            dialogue the adapter recreates (system prompt, think mode).
         persona_ids: which personas, in order; ``None`` for the whole bank.
         seed: row i gets env seed ``seed + i``.
         split: written to ``extra_info.split``.
@@ -408,28 +369,16 @@ def build_rows(config: Mapping[str, Any] | None = None, *, persona_ids: Sequence
     """
     config = dict(config or {})
     name = config.get("name", DEFAULT_NAME)
-    session_options = {key: config.pop(key, default) for key, default in SESSION_KEYS.items()}
-    config.pop("name", None)
-    env_id = session_options["env_id"]
-    first = gym.make(env_id, **config).unwrapped
-    ids = list(persona_ids) if persona_ids is not None else [p.id for p in first.personas]
-    envs = [first] + [gym.make(env_id, **{**config, "user": first.user}).unwrapped
-                      for _ in ids[1:]]
-    seeds = [seed + index for index in range(len(ids))]
-    results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
-    rows = []
-    for index, (pid, row_seed, (opening, info)) in enumerate(zip(ids, seeds, results)):
-        rows.append({
-            "data_source": data_source or f"empathy_gym/{env_id}",
-            "prompt": info["messages"],
-            "ability": "empathy",
-            "reward_model": {"style": "rule", "ground_truth": pid},
-            "extra_info": {"split": split, "index": index, "persona_id": pid,
-                           "interaction_kwargs": {"name": name, "persona_id": pid,
-                                                  "seed": row_seed, "opening": opening}},
-        })
-    first.close()  # closes the user only if it was built here
-    return rows
+    env_id = config.get("env_id", SESSION_KEYS["env_id"])
+    return [{
+        "data_source": data_source or f"empathy_gym/{env_id}",
+        "prompt": start.messages,
+        "ability": "empathy",
+        "reward_model": {"style": "rule", "ground_truth": start.persona_id},
+        "extra_info": {"split": split, "index": index, "persona_id": start.persona_id,
+                       "interaction_kwargs": {"name": name, "persona_id": start.persona_id,
+                                              "seed": start.seed, "opening": start.opening}},
+    } for index, start in enumerate(dialogue_starts(config, persona_ids=persona_ids, seed=seed))]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -466,7 +415,7 @@ def prepare_dataset(out_dir: str | Path, config: Mapping[str, Any] | None = None
     """
     import numpy as np
 
-    bank = [p.id for p in _bank(config)]
+    bank = [p.id for p in persona_bank(config)]
     if not 0 <= val_size < len(bank):
         raise ValueError(f"val_size must be in [0, {len(bank) - 1}] for a bank of "
                          f"{len(bank)} personas, got {val_size}")
@@ -483,16 +432,9 @@ def prepare_dataset(out_dir: str | Path, config: Mapping[str, Any] | None = None
     return paths
 
 
-def _bank(config: Mapping[str, Any] | None):
-    config = dict(config or {})
-    env_id = config.get("env_id", SESSION_KEYS["env_id"])
-    personas = config.get("personas", gym.spec(env_id).kwargs.get("personas"))
-    return empathy_gym.load_personas(personas)
-
-
 def load_interaction_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
     """The ``config`` mapping of our entry in a verl interaction YAML (``interaction:``
-    list of ``{name, class_name, config}``), with ``name`` added as verl does.
+    list of ``{name, class_name, config}``, verl <= 0.7.1), with ``name`` added as verl does.
 
     Raises:
         KeyError: no entry with ``class_name`` ending in ``EmpathyInteraction`` (or with
@@ -509,14 +451,56 @@ def load_interaction_config(path: str | Path, name: str | None = None) -> dict[s
                    + (f" named {name!r}" if name else ""))
 
 
+def load_agent_loop_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The session config of our entry in a verl agent-loop YAML (verl >= 0.8,
+    ``rollout.agent.agent_loop_config_path``: a list of ``{name, _target_, ...}``): the
+    entry without ``name`` and ``_target_``, i.e. the keyword arguments that
+    :class:`~empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop` receives.
+
+    Args:
+        path: the YAML file (``${oc.env:...}`` interpolations are resolved).
+        name: the entry's ``name``; ``None`` takes the first entry whose ``_target_`` ends
+            in ``EmpathyAgentLoop``.
+
+    Raises:
+        KeyError: no such entry. TypeError: the file is not a list of entries.
+    """
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(entries, list):
+        raise TypeError(f"{path}: an agent-loop config is a list of {{name, _target_, ...}} "
+                        f"entries, got a {type(entries).__name__}")
+    for entry in entries:
+        if (name is None and str(entry.get("_target_", "")).endswith("EmpathyAgentLoop")) \
+                or (name is not None and entry.get("name") == name):
+            return {key: value for key, value in entry.items() if key not in ("name", "_target_")}
+    raise KeyError(f"{path}: no EmpathyAgentLoop entry" + (f" named {name!r}" if name else "")
+                   + f" (entries: {[entry.get('name') for entry in entries]})")
+
+
+def load_config(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The env options of our entry in either kind of verl YAML: an agent-loop config
+    (a list, :func:`load_agent_loop_config`) or an interaction config (``interaction:``,
+    :func:`load_interaction_config`)."""
+    from omegaconf import ListConfig, OmegaConf
+
+    if isinstance(OmegaConf.load(path), ListConfig):
+        return load_agent_loop_config(path, name)
+    return load_interaction_config(path, name)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m empathy_gym.integrations.verl prepare --personas rlver --out DIR``."""
+    """``python -m empathy_gym.integrations.verl prepare --config agents/verl/agent_loop.yaml
+    --out DIR`` (or ``--personas rlver`` without a config)."""
     parser = argparse.ArgumentParser(prog="python -m empathy_gym.integrations.verl")
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="write verl parquet files of dialogue starts")
     prepare.add_argument("--out", required=True, help="output folder")
-    prepare.add_argument("--config", help="verl interaction YAML to read env options from "
-                                          "(e.g. agents/verl/interaction.yaml)")
+    prepare.add_argument("--config", help="verl agent-loop YAML (e.g. agents/verl/agent_loop.yaml) "
+                                          "or interaction YAML (agents/verl/v0.7/interaction.yaml) "
+                                          "to read the env options from")
+    prepare.add_argument("--name", help="which entry of --config (default: the first of ours)")
     prepare.add_argument("--personas", help="persona bank: 'rlver', 'en', 'zh' or a JSONL path")
     prepare.add_argument("--env-id", help="registered env id (default from --config, "
                                           f"else {SESSION_KEYS['env_id']})")
@@ -524,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     prepare.add_argument("--val-size", type=int, default=32,
                          help="personas held out for val.parquet (0: none)")
     args = parser.parse_args(argv)
-    config = load_interaction_config(args.config) if args.config else {}
+    config = load_config(args.config, args.name) if args.config else {}
     if args.personas:
         config["personas"] = args.personas
     if args.env_id:

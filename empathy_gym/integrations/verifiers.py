@@ -1,0 +1,225 @@
+"""The simulated user as a verifiers environment (verifiers >= 0.4, ``verifiers.v1``).
+
+verifiers (PrimeIntellect-ai/verifiers; ``vf-eval``, prime-rl) splits an environment into
+a *taskset* (the rows an episode starts from) and an *env* whose ``run(task, agents)``
+drives the agents. verifiers 0.4 has no ``MultiTurnEnv`` any more; a multi-turn
+environment is an ``Env`` whose ``run`` holds an agent's rollout open with
+``agent.interaction(task)`` and answers each of its turns, as verifiers' own TextArena
+env does with a game engine. Here the simulated user answers:
+
+* :class:`EmpathyTaskset` yields one task per persona: the dialogue as ``reset`` starts it
+  (:func:`~empathy_gym.integrations.dialogues.dialogue_starts`): the agent's system
+  prompt, the user's opening line as the task's prompt, and the persona id, env seed and
+  opening that recreate it;
+* :class:`EmpathyEnv` plays it: the agent answers the opening, the env steps our
+  ``EmpathyDialogueEnv`` with the reply (the user's turns of concurrent episodes go to one
+  shared simulated user in batched calls, :class:`~empathy_gym.integrations.dialogues.SharedUser`),
+  and the user's reply is the agent's next user turn, until the env ends the dialogue
+  (success, failure, max turns);
+* the trace's reward is the episode's **emotion change**: the sum of the env's turn
+  rewards (``reward_mode="delta"``: (e_T - e_0) / 100, in [-1, 1], less any think-format
+  penalty), or with ``reward="final_emotion"`` RLVER's e_T / 100. Metrics:
+  ``emotion_change``, ``final_emotion`` (e_T / 100), ``turns``, ``success`` (1.0 when the
+  user ended it satisfied); ``trace.info`` holds the ``emotions`` and the
+  ``termination_reason``.
+
+Use it from Python with :func:`load_environment`, or from verifiers' tools by the taskset
+id ``empathy-dialogue`` (the top-level module ``empathy_dialogue`` that empathy-gym ships
+re-exports these classes), e.g. ``vf-eval empathy-dialogue -m <model> --client.base-url
+<url>``. The agent's seat defaults to verifiers' tool-less ``null`` harness in a local
+subprocess runtime (``--env.agent.*`` changes it). Options of the env
+(``gym.make`` keywords) go to ``--env.taskset.task.env`` (TOML ``[env.taskset.task.env]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from empathy_gym.integrations.dialogues import (SharedUser, dialogue_starts, shared,
+                                                start_env)
+
+try:
+    import verifiers.v1 as vf
+except ImportError as error:  # pragma: no cover - depends on the installed verifiers
+    raise ImportError(
+        "empathy_gym.integrations.verifiers needs verifiers >= 0.4 (verifiers.v1): "
+        "pip install 'empathy-gym[verifiers]'") from error
+
+#: The taskset id verifiers resolves to the top-level module ``empathy_dialogue``.
+TASKSET_ID = "empathy-dialogue"
+
+
+class EmpathyData(vf.TaskData):
+    """One dialogue start: verifiers' task data (``prompt``: the user's opening line,
+    ``system_prompt``: the agent's system prompt, ``name``: the persona id) plus what
+    recreates it in the env."""
+
+    persona_id: str
+    """The persona's id in the env's bank."""
+    seed: int
+    """The env seed that ``reset`` used."""
+    opening: str
+    """The user's opening line (also the task's prompt)."""
+
+
+class EmpathyTaskConfig(vf.TaskConfig):
+    """What every episode of the taskset runs with (``--env.taskset.task.*``)."""
+
+    env_id: str = "EmpathyDialogue-v0"
+    """The registered gym id (``EmpathyDialogue-v0``: SAGE protocol, built-in bank;
+    ``EmpathyDialogue-RLVER-v0``: the 500 RLVER training profiles)."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """``gym.make`` keywords: ``backend`` (``"rule"``, ``"openai"``, ``"transformers"``,
+    ``"vllm"``), ``model``, ``base_url``, ``protocol``, ``max_turns``, ``reward_mode``,
+    ``think``, ``personas``, ``difficulty``, ..."""
+    reward: Literal["emotion_change", "final_emotion"] = "emotion_change"
+    """The trace's reward: the sum of the env's turn rewards, or e_T / 100."""
+    batch_window_ms: float = Field(5.0, ge=0)
+    """How long the shared user waits for more episodes' turns after the first."""
+    max_batch_size: int = Field(64, ge=1)
+    """The most user turns per batched call."""
+
+    def user_config(self) -> dict[str, Any]:
+        """The :class:`SharedUser` config of these options."""
+        return {"env_id": self.env_id, **self.env, "batch_window_ms": self.batch_window_ms,
+                "max_batch_size": self.max_batch_size}
+
+
+class EmpathyTask(vf.Task[EmpathyData, vf.State, EmpathyTaskConfig]):
+    """A dialogue with the simulated user. Scored by :class:`EmpathyEnv` from the env's
+    rewards (the user's appraisals), not by a rubric over the transcript."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.data.persona_id}@{self.data.seed}"
+
+
+class EmpathyTasksetConfig(vf.TasksetConfig):
+    """Which dialogues the taskset starts (``--env.taskset.*``)."""
+
+    task: EmpathyTaskConfig = EmpathyTaskConfig()
+    persona_ids: list[str] | None = None
+    """Persona ids, in order; ``None`` for the env's whole bank."""
+    seed: int = 0
+    """Task i gets env seed ``seed + i``."""
+
+
+class EmpathyTaskset(vf.Taskset[EmpathyTask, EmpathyTasksetConfig]):
+    """One task per persona, with the user's opening written once (one batched call of
+    an LLM user) when the taskset loads."""
+
+    def load(self) -> list[EmpathyTask]:
+        task_config = self.config.task
+        starts = dialogue_starts(task_config.user_config(), persona_ids=self.config.persona_ids,
+                                 seed=self.config.seed)
+        return [EmpathyTask(EmpathyData(name=start.persona_id, prompt=start.opening,
+                                        system_prompt=start.messages[0]["content"],
+                                        persona_id=start.persona_id, seed=start.seed,
+                                        opening=start.opening), task_config)
+                for start in starts]
+
+
+class EmpathyEnvConfig(vf.EnvConfig):
+    """The env's one seat, ``agent``: the policy, in verifiers' tool-less chat harness
+    (``null``) and a local subprocess runtime unless the run says otherwise."""
+
+    agent: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"},
+                                           runtime={"type": "subprocess"})
+
+
+class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
+    """A dialogue between the agent and the simulated user; see the module docstring."""
+
+    async def start(self) -> None:
+        # Build the shared user before the first rollout, so a bad config fails fast.
+        self.user = shared(SharedUser, self.taskset.config.task.user_config())
+
+    async def run(self, task: EmpathyTask, agents: vf.Agents) -> None:
+        """One episode: the agent answers the opening line, the simulated user answers
+        each reply (steps of the task's recreated env, batched with the other episodes'),
+        until the env ends the dialogue or verifiers ends the agent's run. Records the
+        reward and metrics on the agent's trace.
+
+        Raises:
+            KeyError, TypeError: task data without a valid persona id, seed or opening.
+            SimulatorError: the LLM user failed (for every episode of its batch).
+        """
+        user = shared(SharedUser, task.config.user_config())
+        env = user.new_env()
+        rewards: list[float] = []
+        info: dict[str, Any] = {}
+        try:
+            start_env(env, task.data.model_dump())
+            async with agents.agent.interaction(task) as interaction:
+                segment = await interaction.turn()  # the agent answers the opening line
+                while not segment.terminated:
+                    observation, reward, terminated, truncated, info = await user.step(
+                        env, segment.last_reply)
+                    rewards.append(float(reward))
+                    if terminated or truncated:
+                        break
+                    segment = await interaction.turn(observation)
+            dialogue = env.dialogue
+        finally:
+            env.close()  # the shared user stays open
+        trace = interaction.trace
+        scores = {"emotion_change": float(sum(rewards)),
+                  "final_emotion": dialogue.emotion / 100.0}
+        trace.record_reward(task.config.reward, scores[task.config.reward])
+        trace.record_metrics({**scores, "turns": float(len(rewards)),
+                              "success": float(dialogue.done_reason == "success")})
+        trace.info["emotions"] = list(dialogue.emotions)
+        trace.info["termination_reason"] = info.get("termination_reason")
+
+
+def load_environment(env_id: str = "EmpathyDialogue-v0", *,
+                     persona_ids: list[str] | None = None,
+                     seed: int = 0,
+                     reward: Literal["emotion_change", "final_emotion"] = "emotion_change",
+                     batch_window_ms: float = 5.0, max_batch_size: int = 64,
+                     agent: vf.AgentConfig | dict[str, Any] | None = None,
+                     **env_kwargs: Any) -> EmpathyEnv:
+    """A verifiers environment of dialogues with the simulated user.
+
+    Args:
+        env_id: the registered gym id (``"EmpathyDialogue-v0"``,
+            ``"EmpathyDialogue-RLVER-v0"``, ...).
+        persona_ids: one task per persona id, in order; ``None`` for the whole bank.
+        seed: task i gets env seed ``seed + i``.
+        reward: ``"emotion_change"`` (the sum of the env's turn rewards; with
+            ``reward_mode="delta"`` (e_T - e_0) / 100) or ``"final_emotion"``
+            (e_T / 100, RLVER's reward).
+        batch_window_ms, max_batch_size: micro-batching of concurrent episodes' user
+            turns into one call of the simulated user.
+        agent: the ``agent`` seat's ``vf.AgentConfig`` (or its dict); default: the
+            ``null`` harness in a subprocess runtime.
+        **env_kwargs: ``gym.make`` keywords (``backend``, ``model``, ``base_url``,
+            ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas`` (a bank
+            name or JSONL path), ...). JSON values, as verifiers records the config (a
+            ready ``user=`` object works in-process but cannot be recorded).
+
+    Returns:
+        An :class:`EmpathyEnv`. Run it as verifiers does: ``async with env.serving():``
+        then ``await env.run_episode(task, vf.ModelContext(model=..., client=...))`` for
+        ``task`` in ``env.taskset``.
+
+    Raises:
+        pydantic.ValidationError: a bad option. As :func:`dialogue_starts` (when the
+            taskset loads) for bad env options.
+
+    Example:
+        >>> env = load_environment("EmpathyDialogue-RLVER-v0", protocol="rlver_training",
+        ...                        max_turns=8)  # doctest: +SKIP
+    """
+    task = EmpathyTaskConfig(env_id=env_id, env=env_kwargs, reward=reward,
+                             batch_window_ms=batch_window_ms, max_batch_size=max_batch_size)
+    config = {"taskset": {"id": TASKSET_ID, "task": task, "persona_ids": persona_ids,
+                          "seed": seed}}
+    if agent is not None:
+        config["agent"] = agent.model_dump() if isinstance(agent, vf.AgentConfig) else agent
+    return EmpathyEnv(EmpathyEnvConfig.model_validate(config))
+
+
+__all__ = ["EmpathyEnv", "EmpathyTaskset", "load_environment"]

@@ -1,0 +1,348 @@
+"""The simulated user in verl's agent loop (verl >= 0.8): one dialogue per sample, token in,
+token out.
+
+verl 0.8 moved multi-turn rollouts to the *agent loop* (``verl.experimental.agent_loop``:
+``AgentLoopBase``, ``@register(name)``, ``AgentLoopOutput``) and removed the interaction
+interface that :class:`~empathy_gym.integrations.verl.EmpathyInteraction` implements.
+:class:`EmpathyAgentLoop`, registered as ``"empathy_dialogue"``, plays one dialogue of a
+dataset row (the rows of :func:`empathy_gym.integrations.verl.build_rows`):
+
+1. it recreates the row's dialogue (``env.prepare_reset(seed, persona)`` then
+   ``finish_reset(persona, opening)``) and checks that the row's ``raw_prompt`` is the
+   dialogue's ``info["messages"]``;
+2. it renders the prompt once with verl's Continuous Token builder, then alternates:
+   the policy's reply comes from verl's server manager as token ids (kept as sampled,
+   response mask 1, with their log-probabilities); the text of the reply goes to the
+   simulated user; the user's reply is appended *as tokens* (response mask 0);
+3. it stops when the env ends the dialogue (success, failure, max turns), after
+   ``rollout.multi_turn.max_assistant_turns`` replies if that is set, or when the token
+   budget ``rollout.response_length`` is full. A reply that reaches the budget is not
+   appraised (the user never reads a cut-off message).
+
+Rewards (how verl's advantage estimators see them). Each appraised reply gets the env's
+reward as its *turn score* (``reward_mode="delta"``: emotion change / 100;
+``"final"``: e_T / 100 on the last turn, 0 before). :class:`EmpathyAgentLoopOutput`
+carries ``reward_score`` = the sum of the turn scores (the return) and, in
+``as_dict()``, puts each turn score on the **last token of its agent turn** of the
+token-level ``rm_scores`` that verl's v1 trainer (``trainer.use_v1=true``, the default
+since 0.9) reads as ``token_level_scores``. So GAE (PPO) credits each reply with the
+emotion change it caused and the ones after it (gamma = 1), and GRPO, which sums the
+token rewards, sees the return. verl's legacy trainer (``trainer.use_v1=false``) builds
+``rm_scores`` itself from ``reward_score`` alone: there the return sits on the last token,
+which GRPO does not notice and GAE sees as one delayed reward. With
+``reward_mode="final"`` both put RLVER's e_T / 100 on the last reply.
+
+The simulated user is shared by the loops of one worker process: verl builds an agent
+loop object per sample, and every object built from an equal config shares one
+:class:`~empathy_gym.integrations.dialogues.SharedUser`, so concurrent dialogues of a worker send
+their user turns as one batched :func:`~empathy_gym.env.step_many` call (micro-batched
+within ``batch_window_ms``, at most ``max_batch_size``; see
+:mod:`empathy_gym.integrations.batching`). Each agent-loop worker
+(``rollout.agent.num_workers``) is its own process with its own user.
+
+Configuration: the loop's keyword arguments are the entry of the agent-loop YAML that
+``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names
+(``agents/verl/agent_loop.yaml``); verl instantiates the entry with
+``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
+:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.integrations.dialogues.SharedUser`
+(``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
+``backend``, ``model``, ``base_url``, ``protocol``, ``max_turns``, ``reward_mode``,
+``think``).
+
+Written against verl 0.9.1 (``verl/experimental/agent_loop/agent_loop.py`` and
+``tool_agent_loop.py``, the model for multi-turn rollouts with response masks).
+Importing this module needs verl; everything else in ``empathy_gym.integrations`` does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import uuid4
+
+import torch
+
+from empathy_gym.integrations.dialogues import SharedUser, dialogue_fields, shared, start_env
+
+try:
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopBase,
+        AgentLoopOutput,
+        register,
+    )
+    from verl.utils.profiler import simple_timer
+except ImportError as error:  # pragma: no cover - depends on the installed verl
+    raise ImportError(
+        "empathy_gym.integrations.verl_agent_loop needs verl >= 0.8 (the agent loop, "
+        "verl.experimental.agent_loop): pip install 'verl>=0.8'. For verl <= 0.7.1 use "
+        "empathy_gym.integrations.verl.EmpathyInteraction instead.") from error
+
+logger = logging.getLogger(__name__)
+
+#: The name the loop is registered under (``agent_name`` / ``default_agent_loop``).
+AGENT_NAME = "empathy_dialogue"
+
+
+def agent_turn_ends(response_mask: Sequence[int]) -> list[int]:
+    """The index of the last token of each agent turn: the last position of every run of
+    1s in a response mask.
+
+    Args:
+        response_mask: one int per response token, 1 for tokens the policy sampled and 0
+            for the user's turns (and for boundary tokens that verl's Continuous Token
+            builder inserts).
+
+    Returns:
+        Increasing indices into ``response_mask``, one per maximal run of 1s.
+
+    Example:
+        >>> agent_turn_ends([1, 1, 0, 0, 1, 0, 1, 1])
+        [1, 4, 7]
+    """
+    ends = []
+    for index, flag in enumerate(response_mask):
+        if flag and (index + 1 == len(response_mask) or not response_mask[index + 1]):
+            ends.append(index)
+    return ends
+
+
+def turn_token_rewards(response_length: int, turn_ends: Sequence[int],
+                       turn_scores: Sequence[float]) -> torch.Tensor:
+    """Token-level rewards: turn score ``k`` on token ``turn_ends[k]``, 0 elsewhere.
+
+    Args:
+        response_length: the number of response tokens (>= 0).
+        turn_ends: the last token of each appraised agent turn (:func:`agent_turn_ends`),
+            each in ``[0, response_length)``.
+        turn_scores: one score per appraised turn. Scores beyond ``len(turn_ends)`` (a reply
+            of no tokens has no run of 1s) are added to the last turn end, so the sum of
+            the tensor is always the sum of the scores.
+
+    Returns:
+        A float32 tensor of shape ``(response_length,)``.
+
+    Raises:
+        ValueError: scores but no turn end or no token to put them on, or a turn end
+            outside the response.
+    """
+    rewards = torch.zeros(response_length, dtype=torch.float32)
+    if not turn_scores:
+        return rewards
+    if not turn_ends or response_length == 0:
+        raise ValueError(f"{len(turn_scores)} turn scores but no agent token to put them on "
+                         f"(response length {response_length}, turn ends {list(turn_ends)})")
+    if turn_ends[-1] >= response_length or turn_ends[0] < 0:
+        raise ValueError(f"turn ends {list(turn_ends)} fall outside a response of "
+                         f"{response_length} tokens")
+    for index, score in enumerate(turn_scores):
+        rewards[turn_ends[min(index, len(turn_ends) - 1)]] += float(score)
+    return rewards
+
+
+class EmpathyAgentLoopOutput(AgentLoopOutput):
+    """verl's ``AgentLoopOutput`` whose ``as_dict()`` (what verl's v1 trainer stores for
+    training) spreads the return over the turns: ``rm_scores`` holds each turn score of
+    ``extra_fields["turn_scores"]`` on the last token of its agent turn
+    (``extra_fields["turn_ends"]``) instead of the whole ``reward_score`` on the last
+    token. Everything else is verl's."""
+
+    def as_dict(self) -> dict[str, Any]:
+        output = super().as_dict()
+        if "rm_scores" in output:
+            output["rm_scores"] = turn_token_rewards(
+                len(self.response_ids), self.extra_fields["turn_ends"],
+                self.extra_fields["turn_scores"])
+        return output
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (hydra hands the YAML entry over as them) as dicts and lists."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - verl depends on omegaconf
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+@register(AGENT_NAME)
+class EmpathyAgentLoop(AgentLoopBase):
+    """One dialogue with the simulated user per dataset row, token in, token out.
+
+    Args:
+        trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
+            hf_model_type: what verl's ``AgentLoopWorker`` passes every agent loop (see
+            ``verl.experimental.agent_loop.AgentLoopBase``).
+        tools: verl's tool list; ignored (the user is the environment, not a tool).
+        name: the agent-loop name from the YAML entry (default ``"empathy_dialogue"``).
+        **env_config: the session config: ``env_id`` (default
+            ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms`` (5), ``max_batch_size``
+            (64) and any ``gym.make`` keyword (``backend``, ``model``, ``base_url``,
+            ``appraisal_mode``, ``protocol``, ``difficulty``, ``personas``,
+            ``max_turns``, ``reward_mode``, ``think``, ...). Loops with equal configs in one
+            process share one simulated user and one micro-batcher.
+
+    Raises:
+        gymnasium.error.Error, ValueError, KeyError: a bad env config (on the first loop
+            of a config in a process, which builds the user).
+    """
+
+    def __init__(self, trainer_config, server_manager, tokenizer, processor, dataset_cls,
+                 data_config, hf_model_type: str | None = None, *, tools: Any = None,
+                 name: str = AGENT_NAME, **env_config: Any):
+        super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls,
+                         data_config, hf_model_type=hf_model_type)
+        self.name = name
+        self.session: SharedUser = shared(
+            SharedUser, {key: _plain(value) for key, value in env_config.items()})
+        self.response_length: int = int(self.rollout_config.response_length)
+        self.max_assistant_turns: int | None = self.rollout_config.multi_turn.max_assistant_turns
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Play the dialogue of one dataset row.
+
+        Args:
+            sampling_params: verl's sampling parameters for the server manager.
+            **kwargs: the row's fields from ``RLHFDataset``: ``raw_prompt`` (the
+                messages), ``interaction_kwargs`` (``persona_id``, ``seed``,
+                ``opening``; verl lifts them out of ``extra_info``), ``index``, ...
+
+        Returns:
+            An :class:`EmpathyAgentLoopOutput`: ``prompt_ids`` (the rendered system
+            prompt and opening line), ``response_ids`` (the policy's replies as sampled
+            and the user's turns as tokens, at most ``rollout.response_length``),
+            ``response_mask`` (1 on sampled tokens, 0 on the user's), ``response_logprobs``
+            (when the server returns them), ``reward_score`` (the return, the sum of the
+            turn scores), ``num_turns`` (1 + replies + user turns) and ``extra_fields``:
+            ``turn_scores`` (list of float, one per appraised reply), ``turn_ends``
+            (index of the last response token of each appraised reply), ``emotions``
+            (int 0-100 after reset and after each reply), ``termination_reason``
+            (the env's ``"success"``/``"failure"``/``"max_turns"``, or
+            ``"response_length"``, ``"max_assistant_turns"``), ``persona_id``,
+            ``tool_rewards`` ([]) and ``reward_extra_info`` (``score``,
+            ``final_emotion``).
+
+        Raises:
+            KeyError, TypeError: a row without valid ``persona_id``/``seed``/``opening``.
+            ValueError: the row's prompt is not the dialogue the env recreates (rebuild the
+                data with this loop's config).
+            SimulatorError: the LLM user failed (for every dialogue of its batch).
+        """
+        start = dialogue_fields(kwargs.get("interaction_kwargs")
+                                or (kwargs.get("extra_info") or {}).get("interaction_kwargs")
+                                or {})
+        messages = [dict(message) for message in kwargs["raw_prompt"]]
+        env = self.session.new_env()
+        try:
+            start_env(env, start)
+            if messages != env.dialogue.messages:
+                raise ValueError(
+                    f"row {kwargs.get('index')!r} (persona {start['persona_id']!r}): its "
+                    f"prompt is not the dialogue that agent loop {self.name!r} recreates "
+                    f"(system prompt or opening differ); rebuild the data with this "
+                    f"loop's config (python -m empathy_gym.integrations.verl prepare "
+                    f"--config <agent-loop yaml>)")
+            return await self._play(env, messages, sampling_params)
+        finally:
+            env.close()  # the shared user stays open
+
+    async def _play(self, env, messages: list[dict[str, Any]],
+                    sampling_params: dict[str, Any]) -> EmpathyAgentLoopOutput:
+        metrics: dict[str, Any] = {}
+        extra_fields: dict[str, Any] = {}
+        request_id = uuid4().hex  # one id per dialogue: sticky to one server (prefix cache)
+        prompt_ids = await self.ct_build_initial_tokens(messages)
+        token_ids, response_mask = list(prompt_ids), []
+        response_logprobs: list[float] = []  # stays empty when the server returns none
+        routed_experts = None
+        turn_scores: list[float] = []
+        emotions = [env.dialogue.emotion]
+        replies = user_turns = 0
+        reason = None
+        while True:
+            with simple_timer("generate_sequences", metrics):
+                output = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=token_ids, sampling_params=sampling_params)
+            _merge_server_extra_fields(extra_fields, output.extra_fields)
+            if metrics.get("num_preempted") is None:  # as ToolAgentLoop: -1 = not reported
+                metrics["num_preempted"] = (output.num_preempted
+                                            if output.num_preempted is not None else -1)
+            elif output.num_preempted is not None:
+                metrics["num_preempted"] += output.num_preempted
+            merged, response_mask, logprobs = await self.ct_merge_assistant_token(
+                token_ids, output.token_ids, response_mask,
+                response_logprobs if (response_logprobs or output.log_probs) else None,
+                assistant_logprobs=output.log_probs or None)
+            token_ids = merged.token_ids
+            response_logprobs = logprobs if logprobs is not None else response_logprobs
+            if output.routed_experts is not None:
+                routed_experts = output.routed_experts
+            replies += 1
+            if len(response_mask) >= self.response_length:
+                reason = "response_length"  # the reply filled the budget: not appraised
+                break
+            reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
+            with simple_timer("tool_calls", metrics):  # verl's field for environment time
+                observation, reward, terminated, truncated, info = \
+                    await self.session.step(env, reply)
+            turn_scores.append(float(reward))
+            emotions.append(int(info["emotion"]))
+            messages.append({"role": "assistant", "content": reply})
+            if terminated or truncated:
+                reason = info["termination_reason"] or "max_turns"
+                break
+            if self.max_assistant_turns and replies >= self.max_assistant_turns:
+                reason = "max_assistant_turns"
+                break
+            before = list(messages)
+            messages.append({"role": "user", "content": observation})
+            merged, mask, logprobs = await self.ct_merge_context_msg(
+                before, messages, token_ids, response_mask, response_logprobs or None)
+            if len(mask) >= self.response_length:
+                reason = "response_length"  # no room for the user's turn: stop here
+                break
+            token_ids, response_mask = merged.token_ids, mask
+            response_logprobs = (logprobs or []) if response_logprobs else response_logprobs
+            user_turns += 1
+
+        cut = self.response_length
+        response_ids = token_ids[len(token_ids) - len(response_mask):][:cut]
+        prompt_ids = token_ids[: len(token_ids) - len(response_mask)]
+        response_mask = response_mask[:cut]
+        turn_ends = agent_turn_ends(response_mask)
+        if len(turn_ends) < len(turn_scores):
+            logger.warning("empathy agent loop: %d appraised replies but %d agent turns in the "
+                           "response mask (an empty reply?); the extra scores go on the last "
+                           "agent token", len(turn_scores), len(turn_ends))
+        turn_ends = turn_ends[: len(turn_scores)]
+        score = float(sum(turn_scores))
+        extra_fields.update({
+            "turn_scores": turn_scores, "tool_rewards": [], "turn_ends": turn_ends,
+            "emotions": emotions, "termination_reason": reason,
+            "persona_id": env.dialogue.persona.id,
+            "reward_extra_info": {"score": score, "final_emotion": float(emotions[-1])},
+        })
+        return EmpathyAgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            response_logprobs=response_logprobs[:cut] if response_logprobs else None,
+            routed_experts=(routed_experts[: len(prompt_ids) + cut]
+                            if routed_experts is not None else None),
+            reward_score=score,
+            num_turns=1 + replies + user_turns,
+            metrics=metrics,
+            extra_fields=extra_fields,
+        )
+
+
+def _merge_server_extra_fields(extra_fields: dict[str, Any], new: Mapping[str, Any]) -> None:
+    """Keep the server's bookkeeping as ``ToolAgentLoop`` does: the first generation's
+    fields, then only the newest ``max_global_steps`` (which weights generated each
+    turn, for verl's off-policy staleness control)."""
+    if not extra_fields:
+        extra_fields.update(new)
+    elif new.get("max_global_steps"):
+        extra_fields["max_global_steps"] = new["max_global_steps"]

@@ -1,0 +1,169 @@
+"""Virtual environments layered on the test environment, for tests against packages whose
+full dependency sets this environment cannot hold (verl pins transformers and pulls ray;
+verifiers pins openai < 3).
+
+A layered venv is a fresh ``python -m venv`` whose ``site-packages`` holds one ``.pth``
+line that adds this interpreter's site directories *after* its own. pip, run inside it,
+therefore sees torch, transformers and the rest as installed and installs only what is
+missing or conflicts (a pinned transformers, ray, ...) into the layer, where it shadows
+the parent's copy; the parent environment is never touched.
+
+Layers are cached under ``$EMPATHY_GYM_TEST_VENVS`` (default
+``~/.cache/empathy-gym/test-venvs``), keyed by the requirements, this interpreter and the
+parent's packages, and built in a temporary folder that is renamed into place when
+complete, so an interrupted build leaves nothing half-made behind. Not a test module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+#: verl 0.9.1 (on PyPI now) without its dependencies, then (with theirs) the requirements
+#: of its own metadata that the agent loop, the dataset and the config code import: ray,
+#: tensordict, hydra-core (with omegaconf 2.3), transformers < 5.11 and a few small ones.
+VERL_0_9 = [
+    ["--no-deps", "verl==0.9.1"],
+    ["ray>=2.41.0", "tensordict>=0.8.0,<=0.10.0,!=0.9.0", "hydra-core", "codetiming", "dill",
+     "cachetools", "transformers>=5.5.3,<5.11,!=5.6.0"],
+]
+#: verl 0.7.1 (the last release with ``verl.interactions``), stacked on the 0.9.1 layer for
+#: its dependencies. Its own pin numpy < 2 is left out: torch here is built for numpy 2.
+VERL_0_7 = [["--no-deps", "verl==0.7.1"]]
+#: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
+#: verifiers' chat harness needs to prepare its program.
+VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]
+
+
+class LayerUnavailable(RuntimeError):
+    """The layer could not be built (no network, no wheel for this platform, ...)."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EMPATHY_GYM_TEST_VENVS",
+                               Path.home() / ".cache" / "empathy-gym" / "test-venvs"))
+
+
+def _parent_fingerprint() -> str:
+    """This interpreter and the packages installed in its site directories (not whatever
+    else is on ``sys.path``, such as a checkout's ``*.egg-info``)."""
+    packages = sorted(f"{d.metadata['Name']}=={d.version}"
+                      for d in importlib.metadata.distributions(path=_site_dirs(None))
+                      if d.metadata["Name"])
+    return json.dumps([sys.executable, sys.version, packages])
+
+
+def _site_dirs(parent: Path | None) -> list[str]:
+    if parent is None:
+        dirs = list(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+    else:  # another layer: its own site-packages, whose .pth brings in its parents
+        dirs = json.loads(subprocess.run(
+            [str(parent), "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+            check=True, capture_output=True, text=True).stdout)
+    return [path for path in dirs if Path(path).is_dir()]
+
+
+def layered_venv(name: str, installs: Sequence[Sequence[str]], *, parent: Path | None = None,
+                 timeout_s: float = 900) -> tuple[Path, float]:
+    """The python of a layered venv with ``installs`` done, building it if needed.
+
+    Args:
+        name: a folder-name prefix, e.g. ``"verl-0.9.1"``.
+        installs: ``pip install`` argument lists, run in order inside the layer, e.g.
+            ``[["--no-deps", "verl==0.9.1"], ["ray>=2.41", "hydra-core"]]``.
+        parent: the python of another layer to stack this one on (its packages, and
+            this environment's below them); ``None`` stacks on this environment.
+        timeout_s: the most seconds the whole build may take.
+
+    Returns:
+        ``(python, build_seconds)``: the layer's interpreter and how long the build took
+        (0.0 when it came from the cache).
+
+    Raises:
+        LayerUnavailable: venv creation or an install failed; the message ends with pip's
+            last output lines.
+    """
+    key = hashlib.sha256(json.dumps([list(map(list, installs)), _parent_fingerprint(),
+                                     str(parent)]).encode()).hexdigest()[:12]
+    root = cache_root()
+    final = root / f"{name}-{key}"
+    python = final / "bin" / "python"
+    if (final / ".complete").exists():
+        return python, 0.0
+    root.mkdir(parents=True, exist_ok=True)
+    building = root / f".{name}-{key}-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    start = time.monotonic()
+    try:
+        _run([sys.executable, "-m", "venv", str(building)], timeout_s)
+        site_dir = Path(subprocess.run(
+            [str(building / "bin" / "python"), "-c", "import sysconfig; "
+             "print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True).stdout.strip())
+        parents = _site_dirs(parent)
+        (site_dir / "zz_empathy_gym_parent.pth").write_text(
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents) + "\n")
+        for args in installs:
+            remaining = timeout_s - (time.monotonic() - start)
+            _run([str(building / "bin" / "python"), "-m", "pip", "install",
+                  "--disable-pip-version-check", "-q", *args], remaining)
+        (building / ".complete").write_text(" ".join(" ".join(a) for a in installs) + "\n")
+        try:
+            building.rename(final)
+        except OSError:  # another session finished the same layer first: use theirs
+            shutil.rmtree(building, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return python, time.monotonic() - start
+
+
+def _run(command: list[str], timeout_s: float) -> None:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True,
+                                timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired as error:
+        raise LayerUnavailable(f"{' '.join(command)} ran past the time limit") from error
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        raise LayerUnavailable(f"{' '.join(command)} failed (exit {result.returncode}):\n"
+                               f"{tail}")
+
+
+def run_pytest(python: Path, test_file: Path, *pytest_args: str, timeout_s: float = 900,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pytest test_file *pytest_args`` with the layer's interpreter, this
+    checkout first on the path, and the layer's ``bin`` first on ``PATH``."""
+    env = {**os.environ, **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", "")])
+    return subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test_file),
+         *pytest_args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def check_passed(result: subprocess.CompletedProcess[str], expected: int) -> str:
+    """Assert that a :func:`run_pytest` run passed exactly ``expected`` tests, none skipped
+    or failed; return its summary line."""
+    output = (result.stdout + result.stderr).strip()
+    summary = output.splitlines()[-1] if output else ""
+    assert result.returncode == 0, output[-6000:]
+    assert re.search(rf"\b{expected} passed\b", summary), output[-3000:]
+    assert "skipped" not in summary and "failed" not in summary, output[-3000:]
+    return summary
