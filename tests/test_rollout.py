@@ -120,7 +120,7 @@ def test_generator_logprobs_match_a_training_forward_pass(tiny):
     (trajectory,) = engine.collect([3], sampling_seed=1)
     data = to_token_data(trajectory)
     with torch.no_grad():
-        logprobs, entropy, _ = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 1.0)
+        logprobs, entropy, _, _ = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 1.0)
     sampled = torch.tensor([lp for lp, m in zip(trajectory.rollout_logprobs, trajectory.loss_mask) if m])
     assert torch.allclose(logprobs, sampled, atol=1e-4)
     assert entropy.shape == logprobs.shape and bool((entropy > 0).all())
