@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -35,8 +36,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from empathy_gym.agents.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
-                                           set_rng_state)
+from empathy_gym.agents.checkpoint import (CheckpointError, checkpoint_candidates, load_checkpoint,
+                                           save_checkpoint, set_rng_state)
 from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
@@ -46,6 +47,45 @@ from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_tok
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
+
+
+class ConsoleStream:
+    """A text stream for progress output that survives the death of the stream under it:
+    once a write or flush fails (``BrokenPipeError`` when ``| tee log`` was killed by the
+    same Ctrl-C, ``OSError`` of a closed terminal), it drops all further output instead
+    of raising into the training loop, so a lost console never costs a checkpoint."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self.stream.write(text)
+            except (OSError, ValueError):  # ValueError: write to a closed file
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and self.stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str | None:
+        return getattr(self.stream, "encoding", None)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -407,12 +447,7 @@ class RLTrainer:
         checkpoints = Path(config.output_dir) / "checkpoints"
         resume_step = None
         if resume:
-            found = latest_checkpoint(checkpoints)
-            if found is not None:
-                self.load(found)
-                log.info("resumed from %s (step %d)", found, self.step)
-            else:
-                log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
+            self._resume(checkpoints)
             resume_step = self.step
         main = self.processes.is_main
         used: FileExistsError | None = None
@@ -426,8 +461,9 @@ class RLTrainer:
                                           "pass --resume to continue it, or choose another output_dir")
         self._saved_step = self.step if resume_step is not None else -1
         previous_handler = self._install_interrupt_handler()
+        # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
-                   desc=f"{self.algorithm} steps", dynamic_ncols=True)
+                   desc=f"{self.algorithm} steps", dynamic_ncols=True, file=ConsoleStream(sys.stderr))
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
@@ -435,13 +471,33 @@ class RLTrainer:
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
-            bar.close()
             if not self._dirty and self.step > self._saved_step and self.step > 0:
-                self.save()
+                self.save()  # first: nothing below may cost the checkpoint
+            bar.close()
             if self.run_log is not None:
                 self.run_log.plot()
                 self.run_log.close()
         return self.run_log.read_metrics() if self.run_log else []
+
+    def _resume(self, checkpoints: Path) -> None:
+        """Load the best checkpoint that loads (:func:`checkpoint_candidates`): the newest,
+        or when it is missing or damaged an older complete one; none: stay at step 0.
+
+        Raises:
+            CheckpointError: another algorithm's checkpoint.
+        """
+        for candidate in checkpoint_candidates(checkpoints):
+            try:
+                self.load(candidate)
+            except CheckpointError:
+                raise
+            except Exception as error:  # a damaged file: json, torch.load, safetensors, peft errors alike
+                log.warning("cannot resume from %s (%s: %s); trying an older checkpoint", candidate,
+                            type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+                continue
+            log.info("resumed from %s (step %d)", candidate, self.step)
+            return
+        log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
 
     def _run_step(self, step: int, bar: Any) -> bool:
         config = self.config
@@ -535,18 +591,22 @@ class RLTrainer:
         state, modules, rng = load_checkpoint(path)
         if state.get("algorithm") != self.algorithm:
             raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+        policy_dir = path / "policy"
+        # read everything before changing anything: a damaged file leaves this trainer as it was
+        if self.config.policy.use_lora:
+            from safetensors.torch import load_file
+            policy_state = load_file(str(policy_dir / "adapter_model.safetensors"))
+        else:
+            from transformers import AutoModelForCausalLM
+            policy_state = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype).state_dict()
         changed = changed_settings(state.get("config") or {}, to_dict(self.config))
         if changed:
             log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
-        policy_dir = path / "policy"
         if self.config.policy.use_lora:
             from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-            set_peft_model_state_dict(self.model, load_file(str(policy_dir / "adapter_model.safetensors")))
+            set_peft_model_state_dict(self.model, policy_state)
         else:
-            from transformers import AutoModelForCausalLM
-            loaded = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype)
-            self.model.load_state_dict(loaded.state_dict())
+            self.model.load_state_dict(policy_state)
         self.optimizer.load_state_dict(modules["optimizer"])
         self.load_extra_state(modules)
         set_rng_state(rng)
