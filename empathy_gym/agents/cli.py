@@ -12,12 +12,16 @@ written all the same, and the messages are also in ``<output_dir>/train.log``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from empathy_gym.agents.config import RecipeError, load_recipe
+from empathy_gym.agents.console import ConsoleStream, tolerant_console
 
 
 def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,39 +43,50 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
 
 
 def say(*lines: str, file: object = None) -> None:
-    """Print to the console if it is still there (``file``: stdout by default)."""
+    """Print to the console if it is still there (``file``: stdout by default). A dead
+    standard stream is pointed at /dev/null, so that Python's own flush at exit does
+    not fail on it too (the recipe of Python's ``signal`` documentation, "Note on
+    SIGPIPE")."""
     stream = file or sys.stdout
-    try:
-        for line in lines:
-            print(line, file=stream)
-        stream.flush()
-    except (OSError, ValueError):  # a closed pipe (tee killed by the same Ctrl-C) or console
-        _silence(stream)
+    for line in lines:
+        print(line, file=stream)
+    stream.flush()
+    if isinstance(stream, ConsoleStream) and stream.broken:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
-def _silence(stream: object) -> None:
-    """Point a dead standard stream at /dev/null, so that Python's own flush at exit
-    does not fail too (the recipe of Python's ``signal`` documentation, "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _log_to_file(output_dir: str) -> None:
-    """Also write the log to ``<output_dir>/train.log`` (it outlives a dead console)."""
+@contextlib.contextmanager
+def _log_to_file(output_dir: str) -> Iterator[None]:
+    """Within the block, also write the log to ``<output_dir>/train.log`` (it outlives
+    a dead console)."""
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(Path(output_dir) / "train.log", encoding="utf-8")
     except OSError:
+        yield
         return
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def train_main(algorithm: str, argv: list[str] | None = None) -> int:
-    """Run a training job; returns the exit code."""
+    """Run a training job; returns the exit code. Output to a console that has gone
+    away is dropped (:mod:`~empathy_gym.agents.console`)."""
+    with tolerant_console():
+        return _train_main(algorithm, argv)
+
+
+def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
     args = parse_args(algorithm, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
@@ -82,7 +97,11 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
     except (RecipeError, FileNotFoundError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
-    _log_to_file(config.output_dir)
+    with _log_to_file(config.output_dir):
+        return _train(algorithm, config, args.resume)
+
+
+def _train(algorithm: str, config: Any, resume: bool) -> int:
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
         from empathy_gym.agents.checkpoint import CheckpointError
@@ -95,7 +114,7 @@ def train_main(algorithm: str, argv: list[str] | None = None) -> int:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130
     try:
-        metrics = trainer.train(resume=args.resume)
+        metrics = trainer.train(resume=resume)
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1

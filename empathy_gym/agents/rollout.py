@@ -320,9 +320,10 @@ class RolloutEngine:
                     trajectory.termination = info["termination_reason"]
                 else:
                     reply = self.chat.user_turn(obs)
-                    if len(trajectory.token_ids) + len(reply) <= self.max_context_tokens:
+                    fits = len(trajectory.token_ids) + len(reply) <= self.max_context_tokens
+                    if fits:
                         trajectory.extend(reply, trainable=False)
-                    if not self.fits_a_turn(len(trajectory.token_ids)):
+                    if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
                         trajectory.termination = "context_limit"  # a truncation: see the module docstring
                 if trajectory.termination is not None:
                     trajectory.done = True

@@ -39,6 +39,7 @@ import torch
 from empathy_gym.agents.checkpoint import (CheckpointError, checkpoint_candidates, load_checkpoint,
                                            save_checkpoint, set_rng_state)
 from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
+from empathy_gym.agents.console import tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
@@ -47,45 +48,6 @@ from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_tok
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
-
-
-class ConsoleStream:
-    """A text stream for progress output that survives the death of the stream under it:
-    once a write or flush fails (``BrokenPipeError`` when ``| tee log`` was killed by the
-    same Ctrl-C, ``OSError`` of a closed terminal), it drops all further output instead
-    of raising into the training loop, so a lost console never costs a checkpoint."""
-
-    def __init__(self, stream: Any):
-        self.stream = stream
-        self.broken = False
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                self.stream.write(text)
-            except (OSError, ValueError):  # ValueError: write to a closed file
-                self.broken = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self.stream.flush()
-            except (OSError, ValueError):
-                self.broken = True
-
-    def isatty(self) -> bool:
-        try:
-            return not self.broken and self.stream.isatty()
-        except (OSError, ValueError):
-            return False
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self) -> str | None:
-        return getattr(self.stream, "encoding", None)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -463,7 +425,7 @@ class RLTrainer:
         previous_handler = self._install_interrupt_handler()
         # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
-                   desc=f"{self.algorithm} steps", dynamic_ncols=True, file=ConsoleStream(sys.stderr))
+                   desc=f"{self.algorithm} steps", dynamic_ncols=True, file=tolerant(sys.stderr))
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
@@ -573,10 +535,11 @@ class RLTrainer:
         and the others return ``None``."""
         path = None
         if self.processes.is_main:
-            path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
-                                   policy=self.model, tokenizer=self.tokenizer,
-                                   modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
-                                   state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+            with tolerant_console():  # transformers draws progress bars while saving
+                path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
+                                       policy=self.model, tokenizer=self.tokenizer,
+                                       modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
+                                       state={"algorithm": self.algorithm, "config": to_dict(self.config)})
         self.processes.barrier()
         self._saved_step = self.step
         return path
