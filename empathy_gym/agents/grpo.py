@@ -290,7 +290,7 @@ class GRPOTrainer(RLTrainer):
         self.set_training(True)
         for part in self.micro_batches(minibatch):
             chunk = [batch.data[i] for i in part]
-            gather = lambda tensors: torch.cat([tensors[i] for i in part]).to(self.device)
+            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
             out = self.forward(self.model, chunk)
             per_token, stats = grpo_loss(out.logprobs, gather(batch.old_logprobs), gather(batch.advantages),
                                          config.epsilon, beta=config.beta,
@@ -321,6 +321,6 @@ class GRPOTrainer(RLTrainer):
                     stats.setdefault(key, []).append(value)
         self.set_training(False)
         if not stats:  # no group had signal (in any process): no update; the statistics are undefined
-            stats = dict.fromkeys(("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                                   "policy/kl_to_reference", "policy/grad_norm"), [])
+            stats = {key: [] for key in ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+                                         "policy/kl_to_reference", "policy/grad_norm")}
         return metrics | {key: float(np.mean(values)) if values else float("nan") for key, values in stats.items()}

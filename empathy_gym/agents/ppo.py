@@ -316,7 +316,7 @@ class PPOTrainer(RLTrainer):
         self.set_training(True)
         for part in self.micro_batches(minibatch):
             chunk = [batch.data[i] for i in part]
-            gather = lambda tensors: torch.cat([tensors[i] for i in part]).to(self.device)
+            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
             logprobs, entropy, values, _ = self._forward(chunk)
             pg_loss, pg_stats = ppo_policy_loss(logprobs, gather(batch.old_logprobs), gather(batch.advantages),
                                                 config.cliprange)
