@@ -19,7 +19,9 @@ group's 4 dialogues share persona and opening line). It does not rest on the exa
 weights of the rule-based user, only on its scores telling replies apart in a way a
 0.3M-parameter random model can move towards in 100 steps (it learns to answer in the
 persona's language); the margin is in standard errors, not in emotion points.
-Seeded: a run gives the same numbers every time on a given platform.
+Seeded: a run gives the same numbers every time on a given platform. Measured here
+(seed 0, one torch thread): PPO gains +0.021, its control -0.016, difference 7.9
+standard errors; GRPO +0.051 against -0.012, 7.3 standard errors.
 """
 
 import json

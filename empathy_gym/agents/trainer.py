@@ -499,7 +499,8 @@ class RLTrainer:
                         "tokens/generated": float(times.generated_tokens),
                         "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
         metrics = self.processes.mean_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
-                                                               "tokens/generated", "tokens/generated_per_second"))
+                                                               "episode/context_limit", "tokens/generated",
+                                                               "tokens/generated_per_second"))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
