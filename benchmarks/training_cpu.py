@@ -6,7 +6,8 @@ Each recipe runs in its own process (so peak memory is its own) for ``--steps`` 
 steps against the rule-based user; the first step is a warm-up and left out of the
 means. Columns: generated tokens per second, seconds per step, the share of a step
 spent in simulated-user calls, policy generation and the update (optimisation), and
-the process's peak resident memory.
+the process's peak resident memory. The machine line gives the load average before and
+after the run: on shared cores the times are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
 RECIPES = {"tiny": "agents/tiny-cpu.yaml", "smollm2": "agents/smollm2-cpu-ppo.yaml"}
 
 
@@ -52,6 +55,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps)))
         return
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
     for recipe in args.recipes:
         out = subprocess.run([sys.executable, __file__, "--worker", recipe, "--steps", str(args.steps)],
@@ -60,7 +64,9 @@ def main() -> None:
         if out.returncode != 0:
             raise SystemExit(f"{recipe} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"machine: {platform.machine()}, {cpu_model()}, Python {platform.python_version()}, torch threads "
+          f"{os.environ.get('OMP_NUM_THREADS', 'default')}; load average {load_before} before, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
     header = (f"{'recipe':10}{'dialogues':>10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}"
               f"{'update':>8}{'peak MiB':>10}")
     print(header)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from empathy_gym.agents.grpo import group_advantages, grpo_loss, reward_to_go_advantages
+from empathy_gym.agents.grpo import aggregate, group_advantages, grpo_loss, reward_to_go_advantages
 from empathy_gym.agents.ppo import masked_gae, ppo_policy_loss, ppo_value_loss, whiten
 
 
@@ -36,6 +36,17 @@ def test_gae_rows_are_independent():
     assert advantages.tolist() == [[1.0, 1.0], [0.0, 0.0]]
 
 
+def test_gae_bootstraps_a_truncated_row_from_the_value_of_its_last_state():
+    # Row 0 was cut at the context limit, V(s_T) = 0.3; row 1 ended (next value 0).
+    # Row 0: t=1: delta = 0.1 + 0.3 - 0.4 = 0, A = 0; t=0: delta = 0 + 0.4 - 0.5 = -0.1, A = -0.1.
+    # Row 1: t=1: delta = 0.1 - 0.4 = -0.3; t=0: delta = -0.1, A = -0.1 - 0.3 = -0.4.
+    rewards = torch.tensor([[0.0, 0.1], [0.0, 0.1]])
+    values = torch.tensor([[0.5, 0.4], [0.5, 0.4]])
+    advantages, returns = masked_gae(rewards, values, torch.ones(2, 2), last_values=torch.tensor([0.3, 0.0]))
+    assert advantages.flatten().tolist() == pytest.approx([-0.1, 0.0, -0.4, -0.3])
+    assert returns.flatten().tolist() == pytest.approx([0.4, 0.4, 0.1, 0.1])
+
+
 def test_whiten():
     out = whiten(torch.tensor([1.0, 2.0, 3.0]))
     # mean 2, population variance 2/3
@@ -48,17 +59,16 @@ def test_ppo_clipped_policy_loss_by_hand():
     advantages = torch.tensor([1.0, 1.0, -2.0])
     loss, stats = ppo_policy_loss(logprobs, old, advantages, cliprange=0.2)
     # token 1: max(-1.5, -1.2) = -1.2 (clipped); token 2: max(-0.5, -0.8) = -0.5;
-    # token 3: max(2.2, 2.2) = 2.2.  Mean = (-1.2 - 0.5 + 2.2) / 3.
-    assert float(loss) == pytest.approx(0.5 / 3)
-    assert float(stats["clipfrac"]) == pytest.approx(1 / 3)
-    expected_kl = sum(r - 1 - math.log(r) for r in (1.5, 0.5, 1.1)) / 3
-    assert float(stats["approx_kl"]) == pytest.approx(expected_kl)
+    # token 3: max(2.2, 2.2) = 2.2.
+    assert loss.tolist() == pytest.approx([-1.2, -0.5, 2.2])
+    assert stats["clipfrac"].tolist() == [1.0, 0.0, 0.0]
+    assert stats["approx_kl"].tolist() == pytest.approx([r - 1 - math.log(r) for r in (1.5, 0.5, 1.1)])
 
 
 def test_ppo_loss_gradient_is_zero_where_clipped():
     logprobs = torch.log(torch.tensor([1.5, 0.9])).requires_grad_(True)
     loss, _ = ppo_policy_loss(logprobs, torch.zeros(2), torch.tensor([1.0, 1.0]), cliprange=0.2)
-    loss.backward()
+    loss.mean().backward()
     # d/dlogp of -A*ratio/2 = -ratio/2 for the unclipped token; 0 for the clipped one.
     assert logprobs.grad.tolist() == pytest.approx([0.0, -0.45])
 
@@ -67,8 +77,8 @@ def test_ppo_value_loss_by_hand():
     loss, clipfrac = ppo_value_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]),
                                     torch.tensor([1.0, 1.0]), cliprange_value=0.2)
     # clipped values 0.7 and 0.3; errors max((0, 0.09), (1.0, 0.49)) = (0.09, 1.0)
-    assert float(loss) == pytest.approx(0.5 * (0.09 + 1.0) / 2)
-    assert float(clipfrac) == pytest.approx(0.5)
+    assert loss.tolist() == pytest.approx([0.5 * 0.09, 0.5 * 1.0])
+    assert clipfrac.tolist() == [1.0, 0.0]
 
 
 def test_group_advantages_with_a_zero_variance_group():
@@ -89,15 +99,49 @@ def test_single_member_group_is_degenerate():
 
 
 def test_reward_to_go_advantages_by_hand():
-    # One group, rollout A with turn rewards (0.1, -0.05), rollout B with (0.0,).
-    # Pooled: mean 1/60, sample std sqrt(0.0058333) = 0.0763763.
-    mean, std = 1 / 60, math.sqrt(((0.1 - 1 / 60) ** 2 + (-0.05 - 1 / 60) ** 2 + (1 / 60) ** 2) / 2)
-    n = lambda r: (r - mean) / (std + 1e-4)
-    adv, degenerate = reward_to_go_advantages([torch.tensor([0.1, -0.05]), torch.tensor([0.0])], [0, 0])
-    assert adv[0].tolist() == pytest.approx([n(0.1) + n(-0.05), n(-0.05)], abs=1e-5)
-    assert adv[1].tolist() == pytest.approx([n(0.0)], abs=1e-5)
-    assert adv[0].tolist() == pytest.approx([0.21793, -0.87173], abs=1e-4)
-    assert degenerate.tolist() == [False, False]
+    # One group: A with turn rewards (0.1, -0.05), B with (0.0,), C with (0.05, 0.05, 0.1).
+    # Returns-to-go: A (0.05, -0.05), B (0.0,), C (0.2, 0.15, 0.1).
+    # Turn 0 compares A, B, C: mean 1/12, sample std sqrt(0.0216667 / 2) = 0.1040833.
+    # Turn 1 compares A and C: mean 0.05, sample std sqrt(0.02) = 0.1414214.
+    # Turn 2: C alone, nothing to compare with: 0.
+    s0, s1 = math.sqrt(((0.05 - 1 / 12) ** 2 + (1 / 12) ** 2 + (0.2 - 1 / 12) ** 2) / 2), math.sqrt(0.02)
+    rewards = [torch.tensor([0.1, -0.05]), torch.tensor([0.0]), torch.tensor([0.05, 0.05, 0.1])]
+    adv, degenerate = reward_to_go_advantages(rewards, [0, 0, 0])
+    assert adv[0].tolist() == pytest.approx([(0.05 - 1 / 12) / (s0 + 1e-4), -0.1 / (s1 + 1e-4)], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([(0.0 - 1 / 12) / (s0 + 1e-4)], abs=1e-5)
+    assert adv[2].tolist() == pytest.approx([(0.2 - 1 / 12) / (s0 + 1e-4), 0.1 / (s1 + 1e-4), 0.0], abs=1e-5)
+    assert adv[0].tolist() == pytest.approx([-0.31994, -0.70661], abs=1e-4)
+    assert degenerate.tolist() == [False, False, False]
+    centred, _ = reward_to_go_advantages(rewards, [0, 0, 0], scale=False)
+    assert centred[2].tolist() == pytest.approx([0.2 - 1 / 12, 0.1, 0.0], abs=1e-6)
+
+
+def test_reward_to_go_does_not_charge_a_longer_dialogue_for_its_length():
+    """Two dialogues reach the same emotion, one in two turns (0.1, 0.0), one in one
+    (0.1,). Compared at the same turn index they do not differ: no signal. (Pooling the
+    group's rewards, mean 1/15, gave the longer one -0.58 and the shorter +0.58.)"""
+    adv, degenerate = reward_to_go_advantages([torch.tensor([0.1, 0.0]), torch.tensor([0.1])], [0, 0])
+    assert adv[0].tolist() == [0.0, 0.0] and adv[1].tolist() == [0.0]
+    assert degenerate.tolist() == [True, True]
+
+
+def test_returns_equal_up_to_float_noise_are_a_degenerate_group():
+    # Turn rewards -10, +1, +9 emotion points sum to -1.4e-17, not 0: the same final emotion
+    # as the others', not a signal (even in float32, where -1.4e-17 != 0 too).
+    returns = [sum([-0.1, 0.01, 0.09]), 0.0, 0.0, 0.0]
+    assert returns[0] != 0.0
+    for dtype in (torch.float32, torch.float64):
+        advantages, degenerate = group_advantages(torch.tensor(returns, dtype=dtype), torch.tensor([0, 0, 0, 0]))
+        assert degenerate.tolist() == [True] * 4 and advantages.tolist() == [0.0] * 4
+    advantages, degenerate = group_advantages(torch.tensor([0.1 + 0.2, 0.3, 0.3], dtype=torch.float64),
+                                              torch.tensor([0, 0, 0]))
+    assert degenerate.tolist() == [True] * 3
+    _, degenerate = reward_to_go_advantages([torch.tensor([0.1, 0.2], dtype=torch.float64),
+                                             torch.tensor([0.3, 0.0], dtype=torch.float64)], [0, 0])
+    assert degenerate.tolist() == [False, False]  # turn 0's returns-to-go are equal, turn 1's are not (0.2, 0)
+    _, degenerate = reward_to_go_advantages([torch.tensor([0.1, 0.2], dtype=torch.float64),
+                                             torch.tensor([0.3], dtype=torch.float64)], [0, 0])
+    assert degenerate.tolist() == [True, True]
 
 
 def test_grpo_loss_token_versus_sequence_mean():
@@ -105,22 +149,25 @@ def test_grpo_loss_token_versus_sequence_mean():
     logprobs = torch.zeros(4)
     advantages = torch.tensor([1.0, 1.0, 1.0, -2.0])
     segments = torch.tensor([0, 0, 0, 1])
-    token, _ = grpo_loss(logprobs, logprobs, advantages, 0.2, segments=segments, loss_type="token_mean")
-    sequence, _ = grpo_loss(logprobs, logprobs, advantages, 0.2, segments=segments, loss_type="sequence_mean")
-    assert float(token) == pytest.approx(-0.25)        # (-3 + 2) / 4
-    assert float(sequence) == pytest.approx(0.5)       # mean(-1, 2)
+    per_token, _ = grpo_loss(logprobs, logprobs, advantages, 0.2)
+    assert per_token.tolist() == [-1.0, -1.0, -1.0, 2.0]
+    assert float(aggregate(per_token, segments, "token_mean", 4, 2)) == pytest.approx(-0.25)   # (-3 + 2) / 4
+    assert float(aggregate(per_token, segments, "sequence_mean", 4, 2)) == pytest.approx(0.5)  # mean(-1, 2)
+    # a micro-batch's share: the same two rollouts inside a mini-batch of 10 tokens, 5 rollouts
+    assert float(aggregate(per_token, segments, "token_mean", 10, 5)) == pytest.approx(-0.1)
+    assert float(aggregate(per_token, segments, "sequence_mean", 10, 5)) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="loss_type"):
+        aggregate(per_token, segments, "mean", 4, 2)
 
 
 def test_grpo_k3_kl_term():
     logprobs = torch.zeros(2)
     ref = logprobs - math.log(2)  # pi_ref / pi = 1/2: k3 = 1/2 - ln(1/2) - 1 = ln 2 - 1/2
     loss, stats = grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, ref_logprobs=ref, beta=0.1)
-    assert float(stats["kl"]) == pytest.approx(math.log(2) - 0.5)
-    assert float(loss) == pytest.approx(0.1 * (math.log(2) - 0.5))
+    assert stats["kl"].tolist() == pytest.approx([math.log(2) - 0.5] * 2)
+    assert loss.tolist() == pytest.approx([0.1 * (math.log(2) - 0.5)] * 2)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, beta=0.1)
-    with pytest.raises(ValueError, match="loss_type"):
-        grpo_loss(logprobs, logprobs, torch.zeros(2), 0.2, loss_type="mean")
 
 
 def test_grpo_clip_direction():
@@ -128,5 +175,5 @@ def test_grpo_clip_direction():
     # min(-0.5, -0.8) -> clipped too (pessimistic bound).
     logprobs = torch.log(torch.tensor([1.5, 0.5]))
     loss, stats = grpo_loss(logprobs, torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2)
-    assert float(loss) == pytest.approx((-1.2 + 0.8) / 2)
-    assert float(stats["clipfrac"]) == pytest.approx(1.0)
+    assert loss.tolist() == pytest.approx([-1.2, 0.8])
+    assert stats["clipfrac"].tolist() == [1.0, 1.0]

@@ -1,5 +1,6 @@
 """Two training processes on CPU (torchrun, gloo): each plays half of a step's dialogues,
-gradients are averaged before every optimiser step, so both end with the same weights;
+gradients are summed (each already divided by the global token count) before every
+optimiser step, so both end with the same weights;
 the first process writes every episode, the metrics and the checkpoint."""
 
 from __future__ import annotations
@@ -96,17 +97,19 @@ import torch
 from empathy_gym.agents.distributed import Processes
 processes = Processes(cpu=True)
 weight = torch.nn.Parameter(torch.zeros(3))
-contributed = processes.rank != 1          # process 1 had no signal: no gradient
-if contributed:
+if processes.rank != 1:                    # process 1 had no signal: no gradient
     weight.grad = torch.full((3,), float(processes.rank + 1))
-processes.mean_gradients([weight], contributed=contributed)
+processes.sum_gradients([weight])
 with open(f"{sys.argv[1]}/grad{processes.rank}.txt", "w") as handle:
     handle.write(str(weight.grad.tolist()))
 """
 
 
-def test_gradients_are_averaged_over_the_processes_that_have_one(tmp_path):
-    """Three processes: gradients 1, none, 3 -> every process steps with (1 + 3) / 2 = 2."""
+def test_gradients_are_summed_over_the_processes(tmp_path):
+    """Three processes: gradients 1, none, 3 -> every process steps with 1 + 0 + 3 = 4.
+    (Each process's loss is already divided by the mini-batch's token count over all
+    processes, so the sum is the gradient of the mini-batch's token mean; a process
+    without signal adds nothing and dilutes nothing.)"""
     script = tmp_path / "grad.py"
     script.write_text(GRADIENTS)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
@@ -114,4 +117,4 @@ def test_gradients_are_averaged_over_the_processes_that_have_one(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     grads = [(tmp_path / f"grad{rank}.txt").read_text() for rank in range(3)]
-    assert grads == ["[2.0, 2.0, 2.0]"] * 3
+    assert grads == ["[4.0, 4.0, 4.0]"] * 3

@@ -120,7 +120,7 @@ def test_generator_logprobs_match_a_training_forward_pass(tiny):
     (trajectory,) = engine.collect([3], sampling_seed=1)
     data = to_token_data(trajectory)
     with torch.no_grad():
-        logprobs, entropy, _ = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 1.0)
+        logprobs, entropy, _, _ = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 1.0)
     sampled = torch.tensor([lp for lp, m in zip(trajectory.rollout_logprobs, trajectory.loss_mask) if m])
     assert torch.allclose(logprobs, sampled, atol=1e-4)
     assert entropy.shape == logprobs.shape and bool((entropy > 0).all())
@@ -183,3 +183,62 @@ def test_a_stop_request_ends_generation_at_once_and_skips_the_user_turn(tiny):
     with pytest.raises(RolloutInterrupted, match="while generating turn 1"):
         engine.collect([0], sampling_seed=1, should_stop=should_stop)
     assert user_calls == []
+
+
+class LongTurnPolicy(ScriptedPolicy):
+    """A scripted policy that declares ``max_new_tokens`` (as the real generators do)."""
+
+    def __init__(self, tokenizer, texts, max_new_tokens):
+        super().__init__(tokenizer, texts)
+        self.max_new_tokens = max_new_tokens
+
+
+def test_a_dialogue_is_cut_before_a_turn_that_would_pass_the_context_limit(tiny):
+    _, tokenizer = tiny
+    texts = ["I hear you and I am here for you tonight."] * 8
+    per_turn = len(tokenizer(texts[0], add_special_tokens=False)["input_ids"]) + 1
+    user = ScriptedUser(change_fn=lambda r: 5)
+    probe = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=user, max_turns=8)],
+                          LongTurnPolicy(tokenizer, texts, 16), tokenizer, max_context_tokens=4096)
+    (uncut,) = probe.collect([0])
+    # room for the prompt and three turns with the user's replies, not for a fourth turn (16 + 1)
+    three_turns = uncut.turn_ends[3] - per_turn + 1
+    limit = three_turns + 16
+    env = EmpathyDialogueEnv(PERSONAS, user=user, max_turns=8, reward_mode="final")
+    engine = RolloutEngine([env], LongTurnPolicy(tokenizer, texts, 16), tokenizer, max_context_tokens=limit)
+    (cut,) = engine.collect([0])
+    assert len(cut.rewards) == 3 and cut.termination == "context_limit" and cut.cut
+    assert len(cut.token_ids) == three_turns <= limit      # the user's last reply is in: it fit
+    assert cut.token_ids == uncut.token_ids[:three_turns]
+    # final mode paid nothing (the env never ended the dialogue); scored as ended at e_T = 55
+    assert cut.rewards == [0.0, 0.0, 0.0] and cut.emotions[-1] == 55
+    assert cut.outcome_rewards() == [0.0, 0.0, 0.55]
+    assert to_token_data(cut).bootstrap and not to_token_data(uncut).bootstrap
+    from empathy_gym.agents.trainer import rollout_metrics
+    metrics = rollout_metrics([cut, uncut])
+    assert metrics["episode/context_limit"] == 1.0 and metrics["episode/context_limit_rate"] == 0.5
+    # one token less and the reply no longer fits: the dialogue ends at the agent's turn
+    (short,) = RolloutEngine([env], LongTurnPolicy(tokenizer, texts, 16), tokenizer,
+                             max_context_tokens=three_turns - 1).collect([0])
+    assert short.termination == "context_limit" and len(short.token_ids) == uncut.turn_ends[2] + 1
+
+
+def test_a_generator_that_samples_more_than_fits_is_cut_to_the_limit(tiny):
+    _, tokenizer = tiny
+    texts = ["word " * 40] * 4
+    user = ScriptedUser(change_fn=lambda r: 1)
+    policy = LongTurnPolicy(tokenizer, texts, 4)          # declares 4, returns 40+
+    limit = 120
+    engine = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=user, max_turns=4)], policy, tokenizer,
+                           max_context_tokens=limit)
+    (trajectory,) = engine.collect([0])
+    assert len(trajectory.token_ids) <= limit and trajectory.termination == "context_limit"
+
+
+def test_an_opening_that_leaves_no_room_for_a_turn_is_a_clear_error(tiny):
+    _, tokenizer = tiny
+    engine = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=ScriptedUser([0]), max_turns=2)],
+                           LongTurnPolicy(tokenizer, ["hi"], 64), tokenizer, max_context_tokens=40)
+    with pytest.raises(ValueError, match=r"persona 'p\d': its opening prompt has \d+ tokens, so a turn of "
+                                         r"max_new_tokens=64 does not fit in max_context_tokens=40"):
+        engine.collect([0])

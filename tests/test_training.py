@@ -221,3 +221,177 @@ def test_resume_without_a_checkpoint_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         trainer(tmp_path, "ppo", "fresh", 1).train(resume=True)
     assert "no checkpoint in" in caplog.text and "starting at step 0" in caplog.text
+
+
+# -- truncation, clipping, modes, metrics, resume, console (issue 8) --------------------------
+def cut_and_ended(tokenizer):
+    """Two one-turn dialogues with a reward of 0.05 on the turn: one ended by the user,
+    one cut at the context limit (with the user's reply after it)."""
+    from empathy_gym.agents.rollout import Trajectory
+    out = []
+    for key, termination in enumerate(("max_turns", "context_limit")):
+        t = Trajectory(key=key, group=0, env_seed=0, persona_id="p", language="en", hidden_intention="deep_empathy",
+                       character_type="passive", emotions=[40, 45], reward_mode="final")
+        t.extend([5, 6, 7], trainable=False)
+        t.extend([8 + key, 9, tokenizer.eos_token_id], trainable=True, logprobs=[-1.0] * 3)
+        t.turn_ends.append(len(t.token_ids) - 1)
+        t.rewards.append(0.05)
+        if termination == "context_limit":
+            t.extend([10, 11, 12], trainable=False)
+        t.termination = termination
+        out.append(t)
+    return out
+
+
+def test_ppo_bootstraps_a_cut_dialogue_from_the_value_of_its_last_state(tmp_path):
+    """With V = 0.5 everywhere (a value head with only a bias) and gamma = lambda = 1,
+    the return of every token of the ended dialogue is its reward, 0.05; that of the cut
+    one is 0.05 + V(s_T) = 0.55. (The old code bootstrapped 0 for both.)"""
+    run = trainer(tmp_path, "ppo", "bootstrap", 1, extra=("whiten_advantages=false",))
+    with torch.no_grad():
+        run.value_head.linear.bias.fill_(0.5)
+    batch, _ = run.prepare(cut_and_ended(run.tokenizer))
+    assert batch.returns[0].tolist() == pytest.approx([0.05] * 3)
+    assert batch.returns[1].tolist() == pytest.approx([0.55] * 3)
+    assert batch.advantages[1].tolist() == pytest.approx([0.05] * 3)
+
+
+def test_grpo_scores_a_cut_dialogue_in_final_mode_by_the_emotion_it_reached(tmp_path):
+    """Final rewards: the env paid the ended dialogue e_T / 100 = 0.45 and the cut one
+    nothing; the cut one is scored as if it had ended at e_T = 45 too, so the two tie."""
+    run = trainer(tmp_path, "grpo", "cut", 1, extra=("num_generations=2",))
+    ended, cut = cut_and_ended(run.tokenizer)
+    ended.rewards, cut.rewards = [0.45], [0.0]
+    _, degenerate = run.token_advantages([ended, cut], run.token_data([ended, cut]))
+    assert degenerate.tolist() == [True, True]
+
+
+def test_actor_and_critic_gradients_are_clipped_apart(tmp_path):
+    """A critic gradient of norm 100 must not shrink the actor's gradient of norm 0.5
+    (the old code clipped their joint norm, scaling the actor's by 1/100)."""
+    run = trainer(tmp_path, "ppo", "clip", 1)
+    policy = [p for p in run.model.parameters() if p.requires_grad]
+    critic = list(run.value_head.parameters())
+    sizes = lambda params: sum(p.numel() for p in params)
+    for params, norm in ((policy, 0.5), (critic, 100.0)):
+        for p in params:
+            p.grad = torch.full_like(p, norm / sizes(params) ** 0.5)
+    expected = {id(p): p.detach() - p.grad for p in policy}                     # untouched by clipping
+    expected.update({id(p): p.detach() - p.grad / 100.0 for p in critic})       # clipped to norm 1
+    run.optimizer = torch.optim.SGD([{"params": policy}, {"params": critic}], lr=1.0)
+    norms = run.clip_and_step()
+    assert norms == pytest.approx({"policy/grad_norm": 0.5, "value/grad_norm": 100.0}, rel=1e-4)
+    assert all(torch.allclose(p.detach(), expected[id(p)], atol=1e-6) for p in policy + critic)
+
+
+def test_the_separate_critic_trains_in_train_mode_and_scores_in_eval_mode(tmp_path):
+    run = trainer(tmp_path, "ppo", "modes", 1, extra=(
+        "policy.use_lora=true", "policy.lora_r=4", "policy.lora_dropout=0.1", "critic=separate"))
+    seen = []
+    run.critic_model.register_forward_pre_hook(lambda module, args: seen.append(
+        (torch.is_grad_enabled(), module.training)))
+    run.train()
+    assert {training for grad, training in seen if grad} == {True}
+    assert {training for grad, training in seen if not grad} == {False}
+
+
+def test_a_step_without_signal_writes_strict_json(tmp_path):
+    """Every GRPO group without reward spread: no update, the loss statistics are
+    undefined; metrics.jsonl says null (json.dumps would write NaN, which is not JSON)."""
+    run = trainer(tmp_path, "grpo", "flat", 1, user=ScriptedUser(change_fn=lambda request: 0),
+                  extra=("num_generations=2",))
+    run.train()
+    line = (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()[0]
+    def no_nan(token):
+        raise ValueError(f"not JSON: {token}")
+    record = json.loads(line, parse_constant=no_nan)
+    assert record["grpo/skipped_groups"] == 2 and record["loss/policy"] is None
+
+
+@pytest.mark.parametrize("damage", ["modules", "pointer"])
+def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, damage):
+    straight = trainer(tmp_path, "ppo", "run", 4)
+    straight.train()
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-000002", "step-000004"]
+    if damage == "modules":
+        (root / "step-000004" / "modules.pt").write_bytes(b"")      # e.g. a power loss before the data hit the disk
+    else:
+        (root / "latest").write_text("step-000006\n")               # names a checkpoint that is not there
+        import shutil
+        shutil.rmtree(root / "step-000004")
+    resumed = trainer(tmp_path, "ppo", "run", 4)
+    resumed._resume(root)
+    assert resumed.step == 2
+    resumed.train(resume=True)
+    assert resumed.step == 4
+    a, b = parameters(straight), parameters(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)      # steps 3 and 4 done again, identically
+    metrics = [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [1, 2, 3, 4]                       # steps 1 and 2 kept: only later steps were redone
+    superseded = (tmp_path / "run" / "metrics.superseded.jsonl").read_text().splitlines()
+    assert [json.loads(l)["step"] for l in superseded] == [3, 4]   # nothing lost
+
+
+def test_a_checkpoint_is_on_disk_before_it_is_named(tmp_path, monkeypatch):
+    """Every file of a checkpoint is fsynced before the folder is renamed into place."""
+    from empathy_gym.agents import checkpoint
+    synced, checked = set(), []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor):
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        return real_fsync(descriptor)
+
+    def replace(source, target):
+        if os.path.basename(str(source)).startswith(".tmp-step-"):
+            files = [str(p) for p in __import__("pathlib").Path(source).rglob("*") if p.is_file()]
+            checked.append(files and all(f in synced for f in files))
+        return real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    trainer(tmp_path, "ppo", "sync", 1, extra=("save_steps=1",)).train()
+    assert checked == [True]
+
+
+def test_the_scripts_need_a_recipe(capsys):
+    from empathy_gym.agents.cli import train_main
+    for algorithm in ("ppo", "grpo"):
+        with pytest.raises(SystemExit) as stopped:
+            train_main(algorithm, ["total_steps=1"])
+        assert stopped.value.code == 2
+    assert "the following arguments are required: --recipe" in capsys.readouterr().err
+
+
+def test_ctrl_c_with_the_console_gone_still_saves_the_checkpoint(tmp_path):
+    """``python examples/train_ppo.py ... 2>&1 | tee log``, then Ctrl-C: the terminal sends
+    SIGINT to both, tee dies first, and every later write of the trainer to the pipe
+    fails (BrokenPipeError). The run must still save its last completed step and exit
+    130 (the old code lost the checkpoint and exited 1 without a message)."""
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "piped"
+    child = subprocess.Popen([sys.executable, "examples/train_ppo.py", "--recipe", "agents/tiny-cpu.yaml",
+                              f"output_dir={out}", "total_steps=400", "save_steps=0", "rollout_batch_size=4",
+                              "generation.max_new_tokens=4", "progress=true"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 600
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert child.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.5)
+        child.stdout.close()                     # tee is gone
+        child.send_signal(signal.SIGINT)         # and the Ctrl-C reaches the trainer
+        code = child.wait(timeout=600)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert code == 130
+    saved = (out / "checkpoints" / "latest").read_text().strip()
+    steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+    assert saved == f"step-{steps[-1]:06d}"
+    assert "Ctrl-C" in (out / "train.log").read_text()

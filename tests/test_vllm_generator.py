@@ -20,22 +20,20 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
-import json, shutil, sys
+import json, sys
 
 def main():
-    from transformers import AutoTokenizer
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from empathy_gym.agents.generation import VLLMGenerator
     model, adapter, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     tokenizer = AutoTokenizer.from_pretrained(model)
-
-    class Policy:  # stands in for the peft model: save_pretrained writes the adapter
-        def save_pretrained(self, path):
-            shutil.copytree(adapter, path)
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), adapter)
 
     generator = VLLMGenerator(model, tokenizer, max_new_tokens=8, temperature=0.0, lora_rank=4,
                               dtype="float32", max_model_len=512, enforce_eager=True)
     base = generator.generate([prompt, prompt], [1, 2])
-    generator.sync(Policy(), step=1)
+    generator.sync(policy, step=1)
     tuned = generator.generate([prompt], [1])
     generator.temperature = 1.0
     sampled = generator.generate([prompt, prompt, prompt], [5, 6, 5])

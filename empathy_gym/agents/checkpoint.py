@@ -1,6 +1,8 @@
-"""Checkpoints written atomically: everything goes into a temporary folder that is
-renamed into place, and the ``latest`` pointer is replaced in one ``os.replace``. A
-crash mid-save leaves the previous checkpoint intact.
+"""Checkpoints written atomically: everything goes into a temporary folder, is synced
+to disk (``fsync``), and only then renamed into place; the ``latest`` pointer is
+replaced the same way. A crash or power loss mid-save leaves the previous checkpoint
+intact, and a resume that finds the newest checkpoint missing or damaged falls back to
+the newest complete one (:func:`checkpoint_candidates`).
 
 Layout of ``<output_dir>/checkpoints/step-000010/``: ``policy/`` (the LoRA adapter, or
 the full model, with the tokenizer; loadable with peft / transformers), ``modules.pt``
@@ -43,6 +45,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def fsync_tree(path: Path) -> None:
+    """``fsync`` every file under ``path`` and every folder (``path`` included), so that
+    a rename that follows cannot reach the disk before the data it names."""
+    for folder, _, files in os.walk(path):
+        for name in files:
+            descriptor = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        fsync_dir(Path(folder))
+
+
+def fsync_dir(path: Path) -> None:
+    """``fsync`` a folder (its entries: names created, renamed or removed in it)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def save_checkpoint(root: Path, step: int, *, policy: Any, tokenizer: Any,
                     modules: dict[str, Any], state: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
@@ -65,29 +89,50 @@ def save_checkpoint(root: Path, step: int, *, policy: Any, tokenizer: Any,
     torch.save(modules, staging / "modules.pt")
     torch.save(rng_state(), staging / "rng.pt")
     (staging / "state.json").write_text(json.dumps(dict(state, step=step), indent=1))
+    fsync_tree(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
     pointer = root / f".{POINTER}.tmp"
     pointer.write_text(final.name + "\n")
+    fsync_tree(pointer)
     os.replace(pointer, root / POINTER)
+    fsync_dir(root)
     for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint the ``latest`` pointer names, or ``None`` when there is none."""
+    """The checkpoint the ``latest`` pointer names when it is there, else the newest
+    ``step-*`` folder with a ``state.json``; ``None`` when there is none."""
+    candidates = checkpoint_candidates(root)
+    return candidates[0] if candidates else None
+
+
+def checkpoint_candidates(root: Path) -> list[Path]:
+    """The checkpoints to resume from, best first: the one the ``latest`` pointer names
+    (when it exists), then every ``step-*`` folder with a ``state.json``, newest first.
+    A resume tries them in order until one loads (a missing pointer target, a
+    damaged file, a half-deleted folder fall through to an older one)."""
+    found = sorted((p for p in root.glob("step-*") if (p / "state.json").exists()), reverse=True)
     pointer = root / POINTER
-    if not pointer.exists():
-        return None
-    path = root / pointer.read_text().strip()
-    return path if (path / "state.json").exists() else None
+    if pointer.exists():
+        named = root / pointer.read_text().strip()
+        if named in found:
+            found.remove(named)
+            found.insert(0, named)
+    return found
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(state, modules, rng)`` of a checkpoint folder (the policy weights are read by
-    the trainer, which knows whether they are an adapter or a full model)."""
+    the trainer, which knows whether they are an adapter or a full model).
+
+    Raises:
+        OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError: a missing
+            or damaged file (``json`` and ``torch.load`` errors as they come).
+    """
     state = json.loads((path / "state.json").read_text())
     modules = torch.load(path / "modules.pt", map_location="cpu", weights_only=False)
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)

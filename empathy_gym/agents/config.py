@@ -76,10 +76,18 @@ class GenerationConfig:
 
     Attributes:
         engine: ``"transformers"`` (``generate``, CPU or GPU) or ``"vllm"`` (GPU).
-        temperature, top_p: sampling (RLVER: 1.0, 1.0).
+        temperature: > 0 (RLVER: 1.0). The sampler draws from softmax(logits /
+            temperature) and nothing else (no model ``generation_config`` defaults such
+            as Qwen's ``repetition_penalty``), and the loss's log-probs are of that
+            same distribution. 0 (greedy) is refused for training.
+        top_p: must be 1.0 for training (RLVER: 1.0): nucleus truncation would sample
+            from another distribution than the loss's log-probs describe.
         max_new_tokens: tokens per agent turn; a turn cut here gets an end-of-turn token
             appended (not trained on).
-        max_context_tokens: a dialogue longer than this stops (counted as truncated).
+        max_context_tokens: no dialogue grows past this many tokens: one whose next turn
+            (``max_new_tokens`` + 1) would not fit is cut, a truncation (PPO bootstraps
+            from V of the state it was cut in; GRPO scores it as if it had ended there;
+            counted in ``episode/context_limit``).
         think: RLVER's think-then-say mode (``<think>...</think>`` before each reply).
         vllm_gpu_memory_utilization: vLLM's share of GPU memory.
     """
@@ -104,10 +112,12 @@ class TrainerConfig:
         rollout_batch_size: dialogues per step (GRPO: groups x num_generations).
         learning_rate: policy (actor) learning rate (RLVER 1e-6 full fine-tuning;
             LoRA usually needs ~1e-5 to 1e-4).
-        max_grad_norm: gradient clipping (global norm).
+        max_grad_norm: gradient clipping, of the policy's and the critic's gradients
+            apart (each to this global norm, as verl).
         num_ppo_epochs: passes over each step's rollouts.
         num_mini_batches: optimiser steps per epoch.
-        gradient_accumulation_steps: micro-batches per mini-batch.
+        gradient_accumulation_steps: micro-batches per mini-batch (for memory only: the
+            loss of a mini-batch is the same whatever the split, see the trainers).
         entropy_coef: entropy bonus (RLVER 0.001).
         save_steps: checkpoint every N steps (and on Ctrl-C); 0 = only at the end.
         transcripts_per_step: sample transcripts saved per step.
@@ -170,14 +180,18 @@ class GRPOConfig(TrainerConfig):
         num_generations: rollouts per group; a group shares one env seed (same persona,
             same opening line). RLVER: 4. ``rollout_batch_size`` must be a multiple.
         advantage: ``"episode"`` (each turn gets the group-normalised episode return) or
-            ``"reward_to_go"`` (each turn's return-to-go, normalised across the group at
-            the same turn index; DeepSeekMath's process supervision).
+            ``"reward_to_go"`` (each turn's return-to-go, normalised across the group's
+            dialogues at the same turn index, see
+            :func:`~empathy_gym.agents.grpo.reward_to_go_advantages`; refused with
+            ``reward_mode: final``, where it would equal ``"episode"``).
         scale_rewards: divide by the group's standard deviation (False: only centre,
             as Dr. GRPO, arXiv 2503.20783).
         epsilon: policy ratio clip (0.2).
         beta: KL coefficient for the k3 estimator in the loss (0 = off, RLVER).
-        loss_type: ``"token_mean"`` (every trainable token weighs the same, DAPO) or
-            ``"sequence_mean"`` (mean per trajectory, then over trajectories, GRPO's).
+        loss_type: ``"token_mean"`` (every trainable token of a mini-batch weighs the
+            same, DAPO) or ``"sequence_mean"`` (mean per trajectory, then over the
+            mini-batch's trajectories, GRPO's); counted over the whole mini-batch, so
+            ``gradient_accumulation_steps`` and the process count do not change it.
     """
 
     num_generations: int = 4
@@ -189,6 +203,12 @@ class GRPOConfig(TrainerConfig):
 
 
 ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConfig}
+
+
+#: Why ``advantage: reward_to_go`` and ``reward_mode: final`` are refused together.
+REWARD_TO_GO_FINAL = ("advantage 'reward_to_go' with env reward_mode 'final' has no meaning: every turn's "
+                      "return-to-go is then the final reward, which is advantage 'episode'; use "
+                      "advantage=episode (or env.kwargs.reward_mode=delta)")
 
 
 class RecipeError(ValueError):
@@ -337,8 +357,15 @@ def validate(config: TrainerConfig) -> None:
         problems.append(f"generation.max_new_tokens must be >= 1, got {generation.max_new_tokens}")
     if generation.temperature < 0:
         problems.append(f"generation.temperature must be >= 0 (0: greedy), got {generation.temperature}")
+    elif generation.temperature == 0:
+        problems.append("generation.temperature 0 (greedy) does not sample from the policy, so the loss's "
+                        "log-probs would describe another distribution; training needs a temperature > 0")
     if not 0 < generation.top_p <= 1:
         problems.append(f"generation.top_p must be in (0, 1], got {generation.top_p}")
+    elif generation.top_p < 1:
+        problems.append(f"generation.top_p {generation.top_p} would sample from the truncated nucleus while the "
+                        "loss's log-probs are those of the whole softmax (samples from another distribution "
+                        "than the policy); training needs top_p 1.0")
     if problems:  # the divisibility checks below need positive divisors
         raise RecipeError("invalid configuration: " + "; ".join(problems))
     groups = config.rollout_batch_size
@@ -354,6 +381,8 @@ def validate(config: TrainerConfig) -> None:
             problems.append(f"advantage must be 'episode' or 'reward_to_go', got {config.advantage!r}")
         if config.loss_type not in ("token_mean", "sequence_mean"):
             problems.append(f"loss_type must be 'token_mean' or 'sequence_mean', got {config.loss_type!r}")
+        if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
+            problems.append(REWARD_TO_GO_FINAL)
     if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
         problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):

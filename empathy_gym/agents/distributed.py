@@ -2,11 +2,15 @@
 launch`` or ``torchrun`` (accelerate's ``PartialState`` joins the process group: NCCL on
 GPUs, gloo on CPUs).
 
-Each process plays its share of a step's dialogues (whole GRPO groups), computes
-gradients on them, and every optimiser step uses the mean of all processes' gradients,
-as PyTorch's DistributedDataParallel does (Li et al. 2020, "PyTorch Distributed",
-arXiv 2006.15704, section 3.2). All processes therefore hold the same weights; the first
-one writes logs and checkpoints. With one process (no launcher) every method is a no-op.
+Each process plays its share of a step's dialogues (whole GRPO groups) and computes
+gradients on them, each loss already divided by the mini-batch's count of trainable
+tokens summed over all processes; every optimiser step then uses the *sum* of the
+processes' gradients, which is the gradient of the mini-batch's token mean. (The all-
+reduce is DistributedDataParallel's, Li et al. 2020, "PyTorch Distributed", arXiv
+2006.15704, section 3.2; DDP averages instead because each of its processes divides by
+its own count, which weighs a token of a short shard more than one of a long shard.)
+All processes therefore hold the same weights; the first one writes logs and
+checkpoints. With one process (no launcher) every method is a no-op.
 """
 
 from __future__ import annotations
@@ -45,19 +49,16 @@ class Processes:
         """Indices of the dialogues this process plays: those whose group % world == rank."""
         return [i for i, group in enumerate(groups) if group % self.world == self.rank]
 
-    def mean_gradients(self, parameters: Iterable[torch.Tensor], contributed: bool = True) -> None:
-        """Replace each gradient by its mean over the processes that ``contributed`` one
-        (a GRPO process whose groups all lacked reward variance did not; it joins the
-        step with zeros, which are not counted, so they do not dilute the others')."""
+    def sum_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Replace each gradient by its sum over the processes (a process with no
+        gradient, e.g. GRPO with no signal in its groups, adds zeros)."""
         if self.world == 1:
             return
         import torch.distributed as dist
-        contributors = max(self.sum([float(contributed)])[0], 1.0)
         for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             dist.all_reduce(parameter.grad)
-            parameter.grad /= contributors
 
     def any(self, flag: bool) -> bool:
         """True when ``flag`` is True in any process (e.g. a Ctrl-C seen by one)."""

@@ -7,13 +7,22 @@
 
 Both seed each row's sampling with its own seed, so a dialogue's turn does not depend
 on which dialogues share the batch.
+
+The sampler is the policy: both draw from softmax(logits / temperature) with nothing
+else applied, which is the distribution whose log-probs the trainer's loss takes.
+A model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty``
+1.05, ``top_k`` 20, ``top_p`` 0.8) is not inherited: transformers fills every setting a
+``GenerationConfig`` leaves unset from it, so the generator hides it during ``generate``;
+vLLM takes only its end-of-sequence ids when given explicit ``SamplingParams``, and
+those are end-of-turn ids here too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,14 +32,40 @@ from empathy_gym.agents.rollout import Sample
 from empathy_gym.backends.transformers_backend import PerRowSampler
 
 
-def end_of_turn_ids(tokenizer: Any, model: Any = None) -> list[int]:
-    """The ids that end an agent turn: the tokenizer's eos plus the model's generation
-    config eos ids (Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``)."""
+def end_of_turn_ids(tokenizer: Any, model: Any = None, generation_config: Any = None) -> list[int]:
+    """The ids that end an agent turn: the tokenizer's eos plus the eos ids of the
+    model's generation config (Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``), given as
+    ``model`` (its ``generation_config`` is read) or as ``generation_config`` itself."""
     ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    configured = getattr(config, "eos_token_id", None)
     if configured is not None:
         ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
     return sorted(int(i) for i in ids if i is not None)
+
+
+def _generation_host(model: Any) -> Any:
+    """The transformers model whose ``generation_config`` ``generate`` reads (inside a
+    peft wrapper: the base model; peft copies it from there at each call)."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+@contextlib.contextmanager
+def blank_generation_config(model: Any) -> Iterator[None]:
+    """Hide the model's ``generation_config`` during ``generate``: transformers fills
+    every field a passed ``GenerationConfig`` leaves unset (``None``) from it
+    (``GenerationMixin._prepare_generation_config`` in transformers'
+    ``generation/utils.py``), so a shipped ``repetition_penalty`` would reshape the
+    logits the sampler draws from. With a blank one only what the generator sets
+    applies."""
+    host = _generation_host(model)
+    saved = host.generation_config
+    host.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        host.generation_config = saved
 
 
 class StopOnRequest(StoppingCriteria):
@@ -59,8 +94,12 @@ class TransformersGenerator:
         should_stop: polled after every token; True ends the batch at once (Ctrl-C in
             the trainer: the rollout is then discarded, so nobody waits for a full turn).
 
-    The returned log-probs are ``log_softmax(logits / temperature)`` at the sampled
-    token, from the model's raw logits (top-p truncation not renormalised).
+    Samples are drawn from softmax(logits / temperature) (nucleus-truncated when
+    ``top_p`` < 1), with no other logits processor: the model's own
+    ``generation_config`` is hidden (:func:`blank_generation_config`); its eos ids still
+    end a turn. The returned log-probs are ``log_softmax(logits / temperature)`` at the
+    sampled token, from the model's raw logits, as the trainer computes them (top-p
+    truncation not renormalised: the trainers refuse ``top_p`` < 1).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
@@ -107,7 +146,7 @@ class TransformersGenerator:
                                   use_cache=True, output_logits=True,
                                   return_dict_in_generate=True)
         with torch.autocast(device.type, dtype=self.compute_dtype or torch.float32,
-                            enabled=self.compute_dtype is not None):
+                            enabled=self.compute_dtype is not None), blank_generation_config(self.model):
             out = self.model.generate(input_ids=input_ids.to(device),
                                       attention_mask=attention_mask.to(device),
                                       generation_config=config, logits_processor=processors,
@@ -124,6 +163,42 @@ class TransformersGenerator:
             length = len(ids) if end is None else end + 1
             samples.append(Sample(ids[:length], logprobs[row, :length].tolist(), end is not None))
         return samples
+
+
+def _model_generation_config(model: str) -> Any:
+    """The model's ``generation_config.json`` (``None`` when it has none)."""
+    try:
+        return GenerationConfig.from_pretrained(model)
+    except OSError:
+        return None
+
+
+def write_adapter(model: Any, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write a peft model's active LoRA adapter as ``adapter_model.safetensors`` and
+    ``adapter_config.json`` into ``path``, replacing what is there, its weights cast to
+    ``dtype`` (the trainer keeps them in float32; a 7B model's r=64 adapter is ~0.65 GB
+    in float32, half that in bfloat16). Each file is written beside its target and
+    renamed over it, so a reader never sees half a file.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder = os.fspath(path)
+    os.makedirs(folder, exist_ok=True)
+    name = getattr(model, "active_adapter", "default")
+    state = {key: value.detach().to("cpu", dtype).contiguous()
+             for key, value in get_peft_model_state_dict(model, adapter_name=name).items()}
+    staging = os.path.join(folder, ".adapter_model.safetensors.tmp")
+    save_file(state, staging, metadata={"format": "pt"})
+    os.replace(staging, os.path.join(folder, "adapter_model.safetensors"))
+    config_dir = tempfile.mkdtemp(prefix=".config-", dir=folder)
+    try:
+        model.peft_config[name].save_pretrained(config_dir)
+        os.replace(os.path.join(config_dir, "adapter_config.json"), os.path.join(folder, "adapter_config.json"))
+    finally:
+        for leftover in os.listdir(config_dir):
+            os.remove(os.path.join(config_dir, leftover))
+        os.rmdir(config_dir)
 
 
 def _single_process_rendezvous() -> None:
@@ -145,8 +220,9 @@ class VLLMGenerator:
         model: the base model's path or hub id (as the policy was loaded).
         tokenizer: the policy's tokenizer.
         max_new_tokens, temperature, top_p: sampling.
-        lora_rank: > 0 enables LoRA; :meth:`sync` then saves the current adapter and
-            generation uses it. 0: :meth:`sync` copies the full weights into vLLM, which
+        lora_rank: > 0 enables LoRA; :meth:`sync` then writes the current adapter (into
+            one folder, overwritten each step) and generation uses it. 0: :meth:`sync`
+            copies the full weights into vLLM, which
             then runs in this process (``distributed_executor_backend="external_launcher"``,
             as TRL's colocate mode) so that its model is reachable.
         gpu_memory_utilization: vLLM's share of GPU memory (the trainer needs the rest).
@@ -154,7 +230,9 @@ class VLLMGenerator:
         llm_kwargs: more ``vllm.LLM`` arguments.
 
     Log-probs are vLLM's ``processed_logprobs``: after temperature scaling, as the
-    trainer's ``log_softmax(logits / temperature)``.
+    trainer's ``log_softmax(logits / temperature)``. A turn ends at the tokenizer's eos
+    or at any eos id of the model's ``generation_config.json`` (vLLM stops at those
+    too; Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``).
 
     Raises:
         ImportError: vllm is not installed (``pip install empathy-gym[vllm]``).
@@ -169,7 +247,7 @@ class VLLMGenerator:
             raise ImportError("generation.engine='vllm' needs vllm: pip install 'empathy-gym[vllm]'") from error
         self._vllm = vllm
         self.tokenizer = tokenizer
-        self.eos_ids = end_of_turn_ids(tokenizer)
+        self.eos_ids = end_of_turn_ids(tokenizer, generation_config=_model_generation_config(model))
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.lora_rank = lora_rank
         if lora_rank == 0:
@@ -181,22 +259,30 @@ class VLLMGenerator:
                             max_lora_rank=max(lora_rank, 8), gpu_memory_utilization=gpu_memory_utilization,
                             dtype=dtype, **llm_kwargs)
         self._adapter_dir = tempfile.mkdtemp(prefix="empathy-gym-lora-")
+        self.adapter_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
         self._lora_request = None
 
     def sync(self, model: Any, step: int) -> None:
-        """Give vLLM the policy's current weights: the LoRA adapter saved to a temporary
-        folder (a new ``LoRARequest`` id per step), or the full state dict through the
-        model's ``load_weights`` (then the prefix cache, computed with the old weights, is
-        dropped).
+        """Give vLLM the policy's current weights: the LoRA adapter, or the full state
+        dict through the model's ``load_weights`` (then the prefix cache, computed with
+        the old weights, is dropped).
+
+        The adapter goes into one folder, overwritten each step (:func:`write_adapter`,
+        in the engine's dtype: bfloat16 unless ``dtype="float32"``), under a new
+        ``LoRARequest`` id, since vLLM caches adapters by id; the previous id is removed
+        from the engine. A run therefore holds one adapter on disk, not one per step.
 
         Raises:
             NotImplementedError: full weights, and this vLLM does not expose its model.
         """
         if self.lora_rank > 0:
             from vllm.lora.request import LoRARequest
-            path = os.path.join(self._adapter_dir, f"step-{step}")
-            model.save_pretrained(path)
-            self._lora_request = LoRARequest(f"policy-step-{step}", step + 1, path)
+            path = os.path.join(self._adapter_dir, "policy")
+            write_adapter(model, path, self.adapter_dtype)
+            previous, self._lora_request = self._lora_request, LoRARequest(f"policy-step-{step}", step + 1, path)
+            remove_lora = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
+            if previous is not None and remove_lora is not None:
+                remove_lora(previous.lora_int_id)
             return
         try:
             target = self.llm.llm_engine.model_executor.driver_worker.model_runner.model

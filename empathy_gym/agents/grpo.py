@@ -15,11 +15,13 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from empathy_gym.agents.config import GRPOConfig
+from empathy_gym.agents.config import REWARD_TO_GO_FINAL, GRPOConfig, RecipeError
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData
 from empathy_gym.agents.trainer import RLTrainer
@@ -27,6 +29,16 @@ from empathy_gym.seeding import derive_seed
 
 #: Added to the group standard deviation (as TRL's GRPOTrainer).
 STD_EPS = 1e-4
+#: Returns closer than this count as equal. Rewards are emotion points / 100 (0.01
+#: steps) and format penalties of 0.1, so real differences are >= 0.01; sums of them
+#: differ from each other by float noise (0.1 + 0.2 - 0.3 = 5.6e-17), which a plain
+#: ``==`` took for a difference.
+RETURN_ATOL = 1e-6
+
+
+def _no_spread(values: torch.Tensor) -> bool:
+    """True when ``values`` are equal up to :data:`RETURN_ATOL` (no signal to compare)."""
+    return bool(values.max() - values.min() <= RETURN_ATOL)
 
 
 # -- advantages and loss -----------------------------------------------------------------
@@ -42,80 +54,92 @@ def group_advantages(returns: torch.Tensor, groups: torch.Tensor, scale: bool = 
 
     Returns:
         ``(advantages (N,), degenerate (N,) bool)``: ``degenerate`` marks members of
-        groups with zero reward variance (or a single member); their advantage is 0.
+        groups whose returns are all equal (within :data:`RETURN_ATOL`) or that have a
+        single member; their advantage is 0.
     """
     advantages = torch.zeros_like(returns, dtype=torch.float32)
     degenerate = torch.zeros(len(returns), dtype=torch.bool)
     for group in torch.unique(groups):
         members = groups == group
-        values = returns[members].float()
-        if len(values) < 2 or torch.all(values == values[0]):
+        values = returns[members].double()
+        if len(values) < 2 or _no_spread(values):
             degenerate[members] = True
             continue
         centred = values - values.mean()
-        advantages[members] = centred / (values.std() + STD_EPS) if scale else centred
+        advantages[members] = (centred / (values.std() + STD_EPS) if scale else centred).float()
     return advantages, degenerate
 
 
 def reward_to_go_advantages(turn_rewards: Sequence[torch.Tensor], groups: Sequence[int],
                             scale: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Process-supervised advantages [GRPO 4.1.3]: every turn reward of a group is
-    normalised with the mean and std of all turn rewards of that group,
-    r~ = (r - mean_g) / (std_g + 1e-4), and the advantage of turn k is the sum of the
-    normalised rewards of turns k, k+1, ... (its reward-to-go).
+    """Turn-level advantages: each turn's return-to-go, normalised across the group's
+    rollouts at the same turn index.
+
+        G_k^i = r_k^i + r_{k+1}^i + ...                  (rollout i's return from turn k)
+        A_k^i = (G_k^i - mean_j G_k^j) / (std_j G_k^j + 1e-4)
+
+    the mean and (sample) standard deviation taken over the group's rollouts j that
+    have a turn k. This is the per-step baseline of DeepSeekMath's process supervision
+    [GRPO 4.1.3] with the comparison made between rollouts at the same turn rather than
+    over the group's pooled rewards: pooling would subtract the mean reward once per
+    turn, so every turn of a long dialogue would pay it again (with rewards only at the
+    end, every zero reward of a long dialogue would count against it).
+
+    A turn index that fewer than two rollouts reach, or whose returns-to-go are all
+    equal (within :data:`RETURN_ATOL`), gets advantage 0 there.
 
     Args:
         turn_rewards: per rollout, (K_i,) float, one reward per agent turn.
         groups: per rollout, its group.
+        scale: divide by the standard deviation (False: only centre [DrGRPO]).
 
     Returns:
-        ``(per-rollout (K_i,) advantages, degenerate (N,) bool)`` as in
-        :func:`group_advantages`.
+        ``(per-rollout (K_i,) float32 advantages, degenerate (N,) bool)``: degenerate
+        marks the members of groups where no turn index carries a signal.
     """
-    groups_t = torch.as_tensor(list(groups))
+    to_go = [torch.flip(torch.cumsum(torch.flip(r.double(), [0]), 0), [0]) for r in turn_rewards]
     advantages = [torch.zeros(len(r), dtype=torch.float32) for r in turn_rewards]
     degenerate = torch.zeros(len(turn_rewards), dtype=torch.bool)
-    for group in torch.unique(groups_t):
-        members = [i for i, g in enumerate(groups) if g == int(group)]
-        pooled = torch.cat([turn_rewards[i].float() for i in members])
-        if len(members) < 2 or torch.all(pooled == pooled[0]):
-            degenerate[members] = True
-            continue
-        mean, std = pooled.mean(), pooled.std()
-        for i in members:
-            normalised = turn_rewards[i].float() - mean
-            if scale:
-                normalised = normalised / (std + STD_EPS)
-            advantages[i] = torch.flip(torch.cumsum(torch.flip(normalised, [0]), 0), [0])
+    for group in dict.fromkeys(groups):
+        members = [i for i, g in enumerate(groups) if g == group]
+        signal = False
+        for k in range(max(len(to_go[i]) for i in members)):
+            alive = [i for i in members if len(to_go[i]) > k]
+            values = torch.stack([to_go[i][k] for i in alive])
+            if len(alive) < 2 or _no_spread(values):
+                continue
+            signal = True
+            centred = values - values.mean()
+            normalised = centred / (values.std() + STD_EPS) if scale else centred
+            for i, a in zip(alive, normalised):
+                advantages[i][k] = float(a)
+        degenerate[members] = not signal
     return advantages, degenerate
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              epsilon: float, *, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0,
-              segments: torch.Tensor | None = None, loss_type: str = "token_mean"
+              epsilon: float, *, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The GRPO objective [GRPO eq. 3] as a loss, over flat trainable tokens.
+    """The GRPO objective [GRPO eq. 3] as a loss per token, over flat trainable tokens.
 
         ratio_t = exp(log pi - log pi_old)
         L_t     = -min(ratio_t * A_t, clip(ratio_t, 1-eps, 1+eps) * A_t)
                   + beta * (pi_ref/pi - log(pi_ref/pi) - 1)        [GRPO eq. 4, k3 KL]
 
-    Averaging (``loss_type``): ``"token_mean"`` = sum over all tokens / their count
-    [DAPO]; ``"sequence_mean"`` = mean over each rollout's tokens, then over rollouts
-    [GRPO eq. 3's 1/|o_i| then 1/G].
+    The caller averages with :func:`aggregate`.
 
     Args:
         logprobs, old_logprobs, advantages: (n,) float.
         epsilon: clip range.
         ref_logprobs: (n,) float, needed when ``beta`` > 0.
-        segments: (n,) int64 rollout index of each token (for ``"sequence_mean"``).
 
     Returns:
-        ``(loss, stats)`` with ``clipfrac``, ``approx_kl`` (old vs new, k3) and ``kl``
-        (to the reference, k3; 0 without one).
+        ``(L, stats)``: (n,) float, and per-token (n,) ``clipfrac`` (1 where the clipped
+        term was chosen), ``approx_kl`` (old vs new, k3) and ``kl`` (to the reference,
+        k3; 0 without one).
 
     Raises:
-        ValueError: unknown ``loss_type``, or ``beta`` > 0 without ``ref_logprobs``.
+        ValueError: ``beta`` > 0 without ``ref_logprobs``.
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
@@ -129,24 +153,54 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + beta * kl
+    with torch.no_grad():
+        stats = {"clipfrac": (clipped < surrogate).float(), "approx_kl": ratio - 1.0 - log_ratio,
+                 "kl": kl.detach()}
+    return per_token, stats
+
+
+def aggregate(per_token: torch.Tensor, segments: torch.Tensor, loss_type: str, tokens: float,
+              sequences: float) -> torch.Tensor:
+    """This micro-batch's share of a mini-batch's loss (a sum over micro-batches and
+    processes of these shares is the mini-batch's loss).
+
+    ``"token_mean"``: sum_t L_t / tokens, every trainable token of the mini-batch weighs
+    the same [DAPO]. ``"sequence_mean"``: sum_i (mean of rollout i's L_t) / sequences,
+    each rollout weighs the same [GRPO eq. 3's 1/|o_i| then 1/G].
+
+    Args:
+        per_token: (n,) float, this micro-batch's per-token losses.
+        segments: (n,) int64, the rollout (0-based within the micro-batch) of each token.
+        loss_type: ``"token_mean"`` or ``"sequence_mean"``.
+        tokens, sequences: the mini-batch's trainable tokens and rollouts, counted over
+            every micro-batch and process.
+
+    Raises:
+        ValueError: unknown ``loss_type``.
+    """
     if loss_type == "token_mean":
-        loss = per_token.mean()
-    elif loss_type == "sequence_mean":
-        if segments is None:
-            raise ValueError("loss_type='sequence_mean' needs segments")
-        count = int(segments.max()) + 1
+        return per_token.sum() / tokens
+    if loss_type == "sequence_mean":
+        count = int(segments.max()) + 1 if len(segments) else 0
         sums = torch.zeros(count, device=per_token.device).index_add(0, segments, per_token)
         sizes = torch.zeros(count, device=per_token.device).index_add(0, segments, torch.ones_like(per_token))
-        loss = (sums[sizes > 0] / sizes[sizes > 0]).mean()
-    else:
-        raise ValueError(f"loss_type must be 'token_mean' or 'sequence_mean', got {loss_type!r}")
-    with torch.no_grad():
-        stats = {"clipfrac": (clipped < surrogate).float().mean(),
-                 "approx_kl": (ratio - 1.0 - log_ratio).mean(), "kl": kl.mean()}
-    return loss, stats
+        return (sums[sizes > 0] / sizes[sizes > 0]).sum() / sequences
+    raise ValueError(f"loss_type must be 'token_mean' or 'sequence_mean', got {loss_type!r}")
 
 
 # -- the trainer ----------------------------------------------------------------------------
+@dataclass
+class GRPOBatch:
+    """The rollouts of a step that carry signal, ready for the epochs (flat per
+    trajectory over its trainable tokens): ``data``, ``old_logprobs``, ``advantages``
+    and, with ``beta`` > 0, ``ref_logprobs``."""
+
+    data: list[TokenData]
+    old_logprobs: list[torch.Tensor]
+    advantages: list[torch.Tensor]
+    ref_logprobs: list[torch.Tensor] | None = None
+
+
 class GRPOTrainer(RLTrainer):
     """GRPO against the simulated user (loop, checkpoints and Ctrl-C as
     :class:`~empathy_gym.agents.trainer.RLTrainer`).
@@ -154,7 +208,10 @@ class GRPOTrainer(RLTrainer):
     Each step plays ``rollout_batch_size / num_generations`` groups of
     ``num_generations`` dialogues; a group's dialogues share an env seed. With
     ``beta`` > 0 the loss adds the k3 KL to the reference (LoRA: the base model with
-    adapters off).
+    adapters off). Loss aggregation (``loss_type``) counts the mini-batch's tokens (or
+    rollouts) over every micro-batch and process first, so accumulation does not change
+    it. A dialogue cut at the context limit is scored as if it had ended there
+    (:meth:`~empathy_gym.agents.rollout.Trajectory.outcome_rewards`).
     """
 
     algorithm = "grpo"
@@ -164,6 +221,17 @@ class GRPOTrainer(RLTrainer):
     def _build_algorithm(self) -> None:
         if self.config.beta > 0:
             self._ensure_reference()
+
+    def check_envs(self, envs: Sequence[Any]) -> None:
+        """``advantage="reward_to_go"`` with ``reward_mode="final"`` has no meaning: every
+        turn's return-to-go is the final reward, so it is ``advantage="episode"``.
+
+        Raises:
+            RecipeError: that combination.
+        """
+        if self.config.advantage == "reward_to_go" and any(getattr(e, "reward_mode", None) == "final"
+                                                          for e in envs):
+            raise RecipeError(REWARD_TO_GO_FINAL)
 
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
         size = self.config.num_generations
@@ -177,56 +245,82 @@ class GRPOTrainer(RLTrainer):
         degenerate-group mask."""
         config = self.config
         groups = [t.group for t in trajectories]
+        rewards = [t.outcome_rewards() for t in trajectories]
         if config.advantage == "episode":
-            returns = torch.tensor([t.episode_return for t in trajectories])
+            returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float64)
             adv, degenerate = group_advantages(returns, torch.tensor(groups), config.scale_rewards)
             return [torch.full((d.num_trainable,), float(a)) for a, d in zip(adv, data)], degenerate
         per_turn, degenerate = reward_to_go_advantages(
-            [torch.tensor(t.rewards, dtype=torch.float32) for t in trajectories], groups, config.scale_rewards)
+            [torch.tensor(r, dtype=torch.float64) for r in rewards], groups, config.scale_rewards)
         return [a[d.turn_index] for a, d in zip(per_turn, data)], degenerate
 
-    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        config = self.config
+    def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[GRPOBatch, dict[str, float]]:
+        """Advantages; the rollouts of groups without signal left out; old (and
+        reference) log-probs. Returns the batch and the group counts."""
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
-        stats: dict[str, list[float]] = {k: [] for k in (
-            "loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-            "policy/kl_to_reference", "grad_norm")}
-        metrics = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
-                                                     if degenerate[i]})),
-                   "grpo/groups": float(len({t.group for t in trajectories}))}
-        if not keep:  # no signal this step: no update, the loss statistics are undefined
-            if self.processes.world > 1:  # the other processes may have signal: join their steps
-                for _ in range(config.num_ppo_epochs * config.num_mini_batches):
-                    self.clip_and_step()
-            return metrics | {key: float("nan") for key in stats}
+        counts = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
+                                                    if degenerate[i]})),
+                  "grpo/groups": float(len({t.group for t in trajectories}))}
         data = [data[i] for i in keep]
-        advantages = [advantages[i] for i in keep]
-        old_logprobs = self.policy_logprobs(data)
-        ref_logprobs = self.policy_logprobs(data, reference=True) if config.beta > 0 else None
+        batch = GRPOBatch(data, self.policy_logprobs(data) if data else [], [advantages[i] for i in keep])
+        if self.config.beta > 0 and data:
+            batch.ref_logprobs = self.policy_logprobs(data, reference=True)
+        return batch, counts
 
+    def accumulate(self, batch: GRPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
+        """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
+
+            L = aggregate(L_t - entropy_coef * H_t)
+
+        with :func:`aggregate`'s token and rollout counts summed over the mini-batch's
+        micro-batches and the processes first.
+
+        Returns:
+            ``(tokens, stats)``: the mini-batch's trainable tokens (all processes), and
+            token means over it, the same in every process (empty when it has none).
+        """
+        config = self.config
+        tokens, sequences = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch), len(minibatch)])
+        sums = dict.fromkeys(("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+                              "policy/kl_to_reference"), 0.0)
+        if tokens == 0:
+            return 0.0, {}
+        self.set_training(True)
+        for part in self.micro_batches(minibatch):
+            chunk = [batch.data[i] for i in part]
+            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
+            out = self.forward(self.model, chunk)
+            per_token, stats = grpo_loss(out.logprobs, gather(batch.old_logprobs), gather(batch.advantages),
+                                         config.epsilon, beta=config.beta,
+                                         ref_logprobs=gather(batch.ref_logprobs) if batch.ref_logprobs else None)
+            segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
+                                  for j, d in enumerate(chunk)]).to(self.device)
+            loss = aggregate(per_token - config.entropy_coef * out.entropy, segments, config.loss_type,
+                             tokens, sequences)
+            loss.backward()
+            for key, value in (("loss/policy", per_token), ("policy/entropy", out.entropy),
+                               ("policy/clipfrac", stats["clipfrac"]), ("policy/approx_kl", stats["approx_kl"]),
+                               ("policy/kl_to_reference", stats["kl"])):
+                sums[key] += float(value.detach().sum())
+        totals = self.global_sums(list(sums.values()))
+        return tokens, {key: total / tokens for key, total in zip(sums, totals)}
+
+    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        config = self.config
+        batch, metrics = self.prepare(trajectories)
+        stats: dict[str, list[float]] = {}
+        # with several processes every one joins every mini-batch, with rollouts or without
         for epoch in range(config.num_ppo_epochs):
-            for minibatch in self.minibatch_order(step, epoch, len(data)):
-                micro = self.micro_batches(minibatch)
-                for part in micro:
-                    chunk = [data[i] for i in part]
-                    logprobs, entropy, _ = self.forward(self.model, chunk)
-                    segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
-                                          for j, d in enumerate(chunk)]).to(self.device)
-                    loss, loss_stats = grpo_loss(
-                        logprobs, torch.cat([old_logprobs[i] for i in part]).to(self.device),
-                        torch.cat([advantages[i] for i in part]).to(self.device), config.epsilon,
-                        ref_logprobs=(torch.cat([ref_logprobs[i] for i in part]).to(self.device)
-                                      if ref_logprobs is not None else None),
-                        beta=config.beta, segments=segments, loss_type=config.loss_type)
-                    entropy_mean = entropy.mean()
-                    ((loss - config.entropy_coef * entropy_mean) / len(micro)).backward()
-                    stats["loss/policy"].append(float(loss.detach()))
-                    stats["policy/entropy"].append(float(entropy_mean.detach()))
-                    stats["policy/clipfrac"].append(float(loss_stats["clipfrac"]))
-                    stats["policy/approx_kl"].append(float(loss_stats["approx_kl"]))
-                    stats["policy/kl_to_reference"].append(float(loss_stats["kl"]))
-                stats["grad_norm"].append(self.clip_and_step())
-        metrics.update({key: float(np.mean(values)) for key, values in stats.items()})
-        return metrics
+            for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
+                tokens, minibatch_stats = self.accumulate(batch, minibatch)
+                if tokens == 0:
+                    continue
+                for key, value in (minibatch_stats | self.clip_and_step()).items():
+                    stats.setdefault(key, []).append(value)
+        self.set_training(False)
+        if not stats:  # no group had signal (in any process): no update; the statistics are undefined
+            stats = {key: [] for key in ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+                                         "policy/kl_to_reference", "policy/grad_norm")}
+        return metrics | {key: float(np.mean(values)) if values else float("nan") for key, values in stats.items()}

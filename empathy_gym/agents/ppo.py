@@ -16,6 +16,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,11 +31,13 @@ from empathy_gym.agents.trainer import RLTrainer
 
 # -- estimators and losses ---------------------------------------------------------
 def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-               gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+               gamma: float = 1.0, lam: float = 1.0, last_values: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the positions where ``mask`` is True.
 
     Positions with ``mask`` False are skipped: the next value of a trainable token is
-    the value of the next *trainable* token (0 after the last one: the episode ends).
+    the value of the next *trainable* token; after the last one it is ``last_values``
+    (0 where the episode ended; V(s_T) where it was truncated, the bootstrap).
 
         delta_t = r_t + gamma * V(s_next) - V(s_t)          [GAE eq. 11]
         A_t     = delta_t + gamma * lam * A_next            [GAE eq. 16, recursive form]
@@ -44,13 +47,15 @@ def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
         rewards, values: (B, T) float.
         mask: (B, T) bool or 0/1.
         gamma, lam: discount and GAE lambda in [0, 1].
+        last_values: (B,) float, the value after each row's last trainable token
+            (``None``: zeros, every episode ended).
 
     Returns:
         ``(advantages, returns)``, (B, T) float, 0 where ``mask`` is False.
     """
     mask = mask.bool()
     advantages = torch.zeros_like(values)
-    next_value = torch.zeros_like(values[:, 0])
+    next_value = torch.zeros_like(values[:, 0]) if last_values is None else last_values.to(values)
     next_advantage = torch.zeros_like(values[:, 0])
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
@@ -75,46 +80,48 @@ def whiten(values: torch.Tensor, eps: float = 1e-8, mean: float | None = None,
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     cliprange: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate objective, as a loss (token mean).
+    """The clipped surrogate objective, as a loss per token.
 
         ratio_t = exp(log pi(a_t|s_t) - log pi_old(a_t|s_t))                 [PPO eq. 6]
         L_t     = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1-eps, 1+eps))     [PPO eq. 7, negated]
+
+    The caller aggregates: the trainer's loss is the sum of L_t over a mini-batch
+    divided by its count of trainable tokens (a token mean, as verl's ``token-mean``).
 
     Args:
         logprobs, old_logprobs, advantages: (n,) float over trainable tokens.
         cliprange: eps.
 
     Returns:
-        ``(loss, stats)``: a scalar, and ``clipfrac`` (share of tokens where the clipped
-        term was chosen) and ``approx_kl`` (k3 estimate of KL(old || new), Schulman 2020
-        "Approximating KL divergence": mean(ratio - 1 - log ratio)).
+        ``(L, stats)``: (n,) float, and per-token (n,) float ``clipfrac`` (1 where the
+        clipped term was chosen) and ``approx_kl`` (the k3 estimate of KL(old || new),
+        Schulman 2020 "Approximating KL divergence": ratio - 1 - log ratio).
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = torch.max(unclipped, clipped).mean()
+    loss = torch.max(unclipped, clipped)
     with torch.no_grad():
-        stats = {"clipfrac": (clipped > unclipped).float().mean(),
-                 "approx_kl": (ratio - 1.0 - log_ratio).mean()}
+        stats = {"clipfrac": (clipped > unclipped).float(), "approx_kl": ratio - 1.0 - log_ratio}
     return loss, stats
 
 
 def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                    cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The clipped value loss ([37], detail 9; as in OpenAI baselines and TRL).
+    """The clipped value loss per token ([37], detail 9; as in OpenAI baselines and TRL).
 
         V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
-        L_V    = 0.5 * mean(max((V - R)^2, (V_clip - R)^2))
+        L_V,t  = 0.5 * max((V - R)^2, (V_clip - R)^2)
 
     Returns:
-        ``(loss, clipfrac)``: scalar loss and the share of tokens where clipping bound.
+        ``(L_V, clipfrac)``: (n,) float each, ``clipfrac`` 1 where clipping bound.
     """
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     unclipped_error = (values - returns) ** 2
     clipped_error = (clipped_values - returns) ** 2
-    loss = 0.5 * torch.max(unclipped_error, clipped_error).mean()
-    return loss, (clipped_error > unclipped_error).float().mean().detach()
+    loss = 0.5 * torch.max(unclipped_error, clipped_error)
+    return loss, (clipped_error > unclipped_error).float().detach()
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
@@ -145,6 +152,24 @@ def _hidden_size(model: Any) -> int:
 
 
 # -- the trainer -------------------------------------------------------------------------
+@dataclass
+class PPOBatch:
+    """A step's rollouts, ready for PPO's epochs: per trajectory, flat over its
+    trainable tokens (see :mod:`~empathy_gym.agents.tokens`).
+
+    Attributes:
+        data: the token data.
+        old_logprobs, old_values: (n_i,) float32, under the parameters of the rollout.
+        advantages, returns: (n_i,) float32, from GAE (advantages whitened when asked).
+    """
+
+    data: list[TokenData]
+    old_logprobs: list[torch.Tensor]
+    old_values: list[torch.Tensor]
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor]
+
+
 class PPOTrainer(RLTrainer):
     """PPO against the simulated user (see :class:`~empathy_gym.agents.trainer.RLTrainer`
     for the loop, checkpoints and Ctrl-C).
@@ -154,6 +179,17 @@ class PPOTrainer(RLTrainer):
     ``vf_coef``) or on a separate copy of the base model with its own adapters
     (``critic="separate"``). With ``kl_coef`` > 0 the per-token reward gets
     ``-kl_coef * (log pi_old - log pi_ref)`` [KL]; RLVER uses none.
+
+    Loss aggregation: every trainable token of a mini-batch weighs the same, however
+    the mini-batch is cut into micro-batches (``gradient_accumulation_steps``) or shared
+    out over processes: each micro-batch backpropagates the *sum* of its per-token
+    losses divided by the mini-batch's token count (summed over the processes).
+    Gradients are clipped for the policy and for the value function apart
+    (``policy/grad_norm``, ``value/grad_norm``; with ``critic="shared"`` the policy's
+    group holds the backbone, whose gradient includes ``vf_coef`` times the value loss's).
+
+    A dialogue cut at the context limit is a truncation: GAE bootstraps from the value
+    of the state it was cut in (its last token), not from 0.
 
     Example:
         >>> from empathy_gym.agents import PPOConfig, PPOTrainer, load_recipe
@@ -182,7 +218,10 @@ class PPOTrainer(RLTrainer):
         critic = list(self.value_head.parameters())
         if self.critic_model is not None:
             critic += [p for p in self.critic_model.parameters() if p.requires_grad]
-        return groups + [{"params": critic, "lr": self.config.critic_learning_rate}]
+        return groups + [{"name": "value", "params": critic, "lr": self.config.critic_learning_rate}]
+
+    def trained_modules(self) -> list[Any]:
+        return [self.model, self.value_head] + ([self.critic_model] if self.critic_model is not None else [])
 
     def extra_state(self) -> dict[str, Any]:
         state = {"value_head": self.value_head.state_dict()}
@@ -196,13 +235,15 @@ class PPOTrainer(RLTrainer):
         if self.critic_model is not None:
             self.critic_model.load_state_dict(state["critic"], strict=False)
 
-    def _forward(self, chunk: Sequence[TokenData]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Flat (logprobs, entropy, values) of a micro-batch, with gradients."""
+    def _forward(self, chunk: Sequence[TokenData], bootstrap: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Flat (logprobs, entropy, values) of a micro-batch, and with ``bootstrap`` the
+        (b,) values of each dialogue's last position."""
         shared = self.critic_model is None
-        logprobs, entropy, hidden = self.forward(self.model, chunk, hidden=shared)
-        if not shared:
-            _, _, hidden = self.forward(self.critic_model, chunk, hidden=True)
-        return logprobs, entropy, self.value_head(hidden)
+        out = self.forward(self.model, chunk, hidden=shared, last_hidden=bootstrap and shared)
+        critic = out if shared else self.forward(self.critic_model, chunk, hidden=True, last_hidden=bootstrap)
+        last = self.value_head(critic.last_hidden) if bootstrap else None
+        return out.logprobs, out.entropy, self.value_head(critic.hidden), last
 
     def _whiten(self, values: torch.Tensor) -> torch.Tensor:
         """:func:`whiten` with the mean and variance of every process's advantages."""
@@ -214,23 +255,28 @@ class PPOTrainer(RLTrainer):
         return whiten(values, mean=mean, var=max(squares / count - mean ** 2, 0.0))
 
     @torch.no_grad()
-    def _rollout_values(self, data: Sequence[TokenData]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-trajectory flat (old log-probs, old values) under the current parameters."""
-        logprobs, values = [], []
-        self.model.eval()
+    def _rollout_values(self, data: Sequence[TokenData]
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """Per-trajectory flat (old log-probs, old values) under the current parameters,
+        and the (N,) bootstrap values: V(s_T) of each cut dialogue, 0 for the others."""
+        logprobs, values, last_values = [], [], torch.zeros(len(data))
+        self.set_training(False)
         for batch in self.micro_batches(range(len(data))):
             chunk = [data[i] for i in batch]
-            lp, _, v = self._forward(chunk)
+            lp, _, v, last = self._forward(chunk, bootstrap=True)
             counts = [d.num_trainable for d in chunk]
             logprobs += list(torch.split(lp.cpu(), counts))
             values += list(torch.split(v.cpu(), counts))
-        self.model.train()
-        return logprobs, values
+            for i, value in zip(batch, last.cpu()):
+                last_values[i] = value if data[i].bootstrap else 0.0
+        return logprobs, values, last_values
 
-    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[PPOBatch, float]:
+        """Old log-probs and values, rewards (with the KL penalty when asked), GAE and
+        whitening. Returns the batch and the mean KL to the reference (NaN without)."""
         config = self.config
         data = self.token_data(trajectories)
-        old_logprobs, old_values = self._rollout_values(data)
+        old_logprobs, old_values, last_values = self._rollout_values(data)
         rewards = [d.turn_rewards.clone() for d in data]
         kl_to_reference = float("nan")
         if config.kl_coef > 0:
@@ -241,38 +287,64 @@ class PPOTrainer(RLTrainer):
 
         padded_rewards, valid = pad_flat(rewards)
         padded_values, _ = pad_flat(old_values)
-        advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam)
+        advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam,
+                                         last_values=last_values)
         advantages, returns = unpad_flat(advantages, valid), unpad_flat(returns, valid)
         if config.whiten_advantages:
             flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
+        return PPOBatch(data, old_logprobs, old_values, advantages, returns), kl_to_reference
 
-        stats: dict[str, list[float]] = {k: [] for k in (
-            "loss/policy", "loss/value", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-            "value/clipfrac", "grad_norm")}
+    def accumulate(self, batch: PPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
+        """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
+
+            L = (sum_t L_t + vf_coef * sum_t L_V,t - entropy_coef * sum_t H_t) / N
+
+        over the mini-batch's trainable tokens t, N their count summed over the
+        processes: the gradient is that of the token mean whatever the accumulation.
+
+        Returns:
+            ``(N, stats)``: the stats are token means over the whole mini-batch (every
+            process's), the same in every process.
+        """
+        config = self.config
+        (count,) = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch)])
+        sums = dict.fromkeys(("loss/policy", "loss/value", "policy/entropy", "policy/clipfrac",
+                              "policy/approx_kl", "value/clipfrac"), 0.0)
+        if count == 0:
+            return 0.0, {}
+        self.set_training(True)
+        for part in self.micro_batches(minibatch):
+            chunk = [batch.data[i] for i in part]
+            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
+            logprobs, entropy, values, _ = self._forward(chunk)
+            pg_loss, pg_stats = ppo_policy_loss(logprobs, gather(batch.old_logprobs), gather(batch.advantages),
+                                                config.cliprange)
+            vf_loss, vf_clipfrac = ppo_value_loss(values, gather(batch.old_values), gather(batch.returns),
+                                                  config.cliprange_value)
+            loss = (pg_loss.sum() + config.vf_coef * vf_loss.sum() - config.entropy_coef * entropy.sum()) / count
+            loss.backward()
+            for key, value in (("loss/policy", pg_loss), ("loss/value", vf_loss), ("policy/entropy", entropy),
+                               ("policy/clipfrac", pg_stats["clipfrac"]), ("policy/approx_kl", pg_stats["approx_kl"]),
+                               ("value/clipfrac", vf_clipfrac)):
+                sums[key] += float(value.detach().sum())
+        totals = self.global_sums(list(sums.values()))
+        return count, {key: total / count for key, total in zip(sums, totals)}
+
+    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        config = self.config
+        batch, kl_to_reference = self.prepare(trajectories)
+        stats: dict[str, list[float]] = {}
         for epoch in range(config.num_ppo_epochs):
-            for minibatch in self.minibatch_order(step, epoch, len(data)):
-                micro = self.micro_batches(minibatch)
-                for part in micro:
-                    chunk = [data[i] for i in part]
-                    logprobs, entropy, values = self._forward(chunk)
-                    old_lp = torch.cat([old_logprobs[i] for i in part]).to(self.device)
-                    old_v = torch.cat([old_values[i] for i in part]).to(self.device)
-                    adv = torch.cat([advantages[i] for i in part]).to(self.device)
-                    ret = torch.cat([returns[i] for i in part]).to(self.device)
-                    pg_loss, pg_stats = ppo_policy_loss(logprobs, old_lp, adv, config.cliprange)
-                    vf_loss, vf_clipfrac = ppo_value_loss(values, old_v, ret, config.cliprange_value)
-                    entropy_mean = entropy.mean()
-                    loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy_mean
-                    (loss / len(micro)).backward()
-                    stats["loss/policy"].append(float(pg_loss.detach()))
-                    stats["loss/value"].append(float(vf_loss.detach()))
-                    stats["policy/entropy"].append(float(entropy_mean.detach()))
-                    stats["policy/clipfrac"].append(float(pg_stats["clipfrac"]))
-                    stats["policy/approx_kl"].append(float(pg_stats["approx_kl"]))
-                    stats["value/clipfrac"].append(float(vf_clipfrac))
-                stats["grad_norm"].append(self.clip_and_step())
+            for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
+                count, minibatch_stats = self.accumulate(batch, minibatch)
+                if count == 0:
+                    continue
+                for key, value in (minibatch_stats | self.clip_and_step()).items():
+                    stats.setdefault(key, []).append(value)
+        self.set_training(False)
         metrics = {key: float(np.mean(values)) for key, values in stats.items()}
-        metrics["value/explained_variance"] = explained_variance(torch.cat(old_values), torch.cat(returns))
+        metrics["value/explained_variance"] = explained_variance(torch.cat(batch.old_values),
+                                                                 torch.cat(batch.returns))
         metrics["policy/kl_to_reference"] = kl_to_reference
         return metrics

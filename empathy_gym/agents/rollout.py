@@ -13,6 +13,14 @@ All dialogues of a batch advance together: one batched generate for the policy, 
 one batched call to the simulated user (:func:`empathy_gym.env.step_many`). Every
 dialogue is keyed by its own index, so a dialogue that ends never shifts the others
 (RLVER's released rollout sent replies to the wrong user once one had ended).
+
+The context limit (``max_context_tokens``) is never passed: a dialogue goes on to its
+next agent turn only while a whole turn (``max_new_tokens`` and an end-of-turn token)
+still fits; otherwise it is *cut* (``termination == "context_limit"``). The user's last
+reply is appended when it fits, so that the state a cut dialogue stops in is the one
+the policy would have answered. A cut is a truncation, not an end: PPO bootstraps from
+the value of that state, GRPO scores the dialogue as if it had ended there
+(:meth:`Trajectory.outcome_rewards`).
 """
 
 from __future__ import annotations
@@ -124,6 +132,8 @@ class Trajectory:
         messages: the agent-side chat as text (for transcripts).
         termination: "success", "failure", "max_turns", "context_limit" or None.
         format_errors: think-mode format errors (count).
+        reward_mode: the env's ``reward_mode`` ("delta" or "final"), which says what a
+            cut dialogue is owed (:meth:`outcome_rewards`).
     """
 
     key: int
@@ -142,12 +152,33 @@ class Trajectory:
     messages: list[dict[str, str]] = field(default_factory=list)
     termination: str | None = None
     format_errors: int = 0
+    reward_mode: str = "delta"
     done: bool = False
 
     @property
     def episode_return(self) -> float:
-        """Undiscounted sum of the turn rewards."""
+        """Undiscounted sum of the turn rewards the env paid."""
         return float(sum(self.rewards))
+
+    @property
+    def cut(self) -> bool:
+        """The rollout cut the dialogue at the context limit (a truncation: the user had
+        not ended it and the turn limit was not reached)."""
+        return self.termination == "context_limit"
+
+    def outcome_rewards(self) -> list[float]:
+        """The turn rewards, a cut dialogue scored as if it had ended where it was cut.
+
+        Under ``reward_mode="final"`` the env pays e_T / 100 only when the dialogue ends
+        (RLVER, section 3.1), so a cut dialogue got 0 as if the user had given up; here
+        its last turn is paid e_T / 100, the emotion it reached. Under ``"delta"`` the
+        rewards already sum to (e_T - e_0) / 100 and are returned as they are. For
+        algorithms without a value function (GRPO); PPO bootstraps instead.
+        """
+        rewards = list(self.rewards)
+        if self.cut and self.reward_mode == "final" and rewards:
+            rewards[-1] += self.emotions[-1] / 100.0
+        return rewards
 
     def extend(self, ids: Sequence[int], trainable: bool, logprobs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)
@@ -162,7 +193,7 @@ class Trajectory:
                 "turns": len(self.rewards), "rewards": self.rewards, "return": self.episode_return,
                 "emotions": self.emotions, "final_emotion": self.emotions[-1],
                 "termination": self.termination, "format_errors": self.format_errors,
-                "messages": self.messages}
+                "reward_mode": self.reward_mode, "messages": self.messages}
 
 
 @dataclass
@@ -183,17 +214,29 @@ class RolloutEngine:
             largest batch; envs that share a user get their user turns batched.
         generator: the policy sampler (:mod:`empathy_gym.agents.generation`).
         tokenizer: the policy's tokenizer (with a chat template).
-        max_context_tokens: a dialogue reaching this length stops ("context_limit").
+        max_context_tokens: no dialogue grows past this many tokens: one whose next
+            turn might not fit is cut ("context_limit", see the module docstring).
+        max_new_tokens: the most tokens the generator samples per turn (default: its
+            ``max_new_tokens`` attribute). A generator that returns more than fits is
+            cut to fit (the turn then counts as unfinished).
     """
 
     def __init__(self, envs: Sequence[EmpathyDialogueEnv], generator: Generator, tokenizer: Any,
-                 *, max_context_tokens: int = 8192):
+                 *, max_context_tokens: int = 8192, max_new_tokens: int | None = None):
         self.envs = list(envs)
         self.generator = generator
         self.chat = ChatTokens(tokenizer)
         self.tokenizer = tokenizer
         self.max_context_tokens = max_context_tokens
+        self.max_new_tokens = int(max_new_tokens if max_new_tokens is not None
+                                  else getattr(generator, "max_new_tokens", 1))
         self.times = RolloutTimes()
+
+    def fits_a_turn(self, length: int) -> bool:
+        """A dialogue of ``length`` tokens has room for a whole agent turn: up to
+        ``max_new_tokens`` sampled tokens and the end-of-turn token appended to a turn
+        cut at ``max_new_tokens``."""
+        return length + self.max_new_tokens + 1 <= self.max_context_tokens
 
     def collect(self, env_seeds: Sequence[int], *, groups: Sequence[int] | None = None,
                 sampling_seed: int = 0, should_stop: Callable[[], bool] | None = None,
@@ -214,7 +257,8 @@ class RolloutEngine:
             The trajectories in the order of ``env_seeds``.
 
         Raises:
-            ValueError: more dialogues than envs.
+            ValueError: more dialogues than envs, or a persona whose opening prompt
+                leaves no room for one turn within ``max_context_tokens``.
             RolloutInterrupted: see ``should_stop``.
         """
         n = len(env_seeds)
@@ -234,8 +278,14 @@ class RolloutEngine:
                                     persona_id=persona.id, language=persona.language,
                                     hidden_intention=persona.hidden_intention,
                                     character_type=persona.character_type,
-                                    emotions=[info["emotion"]], messages=info["messages"])
+                                    emotions=[info["emotion"]], messages=info["messages"],
+                                    reward_mode=getattr(env, "reward_mode", "delta"))
             trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
+            if not self.fits_a_turn(len(trajectory.token_ids)):
+                raise ValueError(
+                    f"persona {persona.id!r}: its opening prompt has {len(trajectory.token_ids)} tokens, so a turn "
+                    f"of max_new_tokens={self.max_new_tokens} does not fit in max_context_tokens="
+                    f"{self.max_context_tokens}; raise generation.max_context_tokens or shorten the persona")
             dialogues[key] = trajectory
 
         turn = 0
@@ -250,6 +300,7 @@ class RolloutEngine:
             times.generation += time.perf_counter() - tick
             if should_stop is not None and should_stop():  # before the (slow) user turn
                 raise RolloutInterrupted(f"stopped while generating turn {turn}")
+            samples = [self._fit(sample, len(dialogues[k].token_ids)) for k, sample in zip(active, samples)]
             times.generated_tokens += sum(len(s.token_ids) for s in samples)
             texts = [self._decode(s) for s in samples]
             tick = time.perf_counter()
@@ -268,9 +319,12 @@ class RolloutEngine:
                 if terminated or truncated:
                     trajectory.termination = info["termination_reason"]
                 else:
-                    trajectory.extend(self.chat.user_turn(obs), trainable=False)
-                    if len(trajectory.token_ids) >= self.max_context_tokens:
-                        trajectory.termination = "context_limit"
+                    reply = self.chat.user_turn(obs)
+                    fits = len(trajectory.token_ids) + len(reply) <= self.max_context_tokens
+                    if fits:
+                        trajectory.extend(reply, trainable=False)
+                    if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
+                        trajectory.termination = "context_limit"  # a truncation: see the module docstring
                 if trajectory.termination is not None:
                     trajectory.done = True
                     if on_episode_end is not None:
@@ -280,6 +334,14 @@ class RolloutEngine:
         times.total = time.perf_counter() - started
         self.times = times
         return [dialogues[key] for key in range(n)]
+
+    def _fit(self, sample: Sample, length: int) -> Sample:
+        """``sample`` cut to the room a dialogue of ``length`` tokens has left (for
+        generators that sample more than ``max_new_tokens``)."""
+        room = self.max_context_tokens - length - 1  # one for the end token a cut turn gets
+        if len(sample.token_ids) <= room or (sample.finished and len(sample.token_ids) <= room + 1):
+            return sample
+        return Sample(sample.token_ids[:room], sample.logprobs[:room], finished=False)
 
     def _decode(self, sample: Sample) -> str:
         ids = sample.token_ids[:-1] if sample.finished else sample.token_ids

@@ -4,17 +4,21 @@
 
 * ``episodes.jsonl``: every finished dialogue (step, persona, rewards, emotions,
   transcript), appended and flushed as soon as it ends;
-* ``metrics.jsonl``: one line of metrics per step; ``tb/``: the same for TensorBoard;
+* ``metrics.jsonl``: one line of metrics per step, strict JSON (a statistic that is
+  undefined in a step, NaN, is written ``null``); ``tb/``: the same for TensorBoard;
 * ``transcripts/step-000001.txt``: a few rendered dialogues per step;
 * ``curves.png``: reward and emotion per step, drawn at the end (matplotlib).
 
-On resume from step k, lines of later steps (work lost with the interrupted step) are
-dropped from both JSONL files so each step appears once.
+On resume from step k, lines of later steps (work lost with the interrupted step,
+done again after the resume) are moved from both JSONL files to
+``episodes.superseded.jsonl`` and ``metrics.superseded.jsonl``, so each step appears
+once and nothing written is lost; lines of steps up to k are never touched.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -23,18 +27,35 @@ from empathy_gym.agents.rollout import Trajectory
 
 
 def _keep_steps_upto(path: Path, step: int) -> None:
+    """Move the lines of steps after ``step`` from ``path`` to ``<stem>.superseded.jsonl``
+    (appended, synced to disk before ``path`` is replaced)."""
     if not path.exists():
         return
-    kept = []
+    kept, dropped = [], []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
+            later = json.loads(line)["step"] > step
         except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut by a crash
+            later = True  # a line cut by a crash
+        (dropped if later else kept).append(line)
+    if not dropped:
+        return
+    with open(path.with_name(path.stem + ".superseded.jsonl"), "a", encoding="utf-8") as superseded:
+        superseded.write("".join(d + "\n" for d in dropped))
+        superseded.flush()
+        os.fsync(superseded.fileno())
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("".join(k + "\n" for k in kept))
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def _json_value(value: Any) -> Any:
+    """NaN and infinities as ``None`` (JSON has no NaN; ``json.dumps`` would write
+    ``NaN``, which strict parsers reject)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class RunLog:
@@ -43,8 +64,8 @@ class RunLog:
     Args:
         output_dir: the run folder (created).
         tensorboard: also write TensorBoard scalars under ``tb/``.
-        resume_step: drop JSONL lines of steps after this one (``None``: a fresh run,
-            which refuses a folder that already holds metrics).
+        resume_step: move JSONL lines of steps after this one aside (``None``: a fresh
+            run, which refuses a folder that already holds metrics).
 
     Raises:
         FileExistsError: a fresh run pointed at a folder with a previous run's metrics.
@@ -59,7 +80,7 @@ class RunLog:
         if resume_step is None and self.metrics_path.exists() and self.metrics_path.stat().st_size:
             raise FileExistsError(f"{self.dir} already holds a run (metrics.jsonl); pass --resume "
                                   f"to continue it or choose another output_dir")
-        if resume_step is not None:
+        if resume_step is not None:  # only lines of steps after the resumed one move aside
             _keep_steps_upto(self.episodes_path, resume_step)
             _keep_steps_upto(self.metrics_path, resume_step)
         self._episodes = open(self.episodes_path, "a", encoding="utf-8")
@@ -80,11 +101,14 @@ class RunLog:
         os.fsync(self._episodes.fileno())
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        self._metrics.write(json.dumps(dict(step=step, **values)) + "\n")
+        """Append one step's metrics (NaN written as ``null``; TensorBoard skips them)."""
+        record = {key: _json_value(value) for key, value in dict(step=step, **values).items()}
+        self._metrics.write(json.dumps(record, allow_nan=False) + "\n")
         self._metrics.flush()
         if self._writer is not None:
             for key, value in values.items():
-                self._writer.add_scalar(key, value, step)
+                if _json_value(value) is not None:
+                    self._writer.add_scalar(key, value, step)
             self._writer.flush()
 
     def transcripts(self, step: int, trajectories: list[Trajectory]) -> Path:

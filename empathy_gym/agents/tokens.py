@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,12 +29,16 @@ class TokenData:
         turn_rewards: (n,) float32 over the trainable tokens: each turn's reward on its
             last token, 0 elsewhere.
         turn_index: (n,) int64, the agent turn (0-based) each trainable token belongs to.
+        bootstrap: the dialogue was cut at the context limit, not ended: its return
+            continues past the last token, so PPO bootstraps from the value of the last
+            position (the state after the last turn).
     """
 
     input_ids: torch.Tensor
     target_mask: torch.Tensor
     turn_rewards: torch.Tensor
     turn_index: torch.Tensor
+    bootstrap: bool = False
 
     @property
     def num_trainable(self) -> int:
@@ -55,7 +59,7 @@ def to_token_data(trajectory: Trajectory) -> TokenData:
         rewards[last] += reward
         turn_index[previous_end + 1:last + 1] = turn
         previous_end = last
-    return TokenData(ids, mask, rewards, turn_index)
+    return TokenData(ids, mask, rewards, turn_index, bootstrap=trajectory.cut)
 
 
 def pad_flat(values: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,19 +123,40 @@ def split_flat(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
     return list(torch.split(flat, list(counts)))
 
 
+class Forward(NamedTuple):
+    """What :func:`forward_tokens` returns, over a micro-batch of b dialogues with n
+    trainable tokens in all.
+
+    Attributes:
+        logprobs, entropy: (n,) float32 (see :func:`token_logprobs`).
+        hidden: (n, H), the last layer's states at the positions that predict the
+            trainable tokens (``None`` unless asked for).
+        last_hidden: (b, H), the last layer's state at each dialogue's last position:
+            the state after its last turn, for bootstrapping (``None`` unless asked for).
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    hidden: torch.Tensor | None = None
+    last_hidden: torch.Tensor | None = None
+
+
 def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
-                   temperature: float, hidden: bool = False, compute_dtype: torch.dtype | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward pass over a micro-batch: flat ``(logprobs, entropy, hidden or None)``,
-    each over the micro-batch's trainable tokens (hidden: (n, H), the last layer's
-    states at the positions that predict them).
+                   temperature: float, hidden: bool = False, compute_dtype: torch.dtype | None = None,
+                   last_hidden: bool = False) -> Forward:
+    """One forward pass over a micro-batch (see :class:`Forward`).
 
     ``compute_dtype`` (``torch.bfloat16``): run the model under ``torch.autocast`` in that
     dtype, so float32 master weights compute in half precision (mixed precision)."""
     ids, attention, targets = collate(data, pad_id, device)
+    states_wanted = hidden or last_hidden
     with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
-        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=hidden,
+        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=states_wanted,
                     use_cache=False)
     logprobs, entropy = token_logprobs(out.logits, ids, targets, temperature)
     states = out.hidden_states[-1][:, :-1][targets] if hidden else None
-    return logprobs, entropy, states
+    last = None
+    if last_hidden:
+        ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=ids.device)
+        last = out.hidden_states[-1][torch.arange(len(data), device=ids.device), ends]
+    return Forward(logprobs, entropy, states, last)

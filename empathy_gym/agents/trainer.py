@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -35,14 +36,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from empathy_gym.agents.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
-                                           set_rng_state)
+from empathy_gym.agents.checkpoint import (CheckpointError, checkpoint_candidates, load_checkpoint,
+                                           save_checkpoint, set_rng_state)
 from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
+from empathy_gym.agents.console import tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
 from empathy_gym.agents.run_log import RunLog
-from empathy_gym.agents.tokens import TokenData, forward_tokens, to_token_data
+from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
@@ -124,10 +126,14 @@ def make_envs(config: TrainerConfig, count: int, think: bool) -> list[Any]:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Per-step statistics of a rollout batch (returns are sums of turn rewards)."""
+    """Per-step statistics of a rollout batch (returns are sums of the turn rewards the
+    env paid; ``episode/context_limit`` counts the dialogues cut at the context limit)."""
     returns = [t.episode_return for t in trajectories]
     turns = [len(t.rewards) for t in trajectories]
+    cut = sum(t.cut for t in trajectories)
     return {
+        "episode/context_limit": float(cut),
+        "episode/context_limit_rate": cut / max(1, len(trajectories)),
         "reward/mean_return": float(np.mean(returns)),
         "reward/mean_turn_reward": float(np.sum(returns) / max(1, np.sum(turns))),
         "emotion/final_mean": float(np.mean([t.emotions[-1] for t in trajectories])),
@@ -209,16 +215,21 @@ class RLTrainer:
         self.model = self._wrap_policy(model.to(self.device))
         self.reference: Any = None  # a frozen copy, only for KL without LoRA
         self._build_algorithm()
-        self.optimizer = torch.optim.AdamW(self.param_groups(), weight_decay=0.0)
+        groups = self.param_groups()
+        #: parameters by name ("policy", "value"): each set is clipped to max_grad_norm on its own
+        self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         think = config.generation.think
         local_batch = config.rollout_batch_size // self.processes.world
         self.envs = list(envs) if envs is not None else make_envs(config, local_batch, think)
         if len(self.envs) < local_batch:
             raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
                              + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
+        self.check_envs(self.envs)
         self.generator = self._make_generator()
         self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
-                                    max_context_tokens=config.generation.max_context_tokens)
+                                    max_context_tokens=config.generation.max_context_tokens,
+                                    max_new_tokens=config.generation.max_new_tokens)
         self.step = 0
         self._stop = False
         self._dirty = False  # parameters changed since the last completed step
@@ -272,9 +283,26 @@ class RLTrainer:
                 parameter.requires_grad_(False)
 
     def param_groups(self) -> list[dict[str, Any]]:
-        """Optimiser parameter groups (the policy at ``learning_rate``)."""
-        return [{"params": [p for p in self.model.parameters() if p.requires_grad],
+        """Optimiser parameter groups, each with a ``name`` (the policy at ``learning_rate``)."""
+        return [{"name": "policy", "params": [p for p in self.model.parameters() if p.requires_grad],
                  "lr": self.config.learning_rate}]
+
+    def check_envs(self, envs: Sequence[Any]) -> None:
+        """Refuse envs this algorithm's settings have no meaning for (none by default).
+
+        Raises:
+            RecipeError: see the algorithm's override.
+        """
+
+    def trained_modules(self) -> list[Any]:
+        """The modules the update trains (the policy; PPO adds its critic and value head)."""
+        return [self.model]
+
+    def set_training(self, mode: bool) -> None:
+        """Train mode (dropout on) for the passes with gradients, eval mode for the
+        passes without, in every module the update trains."""
+        for module in self.trained_modules():
+            module.train(mode)
 
     # -- the algorithm's part -----------------------------------------------------
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
@@ -302,12 +330,12 @@ class RLTrainer:
     def temperature(self) -> float:
         return self.config.generation.temperature
 
-    def forward(self, model: Any, chunk: Sequence[TokenData], hidden: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def forward(self, model: Any, chunk: Sequence[TokenData], hidden: bool = False,
+                last_hidden: bool = False) -> Forward:
         """:func:`~empathy_gym.agents.tokens.forward_tokens` with this run's pad id,
         device, temperature and compute dtype."""
         return forward_tokens(model, chunk, self.pad_id, self.device, self.temperature, hidden=hidden,
-                              compute_dtype=self.compute_dtype)
+                              compute_dtype=self.compute_dtype, last_hidden=last_hidden)
 
     def token_data(self, trajectories: Sequence[Trajectory]) -> list[TokenData]:
         return [to_token_data(t) for t in trajectories]
@@ -322,19 +350,22 @@ class RLTrainer:
         """Per-trajectory flat log-probs under the current policy (or the reference),
         without gradients, in micro-batches."""
         out: list[torch.Tensor] = []
-        self.model.eval()
+        self.set_training(False)
         for batch in self.micro_batches(range(len(data))):
             chunk = [data[i] for i in batch]
             if reference and self.reference is not None:
-                logprobs, _, _ = self.forward(self.reference, chunk)
+                logprobs = self.forward(self.reference, chunk).logprobs
             elif reference:
                 with self.model.disable_adapter():
-                    logprobs, _, _ = self.forward(self.model, chunk)
+                    logprobs = self.forward(self.model, chunk).logprobs
             else:
-                logprobs, _, _ = self.forward(self.model, chunk)
+                logprobs = self.forward(self.model, chunk).logprobs
             out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
-        self.model.train()
         return out
+
+    def global_sums(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sums over the processes (e.g. a mini-batch's trainable tokens)."""
+        return self.processes.sum([float(v) for v in values])
 
     def minibatch_order(self, step: int, epoch: int, n: int) -> list[list[int]]:
         """A seeded permutation of ``range(n)`` cut into ``num_mini_batches`` parts."""
@@ -344,15 +375,23 @@ class RLTrainer:
         # several processes: every one takes num_mini_batches optimiser steps, empty or not
         return [part.tolist() for part in parts if len(part) or self.processes.world > 1]
 
-    def clip_and_step(self) -> float:
-        """Clip the global gradient norm to ``max_grad_norm``, step the optimiser; returns
-        the norm before clipping."""
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.processes.mean_gradients(parameters, contributed=any(p.grad is not None for p in parameters))
-        norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
+    def clip_and_step(self) -> dict[str, float]:
+        """Sum the gradients over the processes (each already divided by the mini-batch's
+        global count, see :meth:`~empathy_gym.agents.ppo.PPOTrainer.accumulate`), clip
+        each of :attr:`gradient_groups` to ``max_grad_norm`` on its own (actor and critic
+        apart, as verl's ``dp_actor.py`` and ``dp_critic.py``), step the optimiser.
+
+        Returns:
+            ``{"<group>/grad_norm": norm before clipping}``, e.g. ``policy/grad_norm``
+            and ``value/grad_norm``.
+        """
+        parameters = [p for params in self.gradient_groups.values() for p in params]
+        self.processes.sum_gradients(parameters)
+        norms = {f"{name}/grad_norm": float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+                 for name, params in self.gradient_groups.items() if params}
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norms
 
     # -- the loop ------------------------------------------------------------------
     def train(self, resume: bool = False) -> list[dict[str, Any]]:
@@ -370,12 +409,7 @@ class RLTrainer:
         checkpoints = Path(config.output_dir) / "checkpoints"
         resume_step = None
         if resume:
-            found = latest_checkpoint(checkpoints)
-            if found is not None:
-                self.load(found)
-                log.info("resumed from %s (step %d)", found, self.step)
-            else:
-                log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
+            self._resume(checkpoints)
             resume_step = self.step
         main = self.processes.is_main
         used: FileExistsError | None = None
@@ -389,8 +423,9 @@ class RLTrainer:
                                           "pass --resume to continue it, or choose another output_dir")
         self._saved_step = self.step if resume_step is not None else -1
         previous_handler = self._install_interrupt_handler()
+        # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
-                   desc=f"{self.algorithm} steps", dynamic_ncols=True)
+                   desc=f"{self.algorithm} steps", dynamic_ncols=True, file=tolerant(sys.stderr))
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
@@ -398,13 +433,33 @@ class RLTrainer:
         finally:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
-            bar.close()
             if not self._dirty and self.step > self._saved_step and self.step > 0:
-                self.save()
+                self.save()  # first: nothing below may cost the checkpoint
+            bar.close()
             if self.run_log is not None:
                 self.run_log.plot()
                 self.run_log.close()
         return self.run_log.read_metrics() if self.run_log else []
+
+    def _resume(self, checkpoints: Path) -> None:
+        """Load the best checkpoint that loads (:func:`checkpoint_candidates`): the newest,
+        or when it is missing or damaged an older complete one; none: stay at step 0.
+
+        Raises:
+            CheckpointError: another algorithm's checkpoint.
+        """
+        for candidate in checkpoint_candidates(checkpoints):
+            try:
+                self.load(candidate)
+            except CheckpointError:
+                raise
+            except Exception as error:  # a damaged file: json, torch.load, safetensors, peft errors alike
+                log.warning("cannot resume from %s (%s: %s); trying an older checkpoint", candidate,
+                            type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+                continue
+            log.info("resumed from %s (step %d)", candidate, self.step)
+            return
+        log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
 
     def _run_step(self, step: int, bar: Any) -> bool:
         config = self.config
@@ -444,7 +499,8 @@ class RLTrainer:
                         "tokens/generated": float(times.generated_tokens),
                         "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
         metrics = self.processes.mean_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
-                                                               "tokens/generated", "tokens/generated_per_second"))
+                                                               "episode/context_limit", "tokens/generated",
+                                                               "tokens/generated_per_second"))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
@@ -480,10 +536,11 @@ class RLTrainer:
         and the others return ``None``."""
         path = None
         if self.processes.is_main:
-            path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
-                                   policy=self.model, tokenizer=self.tokenizer,
-                                   modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
-                                   state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+            with tolerant_console():  # transformers draws progress bars while saving
+                path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
+                                       policy=self.model, tokenizer=self.tokenizer,
+                                       modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
+                                       state={"algorithm": self.algorithm, "config": to_dict(self.config)})
         self.processes.barrier()
         self._saved_step = self.step
         return path
@@ -498,18 +555,22 @@ class RLTrainer:
         state, modules, rng = load_checkpoint(path)
         if state.get("algorithm") != self.algorithm:
             raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+        policy_dir = path / "policy"
+        # read everything before changing anything: a damaged file leaves this trainer as it was
+        if self.config.policy.use_lora:
+            from safetensors.torch import load_file
+            policy_state = load_file(str(policy_dir / "adapter_model.safetensors"))
+        else:
+            from transformers import AutoModelForCausalLM
+            policy_state = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype).state_dict()
         changed = changed_settings(state.get("config") or {}, to_dict(self.config))
         if changed:
             log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
-        policy_dir = path / "policy"
         if self.config.policy.use_lora:
             from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-            set_peft_model_state_dict(self.model, load_file(str(policy_dir / "adapter_model.safetensors")))
+            set_peft_model_state_dict(self.model, policy_state)
         else:
-            from transformers import AutoModelForCausalLM
-            loaded = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype)
-            self.model.load_state_dict(loaded.state_dict())
+            self.model.load_state_dict(policy_state)
         self.optimizer.load_state_dict(modules["optimizer"])
         self.load_extra_state(modules)
         set_rng_state(rng)
