@@ -221,6 +221,23 @@ def _combine(points: float, parts: Mapping[str, float], guards: Mapping[str, flo
 # The user
 # --------------------------------------------------------------------------------------
 
+_ZH_SENTENCE_END = re.compile(r"(?<=[。！？!?…])|\n+")
+_EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def sentences_of(code: str, text: str) -> list[str]:
+    """The sentences of ``text`` (zh: split after 。！？!?…; en: after . ! ?), normalised
+    for comparison: lower-cased, without spaces and punctuation; empty ones dropped."""
+    parts = (_ZH_SENTENCE_END if code == "zh" else _EN_SENTENCE_END).split(text)
+    normal = (re.sub(r"[\W_]+", "", part).lower() for part in parts)
+    return [part for part in normal if part]
+
+
+def said_sentences(code: str, texts: Sequence[str]) -> set[str]:
+    """Every sentence of ``texts`` (:func:`sentences_of`): what the user already said."""
+    return {sentence for text in texts for sentence in sentences_of(code, text)}
+
+
 _MASK64 = (1 << 64) - 1
 #: Salts that keep the seeded choices of one turn apart (see :func:`_pick`).
 _SALT_OPENING, _SALT_THOUGHT, _SALT_REACTION, _SALT_LINE, _SALT_HINT = range(1, 6)
@@ -420,12 +437,17 @@ class RuleUser(SimulatedUser):
     # -- reply ------------------------------------------------------------------------
     def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
               emotions: Sequence[int]) -> list[str]:
-        """The user's in-character answer: an optional reaction to the worst feature
-        (e.g. "You already said that."), a line for the emotion band and character type
-        (S: thanks and goodbye; F: gives up and leaves), in bands A and B a sentence of
-        the story (sentence ``(turn - 1) % n`` of the ``n`` kept: story order, one per
-        turn), and, when the difficulty's ``hint_below_band`` covers the band (never in
-        S or F), a hint at the hidden need in the user's own words.
+        """The user's in-character answer: an optional reaction to the worst guard or
+        tone (e.g. "You already said that."), a line for the emotion band and character
+        type (S: thanks and goodbye; F: gives up and leaves), in bands A and B the next
+        sentence of the story it has not told yet (story order), and, when the
+        difficulty's ``hint_below_band`` covers the band (never in S or F), a hint at
+        the hidden need in the user's own words.
+
+        The user never says a sentence twice in a dialogue (:func:`said_sentences` of
+        the history): a line, reaction or hint it already said is not chosen again,
+        and a part with nothing new left is left out (in S and F, which end the
+        dialogue, a line is always said).
 
         ``emotions`` are the emotions after the appraisals (ints in [0, 100]); they pick
         the band. Lines are chosen by ``request.seed`` and ``request.turn``: the same
@@ -444,44 +466,56 @@ class RuleUser(SimulatedUser):
     def _reply_one(self, request: UserRequest, appraisal: Appraisal, emotion: int) -> str:
         """One reply (see :meth:`reply`)."""
         persona = request.persona
+        code = persona.language
         language = self._language(persona)
         band = emotion_band(emotion)
-        parts = []
-        reaction = self._reaction(language, appraisal, request) if band != "S" else ""
-        if reaction:
-            parts.append(reaction)
-        parts.append(self._band_line(language, persona, band, request))
+        said = said_sentences(code, [text for role, text in request.history if role == "user"])
+        parts: list[str] = []
+
+        def say(options: Sequence[str], salt: int, *, always: bool = False) -> None:
+            fresh = [text for text in options if text and not said & set(sentences_of(code, text))]
+            if fresh or (always and options):
+                text = _pick(fresh or options, request.seed, request.turn, salt)
+                parts.append(text)
+                said.update(sentences_of(code, text))
+
+        if band != "S":
+            say(self._reactions(language, appraisal), _SALT_REACTION)
+        say(self._band_lines(language, persona, band), _SALT_LINE, always=band in ("S", "F"))
         details = self._story(persona).details
         if band in DETAIL_BANDS and details:
-            parts.append(details[(request.turn - 1) % len(details)])
+            untold = [detail for detail in details if not said & set(sentences_of(code, detail))]
+            if untold:
+                parts.append(untold[0])
+                said.update(sentences_of(code, untold[0]))
         if self._hints_in(band):
             hints = language.data["hints"]
-            options = hints.get(persona.hidden_intention, hints["other"])
-            parts.append(_pick(options, request.seed, request.turn, _SALT_HINT))
-        return ("" if persona.language == "zh" else " ").join(parts)
+            say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
+        if not parts:          # everything said already: a band line again rather than nothing
+            say(self._band_lines(language, persona, band), _SALT_LINE, always=True)
+        return ("" if code == "zh" else " ").join(parts)
 
     @staticmethod
-    def _reaction(language: LanguageRules, appraisal: Appraisal, request: UserRequest) -> str:
-        """A short reaction to the most negative feature that has one ("" when none)."""
+    def _reactions(language: LanguageRules, appraisal: Appraisal) -> list[str]:
+        """Reactions to the most negative contribution that has them ([] when none)."""
         reactions = language.data["reactions"]
         negative = [(value, feature) for feature, value in appraisal.features.items()
                     if value < 0 and feature in reactions]
         if not negative:
-            return ""
+            return []
         _, feature = min(negative)
-        return _pick(reactions[feature], request.seed, request.turn, _SALT_REACTION)
+        return list(reactions[feature])
 
-    def _band_line(self, language: LanguageRules, persona: Persona, band: str,
-                   request: UserRequest) -> str:
-        """The band's line for the character type, with the scenario fragment woven in."""
+    def _band_lines(self, language: LanguageRules, persona: Persona, band: str) -> list[str]:
+        """The band's lines for the character type, with the scenario fragment woven in."""
         fragment = self._story(persona).fragment
         options = language.data["replies"][band][persona.character_type]
         if not fragment:
             options = [line for line in options if "{fragment}" not in line] or options
             fragment = language.data["fallback_fragment"]
-        line = _pick(options, request.seed, request.turn, _SALT_LINE).format(fragment=fragment)
         # A fragment may land after a full stop ("Mm. {fragment}"): capitalise it there.
-        return _AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line)
+        return [_AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line.format(fragment=fragment))
+                for line in options]
 
     def _hints_in(self, band: str) -> bool:
         """Does the difficulty hint at the need in this band? Never in S or F (the user
