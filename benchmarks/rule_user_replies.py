@@ -44,8 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))     # _machine; empathy_gym: whatever PYTHONPATH finds
 
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
 from empathy_gym.evaluation import evaluate  # noqa: E402
@@ -88,6 +87,16 @@ _EN_STOP = frozenset("the a an and or but to of in on at for with from that this
                      "me i you your they them their he she his her him we our us as by not no so if then "
                      "than just very really about into over what when who how why which there here have has "
                      "had do does did can could would should will want wants wanted".split())
+
+
+#: The table before issue 10's reply changes (commit c1b74c7: the fitted appraisal, the
+#: replies of 986ede6), measured with this script.
+BEFORE = (
+    ("sage", "baseline:listener", "  947    41      957      1646    365       33    37       0"),
+    ("sage", "baseline:esconv", "  932    38     1034      1781    313       36    42       0"),
+    ("en", "baseline:listener", "  447   142     1651      2371    409        0     0      89"),
+    ("en", "baseline:esconv", "  446   136     1756      2583    417        0     0      87"),
+)
 
 
 def sentences(text: str, language: str, clauses: bool = False) -> list[str]:
@@ -236,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             lines.append(f"{bank:5s} {policy:18s} {rates['turns']:5d} {rates['mean_chars']:5.0f} "
                          f"{rates['repeated']:8.0f} {rates['repeated_clauses']:9.0f} {rates['copied']:6.0f} "
                          f"{rates['markdown']:8.0f} {rates['need']:5.0f} {rates['pronoun']:7.0f}")
+    lines += ["", "before (the replies of 986ede6, with this change's appraisal; same script and seed):"]
+    lines += [f"{bank:5s} {policy:18s} {row}" for bank, policy, row in BEFORE]
     lines += ["", "chars: mean characters per reply; copied: turns with 20 characters (zh) or 10 words (en)",
               "verbatim from the scenario; the other columns count sentences (pronoun: errors).",
               f"took {time.time() - started:.0f} s"]

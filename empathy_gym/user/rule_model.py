@@ -25,6 +25,15 @@ loaded with the standard library; no scikit-learn at run time), with their prove
 script ``benchmarks/fit_rule_model.py`` rebuilds the file from SAGE's released logs and
 writes the held-out agreement table to ``benchmarks/results/rule_user_agreement.txt``.
 
+**English.** SAGE's logs are Chinese, so the weights are fitted on Chinese replies only.
+An English reply gets the same named features through the English lexicons (written
+in parallel with the Chinese ones, feature for feature), its length converted to
+Chinese units at ``en_units_per_word`` (1.23, measured on the package's parallel en/zh
+templates), and the same questions, layout, repetition, grounding and state features.
+Its agreement with an LLM judge is not measured (there are no English logs); what is
+tested is that the English side keeps the properties the hand-set user had: serving the
+need beats generic replies, and no cheap trick raises the emotion.
+
 Bounds on the weights encode what must never pay, whatever a judge's habits: generic
 praise, generic comfort, dismissal, lecturing and repeating earlier replies have weights
 <= 0, and serving the hidden intention has a weight of at least :data:`NEED_MIN_WEIGHT`

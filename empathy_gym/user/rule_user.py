@@ -13,7 +13,9 @@ It follows the SAGE / RLVER turn protocol (SAGE, arXiv 2505.02847, section 2.2; 
 arXiv 2507.03112, section 3.1): for each agent utterance the user *appraises* it (a
 signed emotion change, int, and one sentence of inner thoughts), the
 :class:`~empathy_gym.user.protocol.EmotionProtocol` moves the emotion (an int in
-[0, 100]), and the user *replies* in character (:mod:`empathy_gym.user.rule_reply`).
+[0, 100]), and the user *replies* in character from templates chosen by the emotion
+band (S >= 100, A >= 70, B >= 40, C >= 10, F < 10), telling its story a piece at a time
+and never saying the same sentence twice in a dialogue while it has something new to say.
 
 How one change is computed:
 
@@ -24,7 +26,8 @@ How one change is computed:
    tone cues, the hidden need, the user's state) are weighed by the fitted
    :class:`~empathy_gym.user.rule_model.AppraisalModel`: a change in emotion points.
 3. The guards (:data:`GUARDS`, emotion points, set by hand): injection, gibberish, the
-   wrong language, repeating an earlier utterance, a reply too short for the model, or
+   wrong language, repeating an earlier utterance, parroting the user's newest message,
+   a reply too short for the model, or
    cues of :data:`UNFOCUSED_INTENTIONS` or more intentions at once void the model's
    gain (a positive model change becomes 0, reported as ``"voided"``) and add their
    penalty; generic praise repeated costs per earlier praising turn.
@@ -83,14 +86,15 @@ GUARDS: dict[str, float] = {
     "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance
     "too_short": -4.0,         # empty or nearly so (see LENGTH)
     "wrong_language": -3.0,    # nothing in the persona's language
+    "parroting": -3.0,         # PARROT_SHARE or more of the utterance is the user's newest message
     "unfocused": -3.0,         # cues of UNFOCUSED_INTENTIONS or more intentions: a shotgun
     "praise_repeated": -2.0,   # generic praise again
     "short": -1.5,             # see LENGTH
 }
 #: Guards that void the model's gain (the fitted model never saw such replies, or they
 #: are tricks).
-VOIDING: tuple[str, ...] = ("injection", "gibberish", "wrong_language", "repetition", "too_short",
-                            "short", "unfocused")
+VOIDING: tuple[str, ...] = ("injection", "gibberish", "wrong_language", "repetition", "parroting",
+                            "too_short", "short", "unfocused")
 PRAISE_REPEATED_CAP = 3
 #: Cues of this many different intentions (or more) in one utterance void it. In SAGE's
 #: logs the share of positive appraisals falls from 74% (no intention cued) to 34%
@@ -106,6 +110,10 @@ MAX_CHANGE = 10
 #: logs 29% of replies this similar still gained, and a guard at 0.7 cost 1.2 points
 #: of sign agreement (benchmarks/fit_rule_model.py, leave one model out).
 REPEAT_SIMILARITY = 0.8
+#: Share of the utterance's units (words; zh: character bigrams) found in the user's
+#: newest message that makes it parroting ("It sounds like you're saying: <their words>").
+#: In SAGE's logs 99.9% of replies stay below 0.28 (3 of 5,944 reach 0.5).
+PARROT_SHARE = 0.6
 #: Share of non-words (or implausible characters) that makes an utterance gibberish.
 GIBBERISH_RATIO = 0.5
 #: Shared story units that make praise specific (rather than generic).
@@ -165,10 +173,11 @@ def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], share
 
 
 def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: float,
-            shared: int) -> dict[str, float]:
+            parroted: float, shared: int) -> dict[str, float]:
     """The guards that fire on the utterance (:data:`GUARDS`), with their penalties.
     ``similarity`` is the utterance's highest Jaccard similarity with any earlier
-    utterance (agent and user: repeating oneself or parroting the user)."""
+    utterance (agent and user: repeating oneself or the user); ``parroted`` the share of
+    its units found in the user's newest message."""
     fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
@@ -177,6 +186,8 @@ def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: f
         fired["short"] = GUARDS["short"]
     if similarity >= REPEAT_SIMILARITY:
         fired["repetition"] = GUARDS["repetition"]
+    elif parroted >= PARROT_SHARE:
+        fired["parroting"] = GUARDS["parroting"]
     if scan.nonword_ratio >= GIBBERISH_RATIO:
         fired["gibberish"] = GUARDS["gibberish"]
     if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else scan.cjk > scan.latin:
@@ -388,7 +399,9 @@ class RuleUser(SimulatedUser):
                                       self.model.en_units_per_word)
         similarity = max([features.get("repetition", 0.0)]
                          + [jaccard(scan.words, language.units(text)[0]) for text in users])
-        return features, _guards(persona, scan, earlier, similarity, shared), cues > 0
+        last = language.units(users[-1])[0] if users else frozenset()
+        parroted = len(scan.words & last) / len(scan.words) if scan.words else 0.0
+        return features, _guards(persona, scan, earlier, similarity, parroted, shared), cues > 0
 
     def _appraise_one(self, request: UserRequest) -> Appraisal:
         """One appraisal: features, the model's points, guards, combine (module docstring)."""
