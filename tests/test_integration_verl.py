@@ -464,7 +464,7 @@ def test_shipped_interaction_config_parses():
     config = ev.load_interaction_config(REPO / "agents" / "verl" / "v0.7" / "interaction.yaml")
     assert config["name"] == "empathy"
     assert config["env_id"] == "EmpathyDialogue-RLVER-v0"
-    assert config["protocol"] == "rlver_training" and config["max_turns"] == 8
+    assert config["protocol"] == "rlver_training" and config["max_turns"] == 9
 
 
 # -- the training configs --------------------------------------------------------------
@@ -494,7 +494,7 @@ def test_training_configs_carry_rlver_settings():
     assert OmegaConf.select(grpo, "algorithm.adv_estimator") == "grpo"
     assert OmegaConf.select(grpo, "actor_rollout_ref.rollout.n") == 4
     # verl stops after max_assistant_turns before the user answers: it must exceed the
-    # env's 8-turn limit, or the 8th reply would never be appraised.
+    # env's 9-turn limit, or the 9th reply would never be appraised.
     interaction = ev.load_interaction_config(folder / "interaction.yaml")
     turns = OmegaConf.select(common, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns")
     assert turns == interaction["max_turns"] + 1
@@ -525,7 +525,7 @@ def test_real_verl_composes_and_validates_the_training_configs(monkeypatch, tiny
         assert need_critic(config) is critic and need_reference_policy(config) is False
         validate_config(config, need_reference_policy(config), need_critic(config))
         rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
-        assert rollout.multi_turn.max_assistant_turns == 9
+        assert rollout.multi_turn.max_assistant_turns == 10
     reward = config.reward.custom_reward_function
     assert load_extern_object(reward.path, reward.name)(
         "s", "", "", {"turn_scores": [0.25, 0.5]}) == pytest.approx(0.75)
