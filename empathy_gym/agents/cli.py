@@ -34,7 +34,7 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
                "env.kwargs.max_turns=4 generation.max_new_tokens=64."
                + (f" Recipes here: {', '.join(shipped)}." if shipped else ""))
     parser.add_argument("--recipe", required=True,
-                        help="YAML recipe (agents/*.yaml), e.g. agents/smollm2-cpu-ppo.yaml (the README's "
+                        help="YAML recipe (agents/*.yaml), e.g. agents/smollm2-cpu-grpo.yaml (the README's "
                              "quick start) or agents/tiny-cpu.yaml (a tiny random model, for smoke runs)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from output_dir/checkpoints/latest")
