@@ -369,11 +369,20 @@ def personas_list(
     bank: Annotated[Optional[str], typer.Option(help=PERSONAS_HELP + "; default: the built-in "
                                                 "English and Chinese banks")] = None,
 ) -> None:
-    """List a bank's personas: id, language, name, hidden intention, character type."""
+    """List a bank's personas: id, language, name, hidden intention, character type.
+
+    On a terminal, a table; piped or redirected, one tab-separated line per persona
+    after a header line (nothing wrapped or cut, for ``cut``, ``grep`` and ``awk``)."""
     from empathy_gym.personas import load_personas
 
     with _exit_codes():
         personas = load_personas(bank)
+    if not console.is_terminal:
+        lines = ["id\tlang\tname\thidden_intention\tcharacter"]
+        lines += ["\t".join(" ".join(str(v).split()) for v in (p.id, p.language, p.name or "", p.hidden_intention,
+                                                              p.character_type)) for p in personas]
+        typer.echo("\n".join(lines))
+        return
     table = Table(title=f"{len(personas)} personas", title_justify="left")
     table.add_column("id", no_wrap=True)
     for column in ("lang", "name", "hidden intention", "character"):

@@ -95,10 +95,24 @@ def test_validate_checks_every_file_and_fails_if_any_is_invalid(tmp_path):
     assert runner.invoke(app, ["personas", "validate"]).exit_code == 2  # usage: no path
 
 
+def test_personas_list_piped_is_one_whole_line_per_persona():
+    """Piped (CliRunner is not a terminal), ids and names are neither wrapped nor cut at
+    80 columns (rich's table did both)."""
+    from empathy_gym.personas import load_personas
+
+    listed = runner.invoke(app, ["personas", "list", "--bank", "rlver"])
+    assert listed.exit_code == 0, listed.output
+    header, *rows = listed.stdout.splitlines()
+    assert header.split("\t") == ["id", "lang", "name", "hidden_intention", "character"]
+    bank = load_personas("rlver")
+    assert [row.split("\t")[0] for row in rows] == [p.id for p in bank]
+    assert [row.split("\t")[3] for row in rows] == [p.hidden_intention for p in bank]
+
+
 def test_personas_list_and_show():
     listed = runner.invoke(app, ["personas", "list", "--bank", "zh"])
     assert listed.exit_code == 0, listed.output
-    assert "8 personas" in listed.stdout and "zh-004-widow-grief" in listed.stdout
+    assert "zh-004-widow-grief\tzh\t" in listed.stdout and len(listed.stdout.splitlines()) == 1 + 8
     shown = runner.invoke(app, ["personas", "show", "zh-004-widow-grief", "--json"])
     assert shown.exit_code == 0, shown.output
     record = json.loads(shown.stdout)

@@ -111,3 +111,14 @@ def test_an_override_is_named_as_the_override():
     with pytest.raises(RecipeError, match=r"^command-line override: field 'env.id': Environment version `v9` "
                                           r"for environment `EmpathyDialogue` doesn't exist"):
         load_recipe("agents/tiny-cpu.yaml", ["env.id=EmpathyDialogue-v9"], algorithm="ppo")
+
+
+def test_the_main_recipe_trains_and_evaluates_on_english_personas():
+    """The README's main command: SmolLM2 (English) on the built-in English bank, with
+    the held-out before/after evaluation on personas split off it."""
+    from empathy_gym.personas import load_personas
+    config = load_recipe("agents/smollm2-cpu-grpo.yaml")
+    assert isinstance(config, GRPOConfig) and config.policy.model == "smollm2"
+    assert config.heldout.bank == "en" and config.env.personas is None
+    assert {p.language for p in load_personas(config.heldout.bank)} == {"en"}
+    assert config.generation.temperature == 1.0 and config.generation.top_p == 1.0

@@ -126,6 +126,15 @@ def test_separate_critic_lora_kl_and_gradient_checkpointing(tmp_path):
                                                            resumed.critic_model.named_parameters()))
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_no_kl_to_reference_without_a_reference(tmp_path, algorithm):
+    """Without a KL term (RLVER's kl_coef 0, beta 0) no reference pass runs: the metric is
+    left out (PPO wrote NaN, GRPO 0), not reported as a measurement."""
+    extra = ("num_generations=4",) if algorithm == "grpo" else ()
+    metrics = trainer(tmp_path, algorithm, f"nokl-{algorithm}", 1, extra=extra).train()
+    assert "policy/kl_to_reference" not in metrics[0] and "policy/approx_kl" in metrics[0]
+
+
 def test_full_fine_tuning_reference_is_a_frozen_copy(tmp_path):
     run = trainer(tmp_path, "grpo", "fullkl", 3, extra=("num_generations=4", "beta=0.1"))
     initial = {k: v.clone() for k, v in run.model.state_dict().items()}

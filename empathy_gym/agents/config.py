@@ -102,6 +102,35 @@ class GenerationConfig:
 
 
 @dataclass
+class HeldoutConfig:
+    """A before/after evaluation on personas the policy never trains on
+    (:mod:`~empathy_gym.agents.heldout`).
+
+    Attributes:
+        bank: the persona bank to split (a bank name such as ``"en"``, or a JSONL path);
+            the policy trains on one part (``env.personas`` is set to it) and is
+            evaluated on the other before the first step and after the last. ``None``
+            (default): no held-out evaluation, ``env.personas`` as given.
+        test_fraction: the held-out share of each hidden intention, in (0, 1).
+        split_seed: the split's seed (:func:`~empathy_gym.personas.split_personas`).
+        repeats: dialogues per held-out persona (>= 1), each with its own env seed.
+        seed: seeds the held-out dialogues (env and sampling) and the bootstrap.
+        batch_size: dialogues played at once.
+        confidence: of the bootstrap intervals, in (0, 1).
+        n_resamples: bootstrap resamples.
+    """
+
+    bank: str | None = None
+    test_fraction: float = 0.25
+    split_seed: int = 0
+    repeats: int = 4
+    seed: int = 12345
+    batch_size: int = 64
+    confidence: float = 0.95
+    n_resamples: int = 10_000
+
+
+@dataclass
 class TrainerConfig:
     """Settings shared by PPO and GRPO.
 
@@ -123,6 +152,8 @@ class TrainerConfig:
         transcripts_per_step: sample transcripts saved per step.
         report_to: ``"tensorboard"`` or ``"none"``.
         progress: show a progress bar.
+        heldout: the before/after evaluation on held-out personas (:class:`HeldoutConfig`;
+            off by default).
     """
 
     output_dir: str = "runs/empathy"
@@ -142,6 +173,7 @@ class TrainerConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    heldout: HeldoutConfig = field(default_factory=HeldoutConfig)
 
 
 @dataclass
@@ -366,6 +398,15 @@ def validate(config: TrainerConfig) -> None:
         problems.append(f"generation.top_p {generation.top_p} would sample from the truncated nucleus while the "
                         "loss's log-probs are those of the whole softmax (samples from another distribution "
                         "than the policy); training needs top_p 1.0")
+    heldout = config.heldout
+    if heldout.bank is not None:
+        if not 0 < heldout.test_fraction < 1:
+            problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
+        for name in ("repeats", "batch_size", "n_resamples"):
+            if getattr(heldout, name) < 1:
+                problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
+        if not 0 < heldout.confidence < 1:
+            problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
     if problems:  # the divisibility checks below need positive divisors
         raise RecipeError("invalid configuration: " + "; ".join(problems))
     groups = config.rollout_batch_size

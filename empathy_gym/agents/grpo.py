@@ -323,4 +323,6 @@ class GRPOTrainer(RLTrainer):
         if not stats:  # no group had signal (in any process): no update; the statistics are undefined
             stats = {key: [] for key in ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
                                          "policy/kl_to_reference", "policy/grad_norm")}
+        if config.beta == 0:  # no reference model: the KL to it is not measured (it was reported as 0)
+            stats.pop("policy/kl_to_reference", None)
         return metrics | {key: float(np.mean(values)) if values else float("nan") for key, values in stats.items()}

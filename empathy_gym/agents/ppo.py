@@ -346,5 +346,6 @@ class PPOTrainer(RLTrainer):
         metrics = {key: float(np.mean(values)) for key, values in stats.items()}
         metrics["value/explained_variance"] = explained_variance(torch.cat(batch.old_values),
                                                                  torch.cat(batch.returns))
-        metrics["policy/kl_to_reference"] = kl_to_reference
+        if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
+            metrics["policy/kl_to_reference"] = kl_to_reference
         return metrics

@@ -1,0 +1,46 @@
+"""Controls for claims of learning: runs that see the same rewards but cannot learn from them.
+
+:func:`shuffled_reward_trainer` makes a trainer whose update sees each step's reward
+sequences permuted among the step's dialogues of the same length (seeded by the step):
+rewards of the same size and spread, paid for replies they do not belong to. Whatever a
+run gains without learning from its rewards (entropy collapse, drift towards some output
+that happens to score better, the evaluation's own noise) the control gains too. The
+same mechanism as ``tests/test_learning.py`` (issue 8).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.seeding import derive_seed
+
+
+def shuffled_reward_trainer(cls: type) -> type:
+    """``cls`` (a :class:`~empathy_gym.agents.trainer.RLTrainer` subclass) whose
+    ``update`` sees each step's reward sequences permuted among the dialogues of equal
+    length, with ``numpy.random.default_rng(derive_seed(seed, step, 4242))``.
+
+    Returns:
+        A subclass named ``ShuffledRewards<cls name>``; the rollouts, episodes and
+        metrics it logs keep the rewards the env really paid (the permutation happens
+        inside ``update`` only, on the trajectories it is given).
+    """
+
+    def update(self: Any, trajectories: Any, step: int) -> dict[str, float]:
+        rng = np.random.default_rng(derive_seed(self.config.seed, step, 4242))
+        by_length: dict[int, list[int]] = {}
+        for i, t in enumerate(trajectories):
+            by_length.setdefault(len(t.rewards), []).append(i)
+        rewards = [list(t.rewards) for t in trajectories]
+        for members in by_length.values():
+            for i, j in zip(members, rng.permutation(members)):
+                trajectories[i].rewards = rewards[j]
+        try:
+            return cls.update(self, trajectories, step)
+        finally:
+            for t, own in zip(trajectories, rewards):
+                t.rewards = own  # the metrics and logs report what the env paid
+
+    return type(f"ShuffledRewards{cls.__name__}", (cls,), {"update": update})

@@ -1,0 +1,290 @@
+"""Before/after evaluation of a trained policy on held-out personas.
+
+The persona bank named in ``heldout.bank`` is split with
+:func:`~empathy_gym.personas.split_personas` (stratified by hidden intention): the
+policy trains on one part and is evaluated on the other, which it never sees, once
+before the first step and once after the last. Both evaluations play the same
+dialogues (persona, repeat, env seed and per-turn sampling seeds: common random
+numbers), so the after-minus-before difference is paired persona by persona.
+
+Statistics: the Sentient score (SAGE, arXiv 2505.02847, section 3: the mean final
+emotion, 0-100) of each evaluation with a percentile bootstrap interval over personas
+(:func:`empathy_gym.evaluation.summarize`), and the mean over personas of the paired
+difference (each persona's mean final emotion after minus before) with a percentile
+bootstrap interval over personas (``scipy.stats.bootstrap``; Efron & Tibshirani 1993,
+ch. 13). Personas are the unit: a persona's repeats are averaged first, never treated as
+independent.
+
+Files, under ``<output_dir>/heldout/``: ``train_personas.jsonl`` and
+``test_personas.jsonl`` (the split), ``before.jsonl`` and ``after.jsonl`` (one record per
+dialogue, :func:`empathy_gym.evaluation.dialogue_record`), ``report.json`` and
+``report.txt`` (the table). A finished ``before.jsonl`` is reused on ``--resume``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.evaluation import dialogue_seed, plan_tasks, run_dialogues, summarize
+from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
+
+HELDOUT_DIR = "heldout"
+
+#: What the table can and cannot claim; printed under it.
+CAVEAT = ("What this shows: whether training moved the policy's score on personas it never trained on, "
+          "beyond what the sampling noise of these dialogues explains (the interval). What it does not show: "
+          "empathy. The simulated user here is the rule-based stand-in (a linear model of surface features "
+          "fitted to SAGE's LLM appraisals, which it matches on the sign of ~79% of turns); a gain against it "
+          "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
+          "better understood. Check with an LLM user (env.kwargs.backend) before calling it a result.")
+
+
+class HeldoutPolicy:
+    """The policy being trained, as a :class:`~empathy_gym.policies.Policy`: each chat
+    is rendered with the tokenizer's chat template and sampled with the trainer's
+    generator (same temperature and reply length as training), seeded per dialogue and
+    turn, so the same seeds give the same replies from the same weights.
+
+    Args:
+        generator: a :class:`~empathy_gym.agents.generation.TransformersGenerator` (or
+            any object with ``generate(prompts, seeds) -> list[Sample]``).
+        tokenizer: the policy's tokenizer.
+    """
+
+    name = "policy under training"
+
+    def __init__(self, generator: Any, tokenizer: Any):
+        from empathy_gym.agents.rollout import ChatTokens
+        self.generator, self.tokenizer = generator, tokenizer
+        self.chat = ChatTokens(tokenizer)
+
+    def act(self, conversations: Sequence[Sequence[dict[str, str]]], seeds: Sequence[int]) -> list[str]:
+        samples = self.generator.generate([self.chat.prompt(c) for c in conversations], list(seeds))
+        return [self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
+                for s in samples]
+
+    def close(self) -> None:
+        pass
+
+
+def split_bank(config: Any) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
+    """``(train, test)`` personas of ``config.heldout`` (see :class:`HeldoutConfig`).
+
+    Raises:
+        PersonaError: the bank does not load (file, line, field).
+        ValueError: a split that leaves a part empty.
+    """
+    held = config.heldout
+    return split_personas(load_personas(held.bank), held.test_fraction, seed=held.split_seed)
+
+
+def prepare(config: Any) -> tuple[Persona, ...]:
+    """Write the split under ``<output_dir>/heldout/`` and point ``config.env.personas``
+    at the training part (in place; call before building the trainer). Returns the
+    held-out personas. Does nothing and returns ``()`` when ``config.heldout.bank`` is
+    ``None``.
+
+    Raises:
+        PersonaError, ValueError: as :func:`split_bank`.
+    """
+    if config.heldout.bank is None:
+        return ()
+    train, test = split_bank(config)
+    folder = Path(config.output_dir) / HELDOUT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    write_personas(train, folder / "train_personas.jsonl")
+    write_personas(test, folder / "test_personas.jsonl")
+    config.env.personas = str(folder / "train_personas.jsonl")
+    return test
+
+
+def play(trainer: Any, personas: Sequence[Persona], *, on_dialogue: Callable[[], None] | None = None
+         ) -> list[dict[str, Any]]:
+    """Play ``config.heldout.repeats`` dialogues per persona with the trainer's current
+    policy, in the training env's settings (``env.id``, ``env.kwargs``) with the
+    persona given at reset. Returns the records in task order.
+
+    The dialogue seeds depend only on ``heldout.seed``, the persona id and the repeat
+    (:func:`~empathy_gym.evaluation.dialogue_seed`), so two calls play the same
+    dialogues up to the policy's replies.
+    """
+    from empathy_gym.agents.generation import TransformersGenerator
+    from empathy_gym.agents.trainer import make_envs
+
+    config = trainer.config
+    held = config.heldout
+    tasks = plan_tasks(list(personas), repeats=held.repeats, seed=held.seed)
+    env_config = copy.deepcopy(config)
+    env_config.env.personas = None
+    env_config.env.kwargs = {**config.env.kwargs, "personas": list(personas)}
+    slots = iter(make_envs(env_config, min(held.batch_size, len(tasks)), config.generation.think))
+    gen = config.generation
+    generator = TransformersGenerator(trainer.model, trainer.tokenizer, max_new_tokens=gen.max_new_tokens,
+                                      temperature=gen.temperature, top_p=gen.top_p,
+                                      max_batch_size=held.batch_size, compute_dtype=trainer.compute_dtype,
+                                      reuse_kv=False)
+    policy = HeldoutPolicy(generator, trainer.tokenizer)
+    done = {}
+    for record in run_dialogues(tasks, policy, lambda: next(slots), batch_size=held.batch_size):
+        done[(record["persona_id"], record["repeat"])] = record
+        if on_dialogue is not None:
+            on_dialogue()
+    return [done[(t.persona.id, t.repeat)] for t in tasks]
+
+
+def per_persona(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each persona's mean final emotion (0-100) over its repeats, in first-seen order."""
+    finals: dict[str, list[int]] = {}
+    for record in records:
+        finals.setdefault(record["persona_id"], []).append(record["final_emotion"])
+    return {persona: float(np.mean(values)) for persona, values in finals.items()}
+
+
+def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], *,
+                      confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """The mean over personas of (after - before) with a percentile bootstrap interval
+    over personas (``scipy.stats.bootstrap``, ``method="percentile"``).
+
+    Args:
+        before, after: dialogue records (``persona_id``, ``final_emotion`` in [0, 100])
+            of the same personas.
+        confidence: in (0, 1); n_resamples: >= 1; seed: the bootstrap's random state.
+
+    Returns:
+        ``{"difference", "low", "high", "confidence", "personas", "per_persona"}``, the
+        first three in emotion points (-100 to 100), ``per_persona`` mapping each id to
+        its difference.
+
+    Raises:
+        ValueError: the two sets hold different personas, or none.
+    """
+    from scipy.stats import bootstrap
+
+    first, second = per_persona(before), per_persona(after)
+    if set(first) != set(second) or not first:
+        raise ValueError(f"paired_difference: before has personas {sorted(first)}, after {sorted(second)}")
+    differences = {p: second[p] - first[p] for p in first}
+    values = np.array(list(differences.values()), dtype=np.float64)
+    if np.all(values == values[0]):  # no spread: the interval is the point (scipy would warn)
+        low = high = float(values[0])
+    else:
+        result = bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                           method="percentile", random_state=np.random.default_rng(seed))
+        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return {"difference": float(values.mean()), "low": low, "high": high, "confidence": confidence,
+            "personas": len(values), "per_persona": differences}
+
+
+def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
+           steps: int) -> dict[str, Any]:
+    """The before/after summaries, the paired difference, and the table as ``text``."""
+    held = config.heldout
+    kwargs = {"confidence": held.confidence, "n_resamples": held.n_resamples, "seed": held.seed}
+    first, second = summarize(list(before), **kwargs), summarize(list(after), **kwargs)
+    difference = paired_difference(before, after, **kwargs)
+    level = f"{held.confidence:.0%}"
+    excludes = difference["low"] > 0 or difference["high"] < 0
+    verdict = (("a gain" if difference["difference"] > 0 else "a loss") + f": the {level} interval excludes 0"
+               if excludes else f"no clear change: the {level} interval contains 0")
+    lines = [
+        f"Held-out evaluation: {difference['personas']} personas of the {held.bank!r} bank that training never "
+        f"saw (split_personas, stratified by hidden intention, test_fraction {held.test_fraction}, "
+        f"seed {held.split_seed}), {held.repeats} dialogues each, the same dialogues and sampling seeds before "
+        f"and after; simulated user: {config.env.kwargs.get('backend', 'rule')}.",
+        f"{'':26}{'Sentient score':>15}   {level} interval (bootstrap over personas)",
+        f"{'before training':26}{first['sentient_score']:>15.2f}   "
+        f"[{first['ci']['low']:.2f}, {first['ci']['high']:.2f}]",
+        f"{f'after {steps} steps':26}{second['sentient_score']:>15.2f}   "
+        f"[{second['ci']['low']:.2f}, {second['ci']['high']:.2f}]",
+        f"{'difference (paired)':26}{difference['difference']:>+15.2f}   "
+        f"[{difference['low']:+.2f}, {difference['high']:+.2f}]   {verdict}",
+        f"(Sentient score: mean final emotion, 0-100, start {before[0]['initial_emotion']}; "
+        f"successes {first['successes']} -> {second['successes']}, failures {first['failures']} -> "
+        f"{second['failures']} of {first['dialogues']} dialogues)",
+        CAVEAT,
+    ]
+    return {"before": first, "after": second, "difference": difference, "steps": steps,
+            "excludes_zero": excludes, "text": "\n".join(lines)}
+
+
+def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
+    """The records of a finished evaluation file, or ``None`` (missing, or cut short)."""
+    if not path.exists():
+        return None
+    try:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        return None
+    return records if len(records) == expected else None
+
+
+class HeldoutEvaluation:
+    """Runs the before and after evaluations of a trainer and writes the report.
+
+    Args:
+        trainer: an :class:`~empathy_gym.agents.trainer.RLTrainer` whose config has
+            ``heldout.bank`` set and was passed through :func:`prepare`.
+        progress: show a progress bar (tqdm) over the evaluation's dialogues.
+    """
+
+    def __init__(self, trainer: Any, *, progress: bool = True):
+        self.trainer = trainer
+        self.config = trainer.config
+        self.folder = Path(self.config.output_dir) / HELDOUT_DIR
+        self.personas = split_bank(self.config)[1]
+        self.progress = progress
+
+    @property
+    def dialogues(self) -> int:
+        return len(self.personas) * self.config.heldout.repeats
+
+    def run(self, name: str) -> list[dict[str, Any]]:
+        """Play the evaluation ``name`` ("before" or "after") and write ``<name>.jsonl``;
+        a finished ``before.jsonl`` is read back instead of replayed."""
+        import sys
+
+        from tqdm.auto import tqdm
+
+        from empathy_gym.agents.console import tolerant
+
+        path = self.folder / f"{name}.jsonl"
+        if name == "before":
+            records = _read_records(path, self.dialogues)
+            if records is not None:
+                return records
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with tqdm(total=self.dialogues, desc=f"held-out evaluation ({name})", disable=not self.progress,
+                  dynamic_ncols=True, file=tolerant(sys.stderr)) as bar:
+            records = play(self.trainer, self.personas, on_dialogue=lambda: bar.update(1))
+        _write_records(path, records)
+        return records
+
+    def finish(self, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Write ``report.json`` and ``report.txt``; returns the report."""
+        result = report(self.config, before, after, self.trainer.step)
+        (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
+        saved = {k: v for k, v in result.items() if k != "text"}
+        (self.folder / "report.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n",
+                                                 encoding="utf-8")
+        return result
+
+
+def dialogue_seeds(personas: Sequence[Persona], repeats: int, seed: int) -> list[int]:
+    """The env seed of each held-out dialogue (for inspection)."""
+    return [dialogue_seed(seed, p.id, r) for p in personas for r in range(repeats)]

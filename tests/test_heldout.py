@@ -1,0 +1,104 @@
+"""The held-out before/after evaluation (:mod:`empathy_gym.agents.heldout`): the split
+keeps training and evaluation personas apart, the two evaluations are paired (same
+dialogues and sampling seeds: unchanged weights give a difference of exactly 0), the
+paired difference and its interval are those worked out by hand, and the report says
+what it shows and what it does not."""
+
+import json
+
+import numpy as np
+import pytest
+
+from empathy_gym.agents import load_recipe
+from empathy_gym.agents.heldout import HeldoutEvaluation, paired_difference, prepare, report
+from empathy_gym.personas import load_personas
+
+
+def records(finals: dict[str, list[int]]) -> list[dict]:
+    return [{"persona_id": p, "repeat": r, "final_emotion": e, "initial_emotion": 40, "turns": 1,
+             "termination": "max_turns", "hidden_intention": "deep_empathy", "character_type": "negative"}
+            for p, values in finals.items() for r, e in enumerate(values)]
+
+
+def test_paired_difference_by_hand():
+    before = records({"a": [40, 50], "b": [30, 30], "c": [40, 40]})
+    after = records({"a": [50, 60], "b": [35, 35], "c": [40, 40]})
+    # per persona (means over repeats): a 45 -> 55 (+10), b 30 -> 35 (+5), c 40 -> 40 (0)
+    result = paired_difference(before, after, n_resamples=2000, seed=0)
+    assert result["per_persona"] == {"a": 10.0, "b": 5.0, "c": 0.0}
+    assert result["difference"] == pytest.approx(5.0)
+    assert result["personas"] == 3
+    # resampling 3 values: the mean lies in [0, 10], and the 2.5% / 97.5% quantiles of the
+    # bootstrap means of {0, 5, 10} are strictly inside (0 and 10 each need 3 equal draws, p = 1/27)
+    assert 0.0 <= result["low"] < 5.0 < result["high"] <= 10.0
+    with pytest.raises(ValueError, match="personas"):
+        paired_difference(before, records({"a": [1], "b": [2]}))
+
+
+def test_report_states_the_interval_and_the_caveat():
+    before = records({p: [40, 40] for p in "abcdefgh"})
+    after = records({p: [50, 45] for p in "abcdefgh"})  # every persona +7.5: interval is the point
+    config = load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en"], algorithm="grpo")
+    result = report(config, before, after, steps=3)
+    assert result["difference"]["difference"] == pytest.approx(7.5)
+    assert result["difference"]["low"] == result["difference"]["high"] == pytest.approx(7.5)
+    assert result["excludes_zero"]
+    text = result["text"]
+    assert "before training" in text and "after 3 steps" in text and "+7.50" in text
+    assert "interval excludes 0" in text and "not" in text and "stand-in" in text
+
+
+def test_before_and_after_are_paired_and_held_out(tmp_path):
+    from empathy_gym.agents import GRPOTrainer
+
+    config = load_recipe("agents/tiny-cpu.yaml", [
+        f"output_dir={tmp_path}", "progress=false", "total_steps=1", "rollout_batch_size=4",
+        "heldout.bank=en", "heldout.repeats=2", "heldout.test_fraction=0.2",
+        "env.kwargs.max_turns=2"], algorithm="grpo")
+    held_out = prepare(config)
+    assert config.env.personas == str(tmp_path / "heldout" / "train_personas.jsonl")
+    trained_on = {p.id for p in load_personas(config.env.personas)}
+    tested = {p.id for p in held_out}
+    assert len(tested) == 8 and not trained_on & tested  # round(0.2 * 6) = 1 of each intention
+    assert trained_on | tested == {p.id for p in load_personas("en")}
+    trainer = GRPOTrainer(config)
+    assert {env.dialogue.persona.id if env.dialogue else None for env in trainer.envs} <= trained_on | {None}
+    evaluation = HeldoutEvaluation(trainer, progress=False)
+    before = evaluation.run("before")
+    assert len(before) == 16 and {r["persona_id"] for r in before} == tested
+    assert (tmp_path / "heldout" / "before.jsonl").exists()
+    again = evaluation.run("after")  # the same weights: the same dialogues, reply for reply
+    assert [r["messages"] for r in again] == [r["messages"] for r in before]
+    result = evaluation.finish(before, again)
+    assert result["difference"]["difference"] == 0.0 and not result["excludes_zero"]
+    saved = json.loads((tmp_path / "heldout" / "report.json").read_text())
+    assert saved["difference"]["personas"] == 8
+    assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
+    trainer.train()
+    after = evaluation.run("after")
+    # one step at the tiny recipe's learning rate changes replies, not the dialogues' seeds
+    assert [r["seed"] for r in after] == [r["seed"] for r in before]
+    assert [r["messages"] for r in after] != [r["messages"] for r in before]
+    assert np.isfinite(evaluation.finish(before, after)["difference"]["difference"])
+
+
+def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys):
+    from empathy_gym.agents.cli import number, train_main
+
+    out = tmp_path / "run"
+    code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={out}", "progress=false",
+                               "total_steps=1", "rollout_batch_size=4", "num_generations=4", "save_steps=0",
+                               "env.kwargs.max_turns=1", "heldout.bank=en", "heldout.repeats=1",
+                               "report_to=tensorboard"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "held-out evaluation before training: 16 dialogues" in printed
+    assert "difference (paired)" in printed and "What it does not show: empathy" in printed
+    for where in ("curves.png", "metrics.jsonl", "tb", "episodes.jsonl", "checkpoints/", "step-000001", "heldout/",
+                  "--resume total_steps=2", f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy"):
+        assert where in printed, where
+    for path in ("heldout/before.jsonl", "heldout/after.jsonl", "heldout/report.json", "curves.png",
+                 "checkpoints/step-000001/policy"):
+        assert (out / path).exists(), path
+    # small metrics are not printed as 0.0000
+    assert number(1.2e-6) == "1.20e-06" and number(0.0) == "0.0000" and number(0.25) == "0.2500"
