@@ -395,3 +395,38 @@ def test_ctrl_c_with_the_console_gone_still_saves_the_checkpoint(tmp_path):
     steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
     assert saved == f"step-{steps[-1]:06d}"
     assert "Ctrl-C" in (out / "train.log").read_text()
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_the_separate_critic_has_no_lm_head_and_loads_checkpoints_of_the_old_causal_lm_critic(tmp_path, lora):
+    """The critic is the backbone alone (no vocabulary projection); a checkpoint written
+    when it was a whole causal LM (keys ``base_model.model.model.*`` with LoRA,
+    ``model.*`` and ``lm_head.weight`` without) still loads, tensor for tensor, and one
+    that does not fit is refused instead of loading nothing."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from empathy_gym.agents.checkpoint import CheckpointError
+    from empathy_gym.models import resolve_model
+    extra = ("policy.use_lora=true", "policy.lora_r=4") if lora else ()
+    run = trainer(tmp_path, "ppo", "critic-head", 1, extra=(*extra, "critic=separate"))
+    backbone = run.critic_model.get_base_model() if lora else run.critic_model
+    assert backbone.get_output_embeddings() is None and not hasattr(backbone, "lm_head")
+    old = AutoModelForCausalLM.from_pretrained(resolve_model("tiny")[0])
+    if lora:
+        old = get_peft_model(old, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for parameter in old.parameters():
+            parameter.normal_(0, 0.1)
+    saved = {k: v for k, v in old.state_dict().items() if "lora_" in k or not lora}
+    assert any(k.startswith("base_model.model.model." if lora else "lm_head.") for k in saved)
+    run.load_extra_state({"value_head": run.value_head.state_dict(), "critic": saved})
+    now = run.critic_model.state_dict()
+    for key, value in saved.items():
+        if key.startswith("lm_head."):
+            continue
+        new_key = key.replace("base_model.model.model.", "base_model.model.", 1) if lora else key[len("model."):]
+        assert torch.equal(now[new_key], value)
+    with pytest.raises(CheckpointError, match="does not fit this critic"):
+        run.load_extra_state({"value_head": run.value_head.state_dict(),
+                              "critic": {"base_model.model.elsewhere.lora_A.default.weight": torch.zeros(1)}})
