@@ -162,3 +162,58 @@ def test_an_unknown_bank_name_lists_the_built_in_ones():
     with pytest.raises(FileNotFoundError, match=r"no persona bank 'nosuch': not a file, and not a built-in "
                                                 r"bank \(en, zh, rlver, sage, rlver_minus_sage\)"):
         load_personas("nosuch")
+
+
+# -- issue 10: values the schema lets through but the rest of the package cannot use ----
+
+def test_initial_emotion_float_is_converted_exactly_and_renders(tmp_path):
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401  (registers the env ids)
+
+    path = write_jsonl(tmp_path / "bank.jsonl", [dict(GOOD, initial_emotion=40.0)])
+    (persona,) = load_personas_file(path)
+    assert persona.initial_emotion == 40 and type(persona.initial_emotion) is int
+    assert Persona(**dict(GOOD, traits=(), initial_emotion=35.0)).initial_emotion == 35
+    env = gym.make("EmpathyDialogue-v0", personas=[dict(GOOD, initial_emotion=40.0)], render_mode="ansi")
+    env.reset(seed=0)
+    assert " 40/100" in env.render()      # used to raise "Unknown format code 'd' for object of type 'float'"
+
+
+@pytest.mark.parametrize("value", [40.5, True, "40"])
+def test_initial_emotion_that_is_not_an_integer_is_refused(tmp_path, value):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2", initial_emotion=value)])
+    with pytest.raises(PersonaError) as info:
+        load_personas_file(path)
+    assert (info.value.line, info.value.field) == (2, "initial_emotion")
+    with pytest.raises(PersonaError, match="initial_emotion"):
+        Persona(**dict(GOOD, traits=(), initial_emotion=value))
+
+
+@pytest.mark.parametrize("typo", ["deep_empathyy", "Deep_Empathy", " deep_empathy", "deep empathy",
+                                  "deep-empathy", "DEEP_EMPATHY "])
+def test_a_near_miss_of_a_standard_intention_is_refused_with_did_you_mean(tmp_path, typo):
+    path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2", hidden_intention=typo)])
+    with pytest.raises(PersonaError, match=r"did you mean 'deep_empathy'\?") as info:
+        load_personas_file(path)
+    assert (info.value.line, info.value.field) == (2, "hidden_intention")
+    assert "free-text intention is a sentence" in str(info.value)
+    with pytest.raises(PersonaError, match="did you mean"):
+        Persona(**dict(GOOD, traits=(), hidden_intention=typo))
+
+
+def test_free_text_intentions_that_are_sentences_still_load(tmp_path):
+    texts = ["wants someone to notice the extra shifts she covered", "wants deep empathy, not advice",
+             "reassurance"]
+    path = write_jsonl(tmp_path / "bank.jsonl", [dict(GOOD, id=f"p{i}", hidden_intention=text)
+                                                 for i, text in enumerate(texts)])
+    assert [p.hidden_intention for p in load_personas_file(path)] == texts
+
+
+def test_rlver_near_miss_of_a_task_label_is_refused(tmp_path):
+    record = json.loads((envs_dir() / "rlver" / "train_profile.jsonl").open(encoding="utf-8").readline())
+    typo = dict(record, task=INTENTIONS["deep_empathy"][1] + "。")
+    path = write_jsonl(tmp_path / "bank.jsonl", [record, dict(typo, id="x2")])
+    with pytest.raises(PersonaError, match="did you mean 'deep_empathy'") as info:
+        load_personas_file(path)
+    assert (info.value.line, info.value.field) == (2, "task")

@@ -262,3 +262,32 @@ def test_thinking_and_reply_tokens_and_turns_cut_by_length_are_counted(tiny):
     (trajectory,) = RolloutEngine([plain], ScriptedPolicy(tokenizer, ["Hello there."]), tokenizer).collect([0])
     assert (trajectory.thinking_tokens, trajectory.reply_tokens, trajectory.cut_turns) == \
         (0, len(encode("Hello there.")) + 1, 0)
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_kept_key_value_states_change_no_token_and_no_log_prob(tiny, think):
+    """The transformers sampler keeps each dialogue's key/value states between turns and
+    prefills only the user's new message. Three dialogues with openings of different
+    lengths (left padding in the batch), one ending after its first turn (a fall to 0)
+    and the others running 4 turns: with and without the kept states the rollouts
+    are the same token for token, log-probs equal to float noise, and from the second turn
+    on nearly every prompt token is reused."""
+    model, tokenizer = tiny
+    personas = [Persona(id=f"q{i}", language="en", profile="p", scenario="s", hidden_intention="deep_empathy",
+                        character_type="passive", opening_line="I feel lost. " * (1 + 3 * i)) for i in range(3)]
+
+    def play(reuse_kv):
+        user = ScriptedUser(change_fn=lambda r: -35 if r.persona.id == "q1" else 5)
+        envs = [EmpathyDialogueEnv([persona], user=user, protocol="rlver_training", max_turns=4, think=think)
+                for persona in personas]   # unclamped: -35 from 30 ends at once
+        generator = TransformersGenerator(model, tokenizer, max_new_tokens=6, temperature=1.0, reuse_kv=reuse_kv)
+        return RolloutEngine(envs, generator, tokenizer).collect([0, 1, 2]), generator
+
+    with_states, generator = play(True)
+    without, _ = play(False)
+    assert sorted(len(t.rewards) for t in with_states) == [1, 4, 4]
+    for a, b in zip(with_states, without):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert torch.allclose(torch.tensor(a.rollout_logprobs), torch.tensor(b.rollout_logprobs), atol=1e-4)
+    stats = generator.prefix_cache.stats
+    assert stats.reused_tokens > 0.6 * stats.prompt_tokens

@@ -94,23 +94,26 @@ def test_recorded_logprobs_equal_the_trainers(sharp):
         assert sample.logprobs == pytest.approx(trainer.tolist(), abs=1e-4)
 
 
-def test_a_peft_wrapped_policy_hides_the_generation_config_too(sharp, tiny_model_dir):
+def test_a_peft_wrapped_policy_ignores_the_generation_config_too(sharp):
+    """peft copies the base model's generation_config at each generate call; the sampler
+    is its own decoding loop, so a peft policy over the sharp model with its
+    repetition_penalty=3.0 still records the trainer's log-probs, and the config is untouched."""
     from peft import LoraConfig, get_peft_model
-    _, tokenizer = sharp
-    seen = []
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                            LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    policy.get_base_model().generation_config.repetition_penalty = 3.0
-    base_forward = policy.get_base_model().forward
-
-    def forward(*args, **kwargs):
-        seen.append(policy.get_base_model().generation_config.repetition_penalty)
-        return base_forward(*args, **kwargs)
-
-    policy.get_base_model().forward = forward
-    TransformersGenerator(policy, tokenizer, max_new_tokens=2).generate([prompt_of(tokenizer)], [1])
-    assert seen and set(seen) == {None}
-    assert policy.get_base_model().generation_config.repetition_penalty == 3.0
+    model, tokenizer = sharp
+    policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    try:
+        prompt = prompt_of(tokenizer)
+        (sample,) = TransformersGenerator(policy, tokenizer, max_new_tokens=6, temperature=0.7).generate([prompt], [5])
+        ids = torch.tensor(prompt + sample.token_ids)
+        mask = torch.zeros(len(ids) - 1, dtype=torch.bool)
+        mask[len(prompt) - 1:] = True
+        data = TokenData(ids, mask, torch.zeros(int(mask.sum())), torch.zeros(int(mask.sum()), dtype=torch.long))
+        with torch.no_grad():
+            trainer = forward_tokens(policy, [data], tokenizer.pad_token_id, torch.device("cpu"), 0.7).logprobs
+        assert sample.logprobs == pytest.approx(trainer.tolist(), abs=1e-4)
+        assert policy.get_base_model().generation_config.repetition_penalty == 3.0
+    finally:
+        policy.unload()
 
 
 def test_training_refuses_samplers_that_are_not_the_policy(tmp_path):

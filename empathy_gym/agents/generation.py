@@ -1,7 +1,8 @@
 """Policy samplers for rollouts: token prompts in, sampled token ids and log-probs out.
 
-* :class:`TransformersGenerator`: ``model.generate`` on the training model itself (CPU
-  or GPU), so it always samples from the current weights.
+* :class:`TransformersGenerator`: a decoding loop on the training model itself (CPU or
+  GPU), so it always samples from the current weights; each dialogue's key/value states
+  are kept between turns, so a turn prefills only the user's new message.
 * :class:`VLLMGenerator`: an in-process ``vllm.LLM`` (GPU), given the current LoRA
   adapter (or full weights) by :meth:`VLLMGenerator.sync` before each rollout phase.
 
@@ -11,25 +12,25 @@ on which dialogues share the batch.
 The sampler is the policy: both draw from softmax(logits / temperature) with nothing
 else applied, which is the distribution whose log-probs the trainer's loss takes.
 A model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty``
-1.05, ``top_k`` 20, ``top_p`` 0.8) is not inherited: transformers fills every setting a
-``GenerationConfig`` leaves unset from it, so the generator hides it during ``generate``;
-vLLM takes only its end-of-sequence ids when given explicit ``SamplingParams``, and
-those are end-of-turn ids here too.
+1.05, ``top_k`` 20, ``top_p`` 0.8) is not inherited: the transformers sampler is its own
+loop and applies none of it (``model.generate`` would fill every setting a
+``GenerationConfig`` leaves unset from it); vLLM takes only its end-of-sequence ids when
+given explicit ``SamplingParams``, and those are end-of-turn ids here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig
 
 from empathy_gym.agents.rollout import Sample
-from empathy_gym.backends.transformers_backend import PerRowSampler
+from empathy_gym.backends.prefix_cache import PrefixKVCache, sample_batch
 
 
 def end_of_turn_ids(tokenizer: Any, model: Any = None, generation_config: Any = None) -> list[int]:
@@ -44,43 +45,9 @@ def end_of_turn_ids(tokenizer: Any, model: Any = None, generation_config: Any = 
     return sorted(int(i) for i in ids if i is not None)
 
 
-def _generation_host(model: Any) -> Any:
-    """The transformers model whose ``generation_config`` ``generate`` reads (inside a
-    peft wrapper: the base model; peft copies it from there at each call)."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
-
-
-@contextlib.contextmanager
-def blank_generation_config(model: Any) -> Iterator[None]:
-    """Hide the model's ``generation_config`` during ``generate``: transformers fills
-    every field a passed ``GenerationConfig`` leaves unset (``None``) from it
-    (``GenerationMixin._prepare_generation_config`` in transformers'
-    ``generation/utils.py``), so a shipped ``repetition_penalty`` would reshape the
-    logits the sampler draws from. With a blank one only what the generator sets
-    applies."""
-    host = _generation_host(model)
-    saved = host.generation_config
-    host.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        host.generation_config = saved
-
-
-class StopOnRequest(StoppingCriteria):
-    """Ends every row of a ``generate`` call once ``should_stop()`` is True."""
-
-    def __init__(self, should_stop: Any):
-        self.should_stop = should_stop
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), bool(self.should_stop()), dtype=torch.bool,
-                          device=input_ids.device)
-
-
 class TransformersGenerator:
-    """Samples turns with ``model.generate`` (transformers), left-padded batches.
+    """Samples turns on the training model itself, left-padded batches, reusing each
+    dialogue's key/value states from one turn to the next.
 
     Args:
         model: the policy (a ``PreTrainedModel`` or peft model), used as it is now.
@@ -88,23 +55,32 @@ class TransformersGenerator:
         max_new_tokens: per turn.
         temperature: > 0 samples (each row with its own ``torch.Generator``); 0 is greedy.
         top_p: nucleus mass in (0, 1].
-        max_batch_size: rows per ``generate`` call.
-        compute_dtype: run ``generate`` under ``torch.autocast`` in this dtype (the
-            trainer's mixed precision; ``None``: the model's own dtype).
-        should_stop: polled after every token; True ends the batch at once (Ctrl-C in
+        max_batch_size: rows per batch.
+        compute_dtype: run under ``torch.autocast`` in this dtype (the trainer's mixed
+            precision; ``None``: the model's own dtype).
+        should_stop: polled before every token; True ends the batch at once (Ctrl-C in
             the trainer: the rollout is then discarded, so nobody waits for a full turn).
+        reuse_kv: keep each dialogue's key/value states between turns, so a turn
+            prefills only the user's new message (:mod:`empathy_gym.backends.prefix_cache`);
+            the states are dropped at :meth:`sync`, when the weights have changed.
 
     Samples are drawn from softmax(logits / temperature) (nucleus-truncated when
     ``top_p`` < 1), with no other logits processor: the model's own
-    ``generation_config`` is hidden (:func:`blank_generation_config`); its eos ids still
-    end a turn. The returned log-probs are ``log_softmax(logits / temperature)`` at the
-    sampled token, from the model's raw logits, as the trainer computes them (top-p
-    truncation not renormalised: the trainers refuse ``top_p`` < 1).
+    ``generation_config`` (repetition penalty, top-k, ...) is never applied
+    (:func:`~empathy_gym.backends.prefix_cache.sample_batch` is its own decoding loop);
+    its eos ids still end a turn. The returned log-probs are
+    ``log_softmax(logits / temperature)`` at the sampled token, from the model's raw
+    logits, as the trainer computes them (top-p truncation not renormalised: the
+    trainers refuse ``top_p`` < 1).
+
+    Attributes:
+        prefix_cache: the :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`
+            (``None`` without ``reuse_kv``); its ``stats`` count tokens reused and prefilled.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
                  temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32,
-                 compute_dtype: torch.dtype | None = None, should_stop: Any = None):
+                 compute_dtype: torch.dtype | None = None, should_stop: Any = None, reuse_kv: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.compute_dtype = compute_dtype
         self.should_stop = should_stop
@@ -112,9 +88,14 @@ class TransformersGenerator:
         self.max_batch_size = max_batch_size
         self.eos_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        # one entry per live dialogue (a turn's entry replaces the one it extends): bounded by the rollout
+        self.prefix_cache = PrefixKVCache(max_tokens=sys.maxsize) if reuse_kv else None
 
     def sync(self, model: Any, step: int) -> None:
-        """Nothing to do: generation runs on the training model itself."""
+        """Generation runs on the training model itself; only the cached key/value
+        states, computed with the previous weights, are dropped."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
@@ -123,45 +104,14 @@ class TransformersGenerator:
         self.model.eval()
         try:
             for start in range(0, len(prompts), self.max_batch_size):
-                samples += self._generate(prompts[start:start + self.max_batch_size],
-                                          seeds[start:start + self.max_batch_size])
+                rows = sample_batch(self.model, prompts[start:start + self.max_batch_size],
+                                    max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                                    temperature=self.temperature, top_p=self.top_p,
+                                    seeds=seeds[start:start + self.max_batch_size], cache=self.prefix_cache,
+                                    compute_dtype=self.compute_dtype, should_stop=self.should_stop)
+                samples += [Sample(row.token_ids, row.logprobs, row.finished) for row in rows]
         finally:
             self.model.train(was_training)
-        return samples
-
-    def _generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-        processors = LogitsProcessorList()
-        if self.temperature > 0:
-            generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-            processors.append(PerRowSampler(self.temperature, self.top_p, generators))
-        config = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=False,
-                                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-                                  use_cache=True, output_logits=True,
-                                  return_dict_in_generate=True)
-        with torch.autocast(device.type, dtype=self.compute_dtype or torch.float32,
-                            enabled=self.compute_dtype is not None), blank_generation_config(self.model):
-            out = self.model.generate(input_ids=input_ids.to(device),
-                                      attention_mask=attention_mask.to(device),
-                                      generation_config=config, logits_processor=processors,
-                                      stopping_criteria=StoppingCriteriaList(
-                                          [StopOnRequest(self.should_stop)] if self.should_stop else []))
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T_new, V)
-        scale = self.temperature if self.temperature > 0 else 1.0
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        samples = []
-        for row in range(len(prompts)):
-            ids = new[row].tolist()
-            end = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
-            length = len(ids) if end is None else end + 1
-            samples.append(Sample(ids[:length], logprobs[row, :length].tolist(), end is not None))
         return samples
 
 

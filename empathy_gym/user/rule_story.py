@@ -13,21 +13,27 @@ per persona (:func:`persona_story`):
 
 The rewriting into the first person is a heuristic (names and the persona's pronoun
 become I / me / my, 我; third-person verbs lose their -s): right for the plain sentences
-scenarios are written in, not for every sentence. No sentence voices the hidden
-intention (:class:`_LeakCheck`): the agent has to find the need, not read it.
+scenarios are written in, not for every sentence. A sentence where it could go wrong is
+not told at all: en, one quoting others' words about the persona, or with a pronoun of
+the persona's gender after another person's name (unless the scenario shows that
+person to be of the other gender: "Tom ... his work"); zh, one where the persona's
+name or pronoun is left after the rewriting. Markdown, list markers and headings are
+removed. No sentence voices the hidden intention (:class:`_LeakCheck`): the agent has
+to find the need, not read it.
 
 Example:
     >>> from empathy_gym.personas import Persona
     >>> from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules
     >>> persona = Persona(id="maya", language="en", name="Maya", profile="Maya is a nurse.",
     ...                   scenario="Maya covered night shifts for months. Last week her manager "
-    ...                            "promoted Tom instead of her. She now dreads going back to the ward.",
+    ...                            "promoted Tom instead of her and praised his work. She now dreads "
+    ...                            "going back to the ward.",
     ...                   hidden_intention="not_at_fault", character_type="passive")
     >>> story = persona_story(persona, load_rules(str(RULES_DIR))["en"])
     >>> story.state
     'I now dread going back to the ward.'
     >>> story.details
-    ('I covered night shifts for months.', 'Last week my manager promoted Tom instead of me.')
+    ('I covered night shifts for months.', 'Last week my manager promoted Tom instead of me and praised his work.')
 """
 
 from __future__ import annotations
@@ -93,6 +99,10 @@ def persona_story(persona: Persona, language: LanguageRules) -> PersonaStory:
 
 #: A sentence that voices what the user wants from the listener gives the need away.
 _ZH_WISH = re.compile(r"希望.{0,6}(?:有人|对方|能有人|找到一个|得到一个)|渴望.{0,4}(?:有人|获得|得到)|"
+                      r"(?:希望|渴望|想要|期待|盼望|需要).{0,10}(?:理解|认同|认可|倾听|听(?:我|她|他)|支持|肯定|夸|"
+                      r"安慰|共情|建议|分析|解释|明白(?:他|她|他们|对方)为什么)|"
+                      r"(?:为什么|为何)(?:要|会)?(?:这么|这样)(?:做|对(?:我|她|他))|"
+                      r"(?:想要|希望|想|试图)(?:找出|弄清|知道|明白|搞清楚|了解|分析).{0,12}(?:原因|为什么|动机|想法)|"
                       r"而(?:不是|非|不仅仅是)(?:简单|单纯|一味|直接)|隐藏主题|(?i:emotion|validation)")
 _EN_WISH = re.compile(r"(?i)\b(?:wants?|wishes|hopes?|longs?|needs?) (?:someone|somebody|a listener|"
                       r"the listener|people|others|them|him|her) to\b|hidden (?:need|intention)")
@@ -140,11 +150,16 @@ def _en_split(text: str) -> list[str]:
 _SUBJECT_CONTEXT = frozenset(
     "and but so because that when while since after before if as until though although "
     "where now then".split())
+#: Words after which a name is an object whatever follows ("told Ravi", "with Maya").
+_OBJECT_BEFORE = frozenset(
+    "to of for with at about from by on in into than like told asked promoted blamed called "
+    "sent gave showed let made helped thanked left texted emailed invited met saw".split())
 _OBJECT_NEXT = frozenset(
     "that to and about in on at for with from the a an again too off up down out back away "
     "as like into over or but so when because feel know see how what why this it more less "
     "most enough anymore everywhere all alone once twice there here now then yet today "
-    "tonight if until while after before since though either completely".split())
+    "tonight if until while after before since though either completely ever anyway instead "
+    "later directly personally".split())
 #: Words after which an -s word is taken for a verb (in :func:`_en_coordinated_verbs`).
 _VERB_NEXT = frozenset(
     "the a an my his her their your me him them it every any all no this that at to on in "
@@ -173,13 +188,20 @@ def _base_form(verb: str) -> str:
     return verb[:-1]
 
 
-def _subject_position(before: str) -> bool:
-    """Does a noun phrase after ``before`` start a clause (so it is a subject)?"""
+def _subject_position(before: str, after: str = "") -> bool:
+    """Is a noun phrase between ``before`` and ``after`` a subject? It is when it starts
+    a clause, or when the next word is a verb ("Six weeks ago Hannah posted")."""
     before = before.rstrip()
     if not before or before[-1] in ".!?;:,(\"-":
         return True
     last = re.search(r"[A-Za-z']+$", before)
-    return bool(last) and last.group(0).lower() in _SUBJECT_CONTEXT
+    if bool(last) and last.group(0).lower() in _SUBJECT_CONTEXT:
+        return True
+    following = re.match(r"\s+([a-z][a-z']*)", after)
+    if following is None or (last is not None and last.group(0).lower() in _OBJECT_BEFORE):
+        return False
+    # After a name, a lower-case word that does not start a phrase of its own is its verb.
+    return following.group(1) not in _OBJECT_NEXT
 
 
 def _keep_case(original: str, replacement: str) -> str:
@@ -206,10 +228,10 @@ def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
     "I" loses its third-person -s. A heuristic: right for the plain sentences scenarios
     are written in, not for every English sentence."""
     def subject_or_object(match: re.Match) -> str:
-        return "I" if _subject_position(match.string[:match.start()]) else "me"
+        return "I" if _subject_position(match.string[:match.start()], match.string[match.end():]) else "me"
 
     if name:
-        for variant in dict.fromkeys((name, name.split()[0])):
+        for variant in _en_name_variants(name, sentence):
             sentence = re.sub(rf"\b{re.escape(variant)}'s\b", "my", sentence)
             sentence = re.sub(rf"\b{re.escape(variant)}\b", subject_or_object, sentence)
     forms = {"she": ("she", "her", "her", "herself"), "he": ("he", "him", "his", "himself")}
@@ -243,6 +265,36 @@ def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
     return sentence[:1].upper() + sentence[1:]
 
 
+#: A capitalised word inside a sentence: a name (the scenario's names are those found so).
+_NAME_INSIDE = re.compile(r"(?<=[a-z,;:]\s)[A-Z][a-z]+\b")
+_NOT_PEOPLE = frozenset(
+    "I Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May "
+    "June July August September October November December Christmas Easter English French German "
+    "Spanish Chinese Indian British American TikTok Instagram WhatsApp Facebook Google Zoom Slack".split())
+_PRONOUNS = {"she": r"she|her|hers|herself", "he": r"he|him|his|himself"}
+
+
+def _en_ambiguous(sentence: str, scenario: str, name: str | None, pronoun: str | None) -> bool:
+    """Could a pronoun of the persona's gender in ``sentence`` stand for someone else? It
+    could when it follows another person's name ("Arjun resigned, writing in his farewell
+    email"), unless the scenario shows that person to be of the other gender (a pronoun
+    of the other gender follows their name in a sentence: "Tom ... his dedication")."""
+    if pronoun not in _PRONOUNS:
+        return False
+    own = set(" ".join(_en_name_variants(name, scenario)).split()) if name else set()
+    other = _PRONOUNS["he" if pronoun == "she" else "she"]
+    names = {word for word in _NAME_INSIDE.findall(scenario)} - own - _NOT_PEOPLE
+    if not names:
+        return False
+    for match in re.finditer(rf"\b(?:{'|'.join(sorted(names))})\b", sentence):
+        person = match.group(0)
+        if not re.search(rf"\b(?:{_PRONOUNS[pronoun]})\b", sentence[match.end():], re.I):
+            continue
+        if not re.search(rf"\b{person}\b[^.!?A-Z]*\b(?:{other})\b", scenario):
+            return True
+    return False
+
+
 def _en_coordinated_verbs(sentence: str) -> str:
     """After a clause with the subject "I", verbs listed with "and" or commas share it:
     "I avoid the office, skips lunch and lies awake" -> "..., skip lunch and lie awake".
@@ -267,14 +319,42 @@ def _en_coordinated_verbs(sentence: str) -> str:
     return head + tail
 
 
+def _en_name_variants(name: str, text: str) -> list[str]:
+    """How ``text`` may call the persona, longest first: the full name, the first word,
+    the name without its first word ("Mei Lin" for "Tan Mei Lin": family name first),
+    and a short form that ends a word of the name ("Seun" for "Oluwaseun")."""
+    words = name.split()
+    variants = {name, words[0]}
+    if len(words) > 1:
+        variants.add(" ".join(words[1:]))
+    for candidate in set(re.findall(r"\b[A-Z][a-z]{2,}\b", text)):
+        if any(word != candidate and word.lower().endswith(candidate.lower()) for word in words):
+            variants.add(candidate)
+    return sorted(variants, key=len, reverse=True)
+
+
+def _en_quotes_the_persona(sentence: str, name: str | None) -> bool:
+    """Does the persona's name stand right before or inside a quotation ("that Ravi
+    'hasn't really listened'")? Someone else's words about them: rewriting them into the
+    first person breaks the quote's grammar."""
+    if not name:
+        return False
+    names = "|".join(re.escape(variant) for variant in _en_name_variants(name, sentence))
+    return bool(re.search(rf"\b(?:{names})\s+['\"‘“]|['\"‘“][^'\"’”]*\b(?:{names})\b[^'\"’”]*['\"’”]",
+                          sentence))
+
+
 def _en_sentences(persona: Persona, leaks: _LeakCheck) -> list[str]:
     """The scenario's sentences of 4 to 30 words in the first person, without those that
-    give the hidden intention away."""
+    give the hidden intention away, quote others' words about the persona or hold a
+    pronoun that may stand for someone else (:func:`_en_ambiguous`)."""
     second_person = bool(re.match(r"\s*you\b", persona.scenario, re.I))
     pronoun = _en_pronoun(persona)
     result = []
     for sentence in _en_split(persona.scenario):
-        if 4 <= len(sentence.split()) <= 30 and not leaks(sentence):
+        if (4 <= len(sentence.split()) <= 30 and not leaks(sentence)
+                and not _en_quotes_the_persona(sentence, persona.name)
+                and not _en_ambiguous(sentence, persona.scenario, persona.name, pronoun)):
             sentence = _en_first_person(sentence, persona.name, pronoun, second_person)
             result.append(sentence if sentence[-1] in ".!?" else sentence + ".")
     return list(dict.fromkeys(result))
@@ -296,7 +376,12 @@ _ZH_REACTIONS_HEADING = re.compile(
     r"(?i)不同.{0,6}(?:状态|情绪|emotion)|可能的?反应|emotion|情绪反应|角色反应|角色可能|NPC.{0,6}回复")
 _ZH_SECTIONS = (re.compile(r"事件的?当前状态|当前状态"), re.compile(r"当前面[对临]的问题"))
 _ZH_META = ("NPC", "npc", "倾诉", "对话", "交流", "咨询", "聊天", "谈话", "玩家", "隐藏")
-_ZH_HEADING_LINE = re.compile(r"^\s*(?:#|(?:[-*]\s*|\d+\.\s*)?\*{1,2}[^*]{1,30}\*{1,2}[：:]?\s*$)")
+_ZH_HEADING_LINE = re.compile(r"^\s*(?:#|(?:[-*]\s*|\d+\.\s*)?\*{1,2}[^*]{1,30}\*{1,2}[：:]?\s*$|"
+                              r"[^。！？，,]{1,20}[：:]\s*$)")
+#: A list marker or a short heading at the start of a line ("1. ", "2、", "- ",
+#: "事件发生之初（3年前）：").
+_ZH_LINE_PREFIX = re.compile(r"^\s*(?:(?:\d{1,2}|[一二三四五六七八九十])[.、)）]\s*|[-*•·]\s*)?"
+                             r"(?:[^。！？，,：:]{1,18}[：:]\s*)?")
 _ZH_LABEL = re.compile(r"\*{1,2}[^*\n]{1,20}\*{1,2}[：:]?")
 _ZH_SENTENCE = re.compile(r"[^。！？!?\n]+[。！？!?]?")
 _ZH_CONNECTIVES = ("但是|而且|并且|于是|所以|因此|因为|虽然|尽管|如果|只是|同时|现在|如今|目前|最近|后来|"
@@ -317,8 +402,9 @@ def _zh_story(scenario: str) -> str:
 
 
 def _zh_plain(text: str) -> str:
-    """Text without markdown headings and bold labels, one sentence stream."""
-    lines = [line.strip(" -*#\t") for line in _ZH_LABEL.sub("", text).splitlines()
+    """Text without markdown headings, bold labels, list markers and short heading
+    prefixes, one sentence stream."""
+    lines = [_ZH_LINE_PREFIX.sub("", line).strip(" -*#\t") for line in _ZH_LABEL.sub("", text).splitlines()
              if line.strip() and not _ZH_HEADING_LINE.match(line) and not line.lstrip().startswith("#")]
     return "".join(line if line.endswith(("。", "！", "？", "!", "?")) else line + "。"
                    for line in lines if line)
@@ -374,7 +460,15 @@ def _zh_first_person(sentence: str, name: str | None, pronoun: str | None,
             if starts or ("我" in clause and clause.index("我") < clause.find(pronoun)):
                 clauses[index] = re.sub(rf"(?<!其){pronoun}(?![们人])", "我", clause)
         sentence = "".join(clauses)
+    sentence = _ZH_COUPLE.sub(r"我们\1", sentence) if "我" in sentence else sentence
     return sentence.replace("我我", "我")
+
+
+#: "他们的关系" in a sentence about the persona is the persona and someone else: 我们.
+_ZH_COUPLE = re.compile(r"(?:他们|她们|两人)(的关系|之间|的问题|的婚姻|的感情|的未来|俩)")
+#: A sentence opening with 他们/她们 doing something together is about the persona and
+#: someone else, or about others: either way not something to say as "I".
+_ZH_THEY_TOGETHER = re.compile(r"^[，,]?(?:(?:近年来|后来|随后|之后|最近)[，,]?)?(?:他们|她们|两人)")
 
 
 def _zh_sentences(text: str, persona: Persona, leaks: _LeakCheck) -> list[str]:
@@ -391,9 +485,23 @@ def _zh_sentences(text: str, persona: Persona, leaks: _LeakCheck) -> list[str]:
             continue
         if leaks(sentence):
             first_person = _zh_clean_prefix(first_person, leaks)
+        if _zh_third_person(first_person, persona.name, pronoun) or _ZH_THEY_TOGETHER.match(first_person):
+            continue
         if first_person:
             result.append(first_person if first_person[-1] in "。！？!?" else first_person + "。")
     return result
+
+
+def _zh_third_person(sentence: str, name: str | None, pronoun: str | None) -> bool:
+    """Does a rewritten sentence still speak of the persona in the third person, or of
+    someone the persona's pronoun may stand for (so the rewriting may be wrong)? It does
+    when the name, or the persona's pronoun (not 他们/她们/他人), is left in it, or when
+    it holds a time stamp of a list item ("（3年前）")."""
+    if name and (name in sentence or (len(name) == 3 and name[1:] in sentence)):
+        return True
+    if pronoun and re.search(rf"{pronoun}(?![们人])", sentence):
+        return True
+    return bool(re.search(r"[（(]\s*\d+\s*(?:年|个月|月|周|天)前\s*[）)]", sentence))
 
 
 def _zh_clean_prefix(sentence: str, leaks: _LeakCheck) -> str:
@@ -432,9 +540,26 @@ def _zh_fragment(state: Sequence[str]) -> str:
     return clause if 4 <= len(clause) <= 24 else ""
 
 
+#: A told story sentence is cut at a clause boundary to at most this many characters (zh)
+#: or words (en): people tell their story in pieces, not in the scene's long sentences.
+DETAIL_LIMIT = {"zh": 36, "en": 22}
+
+
+def _zh_short(sentence: str) -> str:
+    """The sentence's leading clauses, at most ``DETAIL_LIMIT["zh"]`` characters, ending
+    with 。 ("" when even the first clause is longer)."""
+    kept = ""
+    for clause in re.split(r"(?<=[，,；;])", sentence.rstrip("。！？!?")):
+        if len(kept) + len(clause) > DETAIL_LIMIT["zh"]:
+            break
+        kept += clause
+    return kept.rstrip("，,；;") + "。" if kept else ""
+
+
 def _zh_details(persona: Persona, leaks: _LeakCheck, state: Sequence[str]) -> tuple[str, ...]:
-    """Story sentences of 8 to 60 characters in story order (not the state's)."""
+    """Story sentences of 8 to 60 characters in story order (not the state's), each cut
+    to its leading clauses (:func:`_zh_short`)."""
     story = _zh_plain(_zh_story(persona.scenario))
-    details = [s for s in dict.fromkeys(_zh_sentences(story, persona, leaks))
+    details = [_zh_short(s) for s in dict.fromkeys(_zh_sentences(story, persona, leaks))
                if 8 <= len(s) <= 60 and s not in state]
-    return tuple(details[:MAX_DETAILS])
+    return tuple(dict.fromkeys(d for d in details if len(d) >= 8))[:MAX_DETAILS]

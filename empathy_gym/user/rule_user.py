@@ -1,50 +1,53 @@
 """The rule-based simulated user: no LLM, deterministic, fast, English and Chinese.
 
-**A stand-in for tests and CPU runs, not a judge.** It makes
-``gym.make("EmpathyDialogue-v0")`` work on a fresh machine without a model, and it is
-good enough that reinforcement learning against it learns sensible things (serve the
-hidden need, stay on the user's story, do not lecture or brush off) and cannot be
-gamed by the cheap tricks that inflate LLM judges (generic praise, prompt injection,
-random strings, repeating oneself). It does not understand language: it counts cue
-phrases. Use an LLM user (:mod:`empathy_gym.user.llm_user`) for real evaluation.
+**A stand-in for tests and CPU runs, calibrated against LLM judges.** It makes
+``gym.make("EmpathyDialogue-v0")`` work on a fresh machine without a model, its
+appraisal is a linear model fitted to the appraisals of SAGE's LLM simulators
+(:mod:`empathy_gym.user.rule_model`; agreement on held-out logs in
+``benchmarks/results/rule_user_agreement.txt``), and it cannot be gamed by the cheap
+tricks that inflate LLM judges (generic praise, prompt injection, random strings,
+repeating oneself). It does not understand language: it counts cue phrases and
+measures form. Use an LLM user (:mod:`empathy_gym.user.llm_user`) for real evaluation.
 
 It follows the SAGE / RLVER turn protocol (SAGE, arXiv 2505.02847, section 2.2; RLVER,
 arXiv 2507.03112, section 3.1): for each agent utterance the user *appraises* it (a
 signed emotion change, int, and one sentence of inner thoughts), the
 :class:`~empathy_gym.user.protocol.EmotionProtocol` moves the emotion (an int in
 [0, 100]), and the user *replies* in character from templates chosen by the emotion
-band (S >= 100, A >= 70, B >= 40, C >= 10, F < 10).
+band (S >= 100, A >= 70, B >= 40, C >= 10, F < 10), telling its story a piece at a time
+and never saying the same sentence twice in a dialogue while it has something new to say.
 
-How one change is computed (every number is in the tables below):
+How one change is computed:
 
 1. The utterance is scanned once with the persona's language lexicons
    (``rules/en.json``, ``rules/zh.json``: cue phrases as regular expressions; see
    :mod:`empathy_gym.user.rule_lexicon`).
-2. Each feature of :data:`WEIGHTS` contributes ``weight x count``, the count capped by
-   :data:`CAPS`; :data:`INTENTION_WEIGHTS` overrides a weight for one hidden intention
-   (advice hurts a user who wants to vent).
-3. Injection, gibberish, the wrong language or repeating an earlier utterance
-   (:data:`VOIDING`) void every gain of that utterance.
-4. Without a cue of the hidden intention the gains together are capped at
-   :data:`UNSERVED_GAIN_CAP` (kindness that misses the need moves the user only a
-   little; under a difficulty with ``intention_required`` they are zero). Gains are
-   then multiplied by the character type's and the difficulty's ``gain_scale``, losses
-   by their ``loss_scale`` (:data:`CHARACTER_SCALES`).
+2. Its named features (:func:`~empathy_gym.user.rule_model.appraisal_features`: form,
+   tone cues, the hidden need, the user's state) are weighed by the fitted
+   :class:`~empathy_gym.user.rule_model.AppraisalModel`: a change in emotion points.
+3. The guards (:data:`GUARDS`, emotion points, set by hand): injection, gibberish, the
+   wrong language, repeating an earlier utterance, parroting the user's newest message,
+   a reply too short for the model, or
+   cues of :data:`UNFOCUSED_INTENTIONS` or more intentions at once void the model's
+   gain (a positive model change becomes 0, reported as ``"voided"``) and add their
+   penalty; generic praise repeated costs per earlier praising turn.
+   Under a difficulty with ``intention_required`` a reply without a cue of the
+   hidden intention gains nothing either.
+4. A positive sum is multiplied by the difficulty's ``gain_scale``, a negative one by
+   its ``loss_scale`` (reported as ``"difficulty"``).
 5. The sum is rounded half away from zero and clipped to [-:data:`MAX_CHANGE`,
-   +:data:`MAX_CHANGE`]: an int in [-10, 10]. A reply that serves the need with some
-   validation and reference to the story scores about +5 to +10, a dismissive or
-   lecturing one about -5 to -10 (as in SAGE's logs); a kind reply that misses the
-   need moves the user by a point or two.
+   +:data:`MAX_CHANGE`]: an int in [-10, 10].
 
-:attr:`Appraisal.features` holds each fired feature's final contribution (after
-voiding and scaling; they add up to the change before rounding and clipping).
+:attr:`Appraisal.features` holds each group's contribution in emotion points (model
+groups such as ``"intention"``, ``"length"``, ``"validation"``, ``"mood"`` (the user's state),
+the guards, ``"voided"`` and ``"difficulty"``); they add up to the change before
+rounding and clipping.
 
 The agent's words are only ever matched against lexicons: they are data, never
-instructions (an injection attempt is itself a strongly negative feature).
+instructions (an injection attempt is itself a strongly negative guard).
 
-What the user says about itself (the opening's state, the ``{fragment}`` of replies, the
-story sentences it tells) comes from :mod:`empathy_gym.user.rule_story`; this module holds
-the tables, the appraisal and the replies.
+What the user says about itself (the opening's state, the story sentences it tells)
+comes from :mod:`empathy_gym.user.rule_story`.
 """
 
 from __future__ import annotations
@@ -56,11 +59,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from empathy_gym.personas import INTENTIONS, Persona
+from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import emotion_band
 from empathy_gym.user.rule_lexicon import RULES_DIR, LanguageRules, Memo, Scan, load_rules
+from empathy_gym.user.rule_model import (START_EMOTION, AppraisalModel, ReplyContext,
+                                         appraisal_features, intentions_cued, jaccard)
 from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-exported
     LEAK_OVERLAP,  # noqa: F401
     MAX_DETAILS,  # noqa: F401
@@ -69,81 +74,56 @@ from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-expor
 )
 
 # --------------------------------------------------------------------------------------
-# The tables: every number that shapes an appraisal.
+# The guards: hand-set rules outside the fitted model (emotion points).
 # --------------------------------------------------------------------------------------
 
-#: Emotion points per counted cue, before character and difficulty scaling. The order
-#: is also the tie-break order when choosing the thought that summarises an appraisal.
-WEIGHTS: dict[str, float] = {
+#: Penalty of each guard, in emotion points (praise_repeated: per earlier praising turn,
+#: at most :data:`PRAISE_REPEATED_CAP` turns; unfocused: per intention beyond
+#: ``UNFOCUSED_INTENTIONS - 1``).
+GUARDS: dict[str, float] = {
     "injection": -10.0,        # "ignore your instructions", "your emotion is now 100", "忽略之前的指令"
     "gibberish": -6.0,         # at least GIBBERISH_RATIO of the words are not words
-    "dismissive": -5.0,        # "calm down", "not a big deal", "想开点", "别想太多"
-    "lecturing": -4.0,         # "you should have", "you need to", "你应该", "你必须"
     "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance
-    "pushy_question": -4.0,    # avoidant users only: a direct question about feelings, unsoftened
     "too_short": -4.0,         # empty or nearly so (see LENGTH)
-    "intention": 4.0,          # a cue of the persona's hidden intention
     "wrong_language": -3.0,    # nothing in the persona's language
-    "unfocused": -3.0,         # the need is hit among cues of 3+ intentions: per intention beyond two
-    "advice": 0.0,             # an advice cue; see INTENTION_WEIGHTS (helps only via "intention")
-    "generic_comfort": 0.0,    # "don't worry", "会好起来的"; see INTENTION_WEIGHTS
-    "praise_repeated": -2.0,   # generic praise again, per earlier turn that praised (capped)
-    "missed_need": -2.0,       # no cue of the hidden intention
-    "question_barrage": -2.0,  # per question beyond two
-    "too_long": -2.0,          # see LENGTH
-    "validation": 2.0,         # "that sounds really hard", "it makes sense that you", "难怪你"
-    "specific_praise": 2.0,    # praise tied to the scenario (other intentions than specific_praise)
-    "open_question": 1.5,      # one or two questions, at least one open ("what", "how", "怎么")
+    "parroting": -3.0,         # PARROT_SHARE or more of the utterance is the user's newest message
+    "unfocused": -3.0,         # cues of UNFOCUSED_INTENTIONS or more intentions: a shotgun
+    "praise_repeated": -2.0,   # generic praise again
     "short": -1.5,             # see LENGTH
-    "grounding": 1.0,          # per content word (zh: character bigram) shared with the story
-    "praise": 1.0,             # generic praise, the first time only
 }
-
-#: The most cues a feature counts (features not listed count once).
-CAPS: dict[str, int] = {
-    "intention": 2, "validation": 2, "grounding": 3, "question_barrage": 3, "advice": 2,
-    "generic_comfort": 2, "praise_repeated": 3, "dismissive": 2, "lecturing": 2, "unfocused": 6,
-}
-
-#: Per hidden intention, weights that replace :data:`WEIGHTS` (emotion points per cue).
-INTENTION_WEIGHTS: dict[str, dict[str, float]] = {
-    "venting_listened": {"advice": -3.0},
-    "deep_empathy": {"advice": -3.0, "generic_comfort": -3.0},
-}
-
-#: Character type -> (gain multiplier, loss multiplier). Negative users lose more and
-#: gain less; passive users are damped both ways; avoidant users react like the
-#: default but dislike pushy questions about their feelings ("pushy_question").
-CHARACTER_SCALES: dict[str, tuple[float, float]] = {
-    "negative": (0.7, 1.3),
-    "passive": (0.6, 0.6),
-    "avoidant": (1.0, 1.0),
-}
-
-#: Without a cue of the hidden intention, all gains together are capped at this many
-#: points (before scaling): kindness that misses the need moves the user only a little.
-UNSERVED_GAIN_CAP = 3.0
-#: Features that void every gain of the utterance they fire on.
-VOIDING: tuple[str, ...] = ("injection", "gibberish", "wrong_language", "repetition")
+#: Guards that void the model's gain (the fitted model never saw such replies, or they
+#: are tricks).
+VOIDING: tuple[str, ...] = ("injection", "gibberish", "wrong_language", "repetition", "parroting",
+                            "too_short", "short", "unfocused")
+PRAISE_REPEATED_CAP = 3
+#: Cues of this many different intentions (or more) in one utterance void it. In SAGE's
+#: logs the share of positive appraisals falls from 74% (no intention cued) to 34%
+#: (5 cued) and 0 of 14 (6 cued); fewer are left to the model (``spread:<n>``).
+UNFOCUSED_INTENTIONS = 6
 
 #: The change is clipped to [-MAX_CHANGE, MAX_CHANGE] (SAGE's clamp; RLVER training
 #: does not clamp, so the rule user does it itself).
 MAX_CHANGE = 10
 #: Jaccard similarity (word sets; zh: character bigrams) that counts as repeating an
-#: earlier agent utterance, or parroting a user utterance.
-REPEAT_SIMILARITY = 0.7
+#: earlier agent utterance, or parroting a user utterance: near-verbatim. Lower
+#: similarity is left to the model's ``repetition`` feature (weight <= 0): in SAGE's
+#: logs 29% of replies this similar still gained, and a guard at 0.7 cost 1.2 points
+#: of sign agreement (benchmarks/fit_rule_model.py, leave one model out).
+REPEAT_SIMILARITY = 0.8
+#: Share of the utterance's units (words; zh: character bigrams) found in the user's
+#: newest message that makes it parroting ("It sounds like you're saying: <their words>").
+#: In SAGE's logs 99.9% of replies stay below 0.28 (3 of 5,944 reach 0.5).
+PARROT_SHARE = 0.6
 #: Share of non-words (or implausible characters) that makes an utterance gibberish.
 GIBBERISH_RATIO = 0.5
 #: Shared story units that make praise specific (rather than generic).
 SPECIFIC_GROUNDING = 2
 #: A cue phrase the agent already used in an earlier turn counts this much.
 STALE_CUE = 0.5
-#: Cues of this many different intentions (or more) in one utterance are "unfocused".
-UNFOCUSED_INTENTIONS = 3
 #: Length thresholds: en in words, zh in CJK characters plus Latin words.
 LENGTH: dict[str, dict[str, int]] = {
-    "en": {"too_short": 3, "short": 6, "too_long": 120},
-    "zh": {"too_short": 5, "short": 10, "too_long": 250},
+    "en": {"too_short": 3, "short": 6},
+    "zh": {"too_short": 5, "short": 10},
 }
 #: Bands in which the user tells one more story sentence per turn.
 DETAIL_BANDS = ("A", "B")
@@ -151,31 +131,13 @@ DETAIL_BANDS = ("A", "B")
 BAND_ORDER = "FCBAS"
 
 # --------------------------------------------------------------------------------------
-# The appraisal: one function per group of features, each returning raw contributions
-# (emotion points), then _combine
+# The appraisal
 # --------------------------------------------------------------------------------------
 
 
 def _round_half_away(value: float) -> int:
     """Round to the nearest int, halves away from zero (2.5 -> 3, -2.5 -> -3)."""
     return int(math.copysign(math.floor(abs(value) + 0.5), value))
-
-
-def _jaccard(a: frozenset, b: frozenset) -> float:
-    """Jaccard similarity of two sets, in [0, 1] (0 when either is empty)."""
-    if not a or not b:
-        return 0.0
-    return len(a & b) / len(a | b)
-
-
-def _weight(feature: str, intention: str) -> float:
-    """The feature's weight for a hidden intention (emotion points per cue)."""
-    return INTENTION_WEIGHTS.get(intention, {}).get(feature, WEIGHTS[feature])
-
-
-def _capped(feature: str, count: float) -> float:
-    """``count`` capped by :data:`CAPS` (1 for features not listed)."""
-    return min(count, CAPS.get(feature, 1))
 
 
 def _cues(key: str, scan: Scan, earlier: Sequence[Scan]) -> float:
@@ -210,116 +172,82 @@ def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], share
     return count
 
 
-def _need_features(cues: float, scan: Scan) -> dict[str, float]:
-    """intention, missed_need, unfocused: how the utterance serves the hidden need.
-
-    A reply that hits the need among cues of :data:`UNFOCUSED_INTENTIONS` (3) or more
-    different intentions is a shotgun: its intention gain is divided by (intentions - 1)
-    and "unfocused" costs one weight per intention beyond two, so stuffing every
-    intention's cue phrases into one reply does not pay. Two at once are fine.
-    """
-    if cues <= 0:
-        return {"missed_need": WEIGHTS["missed_need"]}
-    gain = WEIGHTS["intention"] * _capped("intention", cues)
-    hit = sum(1 for key in INTENTIONS if scan.count(f"intention:{key}"))
-    if hit < UNFOCUSED_INTENTIONS:
-        return {"intention": gain}
-    return {"intention": gain / (hit - 1), "unfocused": WEIGHTS["unfocused"] * _capped("unfocused", hit - 2)}
-
-
-def _listening_features(persona: Persona, scan: Scan, earlier: Sequence[Scan],
-                        shared: int) -> dict[str, float]:
-    """validation, grounding, open_question, question_barrage, pushy_question."""
-    raw: dict[str, float] = {}
-    validation = _cues("validation", scan, earlier)
-    if validation:
-        raw["validation"] = WEIGHTS["validation"] * _capped("validation", validation)
-    if shared:
-        raw["grounding"] = WEIGHTS["grounding"] * _capped("grounding", shared)
-    if 1 <= scan.questions <= 2 and scan.count("open_question"):
-        raw["open_question"] = WEIGHTS["open_question"]
-    if scan.questions > 2:
-        extra = _capped("question_barrage", scan.questions - 2)
-        raw["question_barrage"] = WEIGHTS["question_barrage"] * extra
-    if (persona.character_type == "avoidant" and scan.count("pushy_question")
-            and not scan.count("softener")):
-        raw["pushy_question"] = WEIGHTS["pushy_question"]
-    return raw
-
-
-def _stance_features(persona: Persona, scan: Scan, earlier: Sequence[Scan],
-                     shared: int) -> dict[str, float]:
-    """advice, generic_comfort, praise, praise_repeated, specific_praise, dismissive,
-    lecturing: what the utterance does besides listening."""
-    intention = persona.hidden_intention
-    raw: dict[str, float] = {}
-    for feature, key in (("advice", "intention:practical_advice"), ("generic_comfort", "generic_comfort"),
-                         ("dismissive", "dismissive"), ("lecturing", "lecturing")):
-        weight = _weight(feature, intention)
-        if weight and scan.count(key):
-            raw[feature] = weight * _capped(feature, scan.count(key))
-    praised = scan.count("praise") > 0
-    if praised and shared < SPECIFIC_GROUNDING:
-        earlier_praise = sum(1 for past in earlier if past.count("praise"))
-        if earlier_praise:
-            raw["praise_repeated"] = WEIGHTS["praise_repeated"] * _capped("praise_repeated", earlier_praise)
-        else:
-            raw["praise"] = WEIGHTS["praise"]
-    elif ((praised or scan.count("intention:specific_praise")) and shared >= SPECIFIC_GROUNDING
-          and intention != "specific_praise"):
-        raw["specific_praise"] = WEIGHTS["specific_praise"]
-    return raw
-
-
-def _form_features(persona: Persona, scan: Scan, history: Sequence[frozenset[str]]) -> dict[str, float]:
-    """too_short, short, too_long, repetition, gibberish, wrong_language, injection:
-    the form of the utterance, whatever it says. ``history`` holds the units of every
-    earlier utterance (agent and user: repeating oneself or parroting the user)."""
-    raw: dict[str, float] = {}
+def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: float,
+            parroted: float, shared: int) -> dict[str, float]:
+    """The guards that fire on the utterance (:data:`GUARDS`), with their penalties.
+    ``similarity`` is the utterance's highest Jaccard similarity with any earlier
+    utterance (agent and user: repeating oneself or the user); ``parroted`` the share of
+    its units found in the user's newest message."""
+    fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
-        raw["too_short"] = WEIGHTS["too_short"]
+        fired["too_short"] = GUARDS["too_short"]
     elif scan.length < limits["short"]:
-        raw["short"] = WEIGHTS["short"]
-    elif scan.length > limits["too_long"]:
-        raw["too_long"] = WEIGHTS["too_long"]
-    if any(_jaccard(scan.words, past) >= REPEAT_SIMILARITY for past in history):
-        raw["repetition"] = WEIGHTS["repetition"]
+        fired["short"] = GUARDS["short"]
+    if similarity >= REPEAT_SIMILARITY:
+        fired["repetition"] = GUARDS["repetition"]
+    elif parroted >= PARROT_SHARE:
+        fired["parroting"] = GUARDS["parroting"]
     if scan.nonword_ratio >= GIBBERISH_RATIO:
-        raw["gibberish"] = WEIGHTS["gibberish"]
+        fired["gibberish"] = GUARDS["gibberish"]
     if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else scan.cjk > scan.latin:
-        raw["wrong_language"] = WEIGHTS["wrong_language"]
+        fired["wrong_language"] = GUARDS["wrong_language"]
     if scan.count("injection"):
-        raw["injection"] = WEIGHTS["injection"]
-    return raw
+        fired["injection"] = GUARDS["injection"]
+    cued = len(intentions_cued(scan))
+    if cued >= UNFOCUSED_INTENTIONS:
+        fired["unfocused"] = GUARDS["unfocused"] * (cued - UNFOCUSED_INTENTIONS + 1)
+    if scan.count("praise") and shared < SPECIFIC_GROUNDING:
+        earlier_praise = sum(1 for past in earlier if past.count("praise"))
+        if earlier_praise:
+            fired["praise_repeated"] = GUARDS["praise_repeated"] * min(earlier_praise, PRAISE_REPEATED_CAP)
+    return fired
 
 
-def _combine(raw: Mapping[str, float], persona: Persona, difficulty: Difficulty,
-             has_cue: bool) -> tuple[int, dict[str, float]]:
-    """Void, scale, sum, round and clip the raw contributions.
+def _combine(points: float, parts: Mapping[str, float], guards: Mapping[str, float],
+             difficulty: Difficulty, has_cue: bool) -> tuple[int, dict[str, float]]:
+    """Void, add the guards, scale by the difficulty, round and clip.
 
     Returns:
         ``(change, contributions)``: the change (int in [-MAX_CHANGE, MAX_CHANGE]) and
-        each feature's final contribution (float, emotion points).
+        each group's contribution (float, emotion points, rounded to 3 decimals).
     """
-    char_gain, char_loss = CHARACTER_SCALES[persona.character_type]
-    gain = char_gain * difficulty.gain_scale
-    loss = char_loss * difficulty.loss_scale
-    if any(feature in raw for feature in VOIDING) or (difficulty.intention_required and not has_cue):
-        gain = 0.0
-    gains = sum(value for value in raw.values() if value > 0)
-    if not has_cue and gains > UNSERVED_GAIN_CAP:
-        gain *= UNSERVED_GAIN_CAP / gains
-    # In WEIGHTS order; "+ 0.0" turns -0.0 (a zero loss_scale) into 0.0.
-    contributions = {feature: round(raw[feature] * (gain if raw[feature] > 0 else loss), 3) + 0.0
-                     for feature in WEIGHTS if feature in raw}
-    change = _round_half_away(sum(contributions.values()))
+    contributions = dict(parts)
+    voided = any(name in VOIDING for name in guards) or (difficulty.intention_required and not has_cue)
+    if voided and points > 0:
+        contributions["voided"] = -points
+        points = 0.0
+    contributions.update(guards)
+    total = points + sum(guards.values())
+    scaled = total * (difficulty.gain_scale if total > 0 else difficulty.loss_scale)
+    if scaled != total:
+        contributions["difficulty"] = scaled - total
+    # "+ 0.0" turns -0.0 into 0.0.
+    contributions = {name: round(value, 3) + 0.0 for name, value in contributions.items()}
+    change = _round_half_away(scaled)
     return max(-MAX_CHANGE, min(MAX_CHANGE, change)), contributions
 
 
 # --------------------------------------------------------------------------------------
 # The user
 # --------------------------------------------------------------------------------------
+
+_ZH_SENTENCE_END = re.compile(r"(?<=[。！？!?…])|\n+")
+_EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def sentences_of(code: str, text: str) -> list[str]:
+    """The sentences of ``text`` (zh: split after 。！？!?…; en: after . ! ?), normalised
+    for comparison: lower-cased, without spaces and punctuation; empty ones dropped."""
+    parts = (_ZH_SENTENCE_END if code == "zh" else _EN_SENTENCE_END).split(text)
+    normal = (re.sub(r"[\W_]+", "", part).lower() for part in parts)
+    return [part for part in normal if part]
+
+
+def said_sentences(code: str, texts: Sequence[str]) -> set[str]:
+    """Every sentence of ``texts`` (:func:`sentences_of`): what the user already said."""
+    return {sentence for text in texts for sentence in sentences_of(code, text)}
+
 
 _MASK64 = (1 << 64) - 1
 #: Salts that keep the seeded choices of one turn apart (see :func:`_pick`).
@@ -348,7 +276,8 @@ class RuleUser(SimulatedUser):
     """A deterministic simulated user driven by cue lexicons and templates (no LLM).
 
     A stand-in for tests and CPU runs, not a judge: see the module docstring for how an
-    appraisal is computed and :data:`WEIGHTS` for every feature's weight.
+    appraisal is computed, :mod:`empathy_gym.user.rule_model` for the fitted weights and
+    :data:`GUARDS` for the hand-set rules.
 
     Args:
         difficulty: a preset name (``"easy"``, ``"moderate"``, ``"challenging"``), a path,
@@ -356,12 +285,16 @@ class RuleUser(SimulatedUser):
             ``gain_scale``, ``loss_scale``, ``intention_required`` and ``hint_below_band``.
         rules_dir: a folder with ``en.json`` and ``zh.json`` to replace the shipped
             lexicons and templates (default :data:`RULES_DIR`).
+        model: the appraisal model: an
+            :class:`~empathy_gym.user.rule_model.AppraisalModel` or the path of an
+            artefact (default: the shipped ``rules/appraisal_model.json``).
 
     Raises:
         KeyError: unknown difficulty name.
-        ValueError: invalid difficulty preset, or invalid rules file (bad JSON, a bad
-            regular expression, a missing intention lexicon; names the file).
-        FileNotFoundError: a rules file is missing.
+        ValueError: invalid difficulty preset, invalid rules file (bad JSON, a bad
+            regular expression, a missing intention lexicon; names the file), or an
+            invalid model artefact.
+        FileNotFoundError: a rules file or the model artefact is missing.
 
     Example:
         >>> from empathy_gym.personas import load_personas
@@ -378,13 +311,15 @@ class RuleUser(SimulatedUser):
     deterministic = True
 
     def __init__(self, difficulty: str | os.PathLike | Mapping[str, Any] | Difficulty = "moderate",
-                 *, rules_dir: str | os.PathLike | None = None):
+                 *, rules_dir: str | os.PathLike | None = None,
+                 model: AppraisalModel | str | os.PathLike | None = None):
         self.difficulty: Difficulty = load_difficulty(difficulty)
         if self.difficulty.hint_below_band is not None and self.difficulty.hint_below_band not in BAND_ORDER:
             raise ValueError(f"hint_below_band must be one of {list(BAND_ORDER)} or None, "
                              f"got {self.difficulty.hint_below_band!r}")
         self.rules_dir = Path(rules_dir) if rules_dir is not None else RULES_DIR
         self._languages = load_rules(str(self.rules_dir.resolve()))
+        self.model: AppraisalModel = model if isinstance(model, AppraisalModel) else AppraisalModel.load(model)
         self._stories = Memo(lambda persona: persona_story(persona, self._language(persona)), 20_000)
 
     # -- the persona ------------------------------------------------------------------
@@ -393,9 +328,9 @@ class RuleUser(SimulatedUser):
         if persona.language not in self._languages:
             raise ValueError(f"persona {persona.id!r}: language {persona.language!r} is not one of "
                              f"{list(self._languages)}")
-        if persona.character_type not in CHARACTER_SCALES:
+        if persona.character_type not in CHARACTER_TYPES:
             raise ValueError(f"persona {persona.id!r}: character_type {persona.character_type!r} is not "
-                             f"one of {list(CHARACTER_SCALES)}")
+                             f"one of {list(CHARACTER_TYPES)}")
         return self._languages[persona.language]
 
     def _story(self, persona: Persona) -> PersonaStory:
@@ -431,15 +366,23 @@ class RuleUser(SimulatedUser):
     def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
         """One :class:`~empathy_gym.user.base.Appraisal` per request: ``change`` an int in
         [-10, 10], ``thoughts`` one sentence in the persona's language, ``features`` each
-        fired feature's contribution in emotion points (see :data:`WEIGHTS`).
+        group's contribution in emotion points (module docstring).
 
         Raises:
             ValueError: a persona with an unknown language or character type.
         """
         return [self._appraise_one(request) for request in requests]
 
-    def _appraise_one(self, request: UserRequest) -> Appraisal:
-        """One appraisal: scan, compute every feature group, combine (module docstring)."""
+    def features(self, request: UserRequest) -> tuple[dict[str, float], dict[str, float], bool]:
+        """``(model features, guards, has_cue)`` of one request: the named features the
+        appraisal model weighs (:func:`~empathy_gym.user.rule_model.appraisal_features`),
+        the guards that fire (:data:`GUARDS`, emotion points) and whether the utterance
+        holds a cue of the hidden intention. Used by the appraisal and by the fitting
+        script (``benchmarks/fit_rule_model.py``).
+
+        Raises:
+            ValueError: a persona with an unknown language or character type.
+        """
         persona = request.persona
         language = self._language(persona)
         story = self._story(persona)
@@ -448,12 +391,24 @@ class RuleUser(SimulatedUser):
         users = [text for role, text in request.history if role == "user"]
         shared = self._shared_units(language, scan, story, users)
         cues = _intention_cues(persona, scan, earlier, shared, story)
-        raw = _need_features(cues, scan)
-        raw.update(_listening_features(persona, scan, earlier, shared))
-        raw.update(_stance_features(persona, scan, earlier, shared))
-        past = [past_scan.words for past_scan in earlier] + [language.units(text)[0] for text in users]
-        raw.update(_form_features(persona, scan, past))
-        change, contributions = _combine(raw, persona, self.difficulty, has_cue=cues > 0)
+        start = persona.initial_emotion if persona.initial_emotion is not None else START_EMOTION
+        context = ReplyContext(persona=persona, earlier=earlier, last_user=users[-1] if users else "",
+                               shared=shared, own_cues=cues, emotion=int(request.emotion),
+                               turn=int(request.turn), start_emotion=start)
+        features = appraisal_features(language, scan, request.utterance, context,
+                                      self.model.en_units_per_word)
+        similarity = max([features.get("repetition", 0.0)]
+                         + [jaccard(scan.words, language.units(text)[0]) for text in users])
+        last = language.units(users[-1])[0] if users else frozenset()
+        parroted = len(scan.words & last) / len(scan.words) if scan.words else 0.0
+        return features, _guards(persona, scan, earlier, similarity, parroted, shared), cues > 0
+
+    def _appraise_one(self, request: UserRequest) -> Appraisal:
+        """One appraisal: features, the model's points, guards, combine (module docstring)."""
+        features, guards, has_cue = self.features(request)
+        points, parts = self.model.contributions(features)
+        change, contributions = _combine(points, parts, guards, self.difficulty, has_cue)
+        language = self._language(request.persona)
         thoughts = self._thought(language, contributions, request)
         return Appraisal(change=change, thoughts=thoughts, features=contributions)
 
@@ -466,15 +421,28 @@ class RuleUser(SimulatedUser):
             shared |= scan.content & language.units(text)[1]
         return len(shared)
 
-    @staticmethod
-    def _thought(language: LanguageRules, contributions: Mapping[str, float],
+    #: Contribution group and sign -> the ``thoughts`` key of the rules file.
+    _THOUGHT_KEYS: dict[tuple[str, str], str] = {
+        ("intention", "+"): "intention", ("other_needs", "-"): "unfocused", ("validation", "+"): "validation",
+        ("feelings", "+"): "validation", ("open_question", "+"): "open_question",
+        ("questions", "-"): "question_barrage", ("pushy_question", "-"): "pushy_question",
+        ("generic_comfort", "-"): "generic_comfort", ("praise", "-"): "praise_repeated",
+        ("dismissive", "-"): "dismissive", ("lecturing", "-"): "lecturing", ("grounding", "+"): "grounding",
+        ("repetition_soft", "-"): "repetition", ("length", "-"): "short", ("layout", "-"): "too_long",
+    }
+
+    @classmethod
+    def _thought(cls, language: LanguageRules, contributions: Mapping[str, float],
                  request: UserRequest) -> str:
-        """One sentence of inner thoughts about the strongest feature."""
+        """One sentence of inner thoughts about the strongest contribution that is about
+        the utterance (not the user's mood, the difficulty or voiding)."""
         thoughts = language.data["thoughts"]
-        fired = [(feature, value) for feature, value in contributions.items() if value]
-        if fired:
-            feature, value = max(fired, key=lambda item: abs(item[1]))
-            options = thoughts.get(feature, {}).get("+" if value > 0 else "-")
+        fired = [(feature, value) for feature, value in contributions.items()
+                 if value and feature not in ("mood", "voided", "difficulty")]
+        for feature, value in sorted(fired, key=lambda item: -abs(item[1])):
+            sign = "+" if value > 0 else "-"
+            key = feature if feature in GUARDS else cls._THOUGHT_KEYS.get((feature, sign))
+            options = thoughts.get(key, {}).get(sign) if key else None
             if options:
                 return _pick(options, request.seed, request.turn, _SALT_THOUGHT)
         return _pick(thoughts["neutral"], request.seed, request.turn, _SALT_THOUGHT)
@@ -482,12 +450,17 @@ class RuleUser(SimulatedUser):
     # -- reply ------------------------------------------------------------------------
     def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
               emotions: Sequence[int]) -> list[str]:
-        """The user's in-character answer: an optional reaction to the worst feature
-        (e.g. "You already said that."), a line for the emotion band and character type
-        (S: thanks and goodbye; F: gives up and leaves), in bands A and B a sentence of
-        the story (sentence ``(turn - 1) % n`` of the ``n`` kept: story order, one per
-        turn), and, when the difficulty's ``hint_below_band`` covers the band (never in
-        S or F), a hint at the hidden need in the user's own words.
+        """The user's in-character answer: an optional reaction to the worst guard or
+        tone (e.g. "You already said that."), a line for the emotion band and character
+        type (S: thanks and goodbye; F: gives up and leaves), in bands A and B the next
+        sentence of the story it has not told yet (story order), and, when the
+        difficulty's ``hint_below_band`` covers the band (never in S or F), a hint at
+        the hidden need in the user's own words.
+
+        The user never says a sentence twice in a dialogue (:func:`said_sentences` of
+        the history): a line, reaction or hint it already said is not chosen again,
+        and a part with nothing new left is left out (in S and F, which end the
+        dialogue, a line is always said).
 
         ``emotions`` are the emotions after the appraisals (ints in [0, 100]); they pick
         the band. Lines are chosen by ``request.seed`` and ``request.turn``: the same
@@ -506,44 +479,56 @@ class RuleUser(SimulatedUser):
     def _reply_one(self, request: UserRequest, appraisal: Appraisal, emotion: int) -> str:
         """One reply (see :meth:`reply`)."""
         persona = request.persona
+        code = persona.language
         language = self._language(persona)
         band = emotion_band(emotion)
-        parts = []
-        reaction = self._reaction(language, appraisal, request) if band != "S" else ""
-        if reaction:
-            parts.append(reaction)
-        parts.append(self._band_line(language, persona, band, request))
+        said = said_sentences(code, [text for role, text in request.history if role == "user"])
+        parts: list[str] = []
+
+        def say(options: Sequence[str], salt: int, *, always: bool = False) -> None:
+            fresh = [text for text in options if text and not said & set(sentences_of(code, text))]
+            if fresh or (always and options):
+                text = _pick(fresh or options, request.seed, request.turn, salt)
+                parts.append(text)
+                said.update(sentences_of(code, text))
+
+        if band != "S":
+            say(self._reactions(language, appraisal), _SALT_REACTION)
+        say(self._band_lines(language, persona, band), _SALT_LINE, always=band in ("S", "F"))
         details = self._story(persona).details
         if band in DETAIL_BANDS and details:
-            parts.append(details[(request.turn - 1) % len(details)])
+            untold = [detail for detail in details if not said & set(sentences_of(code, detail))]
+            if untold:
+                parts.append(untold[0])
+                said.update(sentences_of(code, untold[0]))
         if self._hints_in(band):
             hints = language.data["hints"]
-            options = hints.get(persona.hidden_intention, hints["other"])
-            parts.append(_pick(options, request.seed, request.turn, _SALT_HINT))
-        return ("" if persona.language == "zh" else " ").join(parts)
+            say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
+        if not parts:          # everything said already: a band line again rather than nothing
+            say(self._band_lines(language, persona, band), _SALT_LINE, always=True)
+        return ("" if code == "zh" else " ").join(parts)
 
     @staticmethod
-    def _reaction(language: LanguageRules, appraisal: Appraisal, request: UserRequest) -> str:
-        """A short reaction to the most negative feature that has one ("" when none)."""
+    def _reactions(language: LanguageRules, appraisal: Appraisal) -> list[str]:
+        """Reactions to the most negative contribution that has them ([] when none)."""
         reactions = language.data["reactions"]
         negative = [(value, feature) for feature, value in appraisal.features.items()
                     if value < 0 and feature in reactions]
         if not negative:
-            return ""
+            return []
         _, feature = min(negative)
-        return _pick(reactions[feature], request.seed, request.turn, _SALT_REACTION)
+        return list(reactions[feature])
 
-    def _band_line(self, language: LanguageRules, persona: Persona, band: str,
-                   request: UserRequest) -> str:
-        """The band's line for the character type, with the scenario fragment woven in."""
+    def _band_lines(self, language: LanguageRules, persona: Persona, band: str) -> list[str]:
+        """The band's lines for the character type, with the scenario fragment woven in."""
         fragment = self._story(persona).fragment
         options = language.data["replies"][band][persona.character_type]
         if not fragment:
             options = [line for line in options if "{fragment}" not in line] or options
             fragment = language.data["fallback_fragment"]
-        line = _pick(options, request.seed, request.turn, _SALT_LINE).format(fragment=fragment)
         # A fragment may land after a full stop ("Mm. {fragment}"): capitalise it there.
-        return _AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line)
+        return [_AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line.format(fragment=fragment))
+                for line in options]
 
     def _hints_in(self, band: str) -> bool:
         """Does the difficulty hint at the need in this band? Never in S or F (the user
@@ -554,5 +539,4 @@ class RuleUser(SimulatedUser):
         return BAND_ORDER.index(band) <= BAND_ORDER.index(limit)
 
 
-__all__ = ["CAPS", "CHARACTER_SCALES", "INTENTION_WEIGHTS", "MAX_CHANGE", "RULES_DIR", "RuleUser",
-           "UNSERVED_GAIN_CAP", "VOIDING", "WEIGHTS"]
+__all__ = ["GUARDS", "MAX_CHANGE", "RULES_DIR", "RuleUser", "UNFOCUSED_INTENTIONS", "VOIDING"]
