@@ -126,12 +126,13 @@ class MemoryPlan:
 
     def table(self) -> str:
         """The plan as aligned text, GiB to two decimals."""
-        lines = [f"memory plan ({self.device})", f"  {'part':<34}{'GiB':>9}  how"]
-        lines += [f"  {name:<34}{size / GIB:>9.2f}  {note}" for name, size, note in self.rows]
-        lines.append(f"  {'total':<34}{self.total / GIB:>9.2f}")
+        width = max(34, *(len(name) + 2 for name, _, _ in self.rows))
+        lines = [f"memory plan ({self.device})", f"  {'part':<{width}}{'GiB':>9}  how"]
+        lines += [f"  {name:<{width}}{size / GIB:>9.2f}  {note}" for name, size, note in self.rows]
+        lines.append(f"  {'total':<{width}}{self.total / GIB:>9.2f}")
         if self.capacity is not None:
-            lines.append(f"  {'device capacity':<34}{self.capacity / GIB:>9.2f}")
-            lines.append(f"  {'headroom':<34}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)")
+            lines.append(f"  {'device capacity':<{width}}{self.capacity / GIB:>9.2f}")
+            lines.append(f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)")
         return "\n".join(lines)
 
     def check(self, min_headroom: float = 0.05) -> None:
