@@ -582,6 +582,8 @@ class RLTrainer:
     def _run_step(self, step: int, bar: Any) -> bool:
         config = self.config
         started = time.perf_counter()
+        if self.device.type == "cuda":  # memory/peak_*_gib: this step's peak
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.generator.sync(self.model, step)
         env_seeds, groups = self.env_seeds(step)
         mine = self.processes.mine(groups)
@@ -631,7 +633,7 @@ class RLTrainer:
                         "time/step": time.perf_counter() - started,
                         "tokens/generated": float(times.generated_tokens),
                         "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
-        if self.device.type == "cuda":  # next to the memory plan's total
+        if self.device.type == "cuda":  # this step's peak, next to the memory plan's total
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         metrics = self.processes.mean_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
