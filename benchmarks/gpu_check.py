@@ -115,6 +115,11 @@ def build_policy(shape: dict, device, dtype):
     return model
 
 
+def gib(value: float | None) -> str:
+    """A table cell: GiB to two decimals, ``-`` where nothing was measured (CPU)."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def recipe(args: argparse.Namespace, output_dir: str):
     """``agents/qwen2.5-7b-ppo.yaml`` with this check's workload."""
     from empathy_gym.agents import load_recipe
@@ -209,11 +214,12 @@ def main(argv: list[str] | None = None) -> str:
     for m in metrics:
         lines.append(f"{m['step']:>4}{m['time/generation']:>9.1f}{m['time/user']:>9.1f}{m['time/update']:>10.1f}"
                      f"{m['time/step']:>9.1f}{m['tokens/generated_per_second']:>11.1f}"
-                     f"{m['episode/turns_mean']:>7.2f}{m.get('memory/peak_allocated_gib', float('nan')):>16.2f}"
-                     f"{m.get('memory/peak_reserved_gib', float('nan')):>19.2f}")
+                     f"{m['episode/turns_mean']:>7.2f}{gib(m.get('memory/peak_allocated_gib')):>16}"
+                     f"{gib(m.get('memory/peak_reserved_gib')):>19}")
     if plan is not None:
-        peak = max((m.get("memory/peak_allocated_gib", float("nan")) for m in metrics), default=float("nan"))
-        lines.append(f"\nplan total {plan.total / 2 ** 30:.2f} GiB; measured peak allocated {peak:.2f} GiB "
+        peak = (f"{max(m['memory/peak_allocated_gib'] for m in metrics):.2f} GiB" if device.type == "cuda"
+                else "- (not measured on CPU)")
+        lines.append(f"\nplan total {plan.total / 2 ** 30:.2f} GiB; measured peak allocated {peak} "
                      f"(the plan is an upper bound of the allocator's peak, minus CUDA context and fragmentation)")
     lines.append(f"wall time: {time.perf_counter() - started:.0f} s in all, {built - started:.0f} s to build")
     report = "\n".join(lines)

@@ -94,6 +94,7 @@ def test_the_check_runs_at_a_tiny_shape_with_only_what_the_gpu_machine_has(tmp_p
         generation, user, update, step = map(float, row[1:5])
         assert generation > 0 and user > 0 and update > 0 and step >= generation + user + update - 0.2
         assert float(row[5]) > 0 and float(row[6]) == 2.0         # tokens/s; both turns played
+        assert row[7:] == ["-", "-"]                                # no CUDA peak on CPU
     assert "user: policy (adapters off)" in report and "2 dialogues x 2 turns" in report
     assert "plan total" in report
 
