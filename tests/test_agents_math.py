@@ -1,11 +1,13 @@
 """Estimators and losses against values worked out by hand."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from empathy_gym.agents.grpo import aggregate, group_advantages, grpo_loss, reward_to_go_advantages
+from empathy_gym.agents.grpo import (GRPOTrainer, aggregate, degenerate_groups, group_advantages, grpo_loss,
+                                    reward_to_go_advantages)
 from empathy_gym.agents.ppo import masked_gae, ppo_policy_loss, ppo_value_loss, whiten
 
 
@@ -177,3 +179,82 @@ def test_grpo_clip_direction():
     loss, stats = grpo_loss(logprobs, torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2)
     assert loss.tolist() == pytest.approx([-1.2, 0.8])
     assert stats["clipfrac"].tolist() == [1.0, 1.0]
+
+
+def test_clip_higher_raises_only_the_upper_bound():
+    """DAPO's clip-higher: eps_low 0.2, eps_high 0.28. A > 0, ratio 1.25: inside [0.8, 1.28],
+    unclipped (with a symmetric 0.2 it would be cut to 1.2). A < 0, ratio 0.7: the lower
+    bound 0.8 still binds."""
+    logprobs = torch.log(torch.tensor([1.25, 0.7, 1.4]))
+    advantages = torch.tensor([1.0, -1.0, 1.0])
+    loss, stats = grpo_loss(logprobs, torch.zeros(3), advantages, 0.2, epsilon_high=0.28)
+    assert loss.tolist() == pytest.approx([-1.25, 0.8, -1.28])
+    assert stats["clipfrac"].tolist() == [0.0, 1.0, 1.0]
+    symmetric, _ = grpo_loss(logprobs, torch.zeros(3), advantages, 0.2)
+    assert symmetric.tolist() == pytest.approx([-1.2, 0.8, -1.2])
+
+
+def test_dr_grpo_divides_by_a_constant_not_by_lengths():
+    """Two rollouts, 4 tokens and 1 token, every token's loss 1. token_mean and
+    sequence_mean both give 1; Dr. GRPO divides the sum 5 by 2 rollouts x 10 tokens."""
+    per_token = torch.ones(5)
+    segments = torch.tensor([0, 0, 0, 0, 1])
+    assert float(aggregate(per_token, segments, "token_mean", 5, 2)) == pytest.approx(1.0)
+    assert float(aggregate(per_token, segments, "sequence_mean", 5, 2)) == pytest.approx(1.0)
+    assert float(aggregate(per_token, segments, "dr_grpo", 5, 2, max_tokens=10)) == pytest.approx(0.25)
+    # the longer rollout now weighs 4 times the shorter: its tokens are not averaged away
+    long_only = aggregate(per_token[:4], segments[:4], "dr_grpo", 5, 2, max_tokens=10)
+    assert float(long_only) == pytest.approx(4 * float(aggregate(per_token[4:], segments[4:] * 0, "dr_grpo", 5, 2,
+                                                                   max_tokens=10)))
+    with pytest.raises(ValueError, match="needs max_tokens"):
+        aggregate(per_token, segments, "dr_grpo", 5, 2)
+
+
+def rollout(group, total):
+    from empathy_gym.agents.rollout import Trajectory
+    t = Trajectory(key=0, group=group, env_seed=0, persona_id="p", language="en", hidden_intention="x",
+                   character_type="passive", emotions=[40])
+    t.rewards = [total]
+    return t
+
+
+def refill_host(budget, groups=2, size=2, envs=4):
+    config = SimpleNamespace(dynamic_sampling_budget=budget, num_generations=size, rollout_batch_size=groups * size,
+                             seed=0, advantage="episode")
+    return SimpleNamespace(config=config, processes=SimpleNamespace(world=1, rank=0), envs=[None] * envs)
+
+
+def test_dynamic_sampling_refills_skipped_groups_until_they_are_replaced():
+    """Group 0 has no spread, group 1 has. The first refill group has none either, the
+    second has: two rounds of one group each, then nothing is missing."""
+    first = [rollout(0, 0.1), rollout(0, 0.1), rollout(1, 0.1), rollout(1, 0.3)]
+    assert degenerate_groups(first) == {0}
+    answers = iter([[0.2, 0.2], [0.0, 0.5]])
+    calls = []
+
+    def collect(seeds, groups):
+        calls.append((list(seeds), list(groups)))
+        returns = next(answers)
+        return [rollout(g, r) for g, r in zip(groups, returns)]
+
+    played, metrics = GRPOTrainer.refill(refill_host(budget=3), first, 1, collect)
+    assert metrics == {"grpo/refill_groups": 2.0, "grpo/refill_rounds": 2.0}
+    assert len(played) == 8 and played[:4] == first
+    (seeds1, groups1), (seeds2, groups2) = calls
+    assert seeds1[0] == seeds1[1] and seeds2[0] == seeds2[1] and seeds1[0] != seeds2[0]   # a group shares its seed
+    assert len({*groups1, *groups2, 0, 1}) == 4                                           # new group ids
+    assert degenerate_groups(played) == {0, groups1[0]}
+
+
+def test_dynamic_sampling_stops_at_its_budget_and_is_off_at_zero():
+    first = [rollout(0, 0.1), rollout(0, 0.1), rollout(1, 0.2), rollout(1, 0.2)]
+    calls = []
+
+    def collect(seeds, groups):
+        calls.append(len(seeds))
+        return [rollout(g, 0.0) for g in groups]          # never any spread
+
+    played, metrics = GRPOTrainer.refill(refill_host(budget=3), first, 1, collect)
+    # two groups missing; rounds of min(missing 2, budget, 2 groups of envs): 2, then 1
+    assert calls == [4, 2] and metrics == {"grpo/refill_groups": 3.0, "grpo/refill_rounds": 2.0}
+    assert GRPOTrainer.refill(refill_host(budget=0), first, 1, collect) == (first, {})

@@ -3,6 +3,9 @@ the LoRA adapters, the policy's always do."""
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -56,3 +59,151 @@ def test_policy_backend_needs_adapters_and_a_trainer(tiny_model_dir):
         PolicyUserBackend(model, tokenizer)
     with pytest.raises(ValueError, match="PolicyUserBackend"):
         make_backend("policy")
+
+
+# -- the trainer builds the user from its own policy (recipe env.kwargs.backend: policy) ----
+USER_OVERRIDES = ["policy.use_lora=true", "policy.lora_r=4", "rollout_batch_size=2", "total_steps=1", "progress=false",
+                  "env.kwargs.backend=policy", "env.kwargs.appraisal_mode=choice",
+                  "env.kwargs.user_kwargs.max_tokens=6", "env.kwargs.user_kwargs.reply_plan=false"]
+
+
+def watch_adapters(trainer, user_methods):
+    """Record, at every forward of one LoRA layer, who called (the user, the policy's
+    sampler, or the update) and whether the adapters were off."""
+    from peft.tuners.lora import LoraLayer
+    layer = next(m for m in trainer.model.modules() if isinstance(m, LoraLayer))
+    caller, seen = [], []
+    layer.register_forward_pre_hook(lambda module, args: seen.append((caller[-1] if caller else "update",
+                                                                       module.disable_adapters)))
+
+    def tagged(owner, name, tag):
+        method = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            caller.append(tag)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                caller.pop()
+        setattr(owner, name, call)
+
+    tagged(trainer.generator, "generate", "policy")
+    for name in user_methods:
+        tagged(trainer.envs[0].user.backend, name, "user")
+    return seen
+
+
+def check_user_never_sees_the_adapters(seen):
+    assert {who for who, _ in seen} == {"user", "policy", "update"}
+    assert {off for who, off in seen if who == "user"} == {True}
+    assert {off for who, off in seen if who != "user"} == {False}
+
+
+def run_policy_user(tmp_path, model, extra=()):
+    from empathy_gym.agents import PPOTrainer, load_recipe
+    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", f"policy.model={model}", *USER_OVERRIDES,
+                                                  *extra], algorithm="ppo")
+    trainer = PPOTrainer(config)
+    user = trainer.envs[0].user.backend
+    assert isinstance(user, PolicyUserBackend) and user.model is trainer.model
+    assert all(env.user is trainer.envs[0].user for env in trainer.envs)      # one user for the batch
+    seen = watch_adapters(trainer, ["generate", "choice_logprobs"])
+    (metrics,) = trainer.train()
+    check_user_never_sees_the_adapters(seen)
+    return trainer, metrics
+
+
+def test_the_trainer_plays_against_its_own_base_model(tmp_path):
+    trainer, metrics = run_policy_user(tmp_path, "tiny")
+    assert metrics["episode/turns_mean"] > 0 and metrics["time/user"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_plays_the_user_on_its_own_base_weights(tmp_path):
+    """SmolLM2-135M-Instruct trains with LoRA and plays the user with its adapters off
+    (about a minute on two cores)."""
+    trainer, metrics = run_policy_user(tmp_path, "smollm2", ["env.kwargs.personas=en", "generation.max_new_tokens=8"])
+    assert metrics["episode/turns_mean"] > 0
+
+
+def test_backend_policy_needs_lora_and_no_model_of_its_own():
+    from empathy_gym.agents import RecipeError, load_recipe
+    with pytest.raises(RecipeError, match="needs policy.use_lora=true"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.backend=policy"], algorithm="ppo")
+    with pytest.raises(RecipeError, match="env.kwargs.model: backend 'policy' is served by the policy's own model"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.backend=policy", "policy.use_lora=true",
+                                             "env.kwargs.model=tiny"], algorithm="ppo")
+
+
+# -- vLLM: the user's requests go to the policy's engine without a LoRA request ------------
+class FakeLLM:
+    """A stand-in ``vllm.LLM`` (vLLM is not installed here): ``generate`` (the policy's
+    token prompts) and ``chat`` (the user's conversations) record their LoRA request;
+    ``chat`` answers with a short text and, for choice scoring, log-probs of the allowed
+    option tokens."""
+
+    def __init__(self, model, **kwargs):
+        from transformers import AutoTokenizer
+        self.kwargs, self.requests = kwargs, []
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.llm_engine = types.SimpleNamespace(remove_lora=lambda lora_id: None)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, inputs, params, lora_request=None, use_tqdm=False):
+        self.requests.append(("policy", lora_request))
+        ids = self.tokenizer("I hear you.", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        completion = types.SimpleNamespace(token_ids=ids, logprobs=[{t: types.SimpleNamespace(logprob=-1.0)} for t in ids])
+        return [types.SimpleNamespace(outputs=[completion]) for _ in inputs]
+
+    def chat(self, messages, params, use_tqdm=False, chat_template=None, add_generation_prompt=True,
+             lora_request=None):
+        self.requests.append(("user", lora_request))
+        outputs = []
+        for param in params:
+            allowed = getattr(param, "allowed_token_ids", None) or []
+            logprobs = [{t: types.SimpleNamespace(logprob=-1.0 - i) for i, t in enumerate(allowed)}]
+            outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(text="Thanks, that helps.",
+                                                                                logprobs=logprobs)]))
+        return outputs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = FakeLLM
+    vllm.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
+    lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, int_id, path: types.SimpleNamespace(lora_name=name, lora_int_id=int_id,
+                                                                           lora_path=path)
+    for name, module in (("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return vllm
+
+
+def test_with_vllm_the_user_shares_the_policys_engine_without_the_adapter(tmp_path, fake_vllm):
+    from empathy_gym.agents import PPOTrainer, load_recipe
+    from empathy_gym.backends.policy_backend import VLLMPolicyUserBackend
+    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", *USER_OVERRIDES, "generation.engine=vllm",
+                                                  "total_steps=2"], algorithm="ppo")
+    trainer = PPOTrainer(config)
+    user = trainer.envs[0].user.backend
+    assert isinstance(user, VLLMPolicyUserBackend) and user.llm is trainer.generator.llm   # one engine
+    metrics = trainer.train()
+    requests = trainer.generator.llm.requests
+    assert {who for who, _ in requests} == {"policy", "user"}
+    assert all(lora is None for who, lora in requests if who == "user")
+    adapters = [lora for who, lora in requests if who == "policy"]
+    assert all(lora is not None for lora in adapters) and {lora.lora_int_id for lora in adapters} == {2, 3}
+    # vLLM rollouts: truncated importance sampling is on (cap 2); the stand-in's log-probs (-1)
+    # are not the trainer's, and the mismatch shows it
+    assert trainer.tis_cap == 2.0 and metrics[0]["sampler/kl"] > 0.01
+    user.close()
+    assert trainer.generator.llm is user.llm                       # the engine is the generator's to close
+
+
+def test_a_vllm_user_needs_a_lora_engine(fake_vllm):
+    from empathy_gym.backends.policy_backend import VLLMPolicyUserBackend
+    with pytest.raises(ValueError, match="needs a LoRA policy"):
+        VLLMPolicyUserBackend(types.SimpleNamespace(lora_rank=0, llm=None))

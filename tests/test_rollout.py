@@ -244,6 +244,26 @@ def test_an_opening_that_leaves_no_room_for_a_turn_is_a_clear_error(tiny):
         engine.collect([0])
 
 
+def test_thinking_and_reply_tokens_and_turns_cut_by_length_are_counted(tiny):
+    _, tokenizer = tiny
+    outputs = ["<think>She feels lost.</think> That sounds so heavy.", "<think>Ask gently</think> What happened?"]
+    env = EmpathyDialogueEnv(PERSONAS, user=ScriptedUser(change_fn=lambda r: 5), max_turns=2, think=True)
+    engine = RolloutEngine([env], ScriptedPolicy(tokenizer, outputs, cut_at=2), tokenizer)
+    (trajectory,) = engine.collect([0])
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    thinking = [len(encode("<think>She feels lost.</think>")), len(encode("<think>Ask gently</think>"))]
+    sampled = [len(encode(outputs[0])) + 1, len(encode(outputs[1]))]     # the second turn was cut: no eos
+    assert tokenizer.decode(encode(outputs[0])[:thinking[0]]) == "<think>She feels lost.</think>"
+    assert trajectory.thinking_tokens == sum(thinking)
+    assert trajectory.reply_tokens == sum(sampled) - sum(thinking)
+    assert trajectory.cut_turns == 1
+    # outside think mode every sampled token is reply
+    plain = EmpathyDialogueEnv(PERSONAS, user=ScriptedUser(change_fn=lambda r: 5), max_turns=1)
+    (trajectory,) = RolloutEngine([plain], ScriptedPolicy(tokenizer, ["Hello there."]), tokenizer).collect([0])
+    assert (trajectory.thinking_tokens, trajectory.reply_tokens, trajectory.cut_turns) == \
+        (0, len(encode("Hello there.")) + 1, 0)
+
+
 @pytest.mark.parametrize("think", [False, True])
 def test_kept_key_value_states_change_no_token_and_no_log_prob(tiny, think):
     """The transformers sampler keeps each dialogue's key/value states between turns and

@@ -404,3 +404,73 @@ def test_ctrl_c_with_the_console_gone_still_saves_the_checkpoint(tmp_path):
     steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
     assert saved == f"step-{steps[-1]:06d}"
     assert "Ctrl-C" in (out / "train.log").read_text()
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_the_separate_critic_has_no_lm_head_and_loads_checkpoints_of_the_old_causal_lm_critic(tmp_path, lora):
+    """The critic is the backbone alone (no vocabulary projection); a checkpoint written
+    when it was a whole causal LM (keys ``base_model.model.model.*`` with LoRA,
+    ``model.*`` and ``lm_head.weight`` without) still loads, tensor for tensor, and one
+    that does not fit is refused instead of loading nothing."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from empathy_gym.agents.checkpoint import CheckpointError
+    from empathy_gym.models import resolve_model
+    extra = ("policy.use_lora=true", "policy.lora_r=4") if lora else ()
+    run = trainer(tmp_path, "ppo", "critic-head", 1, extra=(*extra, "critic=separate"))
+    backbone = run.critic_model.get_base_model() if lora else run.critic_model
+    assert backbone.get_output_embeddings() is None and not hasattr(backbone, "lm_head")
+    old = AutoModelForCausalLM.from_pretrained(resolve_model("tiny")[0])
+    if lora:
+        old = get_peft_model(old, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for parameter in old.parameters():
+            parameter.normal_(0, 0.1)
+    saved = {k: v for k, v in old.state_dict().items() if "lora_" in k or not lora}
+    assert any(k.startswith("base_model.model.model." if lora else "lm_head.") for k in saved)
+    run.load_extra_state({"value_head": run.value_head.state_dict(), "critic": saved})
+    now = run.critic_model.state_dict()
+    for key, value in saved.items():
+        if key.startswith("lm_head."):
+            continue
+        new_key = key.replace("base_model.model.model.", "base_model.model.", 1) if lora else key[len("model."):]
+        assert torch.equal(now[new_key], value)
+    with pytest.raises(CheckpointError, match="does not fit this critic"):
+        run.load_extra_state({"value_head": run.value_head.state_dict(),
+                              "critic": {"base_model.model.elsewhere.lora_A.default.weight": torch.zeros(1)}})
+
+
+@pytest.mark.parametrize("algorithm,extra", [("ppo", ("critic=separate",)),
+                                             ("grpo", ("num_generations=2", "dynamic_sampling_budget=2"))])
+def test_the_step_statistics_are_in_metrics_jsonl_and_tensorboard(tmp_path, algorithm, extra):
+    """Value and advantage statistics, the share of turns cut by length, thinking and
+    reply tokens and the sampler mismatch: present, finite, consistent with the episodes
+    (turns cut, tokens per turn) and written to TensorBoard too."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    varied = ScriptedUser(change_fn=lambda request: sum(map(ord, request.utterance)) % 11 - 5)  # groups vary
+    trainer(tmp_path, algorithm, "run", 2, user=varied, extra=(*extra, "report_to=tensorboard")).train()
+    metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    episodes = [json.loads(l) for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    stats = ["advantage/mean", "advantage/std", "advantage/min", "advantage/max"]
+    if algorithm == "ppo":
+        stats += [f"value/{s}" for s in ("mean", "std", "min", "max")]
+        stats += [f"value/target/{s}" for s in ("mean", "std", "min", "max")]
+    always = ["episode/turn_cut_rate", "tokens/thinking_per_turn", "tokens/reply_per_turn"]
+    stats += ["sampler/kl", "sampler/max_ratio", "sampler/min_ratio"]     # GRPO: over the trained groups' tokens
+    for m in metrics:
+        trained = algorithm == "ppo" or m["grpo/skipped_groups"] < m["grpo/groups"]
+        for key in always + (stats if trained else []):
+            assert isinstance(m[key], float) and m[key] == m[key] and abs(m[key]) < float("inf"), (key, m[key])
+        if trained:
+            assert m["advantage/min"] <= m["advantage/mean"] <= m["advantage/max"] and m["advantage/std"] >= 0
+        mine = [e for e in episodes if e["step"] == m["step"]][:4]        # the first round (GRPO refills after)
+        turns = sum(e["turns"] for e in mine)
+        assert m["episode/turn_cut_rate"] == pytest.approx(sum(e["cut_turns"] for e in mine) / turns)
+        assert m["tokens/thinking_per_turn"] == 0.0                       # not think mode: every token is reply
+        assert m["tokens/reply_per_turn"] * turns == pytest.approx(m["tokens/generated"])
+        if trained:                                                         # the same model code: they agree
+            assert m["sampler/kl"] < 1e-6 and m["sampler/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert any(algorithm == "ppo" or m["grpo/skipped_groups"] < m["grpo/groups"] for m in metrics)
+    events = EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
+    assert set(always + stats) <= set(events.Tags()["scalars"])

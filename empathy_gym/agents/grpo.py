@@ -8,8 +8,11 @@ signal: they are skipped and counted.
 References:
     [GRPO] Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1 (eq. 3 the
            objective, 4.1.2 outcome supervision, 4.1.3 process supervision).
-    [DAPO] Yu et al. 2025, arXiv 2503.14476 (token-level loss averaging).
-    [DrGRPO] Liu et al. 2025, arXiv 2503.20783 (no std scaling).
+    [DAPO] Yu et al. 2025, arXiv 2503.14476 (section 3.1 clip-higher, 3.2 dynamic
+           sampling, 3.3 token-level loss averaging).
+    [DrGRPO] Liu et al. 2025, arXiv 2503.20783 (section 3.1: no std scaling, a constant
+           normaliser instead of each response's length).
+    [TIS]  Yao et al. 2025, truncated importance sampling (:mod:`~empathy_gym.agents.mismatch`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from empathy_gym.agents.config import REWARD_TO_GO_FINAL, GRPOConfig, RecipeError
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData
-from empathy_gym.agents.trainer import RLTrainer
+from empathy_gym.agents.trainer import RLTrainer, describe
 from empathy_gym.seeding import derive_seed
 
 #: Added to the group standard deviation (as TRL's GRPOTrainer).
@@ -118,20 +121,26 @@ def reward_to_go_advantages(turn_rewards: Sequence[torch.Tensor], groups: Sequen
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              epsilon: float, *, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0
+              epsilon: float, *, epsilon_high: float | None = None, ref_logprobs: torch.Tensor | None = None,
+              beta: float = 0.0, weights: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective [GRPO eq. 3] as a loss per token, over flat trainable tokens.
 
         ratio_t = exp(log pi - log pi_old)
-        L_t     = -min(ratio_t * A_t, clip(ratio_t, 1-eps, 1+eps) * A_t)
+        L_t     = -w_t * min(ratio_t * A_t, clip(ratio_t, 1-eps_low, 1+eps_high) * A_t)
                   + beta * (pi_ref/pi - log(pi_ref/pi) - 1)        [GRPO eq. 4, k3 KL]
 
-    The caller averages with :func:`aggregate`.
+    ``eps_low = epsilon``; ``eps_high = epsilon_high`` (DAPO's clip-higher [DAPO eq. 10]:
+    a higher upper bound lets unlikely tokens gain probability; ``None``: ``epsilon``).
+    ``w_t``: truncated importance weights [TIS] (``None``: 1). The caller averages
+    with :func:`aggregate`.
 
     Args:
         logprobs, old_logprobs, advantages: (n,) float.
-        epsilon: clip range.
+        epsilon: lower clip range eps_low.
+        epsilon_high: upper clip range eps_high (``None``: ``epsilon``).
         ref_logprobs: (n,) float, needed when ``beta`` > 0.
+        weights: (n,) float, from :func:`~empathy_gym.agents.mismatch.tis_weights`.
 
     Returns:
         ``(L, stats)``: (n,) float, and per-token (n,) ``clipfrac`` (1 where the clipped
@@ -143,9 +152,12 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
+    high = epsilon if epsilon_high is None else epsilon_high
     surrogate = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantages
+    clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + high) * advantages
     per_token = -torch.min(surrogate, clipped)
+    if weights is not None:
+        per_token = per_token * weights
     kl = torch.zeros_like(per_token)
     if beta > 0:
         if ref_logprobs is None:
@@ -159,46 +171,74 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     return per_token, stats
 
 
+LOSS_TYPES = ("token_mean", "sequence_mean", "dr_grpo")
+
+
 def aggregate(per_token: torch.Tensor, segments: torch.Tensor, loss_type: str, tokens: float,
-              sequences: float) -> torch.Tensor:
+              sequences: float, max_tokens: int | None = None) -> torch.Tensor:
     """This micro-batch's share of a mini-batch's loss (a sum over micro-batches and
     processes of these shares is the mini-batch's loss).
 
     ``"token_mean"``: sum_t L_t / tokens, every trainable token of the mini-batch weighs
     the same [DAPO]. ``"sequence_mean"``: sum_i (mean of rollout i's L_t) / sequences,
-    each rollout weighs the same [GRPO eq. 3's 1/|o_i| then 1/G].
+    each rollout weighs the same [GRPO eq. 3's 1/|o_i| then 1/G]. ``"dr_grpo"``:
+    sum_t L_t / (sequences * max_tokens), a constant that does not depend on how long
+    the rollouts are [DrGRPO section 3.1; TRL divides by ``max_completion_length``], so
+    a long wrong answer is not penalised less per token than a short one.
 
     Args:
         per_token: (n,) float, this micro-batch's per-token losses.
         segments: (n,) int64, the rollout (0-based within the micro-batch) of each token.
-        loss_type: ``"token_mean"`` or ``"sequence_mean"``.
+        loss_type: one of :data:`LOSS_TYPES`.
         tokens, sequences: the mini-batch's trainable tokens and rollouts, counted over
             every micro-batch and process.
+        max_tokens: the constant of ``"dr_grpo"`` (the trainer's: ``generation.max_new_tokens``).
 
     Raises:
-        ValueError: unknown ``loss_type``.
+        ValueError: unknown ``loss_type``, or ``"dr_grpo"`` without ``max_tokens``.
     """
     if loss_type == "token_mean":
         return per_token.sum() / tokens
+    if loss_type == "dr_grpo":
+        if not max_tokens:
+            raise ValueError("loss_type 'dr_grpo' needs max_tokens (the constant normaliser)")
+        return per_token.sum() / (sequences * max_tokens)
     if loss_type == "sequence_mean":
         count = int(segments.max()) + 1 if len(segments) else 0
         sums = torch.zeros(count, device=per_token.device).index_add(0, segments, per_token)
         sizes = torch.zeros(count, device=per_token.device).index_add(0, segments, torch.ones_like(per_token))
         return (sums[sizes > 0] / sizes[sizes > 0]).sum() / sequences
-    raise ValueError(f"loss_type must be 'token_mean' or 'sequence_mean', got {loss_type!r}")
+    raise ValueError(f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}")
+
+
+def degenerate_groups(trajectories: Sequence[Trajectory], advantage: str = "episode") -> set[int]:
+    """The groups of ``trajectories`` that carry no signal under ``advantage``
+    (:func:`group_advantages` or :func:`reward_to_go_advantages` on the outcome rewards)."""
+    if not trajectories:
+        return set()
+    groups = [t.group for t in trajectories]
+    rewards = [t.outcome_rewards() for t in trajectories]
+    if advantage == "episode":
+        _, degenerate = group_advantages(torch.tensor([sum(r) for r in rewards], dtype=torch.float64),
+                                         torch.tensor(groups))
+    else:
+        _, degenerate = reward_to_go_advantages([torch.tensor(r, dtype=torch.float64) for r in rewards], groups)
+    return {g for g, d in zip(groups, degenerate.tolist()) if d}
 
 
 # -- the trainer ----------------------------------------------------------------------------
 @dataclass
 class GRPOBatch:
     """The rollouts of a step that carry signal, ready for the epochs (flat per
-    trajectory over its trainable tokens): ``data``, ``old_logprobs``, ``advantages``
-    and, with ``beta`` > 0, ``ref_logprobs``."""
+    trajectory over its trainable tokens): ``data``, ``old_logprobs``, ``advantages``,
+    with ``beta`` > 0 ``ref_logprobs``, and with truncated importance sampling the
+    ``weights``."""
 
     data: list[TokenData]
     old_logprobs: list[torch.Tensor]
     advantages: list[torch.Tensor]
     ref_logprobs: list[torch.Tensor] | None = None
+    weights: list[torch.Tensor] | None = None
 
 
 class GRPOTrainer(RLTrainer):
@@ -212,6 +252,12 @@ class GRPOTrainer(RLTrainer):
     rollouts) over every micro-batch and process first, so accumulation does not change
     it. A dialogue cut at the context limit is scored as if it had ended there
     (:meth:`~empathy_gym.agents.rollout.Trajectory.outcome_rewards`).
+
+    Dynamic sampling [DAPO 3.2] (``dynamic_sampling_budget`` > 0): the groups skipped
+    for want of signal are replaced by fresh groups (new env seeds), played and checked
+    in rounds until every skipped group is replaced or the budget of extra groups is
+    spent; the rollout statistics (``reward/``, ``emotion/``, ``episode/``) stay those of
+    the step's first round, an unbiased sample of the policy.
     """
 
     algorithm = "grpo"
@@ -254,20 +300,64 @@ class GRPOTrainer(RLTrainer):
             [torch.tensor(r, dtype=torch.float64) for r in rewards], groups, config.scale_rewards)
         return [a[d.turn_index] for a, d in zip(per_turn, data)], degenerate
 
+    def refill(self, trajectories: list[Trajectory], step: int, collect: Any
+               ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Dynamic sampling [DAPO 3.2]: play fresh groups in place of the groups without
+        signal, round by round, until none is left to replace or
+        ``dynamic_sampling_budget`` extra groups (shared evenly by the processes) were
+        played.
+
+        Args:
+            trajectories: the step's first round.
+            step: the step (seeds the new groups: ``(seed, step, rank, round, group)``).
+            collect: ``collect(env_seeds, groups)`` plays dialogues (the trainer's rollout).
+
+        Returns:
+            ``(trajectories followed by every refill round's, metrics)``: metrics
+            ``grpo/refill_groups`` (extra groups played) and ``grpo/refill_rounds``;
+            none when dynamic sampling is off.
+        """
+        config = self.config
+        budget = config.dynamic_sampling_budget // self.processes.world
+        if budget <= 0:
+            return trajectories, {}
+        size = config.num_generations
+        capacity = len(self.envs) // size                                    # groups one round can play
+        first_groups = config.rollout_batch_size // size
+        missing = len(degenerate_groups(trajectories, config.advantage))
+        played, round_, extra = list(trajectories), 0, 0
+        while missing > 0 and budget > 0:
+            round_ += 1
+            n = min(missing, budget, capacity)
+            # group ids unique over rounds and processes, after the first round's
+            base = first_groups + ((round_ - 1) * self.processes.world + self.processes.rank) * capacity
+            seeds = [derive_seed(config.seed, step, self.processes.rank, round_, g) for g in range(n)]
+            new = collect([s for s in seeds for _ in range(size)], [base + g for g in range(n) for _ in range(size)])
+            budget -= n
+            extra += n
+            missing -= n - len(degenerate_groups(new, config.advantage))
+            played += new
+        return played, {"grpo/refill_groups": float(extra), "grpo/refill_rounds": float(round_)}
+
     def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[GRPOBatch, dict[str, float]]:
         """Advantages; the rollouts of groups without signal left out; old (and
-        reference) log-probs. Returns the batch and the group counts."""
+        reference) log-probs; the sampler mismatch over the kept rollouts' tokens (and
+        truncated importance weights when ``tis_cap`` is in force). Returns the batch
+        and its statistics: group counts, mismatch, and the mean, standard deviation,
+        minimum and maximum of the kept tokens' advantages."""
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
-        counts = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
-                                                    if degenerate[i]})),
-                  "grpo/groups": float(len({t.group for t in trajectories}))}
+        stats = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
+                                                   if degenerate[i]})),
+                 "grpo/groups": float(len({t.group for t in trajectories}))}
         data = [data[i] for i in keep]
         batch = GRPOBatch(data, self.policy_logprobs(data) if data else [], [advantages[i] for i in keep])
+        mismatch, batch.weights = self.sampler_correction(data, batch.old_logprobs)
+        stats |= mismatch | describe("advantage", batch.advantages)
         if self.config.beta > 0 and data:
             batch.ref_logprobs = self.policy_logprobs(data, reference=True)
-        return batch, counts
+        return batch, stats
 
     def accumulate(self, batch: GRPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
         """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
@@ -293,12 +383,13 @@ class GRPOTrainer(RLTrainer):
             gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
             out = self.forward(self.model, chunk)
             per_token, stats = grpo_loss(out.logprobs, gather(batch.old_logprobs), gather(batch.advantages),
-                                         config.epsilon, beta=config.beta,
-                                         ref_logprobs=gather(batch.ref_logprobs) if batch.ref_logprobs else None)
+                                         config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
+                                         ref_logprobs=gather(batch.ref_logprobs) if batch.ref_logprobs else None,
+                                         weights=gather(batch.weights) if batch.weights else None)
             segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
                                   for j, d in enumerate(chunk)]).to(self.device)
             loss = aggregate(per_token - config.entropy_coef * out.entropy, segments, config.loss_type,
-                             tokens, sequences)
+                             tokens, sequences, max_tokens=config.generation.max_new_tokens)
             loss.backward()
             for key, value in (("loss/policy", per_token), ("policy/entropy", out.entropy),
                                ("policy/clipfrac", stats["clipfrac"]), ("policy/approx_kl", stats["approx_kl"]),

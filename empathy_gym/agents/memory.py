@@ -4,8 +4,11 @@
 bytes: the frozen weights, the trained weights (LoRA adapters, or every weight) with
 their gradients and AdamW's two moments, a separate critic or a frozen reference when
 the recipe has one, the activations of one micro-batch, the log-prob pass over the
-vocabulary, and the key/value cache of the generation engine. :class:`MemoryPlan`
-prints the table and refuses a recipe that cannot fit (:meth:`MemoryPlan.check`).
+vocabulary, the generation engine (key/value cache and the logits it keeps), and the
+simulated user when the policy's own weights play it. :class:`MemoryPlan` prints the
+table and refuses a recipe that cannot fit (:meth:`MemoryPlan.check`);
+:func:`device_capacity` and :func:`read_shape` supply the device's memory and the
+model's sizes to the trainer before it loads anything.
 
 Counts assume a Llama/Qwen2-style decoder (attention q, k, v, o; gated MLP gate, up,
 down; RMSNorm), which covers the models the recipes use. They are estimates: allocator
@@ -14,11 +17,19 @@ what the headroom is for.
 
 Sources: mixed-precision AdamW keeps float32 master weights, gradients and two moments,
 16 bytes per trained parameter (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054,
-section 3.1, with float32 gradients); activation memory of a transformer layer
-~ T * H * (34 + 5 * heads * T / H) bytes in half precision without recomputation, and
-only the layer inputs (2 * T * H bytes per layer) with full activation checkpointing
-(Korthikanti et al. 2022, arXiv 2205.05198, section 4); KV cache = 2 * layers *
-kv_heads * head_dim * bytes per token (vLLM, arXiv 2309.06180, section 2).
+section 3.1, with float32 gradients). Activations: what autograd saves per token and
+layer of a transformers Llama/Qwen2 layer in half precision, counted tensor by tensor
+as Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1) count a GPT layer, but for
+this layer's parts: the two RMSNorms keep a float32 copy of their input (2 x 4h), the
+attention keeps its input (2h), q through projection, rotation, the rotated copy, the
+attention output and the output projection's input (5 x 2q), k and v (4 x 2kv), the
+gated MLP its input (2h) and gate, SiLU, up and product (4 x 2I):
+``8h + 2h + 10q + 8kv + 2h + 8I`` bytes, 67h for Qwen2.5-7B (Korthikanti's GPT layer:
+34h), plus ``8 * heads * T`` for the scores of eager attention (fused attention keeps
+none). ``tests/test_memory_plan.py`` checks the count against the bytes autograd
+actually saves. With activation checkpointing only each layer's input (2h) stays, and
+one layer is recomputed at a time. KV cache = 2 * layers * kv_heads * head_dim * bytes
+per token (vLLM, arXiv 2309.06180, section 2).
 """
 
 from __future__ import annotations
@@ -115,12 +126,13 @@ class MemoryPlan:
 
     def table(self) -> str:
         """The plan as aligned text, GiB to two decimals."""
-        lines = [f"memory plan ({self.device})", f"  {'part':<34}{'GiB':>9}  how"]
-        lines += [f"  {name:<34}{size / GIB:>9.2f}  {note}" for name, size, note in self.rows]
-        lines.append(f"  {'total':<34}{self.total / GIB:>9.2f}")
+        width = max(34, *(len(name) + 2 for name, _, _ in self.rows))
+        lines = [f"memory plan ({self.device})", f"  {'part':<{width}}{'GiB':>9}  how"]
+        lines += [f"  {name:<{width}}{size / GIB:>9.2f}  {note}" for name, size, note in self.rows]
+        lines.append(f"  {'total':<{width}}{self.total / GIB:>9.2f}")
         if self.capacity is not None:
-            lines.append(f"  {'device capacity':<34}{self.capacity / GIB:>9.2f}")
-            lines.append(f"  {'headroom':<34}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)")
+            lines.append(f"  {'device capacity':<{width}}{self.capacity / GIB:>9.2f}")
+            lines.append(f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)")
         return "\n".join(lines)
 
     def check(self, min_headroom: float = 0.05) -> None:
@@ -138,17 +150,89 @@ class MemoryPlan:
             "generation.max_context_tokens, or more gradient_accumulation_steps.")
 
 
+def _count(n: int) -> str:
+    """A parameter count for the table: ``7.62 B``, ``161.5 M``, ``0.30 M``."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e7 else f"{n / 1e6:.2f} M"
+
+
+def activation_bytes_per_token(shape: DecoderShape, dtype_bytes: int = 2, *, fused_attention: bool = True,
+                                sequence: int = 0) -> int:
+    """Bytes autograd keeps per token for one decoder layer without recomputation
+    (see the module docstring for the count).
+
+    Args:
+        shape: the decoder's sizes.
+        dtype_bytes: bytes of the compute dtype (2 for bfloat16 autocast).
+        fused_attention: SDPA / flash attention (no attention scores kept); ``False``:
+            eager attention, which keeps the scores and probabilities of ``sequence``
+            keys per head (``8 * heads * sequence`` bytes: bf16 scores, float32 softmax,
+            its bf16 cast).
+        sequence: the sequence length (only with eager attention).
+    """
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    half = dtype_bytes
+    norms = 2 * 4 * h                                   # float32 copies inside two RMSNorms
+    attention = half * (h + 5 * q + 4 * kv)
+    mlp = half * (h + 4 * shape.intermediate)
+    scores = 0 if fused_attention else 8 * shape.heads * sequence
+    return norms + attention + mlp + scores
+
+
+def device_capacity(device: Any, processes_on_host: int = 1) -> tuple[int | None, str]:
+    """``(bytes, name)`` of a device's memory: a CUDA device's total memory (torch), or
+    on CPU the machine's RAM (``os.sysconf``) shared by the processes on this host.
+    ``None`` when it cannot be told."""
+    import os
+
+    import torch
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        properties = torch.cuda.get_device_properties(index)
+        return int(properties.total_memory), f"cuda:{index} ({properties.name})"
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None, "cpu"
+    share = f", 1/{processes_on_host} per process" if processes_on_host > 1 else ""
+    return int(ram // max(1, processes_on_host)), f"cpu (RAM{share})"
+
+
+def read_shape(name: str) -> DecoderShape:
+    """The :class:`DecoderShape` of a model from its ``config.json`` (or GGUF header),
+    without loading its weights.
+
+    Args:
+        name: as ``policy.model`` (path, hub id, ``.gguf`` file or alias, see
+            :mod:`empathy_gym.models`).
+
+    Raises:
+        OSError: the config cannot be read; ValueError: it lacks a size the plan needs.
+    """
+    from transformers import AutoConfig
+
+    from empathy_gym.models import resolve_model
+    path, gguf_file = resolve_model(name)
+    return DecoderShape.from_config(AutoConfig.from_pretrained(path, gguf_file=gguf_file))
+
+
 def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None,
-                device: str = "cpu", logprob_chunk_tokens: int | None = None) -> MemoryPlan:
+                device: str = "cpu", logprob_chunk_tokens: int | None = None, processes: int = 1,
+                generation_rows: int = 32) -> MemoryPlan:
     """The memory a training recipe needs on one device.
 
     Args:
         config: a :class:`~empathy_gym.agents.config.PPOConfig` or ``GRPOConfig``.
         shape: the policy's :class:`DecoderShape`.
         capacity: the device's memory in bytes (``None``: unknown, no headroom row).
-        device: its name, for the table.
-        logprob_chunk_tokens: tokens per chunk of the log-prob pass over the vocabulary
-            (``None``: the whole micro-batch at once).
+        device: its name, for the table (``"cuda..."`` or ``"cpu..."``).
+        logprob_chunk_tokens: positions per chunk of the log-prob pass (``None``:
+            ``config.policy.logprob_chunk_tokens``).
+        processes: training processes sharing the step's dialogues (each holds
+            ``rollout_batch_size / processes``).
+        generation_rows: dialogues per ``generate`` call of the transformers engine
+            (:class:`~empathy_gym.agents.generation.TransformersGenerator`'s
+            ``max_batch_size``).
 
     Returns:
         A :class:`MemoryPlan`; bytes are integers.
@@ -157,18 +241,21 @@ def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None
     half = BYTES.get(policy.dtype, 2)
     total = shape.parameters()
     rows: list[tuple[str, int, str]] = []
-    dialogues_per_process = config.rollout_batch_size
-    micro = max(1, -(-dialogues_per_process // (config.num_mini_batches * config.gradient_accumulation_steps)))
-    tokens = micro * generation.max_context_tokens
+    dialogues = max(1, config.rollout_batch_size // max(1, processes))
+    micro = max(1, -(-dialogues // (config.num_mini_batches * config.gradient_accumulation_steps)))
+    context = generation.max_context_tokens
+    tokens = micro * context
     if policy.use_lora:
         trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules)
-        rows.append(("policy weights (frozen)", total * half, f"{total / 1e9:.2f} B params x {half} B"))
+        rows.append(("policy weights (frozen)", total * half, f"{_count(total)} params x {half} B"))
         rows.append(("LoRA adapters + grads + AdamW", trained * 16,
-                     f"{trained / 1e6:.1f} M params x 16 B (fp32 weight, grad, 2 moments)"))
+                     f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)"))
     else:
-        trained = total
         rows.append(("policy weights + grads + AdamW", total * 16,
-                     f"{total / 1e9:.2f} B params x 16 B (fp32 master weight, grad, 2 moments)"))
+                     f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)"))
+        if half == 2:
+            rows.append(("autocast's bf16 weight copies", total * 2,
+                         "torch.autocast caches a half-precision copy of each fp32 weight in a forward"))
     critic = getattr(config, "critic", None)
     if critic == "separate":
         critic_trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
@@ -178,25 +265,38 @@ def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None
     kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
     if kl and not policy.use_lora:
         rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
-    layer_inputs = shape.layers * tokens * shape.hidden * half
-    # fused attention (flash / memory-efficient SDPA on CUDA) never stores the a*s*s scores
-    fused = policy.attn_implementation in ("sdpa", "flash_attention_2", "flash_attention_3") and device.startswith("cuda")
-    scores = 0 if fused else 5 * shape.heads * generation.max_context_tokens / shape.hidden
-    per_layer = tokens * shape.hidden * (34 + scores) * half / 2
-    how = f"{micro} dialogue(s) x {generation.max_context_tokens} tokens per micro-batch"
+    fused = policy.attn_implementation != "eager"
+    per_layer = tokens * activation_bytes_per_token(shape, 2 if half == 2 else 4, fused_attention=fused,
+                                                    sequence=context)
+    how = f"{micro} dialogue(s) x {context} tokens per micro-batch"
+    copies = 2 if critic == "separate" else 1       # the critic's backbone runs its own pass
     if policy.gradient_checkpointing:
-        rows.append(("activations (checkpointed)", int(layer_inputs + per_layer), how))
+        inputs = shape.layers * tokens * shape.hidden * half
+        rows.append(("activations (checkpointed)", int(copies * inputs + per_layer),
+                     how + "; layer inputs, one layer recomputed at a time"))
     else:
-        rows.append(("activations", int(shape.layers * per_layer), how + ", no checkpointing"))
-    chunk = min(tokens, logprob_chunk_tokens or tokens)
-    rows.append(("log-prob pass over the vocabulary", chunk * shape.vocab * 4 * 3,
-                 f"{chunk} tokens x {shape.vocab} x fp32 (logits, log-softmax, grad)"))
+        rows.append(("activations", int(copies * shape.layers * per_layer), how + ", no checkpointing"))
+    chunk = min(tokens, logprob_chunk_tokens or getattr(policy, "logprob_chunk_tokens", tokens) or tokens)
+    rows.append(("log-prob pass over the vocabulary", chunk * shape.vocab * 14,
+                 f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)"))
     if generation.engine == "transformers":
-        kv = dialogues_per_process * generation.max_context_tokens * shape.kv_bytes_per_token(half)
-        rows.append(("generation KV cache", kv,
-                     f"{dialogues_per_process} dialogues x {generation.max_context_tokens} tokens"))
+        batch = min(dialogues, generation_rows)
+        rows.append(("generation KV cache", batch * context * shape.kv_bytes_per_token(half),
+                     f"{batch} dialogues per generate call x {context} tokens"))
+        rows.append(("generation logits kept", batch * generation.max_new_tokens * shape.vocab * 4 * 2,
+                     f"{batch} x {generation.max_new_tokens} new tokens x {shape.vocab} x fp32, stacked once"))
     else:
         share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
         rows.append(("vLLM (its share of the device)", int(share * (capacity or 0)),
                      f"gpu_memory_utilization={share}: weights + KV cache"))
+    env_kwargs = getattr(getattr(config, "env", None), "kwargs", {}) or {}
+    if env_kwargs.get("backend") == "policy" and generation.engine == "transformers":
+        backend_kwargs = dict(env_kwargs.get("backend_kwargs") or {})
+        cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
+        users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))
+        user_context = min(context, 8192)
+        rows.append(("simulated user (policy's base weights)",
+                     (cached + users * user_context) * shape.kv_bytes_per_token(half),
+                     f"KV: {cached} prefix-cache tokens + {users} prompts x {user_context} tokens; "
+                     "no weights of its own"))
     return MemoryPlan(rows, capacity, device)

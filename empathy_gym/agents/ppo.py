@@ -11,6 +11,8 @@ References:
     [GAE]  Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", arXiv 1506.02438.
     [KL]   Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", arXiv 1909.08593.
     [37]   Huang et al. 2022, "The 37 Implementation Details of PPO" (value clipping, whitening).
+    [TIS]  Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+           Training" (truncated importance sampling, :mod:`~empathy_gym.agents.mismatch`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from torch import nn
 
 from empathy_gym.agents.config import PPOConfig
 from empathy_gym.agents.rollout import Trajectory
-from empathy_gym.agents.tokens import TokenData, pad_flat, unpad_flat
-from empathy_gym.agents.trainer import RLTrainer
+from empathy_gym.agents.tokens import TokenData, backbone_states, pad_flat, unpad_flat
+from empathy_gym.agents.trainer import RLTrainer, describe
 
 
 # -- estimators and losses ---------------------------------------------------------
@@ -79,11 +81,13 @@ def whiten(values: torch.Tensor, eps: float = 1e-8, mean: float | None = None,
 
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    cliprange: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                    cliprange: float, weights: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped surrogate objective, as a loss per token.
 
         ratio_t = exp(log pi(a_t|s_t) - log pi_old(a_t|s_t))                 [PPO eq. 6]
         L_t     = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1-eps, 1+eps))     [PPO eq. 7, negated]
+        L_t    <- w_t * L_t      with truncated importance weights            [TIS]
 
     The caller aggregates: the trainer's loss is the sum of L_t over a mini-batch
     divided by its count of trainable tokens (a token mean, as verl's ``token-mean``).
@@ -91,6 +95,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     Args:
         logprobs, old_logprobs, advantages: (n,) float over trainable tokens.
         cliprange: eps.
+        weights: (n,) float, w_t = min(pi_old / pi_sampler, C) from
+            :func:`~empathy_gym.agents.mismatch.tis_weights` (``None``: 1).
 
     Returns:
         ``(L, stats)``: (n,) float, and per-token (n,) float ``clipfrac`` (1 where the
@@ -102,6 +108,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
     loss = torch.max(unclipped, clipped)
+    if weights is not None:
+        loss = loss * weights
     with torch.no_grad():
         stats = {"clipfrac": (clipped > unclipped).float(), "approx_kl": ratio - 1.0 - log_ratio}
     return loss, stats
@@ -151,6 +159,47 @@ def _hidden_size(model: Any) -> int:
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
+def load_backbone(name: str, *, dtype: Any = "float32", device: Any = "cpu",
+                  attn_implementation: str | None = None) -> Any:
+    """The policy's base model without its language-model head (``AutoModel``), for a
+    separate critic: a value head reads its last hidden states, so the head's
+    vocabulary x hidden weights (1.09 GB in bfloat16 for Qwen2.5-7B) and the logits
+    would be dead weight.
+
+    Args:
+        name: as ``policy.model`` (path, hub id, ``.gguf`` file or alias, see
+            :mod:`empathy_gym.models`).
+        dtype: ``torch.dtype`` or its name.
+        device: where to put it.
+        attn_implementation: transformers' attention implementation (``None``: default).
+
+    Raises:
+        OSError / ValueError: from transformers when the model cannot be loaded.
+    """
+    from transformers import AutoModel
+
+    from empathy_gym.models import resolve_model
+    path, gguf_file = resolve_model(name)
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModel.from_pretrained(path, gguf_file=gguf_file, dtype=dtype, **kwargs).to(device)
+
+
+def critic_state_from_causal_lm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A separate critic's saved tensors with the key names of a backbone without a
+    language-model head. Checkpoints written when the critic was a whole causal LM name
+    its tensors ``base_model.model.model.layers...`` (LoRA) or ``model.layers...`` and
+    ``lm_head.weight`` (full fine-tuning); the backbone's are ``base_model.model.layers...``
+    and ``layers...``. Keys already in the new form pass unchanged."""
+    if any(key.startswith("base_model.model.model.") for key in state):
+        return {"base_model.model." + key[len("base_model.model.model."):]: value for key, value in state.items()
+                if key.startswith("base_model.model.model.")}
+    if any(key.startswith("lm_head.") for key in state):
+        return {key[len("model."):]: value for key, value in state.items() if key.startswith("model.")}
+    return dict(state)
+
+
 # -- the trainer -------------------------------------------------------------------------
 @dataclass
 class PPOBatch:
@@ -161,6 +210,7 @@ class PPOBatch:
         data: the token data.
         old_logprobs, old_values: (n_i,) float32, under the parameters of the rollout.
         advantages, returns: (n_i,) float32, from GAE (advantages whitened when asked).
+        weights: (n_i,) float32 truncated importance weights, or ``None`` (no correction).
     """
 
     data: list[TokenData]
@@ -168,6 +218,7 @@ class PPOBatch:
     old_values: list[torch.Tensor]
     advantages: list[torch.Tensor]
     returns: list[torch.Tensor]
+    weights: list[torch.Tensor] | None = None
 
 
 class PPOTrainer(RLTrainer):
@@ -205,9 +256,9 @@ class PPOTrainer(RLTrainer):
         config = self.config
         self.critic_model = None
         if config.critic == "separate":
-            from empathy_gym.models import load_causal_lm
-            backbone, _ = load_causal_lm(self.base_model_name, dtype=config.policy.dtype, device=self.device)
-            self.critic_model = self._wrap_policy(backbone)
+            backbone = load_backbone(self.base_model_name, dtype=config.policy.dtype, device=self.device,
+                                     attn_implementation=config.policy.attn_implementation)
+            self.critic_model = self._wrap_policy(backbone, task_type=None)
         host = self.critic_model if self.critic_model is not None else self.model
         self.value_head = ValueHead(_hidden_size(host)).to(self.device)
         if config.kl_coef > 0:
@@ -231,19 +282,38 @@ class PPOTrainer(RLTrainer):
         return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore the value head and the separate critic (also from checkpoints written
+        before the critic lost its language-model head, :func:`critic_state_from_causal_lm`).
+
+        Raises:
+            CheckpointError: the checkpoint's critic does not fit this critic (another
+                model, LoRA rank or target modules).
+        """
         self.value_head.load_state_dict(state["value_head"])
         if self.critic_model is not None:
-            self.critic_model.load_state_dict(state["critic"], strict=False)
+            saved = critic_state_from_causal_lm(state["critic"])
+            missing, unexpected = self.critic_model.load_state_dict(saved, strict=False)
+            lost = [k for k in missing if "lora_" in k or not self.config.policy.use_lora]
+            if unexpected or lost:
+                from empathy_gym.agents.checkpoint import CheckpointError
+                raise CheckpointError(f"the checkpoint's critic does not fit this critic: "
+                                      f"{len(unexpected)} unexpected tensors (e.g. {unexpected[:2]}), "
+                                      f"{len(lost)} missing (e.g. {lost[:2]})")
 
     def _forward(self, chunk: Sequence[TokenData], bootstrap: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """Flat (logprobs, entropy, values) of a micro-batch, and with ``bootstrap`` the
-        (b,) values of each dialogue's last position."""
-        shared = self.critic_model is None
-        out = self.forward(self.model, chunk, hidden=shared, last_hidden=bootstrap and shared)
-        critic = out if shared else self.forward(self.critic_model, chunk, hidden=True, last_hidden=bootstrap)
-        last = self.value_head(critic.last_hidden) if bootstrap else None
-        return out.logprobs, out.entropy, self.value_head(critic.hidden), last
+        (b,) values of each dialogue's last position. Entropy is ``None`` without
+        gradients (:meth:`~empathy_gym.agents.trainer.RLTrainer.forward`)."""
+        if self.critic_model is None:
+            out = self.forward(self.model, chunk, hidden=True, last_hidden=bootstrap)
+            states, last_states = out.hidden, out.last_hidden
+        else:
+            out = self.forward(self.model, chunk)
+            states, last_states = backbone_states(self.critic_model, chunk, self.pad_id, self.device,
+                                                  self.compute_dtype, last_hidden=bootstrap)
+        last = self.value_head(last_states) if bootstrap else None
+        return out.logprobs, out.entropy, self.value_head(states), last
 
     def _whiten(self, values: torch.Tensor) -> torch.Tensor:
         """:func:`whiten` with the mean and variance of every process's advantages."""
@@ -271,12 +341,17 @@ class PPOTrainer(RLTrainer):
                 last_values[i] = value if data[i].bootstrap else 0.0
         return logprobs, values, last_values
 
-    def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[PPOBatch, float]:
-        """Old log-probs and values, rewards (with the KL penalty when asked), GAE and
-        whitening. Returns the batch and the mean KL to the reference (NaN without)."""
+    def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[PPOBatch, dict[str, float]]:
+        """Old log-probs and values, the sampler mismatch (and truncated importance
+        weights when ``tis_cap`` is in force), rewards (with the KL penalty when asked),
+        GAE and whitening. Returns the batch and its statistics: the mean KL to the
+        reference (NaN without), the sampler mismatch, and the mean, standard deviation,
+        minimum and maximum of the values, the value targets and the advantages (before
+        whitening) over the trainable tokens."""
         config = self.config
         data = self.token_data(trajectories)
         old_logprobs, old_values, last_values = self._rollout_values(data)
+        stats, weights = self.sampler_correction(data, old_logprobs)
         rewards = [d.turn_rewards.clone() for d in data]
         kl_to_reference = float("nan")
         if config.kl_coef > 0:
@@ -290,10 +365,12 @@ class PPOTrainer(RLTrainer):
         advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam,
                                          last_values=last_values)
         advantages, returns = unpad_flat(advantages, valid), unpad_flat(returns, valid)
+        stats |= {"policy/kl_to_reference": kl_to_reference, **describe("value", old_values),
+                  **describe("value/target", returns), **describe("advantage", advantages)}
         if config.whiten_advantages:
             flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
-        return PPOBatch(data, old_logprobs, old_values, advantages, returns), kl_to_reference
+        return PPOBatch(data, old_logprobs, old_values, advantages, returns, weights), stats
 
     def accumulate(self, batch: PPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
         """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
@@ -319,7 +396,8 @@ class PPOTrainer(RLTrainer):
             gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
             logprobs, entropy, values, _ = self._forward(chunk)
             pg_loss, pg_stats = ppo_policy_loss(logprobs, gather(batch.old_logprobs), gather(batch.advantages),
-                                                config.cliprange)
+                                                config.cliprange,
+                                                weights=gather(batch.weights) if batch.weights else None)
             vf_loss, vf_clipfrac = ppo_value_loss(values, gather(batch.old_values), gather(batch.returns),
                                                   config.cliprange_value)
             loss = (pg_loss.sum() + config.vf_coef * vf_loss.sum() - config.entropy_coef * entropy.sum()) / count
@@ -333,7 +411,7 @@ class PPOTrainer(RLTrainer):
 
     def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         config = self.config
-        batch, kl_to_reference = self.prepare(trajectories)
+        batch, prepared = self.prepare(trajectories)
         stats: dict[str, list[float]] = {}
         for epoch in range(config.num_ppo_epochs):
             for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
@@ -348,4 +426,4 @@ class PPOTrainer(RLTrainer):
                                                                  torch.cat(batch.returns))
         if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
             metrics["policy/kl_to_reference"] = kl_to_reference
-        return metrics
+        return metrics | prepared

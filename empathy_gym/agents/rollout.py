@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
 from empathy_gym.seeding import derive_seed
+from empathy_gym.think import CLOSE as CLOSE_THINK
 
 
 class RolloutInterrupted(RuntimeError):
@@ -119,7 +120,8 @@ class Trajectory:
     """One dialogue as the policy saw and produced it.
 
     Attributes:
-        key: the dialogue's index in its rollout batch.
+        key: the dialogue's index in its step's rollout (refill rounds number on after
+            the first round's).
         group: its GRPO group (dialogues of a group share ``env_seed``).
         env_seed: the seed its env was reset with.
         persona_id, language, hidden_intention, character_type: the persona.
@@ -132,6 +134,11 @@ class Trajectory:
         messages: the agent-side chat as text (for transcripts).
         termination: "success", "failure", "max_turns", "context_limit" or None.
         format_errors: think-mode format errors (count).
+        cut_turns: agent turns cut by length (``max_new_tokens``, or the room left in
+            the context) before their end-of-turn token.
+        thinking_tokens, reply_tokens: sampled tokens of all agent turns inside the
+            ``<think>...</think>`` block (think mode; the closing tag included) and
+            after it (everything outside think mode; end-of-turn tokens included).
         reward_mode: the env's ``reward_mode`` ("delta" or "final"), which says what a
             cut dialogue is owed (:meth:`outcome_rewards`).
     """
@@ -152,6 +159,9 @@ class Trajectory:
     messages: list[dict[str, str]] = field(default_factory=list)
     termination: str | None = None
     format_errors: int = 0
+    cut_turns: int = 0
+    thinking_tokens: int = 0
+    reply_tokens: int = 0
     reward_mode: str = "delta"
     done: bool = False
 
@@ -193,6 +203,8 @@ class Trajectory:
                 "turns": len(self.rewards), "rewards": self.rewards, "return": self.episode_return,
                 "emotions": self.emotions, "final_emotion": self.emotions[-1],
                 "termination": self.termination, "format_errors": self.format_errors,
+                "cut_turns": self.cut_turns, "thinking_tokens": self.thinking_tokens,
+                "reply_tokens": self.reply_tokens,
                 "reward_mode": self.reward_mode, "messages": self.messages}
 
 
@@ -240,7 +252,8 @@ class RolloutEngine:
 
     def collect(self, env_seeds: Sequence[int], *, groups: Sequence[int] | None = None,
                 sampling_seed: int = 0, should_stop: Callable[[], bool] | None = None,
-                on_episode_end: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+                on_episode_end: Callable[[Trajectory], None] | None = None,
+                key_offset: int = 0) -> list[Trajectory]:
         """Play one dialogue per env seed, all at once, until every one has ended.
 
         Args:
@@ -252,6 +265,8 @@ class RolloutEngine:
             should_stop: polled after each generation and each turn; True raises
                 :class:`RolloutInterrupted`.
             on_episode_end: called with each trajectory as soon as it ends.
+            key_offset: added to each trajectory's ``key`` (a step's later rounds number
+                their dialogues after the first round's).
 
         Returns:
             The trajectories in the order of ``env_seeds``.
@@ -274,7 +289,7 @@ class RolloutEngine:
         dialogues: dict[int, Trajectory] = {}
         for key, ((_, info), env) in enumerate(zip(resets, envs)):
             persona = env.dialogue.persona
-            trajectory = Trajectory(key=key, group=groups[key], env_seed=int(env_seeds[key]),
+            trajectory = Trajectory(key=key_offset + key, group=groups[key], env_seed=int(env_seeds[key]),
                                     persona_id=persona.id, language=persona.language,
                                     hidden_intention=persona.hidden_intention,
                                     character_type=persona.character_type,
@@ -310,7 +325,11 @@ class RolloutEngine:
                 trajectory = dialogues[key]
                 trajectory.extend(sample.token_ids, trainable=True, logprobs=sample.logprobs)
                 trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
+                thinking = self.thinking_length(sample.token_ids) if getattr(envs[key], "think", False) else 0
+                trajectory.thinking_tokens += thinking
+                trajectory.reply_tokens += len(sample.token_ids) - thinking
                 if not sample.finished:
+                    trajectory.cut_turns += 1
                     trajectory.extend([self.chat.eos_id], trainable=False)
                 trajectory.rewards.append(float(reward))
                 trajectory.emotions.append(info["emotion"])
@@ -342,6 +361,22 @@ class RolloutEngine:
         if len(sample.token_ids) <= room or (sample.finished and len(sample.token_ids) <= room + 1):
             return sample
         return Sample(sample.token_ids[:room], sample.logprobs[:room], finished=False)
+
+    def thinking_length(self, ids: Sequence[int]) -> int:
+        """How many of a turn's sampled ``ids`` belong to its thinking: up to and
+        including the token that completes the first ``</think>`` (all of them when the
+        turn never closes it). Found by bisection on decoded prefixes, since the tag may
+        share tokens with the text around it."""
+        if CLOSE_THINK not in self.tokenizer.decode(list(ids)):
+            return len(ids)
+        low, high = 1, len(ids)   # the shortest prefix whose text holds the tag
+        while low < high:
+            middle = (low + high) // 2
+            if CLOSE_THINK in self.tokenizer.decode(list(ids[:middle])):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def _decode(self, sample: Sample) -> str:
         ids = sample.token_ids[:-1] if sample.finished else sample.token_ids

@@ -136,11 +136,16 @@ class RunLog:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
     def plot(self) -> Path | None:
-        """Draw ``curves.png`` (mean reward per turn and mean final emotion per step)."""
+        """Draw ``curves.png`` (mean reward per turn and mean final emotion per step);
+        ``None`` without metrics, or without matplotlib (a machine with only what
+        training needs, such as the GPU check's)."""
         rows = self.read_metrics()
         if not rows:
             return None
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:
+            return None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         steps = [r["step"] for r in rows]

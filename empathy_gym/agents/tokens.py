@@ -32,6 +32,9 @@ class TokenData:
         bootstrap: the dialogue was cut at the context limit, not ended: its return
             continues past the last token, so PPO bootstraps from the value of the last
             position (the state after the last turn).
+        rollout_logprobs: (n,) float32, the sampler's log-probs of the trainable tokens
+            (``None`` when not recorded), for the sampler-mismatch statistics and
+            truncated importance sampling (:mod:`~empathy_gym.agents.mismatch`).
     """
 
     input_ids: torch.Tensor
@@ -39,6 +42,7 @@ class TokenData:
     turn_rewards: torch.Tensor
     turn_index: torch.Tensor
     bootstrap: bool = False
+    rollout_logprobs: torch.Tensor | None = None
 
     @property
     def num_trainable(self) -> int:
@@ -59,7 +63,8 @@ def to_token_data(trajectory: Trajectory) -> TokenData:
         rewards[last] += reward
         turn_index[previous_end + 1:last + 1] = turn
         previous_end = last
-    return TokenData(ids, mask, rewards, turn_index, bootstrap=trajectory.cut)
+    sampled = torch.tensor(trajectory.rollout_logprobs[1:], dtype=torch.float32)[mask]
+    return TokenData(ids, mask, rewards, turn_index, bootstrap=trajectory.cut, rollout_logprobs=sampled)
 
 
 def pad_flat(values: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +100,8 @@ def collate(data: Sequence[TokenData], pad_id: int, device: torch.device
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor,
                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability and entropy of the policy at the trainable tokens.
+    """Log-probability and entropy of the policy at the trainable tokens, from full
+    logits (the reference computation; the trainer uses :func:`chunked_logprobs`).
 
     Args:
         logits: (b, L, V) from the model.
@@ -118,6 +124,75 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: t
     return logprobs, entropy
 
 
+#: Tokens per chunk of the log-prob pass: at Qwen2.5's vocabulary (152,064) a chunk's
+#: float32 logits take 0.58 GiB.
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float,
+                    entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    if not entropy:
+        return logprobs, logprobs.new_zeros(0)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        values = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logprobs, values
+
+
+def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float = 1.0, *,
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, entropy: bool = True,
+                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) at the trainable positions only, ``chunk_tokens`` rows of
+    logits at a time, so no (b, L, V) logits tensor (nor a float32 (n, V) one) exists.
+
+    Each chunk computes ``head(hidden)`` in float32, then
+    ``log p = z[target] - logsumexp(z)`` (TRL's ``selective_log_softmax``,
+    ``trl/trainer/utils.py``: a gather and a logsumexp, never the whole log-softmax) and
+    ``H = logsumexp(z) - sum softmax(z) z`` (verl's ``entropy_from_logits_with_chunking``,
+    ``verl/utils/torch_functional.py``). With gradients each chunk runs under
+    ``torch.utils.checkpoint`` (non-reentrant), so its logits are recomputed in the
+    backward pass instead of kept: the memory of the pass is that of one chunk's logits
+    whatever n is.
+
+    Args:
+        hidden: (n, H) the last layer's states at the positions that predict the targets.
+        targets: (n,) int64 token ids.
+        head: the output projection (``model.get_output_embeddings()``), (n, H) -> (n, V).
+        temperature: logits are divided by it (> 0; 1 leaves them).
+        chunk_tokens: rows per chunk (>= 1).
+        entropy: compute the entropy (``False``: ``None`` is returned instead; passes
+            without gradients need none).
+        entropy_grad: let gradients flow through the entropy (``False`` when its
+            coefficient is 0: the value is still returned, as a detached statistic).
+
+    Returns:
+        ``(logprobs (n,) float32, entropy (n,) float32 or None)``.
+
+    Raises:
+        ValueError: ``chunk_tokens`` < 1.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    from torch.utils.checkpoint import checkpoint
+
+    logprobs, entropies = [], []
+    grad = torch.is_grad_enabled()
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        args = (hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], head, temperature,
+                entropy, entropy_grad)
+        lp, h = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args)
+        logprobs.append(lp)
+        entropies.append(h)
+    if not logprobs:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if entropy else None)
+    return torch.cat(logprobs), (torch.cat(entropies) if entropy else None)
+
+
 def split_flat(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
     """Split a concatenation of per-trajectory flat tensors back into pieces."""
     return list(torch.split(flat, list(counts)))
@@ -128,7 +203,8 @@ class Forward(NamedTuple):
     trainable tokens in all.
 
     Attributes:
-        logprobs, entropy: (n,) float32 (see :func:`token_logprobs`).
+        logprobs: (n,) float32 (see :func:`chunked_logprobs`).
+        entropy: (n,) float32, or ``None`` when not asked for.
         hidden: (n, H), the last layer's states at the positions that predict the
             trainable tokens (``None`` unless asked for).
         last_hidden: (b, H), the last layer's state at each dialogue's last position:
@@ -136,27 +212,94 @@ class Forward(NamedTuple):
     """
 
     logprobs: torch.Tensor
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None
     hidden: torch.Tensor | None = None
     last_hidden: torch.Tensor | None = None
 
 
+def split_causal_lm(model: Any) -> tuple[Any, Any] | None:
+    """``(backbone, output head)`` of a causal LM (or of a peft model around one): the
+    decoder that returns the last hidden states, and the projection to the vocabulary.
+
+    ``None`` when the model cannot be split this way: no ``base_model_prefix`` backbone,
+    no output embeddings, or logits that the causal LM post-processes beyond the head
+    (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``), which only its own
+    forward applies.
+    """
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = getattr(lm, "base_model_prefix", "")
+    backbone = getattr(lm, prefix, None) if prefix else None
+    get_head = getattr(lm, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    config = getattr(lm, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    post_processed = any(getattr(text, name, None) not in (None, 1.0, 1)
+                         for name in ("final_logit_softcapping", "logit_scale"))
+    if backbone is None or backbone is lm or head is None or post_processed:
+        return None
+    return backbone, head
+
+
 def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
                    temperature: float, hidden: bool = False, compute_dtype: torch.dtype | None = None,
-                   last_hidden: bool = False) -> Forward:
+                   last_hidden: bool = False, entropy: bool = True, entropy_grad: bool = True,
+                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Forward:
     """One forward pass over a micro-batch (see :class:`Forward`).
 
-    ``compute_dtype`` (``torch.bfloat16``): run the model under ``torch.autocast`` in that
-    dtype, so float32 master weights compute in half precision (mixed precision)."""
+    The backbone runs once and returns its last hidden states; the output head then
+    runs only at the n positions that predict trainable tokens, in chunks
+    (:func:`chunked_logprobs`), so the (b, L, V) logits of the causal LM's own forward
+    are never built. A model that cannot be split (:func:`split_causal_lm`) runs its own
+    forward instead and gets the same numbers from its logits.
+
+    Args:
+        model: a causal LM or a peft model around one.
+        data: the micro-batch.
+        pad_id, device, temperature: as the trainer's.
+        hidden, last_hidden: also return those states (the shared critic's inputs).
+        compute_dtype: ``torch.bfloat16`` runs the model under ``torch.autocast`` in
+            that dtype, so float32 master weights compute in half precision.
+        entropy, entropy_grad, chunk_tokens: see :func:`chunked_logprobs`.
+    """
     ids, attention, targets = collate(data, pad_id, device)
-    states_wanted = hidden or last_hidden
+    parts = split_causal_lm(model)
     with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
-        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=states_wanted,
-                    use_cache=False)
-    logprobs, entropy = token_logprobs(out.logits, ids, targets, temperature)
-    states = out.hidden_states[-1][:, :-1][targets] if hidden else None
+        if parts is None:
+            out = model(input_ids=ids, attention_mask=attention, output_hidden_states=hidden or last_hidden,
+                        use_cache=False)
+            logprobs, values = token_logprobs(out.logits, ids, targets, temperature)
+            values = (values if entropy_grad else values.detach()) if entropy else None
+            states = out.hidden_states[-1] if hidden or last_hidden else None
+        else:
+            backbone, head = parts
+            states = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+            logprobs, values = chunked_logprobs(states[:, :-1][targets], ids[:, 1:][targets], head, temperature,
+                                                chunk_tokens=chunk_tokens, entropy=entropy,
+                                                entropy_grad=entropy_grad)
+    selected = states[:, :-1][targets] if hidden else None
     last = None
     if last_hidden:
         ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=ids.device)
-        last = out.hidden_states[-1][torch.arange(len(data), device=ids.device), ends]
-    return Forward(logprobs, entropy, states, last)
+        last = states[torch.arange(len(data), device=ids.device), ends]
+    return Forward(logprobs, values, selected, last)
+
+
+def backbone_states(backbone: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
+                    compute_dtype: torch.dtype | None = None, last_hidden: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last hidden states of a backbone without a language-model head (a separate
+    critic: ``AutoModel``, or a peft model around one).
+
+    Returns:
+        ``(states (n, H), last (b, H) or None)``: the states at the positions that
+        predict the trainable tokens, and with ``last_hidden`` at each dialogue's last
+        position (as :class:`Forward`).
+    """
+    ids, attention, targets = collate(data, pad_id, device)
+    with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+        states = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    last = None
+    if last_hidden:
+        ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=ids.device)
+        last = states[torch.arange(len(data), device=ids.device), ends]
+    return states[:, :-1][targets], last

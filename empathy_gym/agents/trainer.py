@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import signal
 import sys
 import threading
@@ -42,7 +43,9 @@ from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, valid
 from empathy_gym.agents.console import tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
-from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Trajectory
+from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
+from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
+from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, RolloutTimes, Trajectory
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.seeding import derive_seed
@@ -108,11 +111,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_envs(config: TrainerConfig, count: int, think: bool) -> list[Any]:
+def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None) -> list[Any]:
     """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
-    rollout's user turns go to it as one batch."""
+    rollout's user turns go to it as one batch.
+
+    Args:
+        policy_user: the backend that ``env.kwargs.backend: policy`` stands for (built by
+            the trainer from its policy, :meth:`RLTrainer.make_policy_user`).
+
+    Raises:
+        RecipeError: a bad value under ``env.kwargs``.
+    """
     import empathy_gym  # noqa: F401  (registers the ids)
     kwargs = dict(config.env.kwargs)
+    if kwargs.get("backend") == "policy":
+        if policy_user is None:
+            raise RecipeError("env.kwargs.backend 'policy': the trainer builds this user from its policy")
+        kwargs["backend"] = policy_user
+        kwargs.pop("backend_kwargs", None)   # the trainer gave them to policy_user
     if config.env.personas is not None:
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
@@ -127,11 +143,18 @@ def make_envs(config: TrainerConfig, count: int, think: bool) -> list[Any]:
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Per-step statistics of a rollout batch (returns are sums of the turn rewards the
-    env paid; ``episode/context_limit`` counts the dialogues cut at the context limit)."""
+    env paid; ``episode/context_limit`` counts the dialogues cut at the context limit;
+    ``episode/turn_cut_rate`` is the share of agent turns cut by length before their
+    end-of-turn token; ``tokens/thinking_per_turn`` and ``tokens/reply_per_turn`` split
+    the sampled tokens of a turn at ``</think>``)."""
     returns = [t.episode_return for t in trajectories]
     turns = [len(t.rewards) for t in trajectories]
+    all_turns = max(1, int(np.sum(turns)))
     cut = sum(t.cut for t in trajectories)
     return {
+        "episode/turn_cut_rate": sum(t.cut_turns for t in trajectories) / all_turns,
+        "tokens/thinking_per_turn": sum(t.thinking_tokens for t in trajectories) / all_turns,
+        "tokens/reply_per_turn": sum(t.reply_tokens for t in trajectories) / all_turns,
         "episode/context_limit": float(cut),
         "episode/context_limit_rate": cut / max(1, len(trajectories)),
         "reward/mean_return": float(np.mean(returns)),
@@ -145,6 +168,16 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tokens/trainable_mean": float(np.mean([sum(t.loss_mask) for t in trajectories])),
         "tokens/sequence_mean": float(np.mean([len(t.token_ids) for t in trajectories])),
     }
+
+
+def describe(prefix: str, values: Sequence[torch.Tensor]) -> dict[str, float]:
+    """``<prefix>/mean``, ``/std`` (population), ``/min`` and ``/max`` over the elements of
+    all ``values`` (NaN when there are none)."""
+    flat = torch.cat([v.detach().double().flatten() for v in values]) if values else torch.zeros(0)
+    if flat.numel() == 0:
+        return {f"{prefix}/{name}": float("nan") for name in ("mean", "std", "min", "max")}
+    return {f"{prefix}/mean": float(flat.mean()), f"{prefix}/std": float(flat.std(unbiased=False)),
+            f"{prefix}/min": float(flat.min()), f"{prefix}/max": float(flat.max())}
 
 
 class RLTrainer:
@@ -198,12 +231,15 @@ class RLTrainer:
                 kwargs["attn_implementation"] = config.policy.attn_implementation
             if not self.processes.is_main:
                 self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
+            self.memory_plan = self.plan_memory(None)  # from the config alone: before any weight is loaded
             model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
                                               device=self.device, **kwargs)
             if self.processes.is_main:
                 self.processes.barrier()
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
+        else:
+            self.memory_plan = self.plan_memory(model)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
@@ -221,12 +257,14 @@ class RLTrainer:
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         think = config.generation.think
         local_batch = config.rollout_batch_size // self.processes.world
-        self.envs = list(envs) if envs is not None else make_envs(config, local_batch, think)
+        self.generator = self._make_generator()
+        self.envs = list(envs) if envs is not None else make_envs(
+            config, local_batch, think,
+            policy_user=self.make_policy_user() if config.env.kwargs.get("backend") == "policy" else None)
         if len(self.envs) < local_batch:
             raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
                              + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
         self.check_envs(self.envs)
-        self.generator = self._make_generator()
         self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
                                     max_context_tokens=config.generation.max_context_tokens,
                                     max_new_tokens=config.generation.max_new_tokens)
@@ -237,13 +275,44 @@ class RLTrainer:
         self.run_log: RunLog | None = None
 
     # -- set-up ------------------------------------------------------------------
-    def _wrap_policy(self, model: Any) -> Any:
+    def plan_memory(self, model: Any = None) -> MemoryPlan | None:
+        """Work out the run's memory (:mod:`~empathy_gym.agents.memory`) from the model's
+        config (``model``'s, or ``policy.model``'s read from disk without its weights)
+        and this device's capacity; log the table (the first process); refuse a recipe
+        that does not fit unless ``policy.check_memory`` is false.
+
+        Returns:
+            The plan, or ``None`` when the model's sizes cannot be read (a warning says why;
+            loading then fails with the loader's own error, or works without a plan).
+
+        Raises:
+            MemoryPlanError: the plan does not fit the device (the message holds the table
+                and what to change).
+        """
+        config = self.config
+        try:
+            shape = DecoderShape.from_config(model.config) if model is not None else read_shape(config.policy.model)
+        except Exception as error:  # noqa: BLE001  (any config reader's error: the loader reports it better)
+            log.warning("no memory plan: cannot read the sizes of %r (%s: %s)", config.policy.model,
+                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            return None
+        capacity, name = device_capacity(self.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        plan = plan_memory(config, shape, capacity=capacity, device=name, processes=self.processes.world)
+        if self.processes.is_main:
+            log.info("%s", plan.table())
+        if config.policy.check_memory:
+            plan.check()
+        return plan
+
+    def _wrap_policy(self, model: Any, task_type: str | None = "CAUSAL_LM") -> Any:
+        """LoRA adapters (when ``policy.use_lora``), float32 trained weights, gradient
+        checkpointing; ``task_type=None`` for a backbone without a language-model head."""
         policy = self.config.policy
         if policy.use_lora:
             from peft import LoraConfig, get_peft_model
             target = policy.lora_target_modules
             lora = LoraConfig(r=policy.lora_r, lora_alpha=policy.lora_alpha,
-                              lora_dropout=policy.lora_dropout, task_type="CAUSAL_LM",
+                              lora_dropout=policy.lora_dropout, task_type=task_type,
                               target_modules=list(target) if isinstance(target, (list, tuple)) else target)
             model = get_peft_model(model, lora)
         keep_trainable_in_float32(model)
@@ -252,6 +321,19 @@ class RLTrainer:
             if policy.use_lora:
                 model.enable_input_require_grads()
         return model
+
+    def make_policy_user(self) -> Any:
+        """The simulated user's backend on this policy's base weights (recipe
+        ``env.kwargs.backend: policy``): the policy with its LoRA adapters off
+        (:class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`), or with vLLM
+        generation the policy's engine without a LoRA request
+        (:class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`).
+        ``env.kwargs.backend_kwargs`` go to it."""
+        from empathy_gym.backends.policy_backend import PolicyUserBackend, VLLMPolicyUserBackend
+        kwargs = dict(self.config.env.kwargs.get("backend_kwargs") or {})
+        if self.config.generation.engine == "vllm":
+            return VLLMPolicyUserBackend(self.generator, **kwargs)
+        return PolicyUserBackend(self.model, self.tokenizer, compute_dtype=self.compute_dtype, **kwargs)
 
     def _make_generator(self) -> Any:
         gen = self.config.generation
@@ -310,6 +392,18 @@ class RLTrainer:
         n = self.config.rollout_batch_size
         return [derive_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
 
+    def refill(self, trajectories: list[Trajectory], step: int, collect: Any
+               ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Play more dialogues after the step's first round (GRPO's dynamic sampling);
+        by default none. Returns every trajectory to train on and metrics.
+
+        Args:
+            trajectories: the first round.
+            step: the step.
+            collect: ``collect(env_seeds, groups) -> list[Trajectory]`` plays a round.
+        """
+        return trajectories, {}
+
     def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         """One update phase; returns metrics."""
         raise NotImplementedError
@@ -333,9 +427,14 @@ class RLTrainer:
     def forward(self, model: Any, chunk: Sequence[TokenData], hidden: bool = False,
                 last_hidden: bool = False) -> Forward:
         """:func:`~empathy_gym.agents.tokens.forward_tokens` with this run's pad id,
-        device, temperature and compute dtype."""
+        device, temperature, compute dtype and log-prob chunk size. Entropy only where
+        gradients flow (the update's pass), and through it only when ``entropy_coef`` is
+        not 0; passes without gradients compute none."""
+        grad = torch.is_grad_enabled()
         return forward_tokens(model, chunk, self.pad_id, self.device, self.temperature, hidden=hidden,
-                              compute_dtype=self.compute_dtype, last_hidden=last_hidden)
+                              compute_dtype=self.compute_dtype, last_hidden=last_hidden, entropy=grad,
+                              entropy_grad=self.config.entropy_coef != 0,
+                              chunk_tokens=self.config.policy.logprob_chunk_tokens)
 
     def token_data(self, trajectories: Sequence[Trajectory]) -> list[TokenData]:
         return [to_token_data(t) for t in trajectories]
@@ -362,6 +461,23 @@ class RLTrainer:
                 logprobs = self.forward(self.model, chunk).logprobs
             out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
         return out
+
+    @property
+    def tis_cap(self) -> float:
+        """The truncated importance sampling cap in force (0: off), see
+        :func:`~empathy_gym.agents.mismatch.resolve_tis_cap`."""
+        return resolve_tis_cap(self.config.tis_cap, self.config.generation.engine)
+
+    def sampler_correction(self, data: Sequence[TokenData], old_logprobs: Sequence[torch.Tensor]
+                           ) -> tuple[dict[str, float], list[torch.Tensor] | None]:
+        """The sampler-mismatch statistics of a step and, when :attr:`tis_cap` is in
+        force, the truncated importance weights of every trajectory's trainable tokens
+        (:mod:`~empathy_gym.agents.mismatch`)."""
+        sampled = [d.rollout_logprobs for d in data]
+        stats = mismatch_stats(old_logprobs, sampled, self.tis_cap)
+        if not self.tis_cap or any(s is None for s in sampled):
+            return stats, None
+        return stats, [tis_weights(old, s, self.tis_cap) for old, s in zip(old_logprobs, sampled)]
 
     def global_sums(self, values: Sequence[float]) -> list[float]:
         """Element-wise sums over the processes (e.g. a mini-batch's trainable tokens)."""
@@ -422,6 +538,8 @@ class RLTrainer:
             raise used or FileExistsError(f"{config.output_dir} already holds a run (see the first process); "
                                           "pass --resume to continue it, or choose another output_dir")
         self._saved_step = self.step if resume_step is not None else -1
+        if main and self.memory_plan is not None:
+            (Path(config.output_dir) / "memory_plan.txt").write_text(self.memory_plan.table() + "\n", encoding="utf-8")
         previous_handler = self._install_interrupt_handler()
         # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
@@ -464,43 +582,63 @@ class RLTrainer:
     def _run_step(self, step: int, bar: Any) -> bool:
         config = self.config
         started = time.perf_counter()
+        if self.device.type == "cuda":  # memory/peak_*_gib: this step's peak
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.generator.sync(self.model, step)
         env_seeds, groups = self.env_seeds(step)
         mine = self.processes.mine(groups)
         single = self.processes.world == 1
         interrupted = False
+        times = RolloutTimes()
+        rounds: list[list[Trajectory]] = []
+
+        def collect(seeds: Sequence[int], group_ids: Sequence[int]) -> list[Trajectory]:
+            """Play one round of dialogues; keys run on over the step's rounds."""
+            offset = sum(len(r) for r in rounds)
+            sampling_seed = derive_seed(config.seed, step, *([len(rounds)] if rounds else []),
+                                        *([] if single else [self.processes.rank]))
+            played = self.engine.collect(seeds, groups=group_ids, sampling_seed=sampling_seed,
+                                         should_stop=lambda: self._stop,
+                                         on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None,
+                                         key_offset=offset)
+            for name in ("generation", "user", "total", "generated_tokens"):
+                setattr(times, name, getattr(times, name) + getattr(self.engine.times, name))
+            rounds.append(played)
+            return played
+
         try:
-            trajectories = self.engine.collect(
-                [env_seeds[i] for i in mine], groups=[groups[i] for i in mine],
-                sampling_seed=derive_seed(config.seed, step) if single else
-                derive_seed(config.seed, step, self.processes.rank),
-                should_stop=lambda: self._stop,
-                on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None)
+            first = collect([env_seeds[i] for i in mine], [groups[i] for i in mine])
+            trajectories, refill_metrics = self.refill(first, step, collect)
         except RolloutInterrupted:
             interrupted = True
         if self.processes.any(interrupted):
             log.warning("interrupted during the rollout of step %d; it is discarded", step)
             return False
         if not single:  # the first process writes everyone's episodes, at the end of the rollout
-            records = self.processes.gather([{**t.record(), "key": mine[t.key]} for t in trajectories])
+            extra = config.rollout_batch_size + self.processes.rank * len(self.envs) * 1000  # refill rounds
+            records = self.processes.gather([{**t.record(), "key": mine[t.key] if t.key < len(mine) else
+                                              extra + t.key} for t in trajectories])
             if self.run_log is not None:
                 for record in sorted(records, key=lambda r: r["key"]):
                     self.run_log.episode_record(step, record)
-        times = self.engine.times
         tick = time.perf_counter()
         self._dirty = True
         metrics = self.update(trajectories, step)
         self._dirty = False
         self.step = step
-        metrics.update(rollout_metrics(trajectories))
+        metrics.update(rollout_metrics(first))
+        metrics.update(refill_metrics)
         metrics.update({"time/rollout": times.total, "time/generation": times.generation,
                         "time/user": times.user, "time/update": time.perf_counter() - tick,
                         "time/step": time.perf_counter() - started,
                         "tokens/generated": float(times.generated_tokens),
                         "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
+        if self.device.type == "cuda":  # this step's peak, next to the memory plan's total
+            metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+            metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         metrics = self.processes.mean_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
-                                                               "episode/context_limit", "tokens/generated",
-                                                               "tokens/generated_per_second"))
+                                                               "grpo/refill_groups", "episode/context_limit",
+                                                               "tokens/generated", "tokens/generated_per_second"))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))

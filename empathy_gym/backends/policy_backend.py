@@ -8,6 +8,13 @@ step, and the key/value states it caches (the persona and history it has read) s
 valid across steps; the policy's never see the user's and the user's never see the
 adapters (:meth:`PolicyUserBackend.adapters_off`).
 
+With vLLM generating for the policy (:class:`~empathy_gym.agents.generation.VLLMGenerator`,
+LoRA enabled), :class:`VLLMPolicyUserBackend` sends the user's requests to that same
+engine without a LoRA request, which vLLM serves with the base weights.
+
+A trainer builds either from its own policy when the recipe says
+``env.kwargs.backend: policy``.
+
 The trade-off: a 7B base model is a weaker judge than RLVER's DeepSeek-V3; measure how
 much weaker with the replay harness (``empathy-gym replay --user ...``) against SAGE's
 logged appraisals.
@@ -24,6 +31,7 @@ import torch
 
 from empathy_gym.backends.base import Conversation
 from empathy_gym.backends.transformers_backend import TransformersBackend
+from empathy_gym.backends.vllm_backend import VLLMBackend, import_vllm
 
 
 class PolicyUserBackend(TransformersBackend):
@@ -82,3 +90,48 @@ class PolicyUserBackend(TransformersBackend):
 
     def __repr__(self) -> str:
         return f"PolicyUserBackend(device={str(self.device)!r})"
+
+
+class VLLMPolicyUserBackend(VLLMBackend):
+    """A :class:`~empathy_gym.backends.vllm_backend.VLLMBackend` on the policy's own
+    in-process vLLM engine, whose requests carry no LoRA adapter: vLLM then samples
+    from the base weights, while the policy's requests name its adapter
+    (:meth:`~empathy_gym.agents.generation.VLLMGenerator.sync`). One engine, one copy of
+    the weights, one KV cache shared by both.
+
+    Args:
+        generator: the policy's :class:`~empathy_gym.agents.generation.VLLMGenerator`
+            (LoRA enabled); its ``llm`` serves the user too.
+        chat_template: a Jinja chat template replacing the tokenizer's.
+
+    Raises:
+        ImportError: vLLM is not installed.
+        ValueError: a generator without LoRA: the policy's full weights are synced into
+            its engine every step, so there is no base left to play the user.
+    """
+
+    name = "policy"
+
+    def __init__(self, generator: Any, *, chat_template: str | None = None):
+        if not getattr(generator, "lora_rank", 0):
+            raise ValueError("backend='policy' with generation.engine='vllm' needs a LoRA policy "
+                             "(policy.use_lora=true): without LoRA the engine holds the policy's own weights")
+        vllm = import_vllm()
+        import inspect
+        # VLLMBackend's state, on the generator's engine instead of an engine of its own
+        self.llm = generator.llm
+        self.tokenizer = self.llm.get_tokenizer()
+        self.chat_template = chat_template
+        self._sampling_params = vllm.SamplingParams
+        self._has_logprob_token_ids = "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters
+
+    def _chat(self, conversations: Sequence[Conversation], params: list[Any]) -> list[Any]:
+        messages = [[dict(message) for message in conversation] for conversation in conversations]
+        return self.llm.chat(messages, params, use_tqdm=False, chat_template=self.chat_template,
+                             add_generation_prompt=True, lora_request=None)   # the base weights
+
+    def close(self) -> None:
+        """Nothing to release: the engine belongs to the policy's generator."""
+
+    def __repr__(self) -> str:
+        return "VLLMPolicyUserBackend(the policy's engine, no LoRA request)"
