@@ -54,11 +54,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+
 from empathy_gym.replay import agreement, reappraise, turn_request  # noqa: E402
 from empathy_gym.sage_logs import log_names, read_sage_log  # noqa: E402
 from empathy_gym.user.base import UserRequest  # noqa: E402
 from empathy_gym.user.rule_lexicon import load_rules  # noqa: E402
-from empathy_gym.user.rule_model import MODEL_PATH, AppraisalModel, group_of, sign_bounds  # noqa: E402
+from empathy_gym.user.rule_model import (  # noqa: E402
+    MODEL_PATH,
+    AppraisalModel,
+    group_of,
+    sign_bounds,
+)
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402
 
 DEFAULT_LOGS = ROOT.parent / "shared" / "data" / "sage" / "logs"
@@ -238,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     user.appraise(sample)
     speed = len(sample) / (time.perf_counter() - tick)
 
-    out(f"# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
+    out("# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
     out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python benchmarks/fit_rule_model.py"
         f" --C {args.C} --seed {args.seed}")
     out(f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "

@@ -40,7 +40,12 @@ def contender(method: str, grad: bool, args: argparse.Namespace) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from empathy_gym.agents.tokens import TokenData, collate, forward_tokens, token_logprobs
+    from empathy_gym.agents.tokens import (
+        TokenData,
+        collate,
+        forward_tokens,
+        token_logprobs,
+    )
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -32,7 +32,6 @@ import os
 import time
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import transformers
 from _machine import cpu_model  # benchmarks/_machine.py

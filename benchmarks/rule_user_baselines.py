@@ -27,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import empathy_gym  # noqa: E402
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+
+import empathy_gym  # noqa: E402
 from empathy_gym.evaluation import evaluate  # noqa: E402
 
 BANKS = ("en", "zh", "rlver", "sage")

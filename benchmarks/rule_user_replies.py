@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))     # _machine; empathy_gym: whatever PYTHONPATH finds
 
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+
 from empathy_gym.evaluation import evaluate  # noqa: E402
 from empathy_gym.personas import Persona, load_personas  # noqa: E402
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_model  # noqa: E402
+
 RECIPES = {"tiny": "agents/tiny-cpu.yaml", "smollm2": "agents/smollm2-cpu-ppo.yaml"}
 
 

@@ -49,8 +49,15 @@ from empathy_gym.backends.base import ChatBackend
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.spaces import AnyText
 from empathy_gym.think import split_think
-from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, make_user, resolve_protocol
+from empathy_gym.user import (
+    SimulatedUser,
+    UserRequest,
+    UserTurn,
+    make_user,
+    resolve_protocol,
+)
 from empathy_gym.user.difficulty import load_difficulty
+
 
 def sanitize_text(text: str) -> tuple[str, bool]:
     """``text`` with every lone UTF-16 surrogate (U+D800 to U+DFFF, which no UTF-8 file

@@ -48,14 +48,25 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv, reset_many, step_many
-from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
+from empathy_gym.env import (
+    SAGE_AGENT_SYSTEM_PROMPTS,
+    EmpathyDialogueEnv,
+    reset_many,
+    step_many,
+)
+from empathy_gym.personas import (
+    CHARACTER_TYPES,
+    INTENTIONS,
+    Persona,
+    PersonaSource,
+    load_personas,
+)
 from empathy_gym.policies import Policy, make_policy
 from empathy_gym.seeding import derive_seed
 from empathy_gym.specs import user_env_kwargs
 from empathy_gym.user import SimulatedUser, make_user, resolve_protocol
-from empathy_gym.user.protocol import protocol_name
 from empathy_gym.user.difficulty import load_difficulty
+from empathy_gym.user.protocol import protocol_name
 
 TRANSCRIPTS = "transcripts.jsonl"
 REPORT = "report.json"

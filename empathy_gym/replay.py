@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.personas import Persona
-from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
+from empathy_gym.sage_logs import (
+    LoggedDialogue,
+    LoggedTurn,
+    leaderboard,
+    log_names,
+    read_sage_log,
+)
 from empathy_gym.seeding import derive_seed
 from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
@@ -482,8 +488,13 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
         SpecError: a malformed user spec. SimulatorError, BackendError: from the user;
             turns already appraised stay in ``turns.jsonl``.
     """
-    from empathy_gym.evaluation import (EvaluationError, _write_json, append_records,
-                                        check_run_config, read_jsonl_records)
+    from empathy_gym.evaluation import (
+        EvaluationError,
+        _write_json,
+        append_records,
+        check_run_config,
+        read_jsonl_records,
+    )
     from empathy_gym.specs import user_env_kwargs
     from empathy_gym.user import make_user, resolve_protocol
     from empathy_gym.user.difficulty import load_difficulty

@@ -55,8 +55,14 @@ import numpy as np
 from empathy_gym.backends.base import ChatBackend
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.personas import Persona, PersonaSource
-from empathy_gym.strategies import (STRATEGIES, STRATEGY_DEFINITIONS, STRATEGY_NAMES,
-                                    StrategyTemplates, load_templates, user_words)
+from empathy_gym.strategies import (
+    STRATEGIES,
+    STRATEGY_DEFINITIONS,
+    STRATEGY_NAMES,
+    StrategyTemplates,
+    load_templates,
+    user_words,
+)
 
 #: Names of the observation features, in order (see the module docstring).
 FEATURES: tuple[str, ...] = (

@@ -131,8 +131,16 @@ def tiny_corpus() -> list[str]:
 
 def _train_tokenizer(corpus: list[str], vocab_size: int):
     """Train a byte-level BPE ``tokenizers.Tokenizer`` with the ChatML tokens added."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -231,8 +239,12 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
         marker.unlink()
 
     import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
-    from transformers import Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     backend = _train_tokenizer(corpus, vocab_size)
     tokenizer = PreTrainedTokenizerFast(

@@ -6,8 +6,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from empathy_gym.agents.grpo import (GRPOTrainer, aggregate, degenerate_groups, group_advantages, grpo_loss,
-                                    reward_to_go_advantages)
+from empathy_gym.agents.grpo import (
+    GRPOTrainer,
+    aggregate,
+    degenerate_groups,
+    group_advantages,
+    grpo_loss,
+    reward_to_go_advantages,
+)
 from empathy_gym.agents.ppo import masked_gae, ppo_policy_loss, ppo_value_loss, whiten
 
 

@@ -10,8 +10,14 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from empathy_gym.agents.tokens import (TokenData, chunked_logprobs, collate, forward_tokens, split_causal_lm,
-                                       token_logprobs)
+from empathy_gym.agents.tokens import (
+    TokenData,
+    chunked_logprobs,
+    collate,
+    forward_tokens,
+    split_causal_lm,
+    token_logprobs,
+)
 
 VOCAB = 300
 
@@ -89,8 +95,8 @@ def test_without_gradients_no_entropy_is_computed():
 
 def test_the_trainer_asks_for_entropy_only_where_gradients_flow(tmp_path, tiny_model_dir):
     from empathy_gym.agents import GRPOTrainer, load_recipe
-    from empathy_gym.agents.tokens import to_token_data
     from empathy_gym.agents.rollout import Trajectory
+    from empathy_gym.agents.tokens import to_token_data
     config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "rollout_batch_size=4", "progress=false",
                                                   "entropy_coef=0.0"], algorithm="grpo")
     trainer = GRPOTrainer(config)

@@ -6,8 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from empathy_gym.evaluation import (EvaluationError, bootstrap_ci, dialogue_seed, evaluate,
-                                    plan_tasks, read_transcripts)
+from empathy_gym.evaluation import (
+    EvaluationError,
+    bootstrap_ci,
+    dialogue_seed,
+    evaluate,
+    plan_tasks,
+    read_transcripts,
+)
 from empathy_gym.personas import Persona, load_personas
 from empathy_gym.policies import CallablePolicy, make_policy
 from empathy_gym.specs import SpecError, parse_spec, user_env_kwargs

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from empathy_gym.agents import load_recipe
-from empathy_gym.agents.heldout import HeldoutEvaluation, paired_difference, prepare, report
+from empathy_gym.agents.heldout import (
+    HeldoutEvaluation,
+    paired_difference,
+    prepare,
+    report,
+)
 from empathy_gym.personas import load_personas
 
 

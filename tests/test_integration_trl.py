@@ -8,8 +8,11 @@ import pytest
 
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import ChatTokens
-from empathy_gym.integrations.trl import (EmpathyRollout, episode_return_reward,
-                                          final_emotion_reward)
+from empathy_gym.integrations.trl import (
+    EmpathyRollout,
+    episode_return_reward,
+    final_emotion_reward,
+)
 from empathy_gym.models import load_causal_lm
 from empathy_gym.user.scripted import ScriptedUser
 

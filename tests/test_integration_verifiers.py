@@ -18,8 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from layered_venv import VERIFIERS_0_4, LayerUnavailable, check_passed, layered_venv, run_pytest
+from layered_venv import (
+    VERIFIERS_0_4,
+    LayerUnavailable,
+    check_passed,
+    layered_venv,
+    run_pytest,
+)
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "verifiers_checks.py"
 

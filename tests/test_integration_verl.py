@@ -16,14 +16,20 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from layered_venv import (
+    VERL_0_7,
+    VERL_0_9,
+    LayerUnavailable,
+    check_passed,
+    layered_venv,
+    run_pytest,
+)
 
 import empathy_gym  # noqa: F401
 from empathy_gym.integrations import verl as ev
 from empathy_gym.integrations.batching import MicroBatcher
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
-from layered_venv import (VERL_0_7, VERL_0_9, LayerUnavailable, check_passed, layered_venv,
-                          run_pytest)
 
 REPO = Path(__file__).resolve().parent.parent
 EN = [p.id for p in load_personas("en")]
@@ -92,7 +98,9 @@ def test_real_verl_base_class_and_registry(tmp_path):
     """real verl: our class subclasses verl's BaseInteraction, and verl's own registry
     builds it from an interaction YAML."""
     from verl.interactions.base import BaseInteraction
-    from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
+    from verl.interactions.utils.interaction_registry import (
+        initialize_interactions_from_config,
+    )
 
     assert ev.VERL_AVAILABLE and issubclass(ev.EmpathyInteraction, BaseInteraction)
     path = tmp_path / "interaction.yaml"

@@ -18,9 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
+from layered_venv import (
+    VERL_0_9,
+    LayerUnavailable,
+    check_passed,
+    layered_venv,
+    run_pytest,
+)
 
 from empathy_gym.integrations import verl as ev
-from layered_venv import VERL_0_9, LayerUnavailable, check_passed, layered_venv, run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKS = REPO / "tests" / "layered" / "verl_agent_loop_checks.py"

@@ -6,9 +6,13 @@ import pytest
 
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
-from empathy_gym.user import SAGE, SimulatorError, UserRequest
-from empathy_gym.user import prompts
-from empathy_gym.user.llm_user import LLMUser, PromptTooLongError, parse_appraisal, parse_reply
+from empathy_gym.user import SAGE, SimulatorError, UserRequest, prompts
+from empathy_gym.user.llm_user import (
+    LLMUser,
+    PromptTooLongError,
+    parse_appraisal,
+    parse_reply,
+)
 from empathy_gym.user.protocol import RLVER_TRAINING
 
 EN = Persona(id="en1", language="en", name="Ana", profile="Ana, 30, nurse. Speaks in short bursts.",
@@ -269,6 +273,7 @@ def test_opening_generated_only_when_missing_and_chinese_prompts():
 
 def test_env_with_llm_user_is_marked_nondeterministic():
     import gymnasium as gym
+
     import empathy_gym  # noqa: F401
     backend = FakeBackend(lambda chat: appraisal(5, "x") if is_appraisal(chat) else planned("ok"))
     env = gym.make("EmpathyDialogue-v0", backend=backend)

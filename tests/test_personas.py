@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from empathy_gym.personas import (INTENTIONS, Persona, PersonaError, load_personas,
-                                  load_personas_file, persona_from_rlver)
+from empathy_gym.personas import (
+    INTENTIONS,
+    Persona,
+    PersonaError,
+    load_personas,
+    load_personas_file,
+    persona_from_rlver,
+)
 from empathy_gym.resources import envs_dir
 
 SHARED_RLVER = Path(__file__).resolve().parents[2] / "shared" / "data" / "rlver" / "train_profile.jsonl"
@@ -152,7 +158,8 @@ def test_list_input_reports_index():
 def test_edited_file_is_reloaded(tmp_path):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD])
     assert len(load_personas_file(path)) == 1
-    import os, time
+    import os
+    import time
     write_jsonl(path, [GOOD, dict(GOOD, id="p2")])
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert len(load_personas_file(path)) == 2

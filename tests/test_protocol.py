@@ -1,7 +1,14 @@
 import pytest
 
-from empathy_gym.user.protocol import (RLVER_TRAINING, SAGE, EmotionProtocol, emotion_band,
-                                       protocol_name, resolve_protocol, says_goodbye)
+from empathy_gym.user.protocol import (
+    RLVER_TRAINING,
+    SAGE,
+    EmotionProtocol,
+    emotion_band,
+    protocol_name,
+    resolve_protocol,
+    says_goodbye,
+)
 
 
 def test_sage_numbers():

@@ -12,8 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from empathy_gym.cli import app
-from empathy_gym.replay import (LoggedUser, agreement, read_logs, replay_logs,
-                                replay_with_logged_changes)
+from empathy_gym.replay import (
+    LoggedUser,
+    agreement,
+    read_logs,
+    replay_logs,
+    replay_with_logged_changes,
+)
 from empathy_gym.sage_logs import leaderboard, read_sage_log
 from empathy_gym.seeding import derive_seed
 from empathy_gym.user import SimulatorError, resolve_protocol

@@ -24,7 +24,8 @@ from empathy_gym.personas import INTENTIONS, Persona, load_personas
 from empathy_gym.user.base import Appraisal, UserRequest
 from empathy_gym.user.protocol import SAGE, emotion_band
 from empathy_gym.user.rule_model import AppraisalModel
-from empathy_gym.user.rule_user import GUARDS, MAX_CHANGE, RULES_DIR, RuleUser
+from empathy_gym.user.rule_user import MAX_CHANGE, RULES_DIR, RuleUser
+
 CHARACTERS = ("negative", "passive", "avoidant")
 
 # -- test personas ---------------------------------------------------------------------

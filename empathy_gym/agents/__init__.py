@@ -9,8 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from empathy_gym.agents.config import (EnvConfig, GenerationConfig, GRPOConfig, PolicyConfig,
-                                       PPOConfig, RecipeError, load_recipe)
+from empathy_gym.agents.config import (
+    EnvConfig,
+    GenerationConfig,
+    GRPOConfig,
+    PolicyConfig,
+    PPOConfig,
+    RecipeError,
+    load_recipe,
+)
 
 _HEAVY = {"GRPOTrainer": "empathy_gym.agents.grpo", "PPOTrainer": "empathy_gym.agents.ppo",
           "RolloutEngine": "empathy_gym.agents.rollout", "Trajectory": "empathy_gym.agents.rollout"}

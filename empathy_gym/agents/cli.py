@@ -136,16 +136,16 @@ def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluat
     checkpoint = latest_checkpoint(out / "checkpoints")
     latest = (checkpoint or out / "checkpoints" / "step-N") / "policy"
     lines = [f"Outputs in {out}/:",
-             f"  curves.png          return and final emotion per step",
+             "  curves.png          return and final emotion per step",
              f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
              if config.report_to == "tensorboard" else
-             f"  metrics.jsonl       one line of metrics per step",
-             f"  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
+             "  metrics.jsonl       one line of metrics per step",
+             "  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
              f"  checkpoints/        {checkpoint.name if checkpoint else 'none yet'}: the trained policy "
              f"(policy/{', a LoRA adapter' if config.policy.use_lora else ''}) and optimiser state; "
              "the file 'latest' names the newest"]
     if evaluated:
-        lines.append(f"  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
+        lines.append("  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
                      "(every held-out dialogue)")
     policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
     script = f"examples/train_{algorithm}.py"
@@ -161,8 +161,10 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
            trainer_class: Any = None) -> int:
     quiet_known_noise()
     try:
-        from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
-        from empathy_gym.agents import heldout
+        from empathy_gym.agents import (
+            TRAINERS,  # heavy: torch, transformers (seconds)
+            heldout,
+        )
         from empathy_gym.agents.checkpoint import CheckpointError
         from empathy_gym.agents.memory import MemoryPlanError
 

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
 from empathy_gym.seeding import derive_seed
 from empathy_gym.think import CLOSE as CLOSE_THINK

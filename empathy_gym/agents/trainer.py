@@ -37,15 +37,31 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from empathy_gym.agents.checkpoint import (CheckpointError, checkpoint_candidates, load_checkpoint,
-                                           save_checkpoint, set_rng_state)
+from empathy_gym.agents.checkpoint import (
+    CheckpointError,
+    checkpoint_candidates,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
 from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
 from empathy_gym.agents.console import tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
-from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
+from empathy_gym.agents.memory import (
+    DecoderShape,
+    MemoryPlan,
+    device_capacity,
+    plan_memory,
+    read_shape,
+)
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
-from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, RolloutTimes, Trajectory
+from empathy_gym.agents.rollout import (
+    RolloutEngine,
+    RolloutInterrupted,
+    RolloutTimes,
+    Trajectory,
+)
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.seeding import derive_seed
@@ -329,7 +345,10 @@ class RLTrainer:
         generation the policy's engine without a LoRA request
         (:class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`).
         ``env.kwargs.backend_kwargs`` go to it."""
-        from empathy_gym.backends.policy_backend import PolicyUserBackend, VLLMPolicyUserBackend
+        from empathy_gym.backends.policy_backend import (
+            PolicyUserBackend,
+            VLLMPolicyUserBackend,
+        )
         kwargs = dict(self.config.env.kwargs.get("backend_kwargs") or {})
         if self.config.generation.engine == "vllm":
             return VLLMPolicyUserBackend(self.generator, **kwargs)

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from empathy_gym.backends.base import (BackendError, ChatBackend, ChoiceScoringUnavailable,
-                                       Conversation, Message)
+from empathy_gym.backends.base import (
+    BackendError,
+    ChatBackend,
+    ChoiceScoringUnavailable,
+    Conversation,
+    Message,
+)
 
 BACKENDS = ("transformers", "vllm", "openai")
 

@@ -47,8 +47,12 @@ import httpx
 import numpy as np
 import tenacity
 
-from empathy_gym.backends.base import (BackendError, ChatBackend, ChoiceScoringUnavailable,
-                                       Conversation)
+from empathy_gym.backends.base import (
+    BackendError,
+    ChatBackend,
+    ChoiceScoringUnavailable,
+    Conversation,
+)
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
 RETRY_AFTER_MAX = 60.0

@@ -168,7 +168,10 @@ def _next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     """(B, V) float logits -> (B,) int64 tokens (see the module docstring)."""
     if temperature == 0:
         return logits.argmax(-1)
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopPLogitsWarper,
+    )
     scores = TemperatureLogitsWarper(temperature)(None, logits)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p)(None, scores)

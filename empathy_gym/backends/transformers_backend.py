@@ -31,10 +31,22 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
-from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
+from empathy_gym.backends.base import (
+    BackendError,
+    ChatBackend,
+    Conversation,
+    option_token_ids,
+)
+from empathy_gym.backends.prefix_cache import (
+    PrefixKVCache,
+    next_token_logits,
+    sample_batch,
+)
 from empathy_gym.models import ALIASES, load_causal_lm
 
 

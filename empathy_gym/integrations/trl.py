@@ -52,8 +52,8 @@ import gymnasium as gym
 import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory
-from empathy_gym.seeding import derive_seed
 from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.seeding import derive_seed
 
 
 def prompt_key(prompt: Sequence[Mapping[str, Any]] | str) -> str:

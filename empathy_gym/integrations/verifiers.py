@@ -37,8 +37,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from empathy_gym.integrations.dialogues import (SharedUser, dialogue_starts, shared,
-                                                start_env)
+from empathy_gym.integrations.dialogues import (
+    SharedUser,
+    dialogue_starts,
+    shared,
+    start_env,
+)
 
 try:
     import verifiers.v1 as vf

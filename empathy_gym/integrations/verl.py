@@ -62,12 +62,18 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-
 import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.integrations.dialogues import (SHARED_USER_KEYS, SharedUser, close_shared,
-                                                dialogue_fields, dialogue_starts,
-                                                persona_bank, shared, start_env)
+from empathy_gym.integrations.dialogues import (
+    SHARED_USER_KEYS,
+    SharedUser,
+    close_shared,
+    dialogue_fields,
+    dialogue_starts,
+    persona_bank,
+    shared,
+    start_env,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -63,7 +63,12 @@ from uuid import uuid4
 
 import torch
 
-from empathy_gym.integrations.dialogues import SharedUser, dialogue_fields, shared, start_env
+from empathy_gym.integrations.dialogues import (
+    SharedUser,
+    dialogue_fields,
+    shared,
+    start_env,
+)
 
 try:
     from verl.experimental.agent_loop.agent_loop import (

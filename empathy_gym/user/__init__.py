@@ -6,11 +6,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from empathy_gym.backends.base import ChatBackend
-from empathy_gym.user.base import (Appraisal, SimulatedUser, SimulatorError, UserRequest,
-                                   UserTurn)
+from empathy_gym.user.base import (
+    Appraisal,
+    SimulatedUser,
+    SimulatorError,
+    UserRequest,
+    UserTurn,
+)
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
-from empathy_gym.user.protocol import (RLVER_TRAINING, SAGE, EmotionProtocol, emotion_band,
-                                       resolve_protocol)
+from empathy_gym.user.protocol import (
+    RLVER_TRAINING,
+    SAGE,
+    EmotionProtocol,
+    emotion_band,
+    resolve_protocol,
+)
 
 
 def make_user(backend: str | ChatBackend = "rule", *, difficulty: Any = "moderate",

@@ -59,10 +59,15 @@ import jsonschema
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
 from empathy_gym.user import prompts
-from empathy_gym.user.base import (Appraisal, SimulatedUser, SimulatorError, UserRequest,
-                                   UserTurn)
-from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
+from empathy_gym.user.base import (
+    Appraisal,
+    SimulatedUser,
+    SimulatorError,
+    UserRequest,
+    UserTurn,
+)
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
+from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
 log = logging.getLogger(__name__)

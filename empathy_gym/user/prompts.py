@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from empathy_gym.personas import LANGUAGES, Persona
-from empathy_gym.user.base import Appraisal, Utterance, UserRequest
+from empathy_gym.user.base import Appraisal, UserRequest, Utterance
 from empathy_gym.user.difficulty import Difficulty
 from empathy_gym.user.protocol import EmotionProtocol, emotion_band
 

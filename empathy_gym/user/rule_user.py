@@ -63,9 +63,21 @@ from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import emotion_band
-from empathy_gym.user.rule_lexicon import RULES_DIR, LanguageRules, Memo, Scan, load_rules
-from empathy_gym.user.rule_model import (START_EMOTION, AppraisalModel, ReplyContext,
-                                         appraisal_features, intentions_cued, jaccard)
+from empathy_gym.user.rule_lexicon import (
+    RULES_DIR,
+    LanguageRules,
+    Memo,
+    Scan,
+    load_rules,
+)
+from empathy_gym.user.rule_model import (
+    START_EMOTION,
+    AppraisalModel,
+    ReplyContext,
+    appraisal_features,
+    intentions_cued,
+    jaccard,
+)
 from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-exported
     LEAK_OVERLAP,  # noqa: F401
     MAX_DETAILS,  # noqa: F401

@@ -22,15 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import gymnasium as gym
 import pytest
+import verifiers.v1 as vf
 
 import empathy_gym  # noqa: F401
+from empathy_gym.integrations import verifiers as evf  # after verifiers: needs it
 from empathy_gym.integrations.dialogues import close_shared
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
-
-import verifiers.v1 as vf
-
-from empathy_gym.integrations import verifiers as evf  # after verifiers: needs it
 
 EN = [p.id for p in load_personas("en")]
 REPLIES = ["That sounds really hard.", "You did your part, and it still hurt.",
@@ -178,7 +176,11 @@ def test_vf_eval_runs_the_taskset_by_its_id(stub, tmp_path):
     """verifiers resolves the id ``empathy-dialogue`` to our classes, and its eval command
     line runs two tasks and writes their traces."""
     from verifiers.v1.cli.eval.main import main
-    from verifiers.v1.utils.loaders import environment_class, resolve_env_config, taskset_class
+    from verifiers.v1.utils.loaders import (
+        environment_class,
+        resolve_env_config,
+        taskset_class,
+    )
 
     assert taskset_class(evf.TASKSET_ID) is evf.EmpathyTaskset
     assert environment_class(evf.TASKSET_ID) is evf.EmpathyEnv

@@ -18,20 +18,22 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from omegaconf import OmegaConf
-
-import empathy_gym  # noqa: F401
-from empathy_gym.integrations import verl as ev
-from empathy_gym.personas import load_personas
-from empathy_gym.user.scripted import ScriptedUser
-
 import verl
-from verl.experimental.agent_loop.agent_loop import (AgentLoopOutput, DictConfigWrap,
-                                                     ToolListWrap, _agent_loop_registry)
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
+import empathy_gym  # noqa: F401
+from empathy_gym.integrations import verl as ev
 from empathy_gym.integrations import verl_agent_loop as eal  # after verl: needs it
+from empathy_gym.personas import load_personas
+from empathy_gym.user.scripted import ScriptedUser
 
 REPO = Path(__file__).resolve().parents[2]
 EN = [p.id for p in load_personas("en")]
