@@ -365,8 +365,10 @@ class PPOTrainer(RLTrainer):
         advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam,
                                          last_values=last_values)
         advantages, returns = unpad_flat(advantages, valid), unpad_flat(returns, valid)
-        stats |= {"policy/kl_to_reference": kl_to_reference, **describe("value", old_values),
-                  **describe("value/target", returns), **describe("advantage", advantages)}
+        stats |= {**describe("value", old_values), **describe("value/target", returns),
+                  **describe("advantage", advantages)}
+        if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
+            stats["policy/kl_to_reference"] = kl_to_reference
         if config.whiten_advantages:
             flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
@@ -424,6 +426,4 @@ class PPOTrainer(RLTrainer):
         metrics = {key: float(np.mean(values)) for key, values in stats.items()}
         metrics["value/explained_variance"] = explained_variance(torch.cat(batch.old_values),
                                                                  torch.cat(batch.returns))
-        if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
-            metrics["policy/kl_to_reference"] = kl_to_reference
         return metrics | prepared
