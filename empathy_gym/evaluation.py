@@ -519,6 +519,25 @@ def _describe(value: Any) -> Any:
     return getattr(value, "name", None) or type(value).__name__
 
 
+def user_from_spec(user_kwargs: Mapping[str, Any], difficulty: Any, protocol: Any,
+                   appraisal_mode: str) -> SimulatedUser:
+    """The simulated user that a ``--user`` spec describes.
+
+    Args:
+        user_kwargs: :func:`empathy_gym.specs.user_env_kwargs` of the spec (``backend``,
+            default ``"rule"``; ``model``, ``base_url``, ``backend_kwargs``, ``user_kwargs``).
+        difficulty, protocol: loaded objects, as :func:`~empathy_gym.user.make_user` takes.
+        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+
+    Raises:
+        whatever :func:`~empathy_gym.user.make_user` raises for a bad backend or model.
+    """
+    return make_user(user_kwargs.get("backend", "rule"), difficulty=difficulty, protocol=protocol,
+                     model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
+                     appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
+                     user_kwargs=user_kwargs.get("user_kwargs"))
+
+
 def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "sage", *,
              user: str | SimulatedUser = "rule", appraisal_mode: str = "free",
              difficulty: Any = "moderate", protocol: Any = "sage", think: bool = False,
@@ -602,11 +621,8 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
     if on_progress is not None:
         on_progress(resumed, len(tasks))
     if todo:
-        shared_user = user if isinstance(user, SimulatedUser) else make_user(
-            user_kwargs.get("backend", "rule"), difficulty=difficulty_obj, protocol=protocol_obj,
-            model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
-            appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
-            user_kwargs=user_kwargs.get("user_kwargs"))
+        shared_user = user if isinstance(user, SimulatedUser) else user_from_spec(
+            user_kwargs, difficulty_obj, protocol_obj, appraisal_mode)
         try:
             if policy_obj is None:
                 policy_obj = make_policy(policy, max_tokens=max_tokens, temperature=temperature,

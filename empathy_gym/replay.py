@@ -494,9 +494,10 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
         append_records,
         check_run_config,
         read_jsonl_records,
+        user_from_spec,
     )
     from empathy_gym.specs import user_env_kwargs
-    from empathy_gym.user import make_user, resolve_protocol
+    from empathy_gym.user import resolve_protocol
     from empathy_gym.user.difficulty import load_difficulty
 
     if batch_size < 1:
@@ -533,11 +534,8 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
     if on_progress is not None:
         on_progress(resumed, len(todo))
     if pending:
-        shared_user = user if isinstance(user, SimulatedUser) else make_user(
-            user_kwargs.get("backend", "rule"), difficulty=difficulty_obj, protocol=protocol_obj,
-            model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
-            appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
-            user_kwargs=user_kwargs.get("user_kwargs"))
+        shared_user = user if isinstance(user, SimulatedUser) else user_from_spec(
+            user_kwargs, difficulty_obj, protocol_obj, appraisal_mode)
         try:
             if out is not None and not (out / RUN).exists():
                 out.mkdir(parents=True, exist_ok=True)
