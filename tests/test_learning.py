@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from empathy_gym.agents import TRAINERS, load_recipe
-from empathy_gym.seeding import derive_seed
+from empathy_gym.agents.controls import shuffled_reward_trainer
 
 #: Standard errors by which the real gain must beat the control's.
 MARGIN_SE = 3.0
@@ -46,25 +46,6 @@ def window_units(episodes: list[dict], steps: range, algorithm: str) -> np.ndarr
     for e in chosen:
         groups.setdefault((e["step"], e["group"]), []).append(e["return"])
     return np.array([np.mean(returns) for returns in groups.values()])
-
-
-def shuffled_reward_trainer(cls):
-    """``cls`` whose update sees each step's reward sequences permuted among the step's
-    dialogues of the same length (seeded by the step)."""
-
-    class ShuffledRewards(cls):
-        def update(self, trajectories, step):
-            rng = np.random.default_rng(derive_seed(self.config.seed, step, 4242))
-            by_length: dict[int, list[int]] = {}
-            for i, t in enumerate(trajectories):
-                by_length.setdefault(len(t.rewards), []).append(i)
-            rewards = [list(t.rewards) for t in trajectories]
-            for members in by_length.values():
-                for i, j in zip(members, rng.permutation(members)):
-                    trajectories[i].rewards = rewards[j]
-            return super().update(trajectories, step)
-
-    return ShuffledRewards
 
 
 def run(tmp_path, algorithm: str, control: bool) -> list[dict]:

@@ -4,8 +4,8 @@
 sequences permuted among the step's dialogues of the same length (seeded by the step):
 rewards of the same size and spread, paid for replies they do not belong to. Whatever a
 run gains without learning from its rewards (entropy collapse, drift towards some output
-that happens to score better, the evaluation's own noise) the control gains too. The
-same mechanism as ``tests/test_learning.py`` (issue 8).
+that happens to score better, the evaluation's own noise) the control gains too.
+``tests/test_learning.py`` (issue 8) uses it as its control.
 """
 
 from __future__ import annotations
