@@ -35,6 +35,7 @@ on every scored turn of every log, to ``empathy_gym/user/rules/appraisal_model.j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -112,43 +113,87 @@ def read_rows(logs: Path) -> Rows:
                 np.array(persona), files)
 
 
+def mismatched(rows: Rows, mask: np.ndarray, seed: int) -> list[UserRequest]:
+    """Each masked row's request (history, emotion, turn) with its reply swapped for the
+    reply of a random masked turn of another profile's dialogue
+    (``numpy.random.default_rng(seed)``; only masked turns, so no held-out reply leaks
+    into a fit).
+
+    SAGE's tested models always answer the person in front of them, so the logs hold
+    almost no reply that ignores the user's story, and a model fitted on them alone
+    learns that the first turns go up whatever is said (a word salad from a small policy
+    included). Another dialogue's reply, in this dialogue's context, is the plainest bad
+    reply there is: these rows join the fit as negatives (``--negative-weight``) and
+    teach grounding and echo; the table reports how the fitted user appraises them.
+    """
+    rng = np.random.default_rng(seed)
+    chosen = np.flatnonzero(mask)
+    swapped = []
+    for i in chosen:
+        while True:
+            j = int(chosen[rng.integers(len(chosen))])
+            if rows.persona[j] != rows.persona[i]:
+                break
+        swapped.append(dataclasses.replace(rows.requests[i], utterance=rows.requests[j].utterance))
+    return swapped
+
+
+def features_of(requests: Sequence[UserRequest]) -> list[dict[str, float]]:
+    """The rule user's named features of each request (no model needed)."""
+    extractor = RuleUser(model=AppraisalModel(weights={}, bias=0.0, scale=1.0))
+    return [extractor.features(request)[0] for request in requests]
+
+
 def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
-        keep: Callable[[str], bool] = lambda name: True) -> AppraisalModel:
+        keep: Callable[[str], bool] = lambda name: True,
+        negatives: Sequence[dict[str, float]] = (), negative_weight: float = 0.0) -> AppraisalModel:
     """The logistic fit described in the module docstring, on the rows given.
 
     Args:
         features: one dict per row. change: (n,) logged changes (0 rows are dropped).
         C: inverse L2 strength (scikit-learn's convention: loss sum + ||w||^2 / (2 C)).
         keep: which feature names the model may use (ablations).
+        negatives: feature dicts of mismatched replies (:func:`mismatched`), each a
+            negative row of weight ``negative_weight`` in the logistic loss; they take
+            no part in the fit of ``scale`` and ``step`` (they have no logged change).
     """
-    names = sorted({name for row in features for name in row if keep(name)})
+    if negative_weight <= 0:
+        negatives = ()
+    names = sorted({name for row in (*features, *negatives) for name in row if keep(name)})
     index = {name: i for i, name in enumerate(names)}
     rows = [i for i, value in enumerate(change) if value != 0]
-    X = np.zeros((len(rows), len(names)))
-    for r, i in enumerate(rows):
-        for name, value in features[i].items():
+    X = np.zeros((len(rows) + len(negatives), len(names)))
+    for r, row_features in enumerate([features[i] for i in rows] + list(negatives)):
+        for name, value in row_features.items():
             if name in index:
                 X[r, index[name]] = value
-    t = np.where(change[rows] > 0, 1.0, -1.0)
+    t = np.concatenate([np.where(change[rows] > 0, 1.0, -1.0), -np.ones(len(negatives))])
+    sample = np.concatenate([np.ones(len(rows)), np.full(len(negatives), negative_weight)])
 
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
         w, b = theta[:-1], theta[-1]
         z = X @ w + b
         margin = t * z
-        value = np.sum(np.logaddexp(0.0, -margin)) + w @ w / (2 * C)
-        dz = -t * special.expit(-margin)
+        value = np.sum(sample * np.logaddexp(0.0, -margin)) + w @ w / (2 * C)
+        dz = -t * sample * special.expit(-margin)
         return value, np.append(X.T @ dz + w / C, dz.sum())
 
     bounds = sign_bounds(names) + [(None, None)]
     result = optimize.minimize(loss, np.zeros(len(names) + 1), jac=True, method="L-BFGS-B", bounds=bounds,
                                options={"maxiter": 5000})
     w, b = result.x[:-1], float(result.x[-1])
-    logit = X @ w + b
+    if len(negatives):
+        # The negatives pull the intercept down for every reply; refit it on the logged
+        # rows alone (weights fixed), so the logs' base rate of + stays calibrated.
+        z, real = X[:len(rows)] @ w, t[:len(rows)]
+        b = float(optimize.minimize_scalar(lambda c: np.sum(np.logaddexp(0.0, -real * (z + c)))).x)
+    logit = X[:len(rows)] @ w + b
     design = np.column_stack([logit, np.sign(logit)])
     (scale, step), *_ = np.linalg.lstsq(design, change[rows].astype(float), rcond=None)
     weights = {name: float(value) for name, value in zip(names, w) if abs(value) > 1e-6}
     return AppraisalModel(weights=weights, bias=b, scale=float(scale), step=max(float(step), 0.0),
-                          meta={"fit": {"rows": len(rows), "C": C, "converged": bool(result.success)}})
+                          meta={"fit": {"rows": len(rows), "negatives": len(negatives), "negative_weight": negative_weight,
+                                  "C": C, "converged": bool(result.success)}})
 
 
 def evaluate(rows: Rows, model: AppraisalModel, mask: np.ndarray) -> tuple[list[int], dict]:
@@ -177,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the table goes")
     parser.add_argument("--model-out", type=Path, default=MODEL_PATH, help="where the artefact goes")
     parser.add_argument("--C", type=float, default=0.3, help="inverse L2 strength of the fit")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the persona folds")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the persona folds and the mismatched replies")
+    parser.add_argument("--negative-weight", type=float, default=0.5,
+                        help="weight of each mismatched-reply negative in the fit (0: none; see mismatched)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     args = parser.parse_args(argv)
 
@@ -190,22 +237,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     header = (f"{'split: fitted on -> evaluated on':58s} {'turns':>6s} {'sign':>6s} {'chance':>6s} "
               f"{'kappa':>6s} {'spear':>6s} {'MAE':>5s} {'tau':>5s}")
 
-    def lomo(keep=lambda name: True) -> tuple[np.ndarray, dict]:
+    swapped_changes: dict[str, list[int]] = {}
+
+    def lomo(keep=lambda name: True, label: str = "", negative_weight: float | None = None
+             ) -> tuple[np.ndarray, dict]:
         predicted = np.zeros(len(rows.change), dtype=int)
         for name in sorted(set(rows.model[gpt])):
             held = gpt & (rows.model == name)
-            model = fit([f for f, m in zip(rows.features, gpt & ~held) if m], rows.change[gpt & ~held], args.C, keep)
+            model = fitted(gpt & ~held, keep, negative_weight)
             predicted[held] = evaluate(rows, model, held)[0]
+            swapped_changes.setdefault(label, []).extend(
+                reappraise(RuleUser(model=model), mismatched(rows, held, args.seed + 1)))
         return predicted, agreement(predicted[gpt], rows.change[gpt], rows.model[gpt].tolist()).as_dict()
 
-    def fitted(mask: np.ndarray, keep=lambda name: True) -> AppraisalModel:
-        return fit([f for f, m in zip(rows.features, mask) if m], rows.change[mask], args.C, keep)
+    def fitted(mask: np.ndarray, keep=lambda name: True, negative_weight: float | None = None) -> AppraisalModel:
+        weight = args.negative_weight if negative_weight is None else negative_weight
+        negatives = features_of(mismatched(rows, mask, args.seed)) if weight > 0 else ()
+        return fit([f for f, m in zip(rows.features, mask) if m], rows.change[mask], args.C, keep, negatives, weight)
 
     splits: dict[str, dict] = {}
     per_file: dict[tuple[str, str], dict] = {}
     for label, keep in (("", lambda name: True), (" [text only]", lambda name: not is_mood(name)),
                         (" [state only]", is_mood)):
-        predicted, result = lomo(keep)
+        predicted, result = lomo(keep, label)
         splits[f"GPT-4o, 5 models -> the 6th (leave one model out){label}"] = result
         if not label:
             for name in sorted(set(rows.model[gpt])):
@@ -219,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             per_file[(GEMINI, "openai-o1")] = result
         _, result = evaluate(rows, fitted(gem, keep), gpt)
         splits[f"Gemini (o1) -> GPT-4o, 6 models{label}"] = result
+    if args.negative_weight > 0:
+        label = " [no mismatched negatives]"
+        splits[f"GPT-4o, 5 models -> the 6th{label}"] = lomo(label=label, negative_weight=0.0)[1]
     # By persona: 5 folds of the profiles, both families.
     ids = np.array(sorted(set(rows.persona)))
     folds = np.array_split(np.random.default_rng(args.seed).permutation(ids), 5)
@@ -246,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     out("# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
     out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python benchmarks/fit_rule_model.py"
-        f" --C {args.C} --seed {args.seed}")
+        f" --C {args.C} --seed {args.seed} --negative-weight {args.negative_weight:g}")
     out(f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
         "(other developers share these cores)")
     out(f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, Gemini {int(gem.sum())})")
@@ -266,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out("held out by tested model and by simulator family (features: reply + user's state)")
     headings = {"[text only]": ["ablation: text only = without the user's state (emotion, turn, momentum, "
                                 "intention and", "character one-hots); state only = nothing but those"],
+                "[no mismatched": ["the same without the mismatched-reply negatives in the fit"],
                 "other 80": ["by persona (fitted on both families)"]}
     for name, result in splits.items():
         for key in list(headings):
@@ -289,10 +347,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{result['chance_agreement']:6.3f} {result['cohen_kappa']:6.3f} {result['spearman']:6.3f} "
             f"{result['mae']:5.2f}  {rows.change[mask].mean():+5.2f} / {predicted_mean:+5.2f}")
     out("")
+    out("a reply meant for someone else: each held-out GPT-4o turn (leave one model out) with its reply swapped")
+    out("for a random reply of the same log file to another profile; an LLM simulator would not be pleased")
+    out(f"{'model':58s} {'turns':>6s} {'share < 0':>9s} {'share > 0':>9s}  mean change (logged replies: "
+        f"{rows.change[gpt].mean():+.2f})")
+    for label, changes in swapped_changes.items():
+        changes_array = np.array(changes)
+        out(f"{'fitted user' + label:58s} {len(changes):6d} {np.mean(changes_array < 0):9.3f} "
+            f"{np.mean(changes_array > 0):9.3f}  {changes_array.mean():+.2f}")
+    out("")
     out(f"speed: {speed:,.0f} appraisals/s (features + model + guards, one process, {len(sample)} logged turns "
         f"never seen before; SAGE's replies run to 150-440 characters)")
-    out(f"artefact: fitted on all {final.meta['fit']['rows']} non-zero turns, {len(final.weights)} non-zero "
-        f"weights, scale {final.scale:.3f} points per logit; took {time.time() - started:.0f} s in all")
+    out(f"artefact: fitted on all {final.meta['fit']['rows']} non-zero turns and {final.meta['fit']['negatives']} "
+        f"mismatched replies (weight {args.negative_weight:g}), {len(final.weights)} non-zero weights, scale "
+        f"{final.scale:.3f} points per logit; took {time.time() - started:.0f} s in all")
     text = "\n".join(lines) + "\n"
     print(text)
     report = {name: {key: value for key, value in result.items() if key != "confusion"}
@@ -310,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "data": "SAGE (arXiv 2505.02847) released dialogue logs, Tencent/digitalhuman SAGE/, "
                     "every scored agent turn of: " + ", ".join(sorted(rows.files.values())),
             "script": "benchmarks/fit_rule_model.py",
-            "command": f"python benchmarks/fit_rule_model.py --C {args.C} --seed {args.seed}",
+            "command": f"python benchmarks/fit_rule_model.py --C {args.C} --seed {args.seed} "
+                       f"--negative-weight {args.negative_weight:g}",
             "date": f"{datetime.date.today():%Y-%m-%d}",
             "python": platform.python_version(),
             "en_units_per_word": "Chinese units (CJK characters + Latin words) per English word in the "

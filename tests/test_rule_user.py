@@ -644,3 +644,91 @@ def test_the_fit_is_deterministic_and_bounded():
     signs = np.sign(rows.change)
     logits = np.array([first.logit(f) for f in rows.features])
     assert np.mean(np.sign(logits) == signs) > max(np.mean(signs > 0), np.mean(signs < 0)) + 0.1
+
+
+def _fit_module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fit_rule_model", Path(__file__).parents[1] / "benchmarks"
+                                                  / "fit_rule_model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fit_rule_model"] = module     # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_reply_meant_for_someone_else_is_appraised_below_the_logged_one():
+    # Each scored turn of the log slices with its reply swapped for the reply of the same
+    # turn index in another profile's dialogue. The model fitted without mismatched
+    # negatives (the artefact before this test) paid these +1.2 on average over the full
+    # GPT-4o logs and put 63% of them above 0; on these slices it put them 0.25 points below
+    # the logged replies on average (-0.80 against -0.55), and below them in 76 of 171 turns.
+    from empathy_gym.replay import reappraise, turn_request
+
+    dialogues = [dialogue for dialogue, _ in _logged_turns()]
+    dialogues = list({id(d): d for d in dialogues}.values())
+    logged, swapped = [], []
+    for k, dialogue in enumerate(dialogues):
+        other = next(d for d in dialogues[k + 1:] + dialogues[:k] if d.id != dialogue.id)
+        for index, turn in enumerate(dialogue.turns):
+            if not turn.scored or index >= len(other.turns):
+                continue
+            request = turn_request(turn, dialogue.persona)
+            logged.append(request)
+            swapped.append(dataclasses.replace(request, utterance=other.turns[index].utterance))
+    user = RuleUser()
+    own, foreign = np.array(reappraise(user, logged)), np.array(reappraise(user, swapped))
+    assert len(own) > 50
+    assert foreign.mean() < own.mean() - 1.5, (own.mean(), foreign.mean())
+    assert np.mean(foreign < own) > 0.6, np.mean(foreign < own)
+
+
+def test_an_off_topic_reply_loses_to_one_that_takes_up_the_users_words():
+    # English has no logs; this is the property the mismatched negatives give it. Before
+    # them, on the 48 English personas, SmolLM2's off-topic drift ("In the United States,
+    # it's not uncommon ...") scored +1.0 on average, as much as a reflective reply (+1.2).
+    from empathy_gym.personas import builtin_bank
+
+    user = RuleUser()
+    off_topic = ("In the United States, it's not uncommon for people to go out of their way to help others, "
+                 "but sometimes they sacrifice their own well-being to help those around them.")
+    wins, off, on = 0, [], []
+    for persona in builtin_bank("en"):
+        opening = user.opening([persona], [0])[0]
+        words = opening.rstrip(".!?").split()
+        reflective = (f"It sounds like {' '.join(words[:12]).lower()}... that is a lot to carry. "
+                      "What has that been like for you?")
+        history = (("user", opening),)
+        a = appraise(user, request(persona, off_topic, history=history)).change
+        b = appraise(user, request(persona, reflective, history=history)).change
+        off.append(a)
+        on.append(b)
+        wins += b > a
+    assert np.mean(off) < 0 < np.mean(on), (np.mean(off), np.mean(on))
+    assert wins >= 0.8 * len(off)
+
+
+def test_mismatched_negatives_come_from_other_profiles_and_keep_the_base_rate():
+    fit_module = _fit_module()
+    rows = fit_module.read_rows(SAGE_LOGS)
+    mask = rows.simulator == fit_module.GPT
+    swapped = fit_module.mismatched(rows, mask, seed=0)
+    chosen = np.flatnonzero(mask)
+    assert len(swapped) == len(chosen)
+    texts = {rows.requests[i].utterance: rows.persona[i] for i in chosen}
+    for i, request in zip(chosen, swapped):
+        assert request.history == rows.requests[i].history and request.emotion == rows.requests[i].emotion
+        assert texts[request.utterance] != rows.persona[i]       # another profile's reply, from the mask
+    assert fit_module.mismatched(rows, mask, seed=0) == swapped  # seeded
+    negatives = fit_module.features_of(swapped)
+    plain = fit_module.fit(rows.features, rows.change, C=0.3)
+    with_negatives = fit_module.fit(rows.features, rows.change, C=0.3, negatives=negatives, negative_weight=0.3)
+    assert with_negatives.meta["fit"]["negatives"] == len(negatives)
+    signs = np.sign(rows.change[rows.change != 0])
+    for model in (plain, with_negatives):
+        # the intercept is refitted on the logged rows: the share predicted + stays near the logs'
+        logits = np.array([model.logit(f) for f, c in zip(rows.features, rows.change) if c != 0])
+        assert abs(np.mean(logits > 0) - np.mean(signs > 0)) < 0.15
+    # and the negatives teach that a reply meant for someone else goes down
+    assert np.mean([with_negatives.logit(f) for f in negatives]) < np.mean([plain.logit(f) for f in negatives]) - 0.3

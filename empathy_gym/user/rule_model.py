@@ -15,7 +15,10 @@ logistic regression of the sign of SAGE's logged change (P(+) = sigmoid(logit); 
 1958), the change in emotion points is ``scale * logit + step * sign(logit)``, where
 ``scale`` and ``step`` are the least-squares fit of the logged change on ``logit`` and
 its sign (SAGE's simulators move by 5 or 10 points, rarely by less: the step keeps a
-small logit from rounding to a change of 0). Each feature's contribution
+small logit from rounding to a change of 0). The fit also takes, as negatives, logged
+replies moved into another profile's dialogue (``benchmarks/fit_rule_model.py``,
+``mismatched``): the logs hold almost no reply that ignores the user, and without them
+a reply meant for someone else, or a word salad, went up like a good one. Each feature's contribution
 ``scale * w_i * x_i`` is in emotion points; with the bias (reported as ``"mood"``) and
 the step they add up to the change.
 
@@ -97,7 +100,7 @@ START_EMOTION = 40
 SIGN_CONSTRAINTS: dict[str, tuple[float | None, float | None]] = {}
 NEED_MIN_WEIGHT = 2.0
 SIGN_CONSTRAINTS.update({
-    r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)": (None, 0.0),
+    r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)(?:\|again)?": (None, 0.0),
     r"repetition": (None, 0.0),
     r"need:own": (NEED_MIN_WEIGHT, None),
     r"need:own\|.*": (0.0, None),
@@ -171,13 +174,14 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
     Returns:
         ``{name: value}``: ``length<..``, ``questions:<0|1|2|3+>``, ``list:<0|1-2|3-4|5+>``,
         ``bold``, ``paragraphs:<1|2|3-4|5+>``, ``repetition`` (max Jaccard similarity of
-        units with an earlier agent reply), ``echo<..`` (Jaccard with the user's newest
-        message), ``grounding<..`` (shared story units), ``lexicon:<key>`` for
-        :data:`TONE_LEXICONS`, ``lexicon:pushy_question|avoidant``,
+        units with an earlier agent reply), ``echo<..`` (Jaccard of content units with the
+        user's newest message), ``grounding<..`` (shared story units), ``lexicon:<key>`` for
+        :data:`TONE_LEXICONS` and ``lexicon:<key>|again`` (an earlier reply of the
+        dialogue had that cue too: a formula), ``lexicon:pushy_question|avoidant``,
         ``lexicon:generic_comfort|deep_empathy``, ``need:own`` (1 when the reply holds a
         cue of the hidden intention) and ``need:own|<intention>`` (min(cues, 2) / 2),
         ``cue:<k>|<intention>``
-        (cues of another intention k), ``spread:<n>`` (how many intentions are cued),
+        (cues of another intention k), ``spread:<n>`` (how many intentions are cued, n >= 1),
         ``intention:<id>``, ``character:<type>``, ``emotion<..``, ``turn<..``,
         ``momentum<..``. A free-text intention counts as ``intention:other``.
     """
@@ -196,13 +200,16 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
     repetition = max((jaccard(scan.words, past.words) for past in context.earlier), default=0.0)
     if repetition:
         features["repetition"] = repetition
-    echo = jaccard(scan.words, language.units(context.last_user)[0]) if context.last_user else 0.0
+    # Content units: on all units, a shared "the" or "to" would move a reply across a bin.
+    echo = jaccard(scan.content, language.units(context.last_user)[1]) if context.last_user else 0.0
     features[binned("echo", echo, ECHO_EDGES)] = 1.0
     features[binned("grounding", context.shared, GROUNDING_EDGES)] = 1.0
     for key in TONE_LEXICONS:
         count = scan.count(key)
         if count:
             features[f"lexicon:{key}"] = min(count, 3) / 3
+            if any(past.count(key) for past in context.earlier):
+                features[f"lexicon:{key}|again"] = 1.0
     if persona.character_type == "avoidant" and scan.count("pushy_question") and not scan.count("softener"):
         features["lexicon:pushy_question|avoidant"] = 1.0
     intention = persona.hidden_intention if persona.intention_is_standard else "other"
@@ -215,7 +222,8 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
     for key in cued:
         if key != intention:
             features[f"cue:{key}|{intention}"] = 1.0
-    features[f"spread:{min(len(cued), 5)}"] = 1.0
+    if cued:  # no cue at all is the reference level: its weight would only shift the bias
+        features[f"spread:{min(len(cued), 5)}"] = 1.0
     features[f"intention:{intention}"] = 1.0
     features[f"character:{persona.character_type}"] = 1.0
     features[binned("emotion", context.emotion, EMOTION_EDGES)] = 1.0
