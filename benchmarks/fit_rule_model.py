@@ -16,8 +16,11 @@ Model: L2-regularised logistic regression of the sign (Cox 1958), fitted by L-BF
 (``scipy.optimize.minimize``) with the sign constraints of
 :data:`empathy_gym.user.rule_model.SIGN_CONSTRAINTS` as bounds; then ``scale``, the
 least-squares fit of the logged change on the fitted logit and its sign, turns logits
-into emotion points (``scale * logit + step * sign(logit)``). The fit is deterministic (no random state); the persona folds
-are drawn with ``numpy.random.default_rng(--seed)``.
+into emotion points (``scale * logit + step * sign(logit)``). Mismatched replies (each
+logged turn's context with another profile's reply, :func:`mismatched`) join the
+logistic fit as negatives of weight ``--negative-weight``, and the intercept is then
+refitted on the logged rows. The fit is deterministic; the persona folds and the
+mismatched replies are drawn with ``numpy.random.default_rng(--seed)``.
 
 Held-out evaluation (never on turns a model was fitted to), each through the full rule
 user (guards included) with :func:`empathy_gym.replay.reappraise` and
