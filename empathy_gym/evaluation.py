@@ -206,7 +206,8 @@ def run_dialogues(tasks: Sequence[Task], policy: Policy,
             run.steps.append({
                 "utterance": info["utterance"], "change": info["appraisal"]["change"],
                 "applied_change": info["emotion_change"], "emotion": info["emotion"],
-                "thoughts": info["appraisal"]["thoughts"], "format_error": info["format_error"]})
+                "thoughts": info["appraisal"]["thoughts"], "format_error": info["format_error"],
+                **({"features": info["appraisal"]["features"]} if info["appraisal"].get("features") else {})})
             if terminated or truncated:
                 finished.append(dialogue_record(run.task, info, run.steps,
                                                 slots[slot].dialogue.emotions))

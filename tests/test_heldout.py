@@ -12,6 +12,7 @@ import pytest
 from empathy_gym.agents import load_recipe
 from empathy_gym.agents.heldout import (
     HeldoutEvaluation,
+    feature_shift,
     paired_difference,
     prepare,
     report,
@@ -51,6 +52,22 @@ def test_report_states_the_interval_and_the_caveat():
     text = result["text"]
     assert "before training" in text and "after 3 steps" in text and "+7.50" in text
     assert "interval excludes 0" in text and "not" in text and "stand-in" in text
+
+
+def test_the_report_says_which_features_moved():
+    before = records({"a": [40], "b": [40]})
+    after = records({"a": [45], "b": [43]})
+    before[0]["steps"] = [{"features": {"echo": -1.0, "mood": 0.5}}, {"features": {"echo": -1.0}}]
+    before[1]["steps"] = [{"features": {"echo": 0.0, "step": -1.0}}]
+    after[0]["steps"] = [{"features": {"echo": 2.0, "mood": 0.5}}]
+    after[1]["steps"] = [{"features": {"echo": 1.0, "step": 1.0, "grounding": 0.5}}]
+    # echo: before (-2 + 0) / 2 = -1, after (2 + 1) / 2 = 1.5 -> +2.5; step: -0.5 -> 0.5 (+1);
+    # grounding: 0 -> 0.25; mood: 0.25 -> 0.25 (0)
+    assert feature_shift(before, after) == {"echo": 2.5, "step": 1.0, "grounding": 0.25, "mood": 0.0}
+    config = load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en"], algorithm="grpo")
+    assert "echo +2.50, step +1.00, grounding +0.25, mood +0.00" in report(config, before, after, steps=1)["text"]
+    assert feature_shift(records({"a": [40]}), records({"a": [41]})) == {}   # an LLM user: no line
+    assert "Where the change came from" not in report(config, records({"a": [40]}), records({"a": [41]}), 1)["text"]
 
 
 def test_before_and_after_are_paired_and_held_out(tmp_path):

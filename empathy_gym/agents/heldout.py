@@ -182,6 +182,29 @@ def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str
             "personas": len(values), "per_persona": differences}
 
 
+def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Where the change in score came from, by the rule user's feature groups.
+
+    Each step of a rule-user dialogue carries ``features``: the appraisal's parts by
+    group (``"echo"``, ``"grounding"``, ``"intention"``, ``"mood"``, ...) in emotion
+    points, which add up to the proposed change (:meth:`empathy_gym.user.rule_model.
+    AppraisalModel.contributions`). Returns, per group, the mean over dialogues of the
+    sum over a dialogue's steps, after minus before (emotion points, float), sorted by
+    size, largest first; ``{}`` when the records carry no features (an LLM user).
+    """
+    def totals(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        for record in records:
+            for step in record.get("steps", ()):
+                for group, points in step.get("features", {}).items():
+                    sums[group] = sums.get(group, 0.0) + points
+        return {group: value / max(len(records), 1) for group, value in sums.items()}
+
+    first, second = totals(before), totals(after)
+    shift = {group: second.get(group, 0.0) - first.get(group, 0.0) for group in {*first, *second}}
+    return dict(sorted(shift.items(), key=lambda item: (-abs(item[1]), item[0])))
+
+
 def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
            steps: int) -> dict[str, Any]:
     """The before/after summaries, the paired difference, and the table as ``text``."""
@@ -208,10 +231,15 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
         f"(Sentient score: mean final emotion, 0-100, start {before[0]['initial_emotion']}; "
         f"successes {first['successes']} -> {second['successes']}, failures {first['failures']} -> "
         f"{second['failures']} of {first['dialogues']} dialogues)",
-        CAVEAT,
     ]
+    shift = feature_shift(before, after)
+    if shift:
+        largest = ", ".join(f"{group} {points:+.2f}" for group, points in list(shift.items())[:5])
+        lines.append(f"Where the change came from (the rule user's appraisal by feature group, points per "
+                     f"dialogue, after - before; largest first): {largest}.")
+    lines.append(CAVEAT)
     return {"before": first, "after": second, "difference": difference, "steps": steps,
-            "excludes_zero": excludes, "text": "\n".join(lines)}
+            "excludes_zero": excludes, "feature_shift": shift, "text": "\n".join(lines)}
 
 
 def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
