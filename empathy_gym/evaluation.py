@@ -146,7 +146,8 @@ def dialogue_record(task: Task, info: Mapping[str, Any], steps: Sequence[Mapping
     ``turns`` (agent turns, int >= 1); ``termination`` (``"success"``, ``"failure"``,
     ``"goodbye"`` or ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
     turn: ``utterance`` that reached the user, proposed ``change``, ``applied_change``,
-    ``emotion``, user ``thoughts``, ``format_error``); ``messages`` (the agent-side chat).
+    ``emotion``, user ``thoughts``, ``format_error``, and with the rule user ``features``: the
+    appraisal's parts by feature group in emotion points); ``messages`` (the agent-side chat).
     """
     persona = task.persona
     return {
