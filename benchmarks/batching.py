@@ -127,7 +127,8 @@ def run_model(model: str, n: int, steps: int, max_tokens: int, appraisal_mode: s
     run (other processes on a shared machine slow runs down, never speed them up)."""
     backend = TransformersBackend(model)
     timer = TimedBackend(backend)
-    user = make_user(backend, appraisal_mode=appraisal_mode, user_kwargs={"max_tokens": max_tokens})
+    # reply_plan off: a 135M model rarely writes the planned JSON reply (README, "small models")
+    user = make_user(backend, appraisal_mode=appraisal_mode, user_kwargs={"max_tokens": max_tokens, "reply_plan": False})
     agent = ListenerAgent()
     backend.generate([[{"role": "user", "content": "Hello!"}]], max_tokens=4, seeds=[0])  # warm-up
     best: dict[str, dict] = {}
