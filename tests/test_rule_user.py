@@ -732,3 +732,20 @@ def test_mismatched_negatives_come_from_other_profiles_and_keep_the_base_rate():
         assert abs(np.mean(logits > 0) - np.mean(signs > 0)) < 0.15
     # and the negatives teach that a reply meant for someone else goes down
     assert np.mean([with_negatives.logit(f) for f in negatives]) < np.mean([plain.logit(f) for f in negatives]) - 0.3
+
+
+@pytest.mark.xfail(strict=True, reason="known hole (issue 10): surface features cannot tell a word salad that "
+                   "carries the user's own words from a reply that takes them up; an LLM user can")
+def test_a_word_salad_with_the_users_words_does_not_pay():
+    # Measured on the 48 English personas: +2.8 points on average, above 0 for 47 of 48.
+    # The GRPO main recipe's policy learns partly this (README). Strict: a fix must remove the xfail.
+    from empathy_gym.personas import builtin_bank
+
+    user = RuleUser()
+    changes = []
+    for persona in builtin_bank("en"):
+        opening = user.opening([persona], [0])[0]
+        words = [word for word in re.findall(r"[A-Za-z']+", opening) if len(word) >= 4][:5]
+        salad = f"The absurdity of reality is ever-present, {' '.join(words)} no one sees that."
+        changes.append(appraise(user, request(persona, salad, history=(("user", opening),))).change)
+    assert np.mean(changes) <= 0
