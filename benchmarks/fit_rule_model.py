@@ -230,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="weight of each mismatched-reply negative in the fit (0: none; see mismatched)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     args = parser.parse_args(argv)
+    if not args.negative_weight >= 0:
+        parser.error(f"--negative-weight must be >= 0, got {args.negative_weight}")
 
     started = time.time()
     rows = read_rows(args.logs)
