@@ -18,7 +18,8 @@ its sign (SAGE's simulators move by 5 or 10 points, rarely by less: the step kee
 small logit from rounding to a change of 0). The fit also takes, as negatives, logged
 replies moved into another profile's dialogue (``benchmarks/fit_rule_model.py``,
 ``mismatched``): the logs hold almost no reply that ignores the user, and without them
-a reply meant for someone else, or a word salad, went up like a good one. Each feature's contribution
+a reply meant for someone else went up like a good one (a word salad that carries the
+user's own words still does: a known hole of surface features). Each feature's contribution
 ``scale * w_i * x_i`` is in emotion points; with the bias (reported as ``"mood"``) and
 the step they add up to the change.
 
