@@ -749,3 +749,29 @@ def test_a_word_salad_with_the_users_words_does_not_pay():
         salad = f"The absurdity of reality is ever-present, {' '.join(words)} no one sees that."
         changes.append(appraise(user, request(persona, salad, history=(("user", opening),))).change)
     assert np.mean(changes) <= 0
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_the_thought_pulls_the_same_way_as_the_change(user, language):
+    # Before: "You were right to speak up." scored -3 with the thought "Too many words; I'm
+    # losing track." (a layout part of -0.16, while grounding -1.98 and echo -1.36 had no text),
+    # and a question scored -2 with "That question makes me want to keep talking."
+    from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules
+
+    thoughts = load_rules(str(RULES_DIR))[language].data["thoughts"]
+    signed = [options for options in thoughts.values() if isinstance(options, dict)]
+    positive = {text for options in signed for text in options.get("+", ())}
+    negative = {text for options in signed for text in options.get("-", ())}
+    replies = [*REPLIES[language].values(), GENERIC[language], "You were right to speak up.",
+               "What happened next?", "That sounds hard.", "你说得对。" if language == "zh" else "Tell me more."]
+    checked = 0
+    for intention in INTENTIONS:
+        persona = make_persona(language, intention)
+        for text in replies:
+            appraisal = appraise(user, request(persona, text))
+            if appraisal.change < 0:
+                assert appraisal.thoughts not in positive, (text, appraisal)
+            elif appraisal.change > 0:
+                assert appraisal.thoughts not in negative, (text, appraisal)
+            checked += appraisal.change != 0
+    assert checked > 30

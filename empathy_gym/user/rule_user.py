@@ -441,16 +441,19 @@ class RuleUser(SimulatedUser):
         ("generic_comfort", "-"): "generic_comfort", ("praise", "-"): "praise_repeated",
         ("dismissive", "-"): "dismissive", ("lecturing", "-"): "lecturing", ("grounding", "+"): "grounding",
         ("repetition_soft", "-"): "repetition", ("length", "-"): "short", ("layout", "-"): "too_long",
+        ("grounding", "-"): "ungrounded", ("echo", "+"): "echo", ("echo", "-"): "unheard",
     }
 
     @classmethod
     def _thought(cls, language: LanguageRules, contributions: Mapping[str, float],
                  request: UserRequest) -> str:
         """One sentence of inner thoughts about the strongest contribution that is about
-        the utterance (not the user's mood, the difficulty or voiding)."""
+        the utterance (not the user's mood, the difficulty or voiding) and pulls the same
+        way as the change (a thought never praises a reply that loses points)."""
         thoughts = language.data["thoughts"]
+        total = sum(contributions.values())
         fired = [(feature, value) for feature, value in contributions.items()
-                 if value and feature not in ("mood", "voided", "difficulty")]
+                 if value and feature not in ("mood", "voided", "difficulty") and value * total >= 0]
         for feature, value in sorted(fired, key=lambda item: -abs(item[1])):
             sign = "+" if value > 0 else "-"
             key = feature if feature in GUARDS else cls._THOUGHT_KEYS.get((feature, sign))
