@@ -54,6 +54,11 @@ def make_user(backend: str | ChatBackend = "rule", *, difficulty: Any = "moderat
             raise ValueError(f"{', '.join(unused)} given, but backend='rule' (the rule-based user "
                              "uses no LLM); set backend='openai', 'transformers' or 'vllm'")
         from empathy_gym.user.rule_user import RuleUser
+        unknown = sorted(set(user_kwargs) - {"model", "rules_dir"})
+        if unknown:
+            raise ValueError(f"user_kwargs {unknown} given, but backend='rule' takes only 'model' (an appraisal "
+                             "model artefact) and 'rules_dir'; the others are LLM-user options: set "
+                             "backend='openai', 'transformers' or 'vllm'")
         return RuleUser(difficulty, **user_kwargs)
     from empathy_gym.user.llm_user import LLMUser
     owns = not isinstance(backend, ChatBackend)
