@@ -15,6 +15,7 @@ the control's does not.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -72,7 +73,33 @@ def main() -> int:
         print(f"\n## {title} (exit code {codes[name]})")
         report = out / "heldout" / "report.txt"
         print(report.read_text(encoding="utf-8").rstrip() if report.exists() else "(no report: see console.log)")
+        shares = {stage: words_taken_up(out / "heldout" / f"{stage}.jsonl") for stage in ("before", "after")}
+        if all(shares.values()):
+            print("Held-out replies that share a content word with the user's message (the rule user's echo "
+                  "feature; content units of empathy_gym.user.rule_lexicon): "
+                  + ", ".join(f"{stage} {share:.0%} ({words:.2f} words a reply)"
+                              for stage, (share, words) in shares.items()))
     return max(codes.values())
+
+
+def words_taken_up(path: Path) -> tuple[float, float] | None:
+    """``(share, mean)`` over the held-out dialogues in ``path``: the share of first
+    replies that share at least one content unit with the user's opening message, and
+    the mean number shared; ``None`` when the file is missing or empty."""
+    from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules
+
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not records:
+        return None
+    rules = load_rules(str(RULES_DIR))
+    shared = []
+    for record in records:
+        language = rules[record["language"]]
+        user, reply = record["messages"][1]["content"], record["messages"][2]["content"]
+        shared.append(len(language.scan(reply).content & language.units(user)[1]))
+    return sum(count > 0 for count in shared) / len(shared), sum(shared) / len(shared)
 
 
 if __name__ == "__main__":
