@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from enum import Enum
@@ -40,7 +42,11 @@ personas_app = typer.Typer(no_args_is_help=True, epilog=EXIT_CODES, rich_markup_
                            help="Validate, list and show persona banks.")
 app.add_typer(personas_app, name="personas")
 
-console = Console(highlight=False, soft_wrap=True)
+# Piped (no terminal, no COLUMNS), Rich would cut the tables to 80 columns ("gemi…"):
+# give them the width they need instead.
+PIPED_WIDTH = 200
+console = Console(highlight=False, soft_wrap=True,
+                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 PERSONAS_HELP = ("persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "

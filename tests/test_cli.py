@@ -109,6 +109,17 @@ def test_personas_list_piped_is_one_whole_line_per_persona():
     assert [row.split("\t")[3] for row in rows] == [p.hidden_intention for p in bank]
 
 
+def test_replay_piped_prints_whole_tables(tmp_path):
+    """Piped, without COLUMNS, rich cut the replay tables to 80 columns ("gemi…", "logg…")."""
+    logs = Path(__file__).parent / "data" / "sage_logs" / "gemini-2.5-flash-nothink_based_simulator"
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "empathy_gym.cli", "replay", str(logs), "--user", "rule",
+                             "--out", str(tmp_path / "replay")], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "gemini-2.5-flash-nothink/openai-o1" in result.stdout and "predicted mean" in result.stdout
+    assert "…" not in result.stdout
+
+
 def test_personas_list_and_show():
     listed = runner.invoke(app, ["personas", "list", "--bank", "zh"])
     assert listed.exit_code == 0, listed.output

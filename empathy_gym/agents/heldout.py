@@ -41,7 +41,8 @@ HELDOUT_DIR = "heldout"
 CAVEAT = ("What this shows: whether training moved the policy's score on personas it never trained on, "
           "beyond what the sampling noise of these dialogues explains (the interval). What it does not show: "
           "empathy. The simulated user here is the rule-based stand-in (a linear model of surface features "
-          "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns); a gain against it "
+          "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
+          "simulator family and ~65% across families); a gain against it "
           "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
           "better understood. Check with an LLM user (env.kwargs.backend) before calling it a result.")
 
