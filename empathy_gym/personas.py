@@ -236,15 +236,24 @@ _rlver_validator = jsonschema.Draft202012Validator(RLVER_PROFILE_SCHEMA)
 
 def _check(validator: jsonschema.protocols.Validator, record: Any, path: str,
            line: int | None) -> None:
-    error = jsonschema.exceptions.best_match(validator.iter_errors(record))
+    errors = list(validator.iter_errors(record))
+    error = jsonschema.exceptions.best_match(errors)
     if error is None:
         return
     field = "/".join(str(part) for part in error.absolute_path) or None
+    message = error.message
     if error.validator == "required" or error.validator == "additionalProperties":
         # The message itself names the missing or unexpected property.
         match = re.search(r"'([^']+)'", error.message)
         field = match.group(1) if match else field
-    raise PersonaError(error.message, path=path, line=line, field=field)
+    if error.validator == "required" and isinstance(record, Mapping):
+        # A misspelt key shows up as a missing one: name the key that was meant.
+        unexpected = [key for key in record if key not in PERSONA_SCHEMA.get("properties", {})
+                      and key not in RLVER_PROFILE_SCHEMA.get("properties", {})]
+        close = difflib.get_close_matches(field or "", unexpected, n=1)
+        if close:
+            message += f" (the record has {close[0]!r}: a misspelling?)"
+    raise PersonaError(message, path=path, line=line, field=field)
 
 
 def persona_from_dict(record: Mapping[str, Any], *, path: str = "<dict>",

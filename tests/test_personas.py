@@ -11,6 +11,7 @@ from empathy_gym.personas import (
     PersonaError,
     load_personas,
     load_personas_file,
+    persona_from_dict,
     persona_from_rlver,
 )
 from empathy_gym.resources import envs_dir
@@ -224,3 +225,11 @@ def test_rlver_near_miss_of_a_task_label_is_refused(tmp_path):
     with pytest.raises(PersonaError, match="did you mean 'deep_empathy'") as info:
         load_personas_file(path)
     assert (info.value.line, info.value.field) == (2, "task")
+
+
+def test_a_misspelt_key_is_named_next_to_the_missing_one():
+    record = {"id": "x", "language": "en", "profile": "p", "scenario": "s", "hidden_intention": "deep_empathy",
+              "charcter_type": "negative"}
+    with pytest.raises(PersonaError, match=r"f\.jsonl:3: field 'character_type': .*required.*"
+                                           r"the record has 'charcter_type': a misspelling\?"):
+        persona_from_dict(record, path="f.jsonl", line=3)
