@@ -621,18 +621,22 @@ def test_bad_artefacts_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="scale"):
         AppraisalModel.load(bad)
 
-
-def test_the_fit_is_deterministic_and_bounded():
+def _fit_module():
     import importlib.util
     import sys
 
-    from empathy_gym.user.rule_model import sign_bounds
-
     spec = importlib.util.spec_from_file_location("fit_rule_model", Path(__file__).parents[1] / "benchmarks"
                                                   / "fit_rule_model.py")
-    fit_module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_rule_model"] = fit_module     # dataclasses look their module up there
-    spec.loader.exec_module(fit_module)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fit_rule_model"] = module     # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fit_is_deterministic_and_bounded():
+    from empathy_gym.user.rule_model import sign_bounds
+
+    fit_module = _fit_module()
     rows = fit_module.read_rows(SAGE_LOGS)
     first = fit_module.fit(rows.features, rows.change, C=0.3)
     second = fit_module.fit(rows.features, rows.change, C=0.3)
@@ -645,17 +649,6 @@ def test_the_fit_is_deterministic_and_bounded():
     logits = np.array([first.logit(f) for f in rows.features])
     assert np.mean(np.sign(logits) == signs) > max(np.mean(signs > 0), np.mean(signs < 0)) + 0.1
 
-
-def _fit_module():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("fit_rule_model", Path(__file__).parents[1] / "benchmarks"
-                                                  / "fit_rule_model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_rule_model"] = module     # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_reply_meant_for_someone_else_is_appraised_below_the_logged_one():
