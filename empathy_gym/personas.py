@@ -322,7 +322,8 @@ def _records(path: Path) -> Iterable[tuple[int, Any]]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8")
+                # utf-8-sig on the first line: editors on Windows start UTF-8 files with a byte-order mark
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 yield number, PersonaError(f"not valid UTF-8 (byte {raw[error.start]:#04x} at column "
                                            f"{error.start + 1}); save the file as UTF-8", path=str(path), line=number)

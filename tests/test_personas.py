@@ -136,6 +136,12 @@ def test_a_line_that_is_not_utf8(tmp_path):
         load_personas_file(path)
 
 
+def test_a_utf8_file_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bank.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n", encoding="utf-8-sig")   # was refused: "Unexpected UTF-8 BOM"
+    assert [p.id for p in load_personas_file(path)] == [GOOD["id"]]
+
+
 def test_duplicate_id(tmp_path):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, GOOD])
     with pytest.raises(PersonaError, match=r":2: field 'id': duplicate persona id 'p1' \(first on line 1\)"):
