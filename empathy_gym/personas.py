@@ -236,8 +236,7 @@ _rlver_validator = jsonschema.Draft202012Validator(RLVER_PROFILE_SCHEMA)
 
 def _check(validator: jsonschema.protocols.Validator, record: Any, path: str,
            line: int | None) -> None:
-    errors = list(validator.iter_errors(record))
-    error = jsonschema.exceptions.best_match(errors)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(record))
     if error is None:
         return
     field = "/".join(str(part) for part in error.absolute_path) or None
