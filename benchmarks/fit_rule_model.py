@@ -91,10 +91,15 @@ class Rows:
     files: dict[tuple[str, str], str]
 
 
+def features_of(requests: Sequence[UserRequest]) -> list[dict[str, float]]:
+    """The rule user's named features of each request (no model needed)."""
+    extractor = RuleUser(model=AppraisalModel(weights={}, bias=0.0, scale=1.0))
+    return [extractor.features(request)[0] for request in requests]
+
+
 def read_rows(logs: Path) -> Rows:
     """Read every ``*_result.jsonl`` under ``logs`` (sorted) into :class:`Rows`."""
-    extractor = RuleUser(model=AppraisalModel(weights={}, bias=0.0, scale=1.0))
-    requests, features, change, simulator, model, persona, files = [], [], [], [], [], [], {}
+    requests, change, simulator, model, persona, files = [], [], [], [], [], {}
     paths = sorted(logs.glob("*_based_simulator/*_result.jsonl"))
     if not paths:
         raise SystemExit(f"no SAGE logs under {logs} (expected <simulator>_based_simulator/<model>_result.jsonl)")
@@ -107,12 +112,11 @@ def read_rows(logs: Path) -> Rows:
                     continue
                 request = turn_request(turn, dialogue.persona)
                 requests.append(request)
-                features.append(extractor.features(request)[0])
                 change.append(turn.change)
                 simulator.append(sim)
                 model.append(name)
                 persona.append(dialogue.id)
-    return Rows(requests, features, np.array(change), np.array(simulator), np.array(model),
+    return Rows(requests, features_of(requests), np.array(change), np.array(simulator), np.array(model),
                 np.array(persona), files)
 
 
@@ -139,12 +143,6 @@ def mismatched(rows: Rows, mask: np.ndarray, seed: int) -> list[UserRequest]:
                 break
         swapped.append(dataclasses.replace(rows.requests[i], utterance=rows.requests[j].utterance))
     return swapped
-
-
-def features_of(requests: Sequence[UserRequest]) -> list[dict[str, float]]:
-    """The rule user's named features of each request (no model needed)."""
-    extractor = RuleUser(model=AppraisalModel(weights={}, bias=0.0, scale=1.0))
-    return [extractor.features(request)[0] for request in requests]
 
 
 def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
