@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.evaluation import dialogue_seed, plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation import append_records, plan_tasks, run_dialogues, summarize
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 
 HELDOUT_DIR = "heldout"
@@ -244,11 +244,10 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
 
 
 def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Write ``records`` as JSON Lines, atomically (a synced temporary file renamed over ``path``)."""
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        handle.flush()
-        os.fsync(handle.fileno())
+    tmp.unlink(missing_ok=True)
+    append_records(tmp, records)
     os.replace(tmp, path)
 
 
@@ -313,7 +312,3 @@ class HeldoutEvaluation:
                                                  encoding="utf-8")
         return result
 
-
-def dialogue_seeds(personas: Sequence[Persona], repeats: int, seed: int) -> list[int]:
-    """The env seed of each held-out dialogue (for inspection)."""
-    return [dialogue_seed(seed, p.id, r) for p in personas for r in range(repeats)]
