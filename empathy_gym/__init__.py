@@ -7,16 +7,16 @@ and imports neither torch, transformers nor vllm.
 """
 
 from empathy_gym.personas import (
-                                  CHARACTER_TYPES,
-                                  INTENTIONS,
-                                  Persona,
-                                  PersonaError,
-                                  load_personas,
+    CHARACTER_TYPES,
+    INTENTIONS,
+    Persona,
+    PersonaError,
+    load_personas,
 )
 from empathy_gym.registration import (
-                                  BUILTIN_IDS,
-                                  register_builtin_envs,
-                                  register_persona_env,
+    BUILTIN_IDS,
+    register_builtin_envs,
+    register_persona_env,
 )
 from empathy_gym.user import EmotionProtocol, SimulatorError, make_user
 
