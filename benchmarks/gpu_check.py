@@ -212,8 +212,10 @@ def main(argv: list[str] | None = None) -> str:
               f"{'turns':>7}{'peak alloc GiB':>16}{'peak reserved GiB':>19}")
     lines += [header, "-" * len(header)]
     for m in metrics:
-        lines.append(f"{m['step']:>4}{m['time/generation']:>9.1f}{m['time/user']:>9.1f}{m['time/update']:>10.1f}"
-                     f"{m['time/step']:>9.1f}{m['tokens/generated_per_second']:>11.1f}"
+        # Three decimals: at the test's tiny shape a step's generation takes 0.05-0.07 s on idle
+        # cores, and one decimal printed it as 0.0 (a clean-clone CI run failed on that).
+        lines.append(f"{m['step']:>4}{m['time/generation']:>9.3f}{m['time/user']:>9.3f}{m['time/update']:>10.3f}"
+                     f"{m['time/step']:>9.3f}{m['tokens/generated_per_second']:>11.1f}"
                      f"{m['episode/turns_mean']:>7.2f}{gib(m.get('memory/peak_allocated_gib')):>16}"
                      f"{gib(m.get('memory/peak_reserved_gib')):>19}")
     if plan is not None:
