@@ -147,7 +147,8 @@ def mismatched(rows: Rows, mask: np.ndarray, seed: int) -> list[UserRequest]:
 
 def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
         keep: Callable[[str], bool] = lambda name: True,
-        negatives: Sequence[dict[str, float]] = (), negative_weight: float = 0.0) -> AppraisalModel:
+        negatives: Sequence[dict[str, float]] = (), negative_weight: float = 0.0,
+        bounded: bool = True) -> AppraisalModel:
     """The logistic fit described in the module docstring, on the rows given.
 
     Args:
@@ -157,6 +158,8 @@ def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
         negatives: feature dicts of mismatched replies (:func:`mismatched`), each a
             negative row of weight ``negative_weight`` in the logistic loss; they take
             no part in the fit of ``scale`` and ``step`` (they have no logged change).
+        bounded: respect :data:`~empathy_gym.user.rule_model.SIGN_CONSTRAINTS` (False:
+            only to measure what the bounds cost, ``benchmarks/agreement_ceiling.py``).
     """
     if negative_weight <= 0:
         negatives = ()
@@ -179,7 +182,7 @@ def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
         dz = -t * sample * special.expit(-margin)
         return value, np.append(X.T @ dz + w / C, dz.sum())
 
-    bounds = sign_bounds(names) + [(None, None)]
+    bounds = (sign_bounds(names) if bounded else [(None, None)] * len(names)) + [(None, None)]
     result = optimize.minimize(loss, np.zeros(len(names) + 1), jac=True, method="L-BFGS-B", bounds=bounds,
                                options={"maxiter": 5000})
     w, b = result.x[:-1], float(result.x[-1])
