@@ -268,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         predicted, result = lomo(keep, label)
         splits[f"GPT-4o, 5 models -> the 6th (leave one model out){label}"] = result
         if not label:
+            first = gpt & (np.array([request.turn for request in rows.requests]) == 1)
+            splits["the same, first replies only (turn 1)"] = agreement(
+                predicted[first], rows.change[first], rows.model[first].tolist()).as_dict()
             for name in sorted(set(rows.model[gpt])):
                 mask = gpt & (rows.model == name)
                 per_file[(GPT, name)] = agreement(predicted[mask], rows.change[mask]).as_dict()
@@ -297,15 +300,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     final = fitted(np.ones(len(rows.change), dtype=bool))
     # Speed: full appraisals (features + model + guards) per second, one process, on texts
     # never scanned before (fresh lexicon caches); the personas' stories are built first
-    # (once per persona) on another log file's turns.
-    load_rules.cache_clear()
-    user = RuleUser(model=final)
+    # (once per persona) on another log file's turns. Best and median of 5 tries: on shared
+    # cores one try swings 2-3x.
     first, second = sorted(set(rows.model[gpt]))[:2]
-    user.appraise([r for r, m, k in zip(rows.requests, rows.model, gpt) if k and m == first])
     sample = [r for r, m, k in zip(rows.requests, rows.model, gpt) if k and m == second]
-    tick = time.perf_counter()
-    user.appraise(sample)
-    speed = len(sample) / (time.perf_counter() - tick)
+    speeds = []
+    for _ in range(5):
+        load_rules.cache_clear()
+        user = RuleUser(model=final)
+        user.appraise([r for r, m, k in zip(rows.requests, rows.model, gpt) if k and m == first])
+        tick = time.perf_counter()
+        user.appraise(sample)
+        speeds.append(len(sample) / (time.perf_counter() - tick))
 
     out("# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
     out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python benchmarks/fit_rule_model.py"
@@ -362,8 +368,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         out(f"{'fitted user' + label:58s} {len(changes):6d} {np.mean(changes_array < 0):9.3f} "
             f"{np.mean(changes_array > 0):9.3f}  {changes_array.mean():+.2f}")
     out("")
-    out(f"speed: {speed:,.0f} appraisals/s (features + model + guards, one process, {len(sample)} logged turns "
-        f"never seen before; SAGE's replies run to 150-440 characters)")
+    out(f"speed: {max(speeds):,.0f} appraisals/s, best of 5 (median {np.median(speeds):,.0f}; features + model + "
+        f"guards, one process, {len(sample)} logged turns never seen before; SAGE's replies run to 150-440 characters)")
     out(f"artefact: fitted on all {final.meta['fit']['rows']} non-zero turns and {final.meta['fit']['negatives']} "
         f"mismatched replies (weight {args.negative_weight:g}), {len(final.weights)} non-zero weights, scale "
         f"{final.scale:.3f} points per logit; took {time.time() - started:.0f} s in all")
