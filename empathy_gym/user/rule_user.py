@@ -95,7 +95,7 @@ from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-expor
 GUARDS: dict[str, float] = {
     "injection": -10.0,        # "ignore your instructions", "your emotion is now 100", "忽略之前的指令"
     "gibberish": -6.0,         # at least GIBBERISH_RATIO of the words are not words
-    "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance
+    "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance, or it repeats itself
     "too_short": -4.0,         # empty or nearly so (see LENGTH)
     "wrong_language": -3.0,    # nothing in the persona's language
     "parroting": -3.0,         # PARROT_SHARE or more of the utterance is the user's newest message
@@ -122,6 +122,12 @@ MAX_CHANGE = 10
 #: logs 29% of replies this similar still gained, and a guard at 0.7 cost 1.2 points
 #: of sign agreement (benchmarks/fit_rule_model.py, leave one model out).
 REPEAT_SIMILARITY = 0.8
+#: An utterance repeats itself (the ``repetition`` guard) when at least SELF_REPEATS of its
+#: sentences, and SELF_REPEAT_SHARE of them, repeat an earlier sentence of the same utterance
+#: (list items, headings and lead-ins aside): "I'm here. What? I'm here. I don't. I'm here."
+#: Of SAGE's 5,944 logged replies, one reaches it (a reply that says two sentences twice, -5).
+SELF_REPEATS = 2
+SELF_REPEAT_SHARE = 0.2
 #: Share of the utterance's units (words; zh: character bigrams) found in the user's
 #: newest message that makes it parroting ("It sounds like you're saying: <their words>").
 #: In SAGE's logs 99.9% of replies stay below 0.28 (3 of 5,944 reach 0.5).
@@ -185,18 +191,19 @@ def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], share
 
 
 def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: float,
-            parroted: float, shared: int) -> dict[str, float]:
+            parroted: float, shared: int, self_repeating: bool = False) -> dict[str, float]:
     """The guards that fire on the utterance (:data:`GUARDS`), with their penalties.
     ``similarity`` is the utterance's highest Jaccard similarity with any earlier
     utterance (agent and user: repeating oneself or the user); ``parroted`` the share of
-    its units found in the user's newest message."""
+    its units found in the user's newest message; ``self_repeating``:
+    :func:`repeats_itself`."""
     fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
         fired["too_short"] = GUARDS["too_short"]
     elif scan.length < limits["short"]:
         fired["short"] = GUARDS["short"]
-    if similarity >= REPEAT_SIMILARITY:
+    if similarity >= REPEAT_SIMILARITY or self_repeating:
         fired["repetition"] = GUARDS["repetition"]
     elif parroted >= PARROT_SHARE:
         fired["parroting"] = GUARDS["parroting"]
@@ -254,6 +261,19 @@ def sentences_of(code: str, text: str) -> list[str]:
     parts = (_ZH_SENTENCE_END if code == "zh" else _EN_SENTENCE_END).split(text)
     normal = (re.sub(r"[\W_]+", "", part).lower() for part in parts)
     return [part for part in normal if part]
+
+
+#: List items, headings, and lead-ins to a list ("比如：", "You could:").
+_LIST_OR_HEADING = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$",
+                              re.M)
+
+
+def repeats_itself(code: str, text: str) -> bool:
+    """Whether ``text`` says the same sentence over (:data:`SELF_REPEATS`,
+    :data:`SELF_REPEAT_SHARE`; :func:`sentences_of`, without list items and headings)."""
+    sentences = sentences_of(code, _LIST_OR_HEADING.sub("", text))
+    repeats = len(sentences) - len(set(sentences))
+    return repeats >= SELF_REPEATS and repeats >= SELF_REPEAT_SHARE * len(sentences)
 
 
 def said_sentences(code: str, texts: Sequence[str]) -> set[str]:
@@ -413,7 +433,9 @@ class RuleUser(SimulatedUser):
                          + [jaccard(scan.words, language.units(text)[0]) for text in users])
         last = language.units(users[-1])[0] if users else frozenset()
         parroted = len(scan.words & last) / len(scan.words) if scan.words else 0.0
-        return features, _guards(persona, scan, earlier, similarity, parroted, shared), cues > 0
+        guards = _guards(persona, scan, earlier, similarity, parroted, shared,
+                         repeats_itself(persona.language, request.utterance))
+        return features, guards, cues > 0
 
     def _appraise_one(self, request: UserRequest) -> Appraisal:
         """One appraisal: features, the model's points, guards, combine (module docstring)."""
