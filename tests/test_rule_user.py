@@ -775,6 +775,40 @@ def test_a_word_salad_with_the_users_words_does_not_pay():
     assert np.mean(changes) <= 0
 
 
+SELF_REPEATING = {"en": "I'm here. What? I'm here. I don't. I'm here. How? I'm here. I don't.",
+                  "zh": "我在听。怎么了？我在听。我不知道。我在听。你说吧。我在听。"}
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_a_reply_that_says_the_same_sentence_over_does_not_pay(language):
+    # What the GRPO main recipe's policy learnt once the first reply had weights of its own
+    # ("I'm here" is a cue of venting_listened, "What?" an open question): +1.55 points on
+    # average over its held-out replies, before the repetition guard took in repeats within a reply.
+    from empathy_gym.personas import builtin_bank
+
+    user = RuleUser()
+    personas = list(builtin_bank("en")) if language == "en" else [make_persona("zh", i) for i in INTENTIONS]
+    for persona in personas:
+        opening = user.opening([persona], [0])[0]
+        appraisal = appraise(user, request(persona, SELF_REPEATING[language], history=(("user", opening),)))
+        assert appraisal.change < 0 and "repetition" in appraisal.features, (persona.id, appraisal)
+
+
+def test_repeats_within_a_reply_spare_lists_and_the_logged_replies():
+    from empathy_gym.user.rule_user import repeats_itself
+
+    assert repeats_itself("en", SELF_REPEATING["en"]) and repeats_itself("zh", SELF_REPEATING["zh"])
+    # one sentence said twice in eight is not enough; list lead-ins, items and headings never count
+    assert not repeats_itself("en", "I hear you. That sounds hard. I hear you. What happened then? Was it sudden? "
+                                    "Who was there? How did you feel? What do you need now?")
+    listed = ("You could:\n- talk to her\n- wait a week\nYou could:\n- write it down\n"
+              "### Option\nTry this first.\n### Option\nThen this.")
+    assert not repeats_itself("en", listed)
+    assert not repeats_itself("zh", "比如：\n- 先休息\n比如：\n- 找人聊聊\n比如：\n- 写下来\n你可以：\n1. 散步\n你可以：\n2. 睡觉")
+    # on SAGE's full logs it fires on one reply of 5,944; none of the slices' replies
+    assert not any(repeats_itself("zh", turn.utterance) for _, turn in _logged_turns())
+
+
 @pytest.mark.parametrize("language", ["en", "zh"])
 def test_the_thought_pulls_the_same_way_as_the_change(user, language):
     # Before: "You were right to speak up." scored -3 with the thought "Too many words; I'm
