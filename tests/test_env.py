@@ -307,7 +307,7 @@ def test_an_unknown_reset_option_is_refused():
 def test_the_readme_example_and_llm_options_on_the_rule_user():
     env = gym.make("EmpathyDialogue-v0")
     env.reset(seed=0)
-    assert env.step("That sounds exhausting. What happened?")[1] == pytest.approx(-0.02)  # README, "ten lines"
+    assert env.step("That sounds exhausting. What happened?")[1] == pytest.approx(-0.03)  # README, "ten lines"
     # an LLM-user option on the rule user: a clear error naming it (was a bare TypeError from RuleUser)
     with pytest.raises(ValueError, match=r"user_kwargs \['temperature'\] given, but backend='rule'"):
         gym.make("EmpathyDialogue-v0", user_kwargs={"temperature": 0.3})

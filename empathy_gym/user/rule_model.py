@@ -109,9 +109,6 @@ SIGN_CONSTRAINTS.update({
     r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
 })
 
-#: Prefix of the first reply's own copy of each reply feature (:func:`appraisal_features`).
-FIRST = "first|"
-
 _LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·]\s|[一二三四五六七八九十][、.])", re.M)
 
 
@@ -187,9 +184,7 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
         ``cue:<k>|<intention>``
         (cues of another intention k), ``spread:<n>`` (how many intentions are cued, n >= 1),
         ``intention:<id>``, ``character:<type>``, ``emotion<..``, ``turn<..``,
-        ``momentum<..``. A free-text intention counts as ``intention:other``. On the
-        first reply (``context.turn <= 1``) every feature of the reply (all but the
-        state's, from ``intention:`` on) also comes as ``first|<name>``, a weight of its own.
+        ``momentum<..``. A free-text intention counts as ``intention:other``.
     """
     persona = context.persona
     features: dict[str, float] = {}
@@ -230,11 +225,6 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
             features[f"cue:{key}|{intention}"] = 1.0
     if cued:  # no cue at all is the reference level: its weight would only shift the bias
         features[f"spread:{min(len(cued), 5)}"] = 1.0
-    if context.turn <= 1:
-        # The judges weigh the first reply (to the opening line alone) differently: with
-        # one set of reply weights for every turn, the fitted user agreed with GPT-4o on
-        # first replies only by chance (benchmarks/results/agreement_ceiling.txt).
-        features.update({f"{FIRST}{name}": value for name, value in list(features.items())})
     features[f"intention:{intention}"] = 1.0
     features[f"character:{persona.character_type}"] = 1.0
     features[binned("emotion", context.emotion, EMOTION_EDGES)] = 1.0
@@ -257,10 +247,9 @@ GROUPS: tuple[tuple[str, str], ...] = (
 
 @functools.lru_cache(maxsize=4096)
 def group_of(name: str) -> str:
-    """The reporting group of a feature (``"lexicon:validation"``,
-    ``"lexicon:validation|x"`` and ``"first|lexicon:validation"`` -> ``"validation"``,
-    ``"emotion<50"`` -> ``"mood"``; see :data:`GROUPS`)."""
-    name = name.removeprefix(FIRST)
+    """The reporting group of a feature (``"lexicon:validation"`` and
+    ``"lexicon:validation|x"`` -> ``"validation"``, ``"emotion<50"`` -> ``"mood"``; see
+    :data:`GROUPS`)."""
     for prefix, group in GROUPS:
         if name.startswith(prefix):
             return group or name.split(":", 1)[1].split("|")[0]
@@ -356,21 +345,10 @@ class AppraisalModel:
 
 def sign_bounds(names: Iterable[str]) -> list[tuple[float | None, float | None]]:
     """The ``(lowest, highest)`` bound of each feature's weight from
-    :data:`SIGN_CONSTRAINTS` (``(None, None)`` when none applies), in the order of ``names``.
-
-    A first-reply copy (``first|<name>``) adds to the weight of ``<name>``, so it may only
-    tighten that bound: ``(0, None)`` under a lower bound, ``(None, 0)`` under an upper one.
-    """
-    def bounds_of(name: str) -> tuple[float | None, float | None]:
-        base = name.removeprefix(FIRST)
-        low, high = next((bounds for pattern, bounds in SIGN_CONSTRAINTS.items() if re.fullmatch(pattern, base)),
-                         (None, None))
-        if base != name:
-            return (None if low is None else 0.0, None if high is None else 0.0)
-        return low, high
-
-    return [bounds_of(name) for name in names]
+    :data:`SIGN_CONSTRAINTS` (``(None, None)`` when none applies), in the order of ``names``."""
+    return [next((bounds for pattern, bounds in SIGN_CONSTRAINTS.items() if re.fullmatch(pattern, name)),
+                 (None, None)) for name in names]
 
 
-__all__ = ["AppraisalModel", "FIRST", "MODEL_PATH", "ReplyContext", "SIGN_CONSTRAINTS", "TONE_LEXICONS",
+__all__ = ["AppraisalModel", "MODEL_PATH", "ReplyContext", "SIGN_CONSTRAINTS", "TONE_LEXICONS",
            "appraisal_features", "binned", "group_of", "intentions_cued", "jaccard", "sign_bounds"]
