@@ -206,11 +206,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         held = gpt & (rows.model == name)
         held_out[held] = rule_user(gpt & ~held, held)[held]
         learnt[held] = ngram_learner(rows, gpt & ~held, held, **best)
-    for mask, judge, fitted_on in ((first & gem, "Gemini", "GPT-4o"), (first & gpt, "GPT-4o", "the other 5 models")):
+    for mask, judge, fitted_on in ((first & gem, "Gemini", "GPT-4o"), (first & gpt, "GPT-4o", "5 others")):
         if mask.any():
             out(row(f"rule user (fitted on {fitted_on}) vs {judge}, on {judge}'s replies",
                     agreement(held_out[mask], rows.change[mask]).as_dict()))
-            out(row(f"logistic: both + last message (fitted on {fitted_on}) vs {judge}",
+            out(row(f"logistic, both + last message (fitted on {fitted_on}) vs {judge}",
                     agreement(learnt[mask], rows.change[mask]).as_dict(), mae=False))
     out("")
     out("by the reply's turn (GPT-4o, leave one model out): from turn 2 on the logged emotion and the last")
@@ -224,6 +224,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         out(f"{t:<5d} {int(mask.sum()):5d}  {'':11s}{ours['sign_agreement']:6.3f} {ours['cohen_kappa']:6.3f} "
             f"{ours['spearman']:6.3f} {np.mean(held_out[mask] > 0):8.2f}  {'':28s}{theirs['sign_agreement']:6.3f} "
             f"{theirs['cohen_kappa']:6.3f} {theirs['spearman']:6.3f} {np.mean(rows.change[mask] > 0):8.2f}")
+    out("")
+    out("tried and withdrawn (commit 0223fb4): the first reply with weights of its own (a first|<name> copy of")
+    out("every reply feature on turn 1, fit_rule_model.py). Held out it agreed better everywhere: first replies")
+    out("0.650 / kappa 0.195 / Spearman 0.233, leave one model out 0.773 / 0.513 / 0.521, GPT-4o -> Gemini")
+    out("0.662 / 0.336 / 0.435, Gemini -> GPT-4o 0.656 / 0.333 / 0.392. But the main recipe's policy (SmolLM2,")
+    out("GRPO, one reply a dialogue) learnt against it 'I'm here. What? I'm here. I don't.' (+1.55 a reply;")
+    out("the repetition guard now catches it), then strings of 'What's the problem? What's the issue?' mixed")
+    out("with foreign-language gibberish (+2.42 held out). The shipped user does without.")
     out("")
     out("part 2: fitted on one family, every turn of the other (scikit-learn learners: no MAE)")
     for train, test, direction in ((gpt, gem, "GPT-4o -> Gemini"), (gem, gpt, "Gemini -> GPT-4o")):
