@@ -13,7 +13,9 @@ another sample of the same one) and the judge. Rows compare the logged changes o
 pairs (same judge and different replies; different judges), and the rule user's
 held-out changes on the very same first replies. No reply in the logs was judged by
 both families, so the simulator rows mix the judges' disagreement with the replies'
-differences; the same-judge row gives the size of the latter.
+differences; the same-judge row gives the size of the latter. Then the rule user's and
+the best learner's agreement by the reply's turn (GPT-4o, leave one model out), and the
+numbers of a change that was tried and withdrawn (printed as text, with its commit).
 
 Part 2, other learners on the cross-family splits of ``fit_rule_model.py`` (fit on all
 of one family, predict every turn of the other), side by side with the rule user:
@@ -46,7 +48,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _machine import cpu_model  # noqa: E402
-from fit_rule_model import DEFAULT_LOGS, GEMINI, GOAL, GPT, Rows, evaluate, fit, read_rows  # noqa: E402
+from fit_rule_model import (  # noqa: E402
+    DEFAULT_LOGS,
+    GEMINI,
+    GOAL,
+    GPT,
+    Rows,
+    evaluate,
+    features_of,
+    fit,
+    mismatched,
+    read_rows,
+)
 
 from empathy_gym.replay import agreement  # noqa: E402
 
@@ -154,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the rule user's mismatched-reply negatives (as fit_rule_model.py)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     args = parser.parse_args(argv)
+    if not args.negative_weight >= 0:
+        parser.error(f"--negative-weight must be >= 0, got {args.negative_weight}")
     try:
         import sklearn  # noqa: F401
     except ImportError:
@@ -164,7 +179,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     gpt, gem = rows.simulator == GPT, rows.simulator == GEMINI
     if not gpt.any() or not gem.any():
         raise SystemExit(f"{args.logs}: needs logs of both simulator families ({GPT}, {GEMINI})")
-    from fit_rule_model import features_of, mismatched
 
     def rule_user(train: np.ndarray, test: np.ndarray, bounded: bool = True) -> np.ndarray:
         negatives = features_of(mismatched(rows, train, 0)) if args.negative_weight > 0 else ()
@@ -199,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             out(row(label, agreement(rows.change[left], rows.change[right]).as_dict()))
     first = np.zeros(len(rows.change), dtype=bool)
     first[[i for found in first_replies(rows).values() for i in found.values()]] = True
-    best = dict(learner="logistic", reply=True, named=True, last_user=True, C=args.C)
+    best = {"learner": "logistic", "reply": True, "named": True, "last_user": True, "C": args.C}
     held_out, learnt = rule_user(gpt, gem), np.zeros(len(rows.change))
     learnt[gem] = ngram_learner(rows, gpt, gem, **best)
     for name in sorted(set(rows.model[gpt])):
@@ -243,11 +257,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             predicted = rule_user(train, test, bounded)[test]
             out(row(label, agreement(predicted, rows.change[test], models).as_dict()))
         for learner in ("logistic", "ridge"):
-            for label, parts in (("char n-grams of the reply", dict(reply=True, named=False, last_user=False)),
-                                 ("rule user's named features", dict(reply=False, named=True, last_user=False)),
-                                 ("both", dict(reply=True, named=True, last_user=False)),
+            for label, parts in (("char n-grams of the reply", {"reply": True, "named": False, "last_user": False}),
+                                 ("rule user's named features", {"reply": False, "named": True, "last_user": False}),
+                                 ("both", {"reply": True, "named": True, "last_user": False}),
                                  ("both + char n-grams of the user's last message",
-                                  dict(reply=True, named=True, last_user=True))):
+                                  {"reply": True, "named": True, "last_user": True})):
                 decision = ngram_learner(rows, train, test, learner=learner, C=args.C, **parts)
                 out(row(f"{learner}: {label}", agreement(decision, rows.change[test], models).as_dict(), mae=False))
         out("")

@@ -265,12 +265,13 @@ def sentences_of(code: str, text: str) -> list[str]:
 
 #: List items, headings, and lead-ins to a list ("比如：", "You could:").
 _LIST_OR_HEADING = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$",
-                              re.M)
+                              re.MULTILINE)
 
 
 def repeats_itself(code: str, text: str) -> bool:
     """Whether ``text`` says the same sentence over (:data:`SELF_REPEATS`,
-    :data:`SELF_REPEAT_SHARE`; :func:`sentences_of`, without list items and headings)."""
+    :data:`SELF_REPEAT_SHARE`; :func:`sentences_of`, without list items, headings and
+    lead-ins). ``code``: the persona's language, ``"en"`` or ``"zh"``."""
     sentences = sentences_of(code, _LIST_OR_HEADING.sub("", text))
     repeats = len(sentences) - len(set(sentences))
     return repeats >= SELF_REPEATS and repeats >= SELF_REPEAT_SHARE * len(sentences)
