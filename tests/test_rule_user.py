@@ -744,6 +744,34 @@ def test_a_word_salad_with_the_users_words_does_not_pay():
     assert np.mean(changes) <= 0
 
 
+FOREIGN = ["Lo siento mucho, entiendo que estás pasando por un momento difícil. ¿Quieres hablar de ello?",
+           "Je comprends, c'est vraiment difficile pour toi. Tu veux en parler? Je suis là pour toi.",
+           "Das tut mir leid. Möchtest du darüber reden? Ich bin für dich da.",
+           "Como emoso na itenha? Eh! Para emoso! Widmaros! Paso! Enfúbo! Tan braking de fuson."]
+
+
+@pytest.mark.parametrize("text", FOREIGN)
+def test_a_reply_in_another_latin_script_language_is_the_wrong_language(user, text):
+    # Before: no guard fired (only CJK text counted as another language), and a Spanish
+    # reply scored -1.1 on average, as a weak English reply would.
+    for intention in INTENTIONS:
+        appraisal = appraise(user, request(make_persona("en", intention), text))
+        assert "wrong_language" in appraisal.features and appraisal.change <= -3, (intention, appraisal)
+
+
+def test_english_prose_is_never_the_wrong_language(user):
+    from empathy_gym.baselines import ListenerAgent
+    from empathy_gym.personas import builtin_bank
+
+    persona = make_persona("en")
+    bank = list(builtin_bank("en"))
+    texts = [*REPLIES["en"].values(), GENERIC["en"], *ListenerAgent.EN,
+             *(p.scenario for p in bank), *(p.opening_line for p in bank if p.opening_line),
+             "Ravi and Priya at Deloitte in Mumbai: that is awful."]
+    for text in texts:
+        assert "wrong_language" not in appraise(user, request(persona, text)).features, text
+
+
 SELF_REPEATING = {"en": "I'm here. What? I'm here. I don't. I'm here. How? I'm here. I don't.",
                   "zh": "我在听。怎么了？我在听。我不知道。我在听。你说吧。我在听。"}
 

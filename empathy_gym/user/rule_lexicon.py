@@ -125,6 +125,8 @@ class Scan:
         nonword_ratio: share of units (ASCII tokens and CJK characters) that are not
             words, a float in [0, 1].
         cjk: number of CJK characters. latin: number of ASCII tokens.
+        known_share: share of the ASCII tokens that are known English words (the word
+            list of :func:`load_rules`), a float in [0, 1]; 1.0 without ASCII tokens.
     """
 
     low: str
@@ -136,6 +138,7 @@ class Scan:
     nonword_ratio: float
     cjk: int
     latin: int
+    known_share: float = 1.0
     _found: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def find(self, key: str) -> tuple[str, ...]:
@@ -233,7 +236,13 @@ class LanguageRules:
         return Scan(low=normalise(text), patterns=self.patterns, words=words, content=content,
                     length=length, questions=text.count("?") + text.count("？"),
                     nonword_ratio=self._nonword_ratio(tokens, cjk_chars), cjk=len(cjk_chars),
-                    latin=latin)
+                    latin=latin, known_share=self._known_share(tokens))
+
+    def _known_share(self, tokens: Sequence[str]) -> float:
+        """Share of ``tokens`` that are known English words (1.0 when there are none)."""
+        if not tokens:
+            return 1.0
+        return sum(1 for token in tokens if token.lower().strip("'") in self.words.known) / len(tokens)
 
     def _nonword_ratio(self, tokens: Sequence[str], cjk_chars: Sequence[str]) -> float:
         """Non-words per unit: unknown-looking ASCII tokens, plus every CJK character when

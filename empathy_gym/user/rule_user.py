@@ -97,7 +97,7 @@ GUARDS: dict[str, float] = {
     "gibberish": -6.0,         # at least GIBBERISH_RATIO of the words are not words
     "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance, or it repeats itself
     "too_short": -4.0,         # empty or nearly so (see LENGTH)
-    "wrong_language": -3.0,    # nothing in the persona's language
+    "wrong_language": -3.0,    # nothing in the persona's language (en: see FOREIGN_SHARE)
     "parroting": -3.0,         # PARROT_SHARE or more of the utterance is the user's newest message
     "unfocused": -3.0,         # cues of UNFOCUSED_INTENTIONS or more intentions: a shotgun
     "praise_repeated": -2.0,   # generic praise again
@@ -132,6 +132,12 @@ SELF_REPEAT_SHARE = 0.2
 #: newest message that makes it parroting ("It sounds like you're saying: <their words>").
 #: In SAGE's logs 99.9% of replies stay below 0.28 (3 of 5,944 reach 0.5).
 PARROT_SHARE = 0.6
+#: An English persona's reply of FOREIGN_MIN_TOKENS or more Latin-script words, fewer than
+#: FOREIGN_SHARE of them known English words (stopwords, common words), is in another
+#: language: "Lo siento mucho, entiendo que estás pasando por un momento difícil." The
+#: built-in English personas' scenarios and openings hold at least 59%.
+FOREIGN_MIN_TOKENS = 5
+FOREIGN_SHARE = 0.25
 #: Share of non-words (or implausible characters) that makes an utterance gibberish.
 GIBBERISH_RATIO = 0.5
 #: Shared story units that make praise specific (rather than generic).
@@ -209,7 +215,8 @@ def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: f
         fired["parroting"] = GUARDS["parroting"]
     if scan.nonword_ratio >= GIBBERISH_RATIO:
         fired["gibberish"] = GUARDS["gibberish"]
-    if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else scan.cjk > scan.latin:
+    foreign = scan.cjk > scan.latin or (scan.latin >= FOREIGN_MIN_TOKENS and scan.known_share < FOREIGN_SHARE)
+    if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else foreign:
         fired["wrong_language"] = GUARDS["wrong_language"]
     if scan.count("injection"):
         fired["injection"] = GUARDS["injection"]
