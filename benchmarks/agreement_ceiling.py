@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _machine import cpu_model  # noqa: E402
 from fit_rule_model import (  # noqa: E402
-    DEFAULT_LOGS,
     GEMINI,
     GOAL,
     GPT,
@@ -57,6 +56,7 @@ from fit_rule_model import (  # noqa: E402
     evaluate,
     features_of,
     fit,
+    fit_arguments,
     mismatched,
     read_rows,
 )
@@ -158,17 +158,9 @@ def row(name: str, result: dict, mae: bool = True) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[fit_arguments(DEFAULT_OUT)],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of SAGE logs")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the table goes")
-    parser.add_argument("--C", type=float, default=0.3, help="inverse L2 strength of every fit")
-    parser.add_argument("--negative-weight", type=float, default=0.5,
-                        help="the rule user's mismatched-reply negatives (as fit_rule_model.py)")
-    parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     args = parser.parse_args(argv)
-    if not args.negative_weight >= 0:
-        parser.error(f"--negative-weight must be >= 0, got {args.negative_weight}")
     try:
         import sklearn  # noqa: F401
     except ImportError:
@@ -188,10 +180,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         predicted[test] = evaluate(rows, model, test)[0]
         return predicted
 
-    lines: list[str] = []
-    out = lines.append
     header = (f"{'':66s} {'turns':>5s} {'sign':>6s} {'chance':>6s} {'kappa':>6s} {'spear':>6s} "
               f"{'MAE':>5s} {'tau':>5s}")
+    # Part 2 first: part 1 reuses its GPT-4o -> Gemini fits (the rule user, the best learner).
+    best_parts = {"reply": True, "named": True, "last_user": True}
+    cross: dict[tuple[str, str], np.ndarray] = {}
+    part2 = ["part 2: fitted on one family, every turn of the other (scikit-learn learners: no MAE)"]
+    for train, test, direction in ((gpt, gem, "GPT-4o -> Gemini"), (gem, gpt, "Gemini -> GPT-4o")):
+        part2 += [direction, header]
+        models = rows.model[test].tolist()
+        for label, bounded in (("rule user (shipped recipe: bounds, negatives, guards)", True),
+                               ("rule user without the sign bounds", False)):
+            predicted = rule_user(train, test, bounded)[test]
+            cross[(direction, label)] = predicted
+            part2.append(row(label, agreement(predicted, rows.change[test], models).as_dict()))
+        for learner in ("logistic", "ridge"):
+            for label, parts in (("char n-grams of the reply", {"reply": True, "named": False, "last_user": False}),
+                                 ("rule user's named features", {"reply": False, "named": True, "last_user": False}),
+                                 ("both", {"reply": True, "named": True, "last_user": False}),
+                                 ("both + char n-grams of the user's last message", best_parts)):
+                decision = ngram_learner(rows, train, test, learner=learner, C=args.C, **parts)
+                cross[(direction, f"{learner}: {label}")] = decision
+                part2.append(row(f"{learner}: {label}", agreement(decision, rows.change[test], models).as_dict(),
+                                 mae=False))
+        part2.append("")
+
+    lines: list[str] = []
+    out = lines.append
     out("# How far per-turn agreement with an unseen simulator family goes (benchmarks/agreement_ceiling.py)")
     out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
         f"benchmarks/agreement_ceiling.py --C {args.C:g} --negative-weight {args.negative_weight:g}")
@@ -213,13 +228,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             out(row(label, agreement(rows.change[left], rows.change[right]).as_dict()))
     first = np.zeros(len(rows.change), dtype=bool)
     first[[i for found in first_replies(rows).values() for i in found.values()]] = True
-    best = {"learner": "logistic", "reply": True, "named": True, "last_user": True, "C": args.C}
-    held_out, learnt = rule_user(gpt, gem), np.zeros(len(rows.change))
-    learnt[gem] = ngram_learner(rows, gpt, gem, **best)
+    held_out, learnt = np.zeros(len(rows.change)), np.zeros(len(rows.change))
+    held_out[gem] = cross[("GPT-4o -> Gemini", "rule user (shipped recipe: bounds, negatives, guards)")]
+    learnt[gem] = cross[("GPT-4o -> Gemini", "logistic: both + char n-grams of the user's last message")]
     for name in sorted(set(rows.model[gpt])):
         held = gpt & (rows.model == name)
         held_out[held] = rule_user(gpt & ~held, held)[held]
-        learnt[held] = ngram_learner(rows, gpt & ~held, held, **best)
+        learnt[held] = ngram_learner(rows, gpt & ~held, held, learner="logistic", C=args.C, **best_parts)
     for mask, judge, fitted_on in ((first & gem, "Gemini", "GPT-4o"), (first & gpt, "GPT-4o", "5 others")):
         if mask.any():
             out(row(f"rule user (fitted on {fitted_on}) vs {judge}, on {judge}'s replies",
@@ -247,24 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out("the repetition guard now catches it), then strings of 'What's the problem? What's the issue?' mixed")
     out("with foreign-language gibberish (+2.42 held out). The shipped user does without.")
     out("")
-    out("part 2: fitted on one family, every turn of the other (scikit-learn learners: no MAE)")
-    for train, test, direction in ((gpt, gem, "GPT-4o -> Gemini"), (gem, gpt, "Gemini -> GPT-4o")):
-        out(f"{direction}")
-        out(header)
-        models = rows.model[test].tolist()
-        for label, bounded in (("rule user (shipped recipe: bounds, negatives, guards)", True),
-                               ("rule user without the sign bounds", False)):
-            predicted = rule_user(train, test, bounded)[test]
-            out(row(label, agreement(predicted, rows.change[test], models).as_dict()))
-        for learner in ("logistic", "ridge"):
-            for label, parts in (("char n-grams of the reply", {"reply": True, "named": False, "last_user": False}),
-                                 ("rule user's named features", {"reply": False, "named": True, "last_user": False}),
-                                 ("both", {"reply": True, "named": True, "last_user": False}),
-                                 ("both + char n-grams of the user's last message",
-                                  {"reply": True, "named": True, "last_user": True})):
-                decision = ngram_learner(rows, train, test, learner=learner, C=args.C, **parts)
-                out(row(f"{learner}: {label}", agreement(decision, rows.change[test], models).as_dict(), mae=False))
-        out("")
+    lines.extend(part2)
     out(f"took {time.time() - started:.0f} s")
     text = "\n".join(lines) + "\n"
     print(text)

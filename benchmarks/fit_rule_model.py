@@ -219,20 +219,33 @@ def is_mood(name: str) -> bool:
     return group_of(name) == "mood"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def fit_arguments(out: Path) -> argparse.ArgumentParser:
+    """The options every script that fits the rule user to the logs takes (an argparse
+    parent parser): ``--logs``, ``--out`` (default ``out``), ``--C``, ``--negative-weight``
+    (>= 0) and ``--no-write``."""
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of SAGE logs")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the table goes")
-    parser.add_argument("--model-out", type=Path, default=MODEL_PATH, help="where the artefact goes")
+    parser.add_argument("--out", type=Path, default=out, help="where the table goes")
     parser.add_argument("--C", type=float, default=0.3, help="inverse L2 strength of the fit")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the persona folds and the mismatched replies")
-    parser.add_argument("--negative-weight", type=float, default=0.5,
+    parser.add_argument("--negative-weight", type=_non_negative, default=0.5,
                         help="weight of each mismatched-reply negative in the fit (0: none; see mismatched)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[fit_arguments(DEFAULT_OUT)],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-out", type=Path, default=MODEL_PATH, help="where the artefact goes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the persona folds and the mismatched replies")
     args = parser.parse_args(argv)
-    if not args.negative_weight >= 0:
-        parser.error(f"--negative-weight must be >= 0, got {args.negative_weight}")
 
     started = time.time()
     rows = read_rows(args.logs)

@@ -112,3 +112,11 @@ def test_the_script_writes_its_table(ceiling, tmp_path):
     assert "by the reply's turn" in text and "Gemini -> GPT-4o" in text
     line = next(line for line in text.splitlines() if line.startswith("GPT-4o vs Gemini: two samples"))
     assert line.split()[-7:-5] == ["3", f"{2 / 3:.3f}"]
+
+
+@pytest.mark.parametrize("script", ["agreement_ceiling", "fit_rule_model"])
+def test_both_scripts_refuse_a_negative_negative_weight(script, capsys):
+    module = _module(script)
+    with pytest.raises(SystemExit):
+        module.main(["--logs", str(SAGE_LOGS), "--negative-weight", "-1", "--no-write"])
+    assert "--negative-weight: must be >= 0, got -1.0" in capsys.readouterr().err
