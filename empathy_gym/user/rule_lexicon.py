@@ -84,6 +84,10 @@ class _WordCheck:
                                  for pair in _letter_bigrams(word))
         self._verdicts = Memo(self._judge, 200_000)   # token -> is it a non-word?
 
+    def is_known(self, token: str) -> bool:
+        """Is ``token`` (an ASCII token, any case, quotes at its edges ignored) a known word?"""
+        return token.lower().strip("'") in self.known
+
     def is_nonword(self, token: str) -> bool:
         """Is ``token`` (an ASCII token, any case) not an English word? (cached)"""
         return self._verdicts[token]
@@ -91,7 +95,7 @@ class _WordCheck:
     def _judge(self, token: str) -> bool:
         """The uncached :meth:`is_nonword` (see the class docstring for the tests)."""
         low = token.lower().strip("'")
-        if not low or low in self.known:
+        if not low or self.is_known(token):
             return False
         if any(ch.isdigit() for ch in low):
             return not low.isdigit() or len(low) >= 5
@@ -242,7 +246,7 @@ class LanguageRules:
         """Share of ``tokens`` that are known English words (1.0 when there are none)."""
         if not tokens:
             return 1.0
-        return sum(1 for token in tokens if token.lower().strip("'") in self.words.known) / len(tokens)
+        return sum(1 for token in tokens if self.words.is_known(token)) / len(tokens)
 
     def _nonword_ratio(self, tokens: Sequence[str], cjk_chars: Sequence[str]) -> float:
         """Non-words per unit: unknown-looking ASCII tokens, plus every CJK character when
