@@ -46,6 +46,7 @@ from typing import Any, Literal, SupportsFloat
 import gymnasium as gym
 
 from empathy_gym.backends.base import ChatBackend
+from empathy_gym.boundary import clean_text, find_injection
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.spaces import AnyText
 from empathy_gym.think import split_think
@@ -59,20 +60,9 @@ from empathy_gym.user import (
 from empathy_gym.user.difficulty import load_difficulty
 
 
-def sanitize_text(text: str) -> tuple[str, bool]:
-    """``text`` with every lone UTF-16 surrogate (U+D800 to U+DFFF, which no UTF-8 file
-    can hold) replaced by U+FFFD, and a surrogate pair joined into its character.
-
-    Returns:
-        ``(clean text, whether anything changed)``.
-    """
-    if not any("\ud800" <= char <= "\udfff" for char in text):
-        return text, False
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
-
-
 #: Default longest utterance, in characters, in both spaces. Longer actions are accepted
-#: but cut to this length before they reach the user (``info["action_truncated"]``).
+#: but cut to this length before they reach the user (``info["action_truncated"]``);
+#: longer user replies are cut before they reach the agent (``info["user_reply_truncated"]``).
 MAX_UTTERANCE_CHARS = 4096
 
 AGENT_SYSTEM_PROMPTS: dict[str, str] = {
@@ -130,6 +120,7 @@ class PendingStep:
     format_error: str | None
     action_truncated: bool
     action_sanitized: bool = False
+    action_injection: tuple[str, ...] = ()
 
 
 class EmpathyDialogueEnv(gym.Env[str, str]):
@@ -167,10 +158,15 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
     (:class:`~empathy_gym.spaces.AnyText`).
 
     ``info`` (reset and step): ``messages``, ``emotion`` (0-100), ``turn``,
-    ``persona_id``, ``language``. Step adds ``emotion_change`` (the applied change),
+    ``persona_id``, ``language``, ``user_reply_truncated`` (the user's utterance was cut
+    to ``max_utterance_chars``) and ``user_reply_sanitized`` (it held control characters,
+    removed). Step adds ``emotion_change`` (the applied change),
     ``termination_reason``, ``format_error``, ``action_truncated``,
-    ``action_sanitized`` (lone surrogates were replaced by U+FFFD), ``utterance`` (what
-    reached the user), and, **privileged** (for analysis, never for the policy's input):
+    ``action_sanitized`` (control characters removed or lone surrogates replaced,
+    :func:`~empathy_gym.boundary.clean_text`), ``action_injection`` (the kinds of
+    injection found in the reply, :func:`~empathy_gym.boundary.find_injection`; the user
+    scores it no higher than the reply without them), ``utterance`` (what reached the
+    user), and, **privileged** (for analysis, never for the policy's input):
     ``appraisal`` (proposed change, thoughts, raw text, repairs, features),
     ``hidden_intention`` and ``character_type``.
 
@@ -257,7 +253,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     def finish_reset(self, persona: Persona, opening: str) -> tuple[str, dict[str, Any]]:
         """Second half of :meth:`reset`, given the user's opening utterance."""
-        opening = sanitize_text(opening[: self.max_utterance_chars])[0]
+        opening, reply_flags = self._clean_reply(opening)
         emotion = (persona.initial_emotion if persona.initial_emotion is not None
                    else self.protocol.initial_emotion)
         if isinstance(self.system_prompt, str):
@@ -275,7 +271,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             emotions=[emotion])
         if self.render_mode == "human":
             self.render()
-        return opening, self._info()
+        return opening, {**self._info(), **reply_flags}
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -290,9 +286,10 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     # -- step --------------------------------------------------------------------
     def prepare_step(self, action: str) -> PendingStep:
-        """First half of :meth:`step`: check the action, replace lone surrogates (see
-        :func:`sanitize_text`; ``info["action_sanitized"]``), split off thinking, build
-        the request for the simulated user.
+        """First half of :meth:`step`: check the action, clean it
+        (:func:`~empathy_gym.boundary.clean_text`; ``info["action_sanitized"]``), split off
+        thinking, look for injection (:func:`~empathy_gym.boundary.find_injection`;
+        ``info["action_injection"]``), build the request for the simulated user.
 
         Raises:
             TypeError: ``action`` is not a ``str``.
@@ -307,16 +304,16 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         if dialogue.done_reason is not None:
             raise RuntimeError(f"the episode has ended ({dialogue.done_reason}); "
                                f"call reset() before step()")
-        action, sanitized = sanitize_text(action)
+        action, sanitized = clean_text(action)
         split = split_think(action)
-        utterance = split.reply
-        truncated = len(utterance) > self.max_utterance_chars
+        truncated = len(split.reply) > self.max_utterance_chars
+        utterance = split.reply[: self.max_utterance_chars]
+        injection = find_injection(utterance)
         request = UserRequest(persona=dialogue.persona, history=dialogue.history,
-                              utterance=utterance[: self.max_utterance_chars],
-                              emotion=dialogue.emotion, turn=dialogue.turn + 1,
-                              seed=self._draw_seed())
+                              utterance=utterance, emotion=dialogue.emotion, turn=dialogue.turn + 1,
+                              seed=self._draw_seed(), injection=injection)
         return PendingStep(request, action, split.error if self.think else None, truncated,
-                           sanitized)
+                           sanitized, injection)
 
     def finish_step(self, pending: PendingStep, outcome: UserTurn
                     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -324,7 +321,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         dialogue = self.dialogue
         assert dialogue is not None
         request = pending.request
-        reply = sanitize_text(outcome.reply[: self.max_utterance_chars])[0]
+        reply, reply_flags = self._clean_reply(outcome.reply)
         previous = dialogue.emotion
         dialogue.emotion = outcome.emotion
         dialogue.turn = request.turn
@@ -345,7 +342,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         info.update(
             emotion_change=dialogue.emotion - previous, termination_reason=reason,
             format_error=pending.format_error, action_truncated=pending.action_truncated,
-            action_sanitized=pending.action_sanitized, utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
+            action_sanitized=pending.action_sanitized, action_injection=pending.action_injection,
+            **reply_flags, utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
             hidden_intention=dialogue.persona.hidden_intention,
             character_type=dialogue.persona.character_type)
         if self.render_mode == "human":
@@ -406,6 +404,13 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         if value is not None and not self.user.deterministic and not value.nondeterministic:
             value = dataclasses.replace(value, nondeterministic=True)
         self._spec = value
+
+    def _clean_reply(self, text: str) -> tuple[str, dict[str, bool]]:
+        """The user's utterance as the agent gets it: cut to ``max_utterance_chars``, then
+        :func:`~empathy_gym.boundary.clean_text`; with its ``info`` flags."""
+        truncated = len(text) > self.max_utterance_chars
+        text, sanitized = clean_text(text[: self.max_utterance_chars])
+        return text, {"user_reply_truncated": truncated, "user_reply_sanitized": sanitized}
 
     def _draw_seed(self) -> int:
         return int(self.np_random.integers(2**31 - 1))

@@ -137,14 +137,14 @@ def test_backend_policy_needs_lora_and_no_model_of_its_own():
 
 # -- vLLM: the user's requests go to the policy's engine without a LoRA request ------------
 class FakeLLM:
-    """A stand-in ``vllm.LLM`` (vLLM is not installed here): ``generate`` (the policy's
-    token prompts) and ``chat`` (the user's conversations) record their LoRA request;
-    ``chat`` answers with a short text and, for choice scoring, log-probs of the allowed
-    option tokens."""
+    """A stand-in ``vllm.LLM`` (vLLM is not installed here). ``generate`` takes token
+    prompts from both sides and records each call's LoRA request: the policy's sampling
+    parameters ask for ``stop_token_ids``; the user's answer with a short text and, for
+    choice scoring, log-probs of the allowed option tokens."""
 
     def __init__(self, model, **kwargs):
         from transformers import AutoTokenizer
-        self.kwargs, self.requests = kwargs, []
+        self.kwargs, self.requests, self.prompts = kwargs, [], []
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.llm_engine = types.SimpleNamespace(remove_lora=lambda lora_id: None)
 
@@ -152,13 +152,13 @@ class FakeLLM:
         return self.tokenizer
 
     def generate(self, inputs, params, lora_request=None, use_tqdm=False):
-        self.requests.append(("policy", lora_request))
-        ids = self.tokenizer("I hear you.", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        completion = types.SimpleNamespace(token_ids=ids, logprobs=[{t: types.SimpleNamespace(logprob=-1.0)} for t in ids])
-        return [types.SimpleNamespace(outputs=[completion]) for _ in inputs]
-
-    def chat(self, messages, params, use_tqdm=False, chat_template=None, add_generation_prompt=True,
-             lora_request=None):
+        self.prompts += [list(i["prompt_token_ids"]) for i in inputs]
+        if hasattr(params[0], "stop_token_ids"):
+            self.requests.append(("policy", lora_request))
+            ids = self.tokenizer("I hear you.", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            completion = types.SimpleNamespace(token_ids=ids,
+                                               logprobs=[{t: types.SimpleNamespace(logprob=-1.0)} for t in ids])
+            return [types.SimpleNamespace(outputs=[completion]) for _ in inputs]
         self.requests.append(("user", lora_request))
         outputs = []
         for param in params:

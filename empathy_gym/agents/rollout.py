@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from empathy_gym.boundary import ChatEncoder
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
 from empathy_gym.seeding import derive_seed
 from empathy_gym.think import CLOSE as CLOSE_THINK
@@ -65,16 +66,22 @@ class Generator(Protocol):
 
 
 class ChatTokens:
-    """Renders chat pieces as token ids with the tokenizer's own chat template.
+    """Renders chat pieces as token ids with the tokenizer's own chat template, message
+    contents encoded as data (:class:`~empathy_gym.boundary.ChatEncoder`: a user's
+    ``<|im_start|>`` stays text and never opens a turn in the policy's context).
 
     The tokens that follow an assistant turn (the user's next message and the next
-    generation prompt) are found by rendering a fixed base conversation with and
-    without one more user message and taking the difference, so no template token is
-    written by hand.
+    generation prompt) are found by encoding a fixed base conversation with and without
+    one more user message and taking the difference, so no template token is written
+    by hand.
+
+    Attributes:
+        eos_id: the assistant's end-of-turn token.
+        after_eos_text: the template's text after that token (Qwen/ChatML: ``"\n"``).
 
     Raises:
-        ValueError: the template does not render a conversation as a prefix of its
-            continuation (such templates cannot be extended turn by turn).
+        ValueError: the tokenizer has no eos token, or the template does not end
+            assistant turns with it.
     """
 
     _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
@@ -82,36 +89,34 @@ class ChatTokens:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        self.encoder = ChatEncoder(tokenizer)
         eos = tokenizer.eos_token
         if eos is None:
             raise ValueError("the tokenizer has no eos_token (the assistant's end-of-turn token)")
         self.eos_id: int = tokenizer.convert_tokens_to_ids(eos)
-        base = self._render(self._BASE, generation_prompt=False)
-        if eos not in base:
+        base = self.encoder.encode(self._BASE, add_generation_prompt=False)
+        if self.eos_id not in base:
             raise ValueError(f"the chat template does not end assistant turns with {eos!r}")
         self._base = base
-        #: Template text after the assistant's end-of-turn token (Qwen/ChatML: "\n").
-        self.after_eos_text = base[base.rindex(eos) + len(eos):]
-
-    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self._after_eos = len(base) - base[::-1].index(self.eos_id)
+        self.after_eos_text = tokenizer.decode(base[self._after_eos:])
 
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The ids of ``messages`` followed by the generation prompt."""
-        return self.encode(self._render(messages, generation_prompt=True))
+        return self.encoder.encode(messages)
 
     def user_turn(self, text: str) -> list[int]:
         """The ids that follow the assistant's end-of-turn token: the template's trailer,
-        the user message ``text``, and the next generation prompt."""
-        full = self._render(self._BASE + [{"role": "user", "content": text}], generation_prompt=True)
-        if not full.startswith(self._base):
+        the user message ``text`` (as data), and the next generation prompt.
+
+        Raises:
+            ValueError: the template changes earlier turns when a turn is added.
+        """
+        full = self.encoder.encode(self._BASE + [{"role": "user", "content": text}])
+        if full[:len(self._base)] != self._base:
             raise ValueError("the chat template changes earlier turns when a turn is added; "
                              "token-in-token-out rollouts need a prefix-stable template")
-        return self.encode(self.after_eos_text + full[len(self._base):])
+        return full[self._after_eos:]
 
 
 @dataclass

@@ -21,6 +21,12 @@ The API key is read from an environment variable and goes only into the
 ``Authorization`` header: never into ``repr``, logs or error messages (any echo of it
 in a server's message is masked).
 
+Message contents are data: the server renders its chat template to text and tokenizes
+it with special tokens parsed (vLLM does), so every content is
+:func:`~empathy_gym.boundary.neutralise`-d before it is sent: chat-template markers such
+as ``<|im_start|>`` or ``[INST]`` get a space after their first character, and lines
+that open with a role header (``### Assistant:``) a space before the colon.
+
 Seeds go into each request as ``seed``; whether they make sampling reproducible is
 up to the server. vLLM seeds each request on its own. ``transformers serve`` calls
 ``torch.manual_seed(seed)`` on its global RNG when a request arrives and then runs
@@ -53,6 +59,7 @@ from empathy_gym.backends.base import (
     ChoiceScoringUnavailable,
     Conversation,
 )
+from empathy_gym.boundary import neutralise
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
 RETRY_AFTER_MAX = 60.0
@@ -271,7 +278,9 @@ class OpenAIBackend(ChatBackend):
                                                for payload in payloads)))
 
     def _payload(self, conversation: Conversation, **fields: Any) -> dict:
-        payload = {"model": self.model, "messages": [dict(message) for message in conversation]}
+        messages = [{**message, "content": neutralise(message["content"])}
+                    if isinstance(message.get("content"), str) else dict(message) for message in conversation]
+        payload = {"model": self.model, "messages": messages}
         payload.update({key: value for key, value in fields.items() if value is not None})
         payload.update(self.extra_body)
         return payload

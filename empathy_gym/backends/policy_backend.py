@@ -116,19 +116,9 @@ class VLLMPolicyUserBackend(VLLMBackend):
         if not getattr(generator, "lora_rank", 0):
             raise ValueError("backend='policy' with generation.engine='vllm' needs a LoRA policy "
                              "(policy.use_lora=true): without LoRA the engine holds the policy's own weights")
-        vllm = import_vllm()
-        import inspect
-        # VLLMBackend's state, on the generator's engine instead of an engine of its own
-        self.llm = generator.llm
-        self.tokenizer = self.llm.get_tokenizer()
-        self.chat_template = chat_template
-        self._sampling_params = vllm.SamplingParams
-        self._has_logprob_token_ids = "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters
-
-    def _chat(self, conversations: Sequence[Conversation], params: list[Any]) -> list[Any]:
-        messages = [[dict(message) for message in conversation] for conversation in conversations]
-        return self.llm.chat(messages, params, use_tqdm=False, chat_template=self.chat_template,
-                             add_generation_prompt=True, lora_request=None)   # the base weights
+        self.llm = generator.llm  # VLLMBackend's state, on the generator's engine
+        self._attach(import_vllm(), chat_template)
+        self.lora_request = None   # no adapter: the base weights
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to the policy's generator."""

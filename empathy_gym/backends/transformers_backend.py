@@ -42,6 +42,7 @@ from empathy_gym.backends.base import (
     Conversation,
     option_token_ids,
 )
+from empathy_gym.boundary import ChatEncoder
 from empathy_gym.backends.prefix_cache import (
     PrefixKVCache,
     next_token_logits,
@@ -184,6 +185,7 @@ class TransformersBackend(ChatBackend):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._eos_ids = self._collect_eos_ids()
+        self.chat = ChatEncoder(self.tokenizer)
 
     def _load(self, source: str, tokenizer: Any, gguf_file: str | None, dtype: Any,
               trust_remote_code: bool, model_kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -220,14 +222,13 @@ class TransformersBackend(ChatBackend):
         return sorted({int(i) for i in ids if i is not None})
 
     def _encode(self, conversations: Sequence[Conversation]) -> list[list[int]]:
-        """Chat-template and tokenize each conversation (with the generation prompt)."""
+        """Chat-template and tokenize each conversation (with the generation prompt), its
+        contents as data (:class:`~empathy_gym.boundary.ChatEncoder`)."""
         rows = []
         for index, conversation in enumerate(conversations):
             if not conversation:
                 raise ValueError(f"TransformersBackend: conversation {index} is empty")
-            rows.append(list(self.tokenizer.apply_chat_template(
-                list(conversation), add_generation_prompt=True, tokenize=True,
-                return_dict=True)["input_ids"]))
+            rows.append(self.chat.encode(conversation))
         return rows
 
     @property
@@ -240,9 +241,7 @@ class TransformersBackend(ChatBackend):
     def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int]:
         """Tokens of each conversation after the chat template with the generation prompt
         (what :meth:`generate` feeds the model)."""
-        return [len(self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True,
-                                                       tokenize=True, return_dict=True)["input_ids"])
-                for c in conversations]
+        return [len(row) for row in self._encode(conversations)]
 
     def _chunks(self, items: Sequence[Any]) -> list[Sequence[Any]]:
         return [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]

