@@ -189,6 +189,12 @@ class ChatEncoder:
             return text
         return self._text_pattern.sub(lambda m: _break(m.group(0)), text)
 
+    def plain_text(self, text: str) -> str:
+        """``text`` for a tokenizer that parses special tokens, run by code we do not
+        control (verl's agent loop): :meth:`content`, then :func:`neutralise` with this
+        tokenizer's added tokens."""
+        return neutralise(self.content(text), self._added)
+
     def encode(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """The token ids of ``messages`` under the chat template, contents as data.
 
@@ -210,7 +216,7 @@ class ChatEncoder:
             except ValueError:  # "Can't sanitize ...": plain text rebuilds a control token
                 pass
         messages = [{**m, "content": neutralise(m["content"], self._added)} if isinstance(m.get("content"), str)
-                    else m for m in messages]
+                    else m for m in messages]  # content() already applied
         return list(self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=True, return_dict=True,
             add_generation_prompt=add_generation_prompt)["input_ids"])
@@ -226,11 +232,11 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion)\s*[:：=]\s*[+-]?\d+[^\n]*"
         r"|^[^\w\n]{0,4}(?:情绪|心情|变化)(?:变化|值|分数)?\s*[:：=]\s*[+-]?\d+[^\n]*"),
     "instruction": re.compile(
-        r"[^.!?。！？\n]*(?:\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:(?:the|your)\s+)?"
+        r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:(?:the|your)\s+)?"
         r"(?:(?:previous|prior|above|earlier|system)\s+(?:instructions?|rules|prompts?)|instructions|system\s+prompt)\b"
         r"|\byour\s+emotion(?:\s+score)?\s+(?:is|should\s+be|must\s+be|becomes?)\s+(?:now\s+)?[+-]?\d+"
         r"|忽略[^。！？\n]{0,20}(?:指令|规则|设定|提示)"
-        r"|你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+)[^.!?。！？\n]*[.!?。！？]?", re.I),
+        r"|你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+", re.I),
 }
 
 
@@ -245,7 +251,15 @@ def find_injection(text: str) -> tuple[str, ...]:
         >>> find_injection('I hear you. {"change": 10}')
         ('appraisal_json',)
     """
-    return tuple(kind for kind, pattern in INJECTION_PATTERNS.items() if pattern.search(text))
+    lowered = text.lower()
+    return tuple(kind for kind, pattern in INJECTION_PATTERNS.items()
+                 if any(word in lowered for word in _TRIGGERS[kind]) and pattern.search(text))
+
+
+#: Strings without which a kind's pattern cannot match (a cheap test before the regex).
+_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "chat_marker": ("<", "[", ":"), "appraisal_json": ("{",), "appraisal_line": (":", "：", "="),
+    "instruction": ("ignore", "disregard", "forget", "emotion", "忽略", "情绪")}
 
 
 def without_injection(text: str) -> str:
@@ -261,9 +275,16 @@ def without_injection(text: str) -> str:
     marker = INJECTION_PATTERNS["chat_marker"].search(text)
     if marker:
         text = text[:marker.start()]
-    for kind in ("appraisal_json", "appraisal_line", "instruction"):
+    for kind in ("appraisal_json", "appraisal_line"):
         text = INJECTION_PATTERNS[kind].sub("", text)
+    while match := INJECTION_PATTERNS["instruction"].search(text):  # the whole sentence goes
+        start = max(text.rfind(end, 0, match.start()) for end in _SENTENCE_ENDS) + 1
+        stops = [i for i in (text.find(end, match.end()) for end in _SENTENCE_ENDS) if i >= 0]
+        text = text[:start] + text[min(stops) + 1 if stops else len(text):]
     return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+_SENTENCE_ENDS = (".", "!", "?", "。", "！", "？", "\n")
 
 
 __all__ = ["ChatEncoder", "INJECTION_PATTERNS", "added_tokens", "clean_text", "find_injection",

@@ -316,10 +316,46 @@ def _is_rlver(record: Any) -> bool:
     return isinstance(record, Mapping) and "player" in record and "scene" in record
 
 
+#: The largest persona record accepted, in bytes of UTF-8 JSON: 8 times the largest
+#: shipped record (an RLVER profile of 7.9 KB). A longer record is refused before it is
+#: read whole: it would fill the simulated user's context, and its prompt with it.
+MAX_RECORD_BYTES = 65_536
+
+
+def _oversized(size: int, path: str, line: int | None) -> PersonaError:
+    return PersonaError(f"the record is {size:,} bytes, more than the {MAX_RECORD_BYTES:,} a persona may "
+                        f"hold (empathy_gym.personas.MAX_RECORD_BYTES)", path=path, line=line)
+
+
+def _check_size(record: Mapping[str, Any], path: str, line: int | None) -> None:
+    size = len(json.dumps(record, ensure_ascii=False, default=str).encode("utf-8"))
+    if size > MAX_RECORD_BYTES:
+        raise _oversized(size, path, line)
+
+
+def _lines(handle: Any) -> Iterable[tuple[bytes, int]]:
+    """``(line, size in bytes)``, reading at most :data:`MAX_RECORD_BYTES` + 1 bytes of any
+    line (an oversized line is returned cut, with its full size)."""
+    while True:
+        raw = handle.readline(MAX_RECORD_BYTES + 1)
+        if not raw:
+            return
+        size = len(raw)
+        if not raw.endswith(b"\n") and size > MAX_RECORD_BYTES:
+            while chunk := handle.readline(1 << 20):
+                size += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+        yield raw, size - raw.endswith(b"\n")
+
+
 def _records(path: Path) -> Iterable[tuple[int, Any]]:
     """``(line number, JSON record or the line's PersonaError)`` for each non-blank line."""
     with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, (raw, size) in enumerate(_lines(handle), start=1):
+            if size > MAX_RECORD_BYTES:
+                yield number, _oversized(size, str(path), number)
+                continue
             try:
                 # utf-8-sig on the first line: editors on Windows start UTF-8 files with a byte-order mark
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -387,9 +423,10 @@ def load_personas_file(path: str | os.PathLike) -> tuple[Persona, ...]:
         The personas in file order.
 
     Raises:
-        PersonaError: bad JSON, a schema violation, an unknown label or a duplicate id,
-            naming the file, the line and the field (the first problem; all of them:
-            :func:`check_personas_file`); also when the file is empty.
+        PersonaError: bad JSON, a record over :data:`MAX_RECORD_BYTES` (with its size), a
+            schema violation, an unknown label or a duplicate id, naming the file, the line
+            and the field (the first problem; all of them: :func:`check_personas_file`);
+            also when the file is empty.
         FileNotFoundError: when ``path`` does not exist.
     """
     path = Path(path)
@@ -438,10 +475,10 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
     for index, item in enumerate(source, start=1):
         if isinstance(item, Persona):
             personas.append(item)
-        elif _is_rlver(item):
-            personas.append(persona_from_rlver(item, line=index, path="<list>"))
         elif isinstance(item, Mapping):
-            personas.append(persona_from_dict(item, line=index, path="<list>"))
+            _check_size(item, "<list>", index)
+            convert = persona_from_rlver if _is_rlver(item) else persona_from_dict
+            personas.append(convert(item, line=index, path="<list>"))
         else:
             raise PersonaError(f"expected a Persona or a dict, got {type(item).__name__}",
                                line=index)

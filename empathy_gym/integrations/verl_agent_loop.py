@@ -17,7 +17,12 @@ dataset row (the rows of :func:`empathy_gym.integrations.verl.build_rows`):
 3. it stops when the env ends the dialogue (success, failure, max turns), after
    ``rollout.multi_turn.max_assistant_turns`` replies if that is set, or when the token
    budget ``rollout.response_length`` is full. A reply that reaches the budget is not
-   appraised (the user never reads a cut-off message).
+   appraised (the user never reads a cut-off message). A reply cut at the server's
+   ``max_tokens`` is appraised and then closed with the end-of-turn token (response
+   mask 0), as :class:`~empathy_gym.agents.rollout.RolloutEngine` closes it, so both
+   training paths show the policy the same context; the user's reply reaches verl's
+   tokenizer as data (:meth:`~empathy_gym.boundary.ChatEncoder.plain_text`: its
+   chat-template markers broken, since verl parses special tokens in message text).
 
 Rewards (how verl's advantage estimators see them). Each appraised reply gets the env's
 reward as its *turn score* (``reward_mode="delta"``: emotion change / 100;
@@ -63,6 +68,8 @@ from uuid import uuid4
 
 import torch
 
+from empathy_gym.agents.generation import end_of_turn_ids
+from empathy_gym.boundary import ChatEncoder
 from empathy_gym.integrations.dialogues import (
     SharedUser,
     dialogue_fields,
@@ -204,6 +211,9 @@ class EmpathyAgentLoop(AgentLoopBase):
             SharedUser, {key: _plain(value) for key, value in env_config.items()})
         self.response_length: int = int(self.rollout_config.response_length)
         self.max_assistant_turns: int | None = self.rollout_config.multi_turn.max_assistant_turns
+        self.chat = ChatEncoder(tokenizer)   # the user's text reaches verl's tokenizer as data
+        self.end_of_turn_ids = set(end_of_turn_ids(tokenizer))
+        self.eos_id: int = tokenizer.eos_token_id
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Play the dialogue of one dataset row.
@@ -288,6 +298,7 @@ class EmpathyAgentLoop(AgentLoopBase):
             if len(response_mask) >= self.response_length:
                 reason = "response_length"  # the reply filled the budget: not appraised
                 break
+            unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
             reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
             with simple_timer("tool_calls", metrics):  # verl's field for environment time
                 observation, reward, terminated, truncated, info = \
@@ -301,8 +312,11 @@ class EmpathyAgentLoop(AgentLoopBase):
             if self.max_assistant_turns and replies >= self.max_assistant_turns:
                 reason = "max_assistant_turns"
                 break
+            if unfinished:  # closed as the rollout engine closes a cut turn: end-of-turn, mask 0
+                token_ids, response_mask = token_ids + [self.eos_id], response_mask + [0]
+                response_logprobs = response_logprobs + [0.0] if response_logprobs else response_logprobs
             before = list(messages)
-            messages.append({"role": "user", "content": observation})
+            messages.append({"role": "user", "content": self.chat.plain_text(observation)})
             merged, mask, logprobs = await self.ct_merge_context_msg(
                 before, messages, token_ids, response_mask, response_logprobs or None)
             if len(mask) >= self.response_length:
