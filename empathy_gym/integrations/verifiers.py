@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from empathy_gym.boundary import neutralise
 from empathy_gym.integrations.dialogues import (
     SharedUser,
     dialogue_starts,
@@ -164,7 +165,7 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
                     rewards.append(float(reward))
                     if terminated or truncated:
                         break
-                    segment = await interaction.turn(observation)
+                    segment = await interaction.turn(neutralise(observation))  # data, not turns
             dialogue = env.dialogue
         finally:
             env.close()  # the shared user stays open

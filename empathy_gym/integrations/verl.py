@@ -63,6 +63,7 @@ from typing import Any
 from uuid import uuid4
 
 import empathy_gym  # noqa: F401  (registers the env ids)
+from empathy_gym.boundary import neutralise
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.integrations.dialogues import (
     SHARED_USER_KEYS,
@@ -272,7 +273,9 @@ class EmpathyInteraction(BaseInteraction):
 
         Returns:
             ``(should_terminate_sequence, response_content, current_turn_score,
-            additional_data)``: the env's ``terminated or truncated``; the user's reply;
+            additional_data)``: the env's ``terminated or truncated``; the user's reply
+            (:func:`~empathy_gym.boundary.neutralise`-d: verl tokenizes it with special
+            tokens parsed);
             the env's reward (``reward_mode="delta"``: emotion change / 100, in
             [-1, 1]; ``"final"``: e_T / 100 on the last turn, else 0; minus the think
             format penalty); and ``{"emotion": int 0-100, "emotion_change": int,
@@ -308,7 +311,7 @@ class EmpathyInteraction(BaseInteraction):
                            "hidden_intention": info["hidden_intention"],
                            "character_type": info["character_type"]},
         }
-        return dialogue.done, reply, float(reward), additional
+        return dialogue.done, neutralise(reply), float(reward), additional
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
         """The running return of the dialogue: the sum of its turn scores (delta mode:
