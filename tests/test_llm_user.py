@@ -254,6 +254,22 @@ def test_choice_mode_error_fallback():
         user.appraise([request()])
 
 
+def test_an_appraisal_with_no_option_among_the_top_logprobs_generates_its_letter():
+    """A server's top 20 log-probs can miss every option letter: that row is all -inf. It
+    used to become option A (-10); now its letter is generated, the other row keeps its
+    scores, and with choice_fallback='error' it is an error naming persona and turn."""
+    rows = iter([[-np.inf] * 5, [-3.0, -2.0, -0.5, -1.0, -9.0]])
+    backend = FakeBackend(lambda chat: "D" if "single letter" in chat[1]["content"] else "ok",
+                          logprobs=lambda chat: next(rows))
+    unscored, scored = LLMUser(backend, appraisal_mode="choice").appraise([request(), request(turn=2)])
+    assert unscored.change == 5 and unscored.features == {"generated_choice": 1.0}
+    assert scored.change == 0 and "logprob[+0]" in scored.features
+    assert len(backend.generate_calls) == 1 and len(backend.generate_calls[0][0]) == 1
+    backend = FakeBackend(lambda chat: "D", logprobs=lambda chat: [-np.inf] * 5)
+    with pytest.raises(ChoiceScoringUnavailable, match=r"persona 'en1', turn 3: none of the options A, B, C, D, E"):
+        LLMUser(backend, appraisal_mode="choice", choice_fallback="error").appraise([request(turn=3)])
+
+
 def test_opening_generated_only_when_missing_and_chinese_prompts():
     backend = FakeBackend(lambda chat: "  I can't sleep.  ")
     user = LLMUser(backend)

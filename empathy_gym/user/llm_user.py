@@ -23,7 +23,10 @@ Two appraisal modes:
   Where a server returns no log-probabilities (``transformers serve`` ignores the
   ``logprobs`` field), ``choice_fallback="generate"`` asks for the letter with greedy
   decoding instead (repaired and then failing like the free mode), and
-  ``choice_fallback="error"`` raises :class:`ChoiceScoringUnavailable`.
+  ``choice_fallback="error"`` raises :class:`ChoiceScoringUnavailable`. The same goes for
+  an appraisal none of whose options is among the top log-probabilities a server
+  returned: its letter is generated (``features["generated_choice"]``, in
+  ``info["appraisal"]``), or the error is raised; it never defaults to the first option.
 
 The reply is a JSON object too (``reply_plan=True``, SAGE's design: attitude, goal,
 tone, content, draft, then the ``response``), validated against :data:`REPLY_SCHEMA`
@@ -55,6 +58,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import jsonschema
+import numpy as np
 
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
@@ -271,12 +275,27 @@ class LLMUser(SimulatedUser):
                             "back to greedy generation of the option letter", self.backend.name)
                 self._warned_fallback = True
             return (yield from self._appraise_choice_by_generation(requests, chats))
-        appraisals = []
+        unscored = [i for i, row in enumerate(scores) if not np.isfinite(row).any()]
+        if unscored and self.choice_fallback == "error":
+            first = requests[unscored[0]]
+            raise ChoiceScoringUnavailable(
+                f"persona {first.persona.id!r}, turn {first.turn}: none of the options "
+                f"{', '.join(self.letters)} is among the log-probabilities {self.backend.name} returned "
+                f"({len(unscored)} of {len(requests)} appraisals); use choice_fallback='generate'")
+        appraisals: list[Appraisal | None] = []
         for row in scores:
+            if not np.isfinite(row).any():
+                appraisals.append(None)  # scored below by generating the letter
+                continue
             best = int(max(range(len(self.choices)), key=lambda k: row[k]))
             features = {f"logprob[{c:+d}]": float(v) for c, v in zip(self.choices, row)}
             appraisals.append(Appraisal(change=self.choices[best], features=features))
-        return appraisals
+        if unscored:
+            generated = yield from self._appraise_choice_by_generation(
+                [requests[i] for i in unscored], [chats[i] for i in unscored])
+            for i, appraisal in zip(unscored, generated):
+                appraisals[i] = appraisal
+        return appraisals  # type: ignore[return-value]
 
     def _appraise_free(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
