@@ -11,11 +11,16 @@ with the status code and the server's error message.
 Timeouts: connecting may take ``connect_timeout`` (5 s) and is retried (a server still
 starting refuses connections: with the defaults the backend gives up after about 17 s
 of refusals, or about 50 s when connections hang); an answer may take ``timeout``
-(60 s) and is not retried: a server that accepted the request but did not answer in
+(300 s) and is not retried: a server that accepted the request but did not answer in
 time is hanging or overloaded, and sending the request again would only queue it
-twice. So a hanging server fails after one minute with the defaults (it took six
-minutes when read timeouts were retried). Raise ``timeout`` for long generations on a
-slow server (``backend_kwargs={"timeout": 300}``).
+twice. 300 s holds 1,024 new tokens at 4 tokens/s, what a 135M model gives each of 8
+concurrent requests on two CPU cores; lower it on a GPU server to fail sooner.
+
+Context: before each call the simulated user checks that the prompt plus ``max_tokens``
+fits the model (:meth:`~empathy_gym.user.llm_user.LLMUser.check_context`). The backend
+counts prompt tokens with a local ``tokenizer`` when one is given (with
+``context_length``), else with the server's own ``POST /tokenize`` (vLLM's, which also
+reports ``max_model_len``); a server without it (``transformers serve``) is not checked.
 
 The API key is read from an environment variable and goes only into the
 ``Authorization`` header: never into ``repr``, logs or error messages (any echo of it
@@ -59,7 +64,7 @@ from empathy_gym.backends.base import (
     ChoiceScoringUnavailable,
     Conversation,
 )
-from empathy_gym.boundary import neutralise
+from empathy_gym.boundary import ChatEncoder, neutralise
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
 RETRY_AFTER_MAX = 60.0
@@ -149,6 +154,10 @@ class OpenAIBackend(ChatBackend):
         backoff_max: longest backoff between attempts (seconds). A server's
             ``Retry-After`` replaces the backoff and is honoured up to
             ``max(backoff_max, 60)`` seconds.
+        tokenizer: the served model's tokenizer (a loaded one, or a local path or hub id
+            loaded offline) to count prompt tokens here; ``None`` asks the server.
+        context_length: the served model's context in tokens (``max_model_len``);
+            ``None`` takes what the server's ``/tokenize`` reports.
 
     Raises:
         ValueError: ``max_retries`` < 0, ``max_concurrency`` < 1, a timeout <= 0, or a
@@ -159,10 +168,10 @@ class OpenAIBackend(ChatBackend):
     supports_seed = True
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 60.0, connect_timeout: float = 5.0, max_retries: int = 5,
+                 timeout: float = 300.0, connect_timeout: float = 5.0, max_retries: int = 5,
                  max_concurrency: int = 8,
                  extra_body: dict[str, Any] | None = None, backoff_initial: float = 0.5,
-                 backoff_max: float = 30.0):
+                 backoff_max: float = 30.0, tokenizer: Any = None, context_length: int | None = None):
         if max_retries < 0:
             raise ValueError(f"OpenAIBackend: max_retries must be >= 0, got {max_retries}")
         if max_concurrency < 1:
@@ -179,6 +188,16 @@ class OpenAIBackend(ChatBackend):
                              f"e.g. http://localhost:8000/v1; got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
+        root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.tokenize_url = f"{root}/tokenize"
+        self._context = context_length
+        self._encoder = None
+        if tokenizer is not None:
+            if isinstance(tokenizer, (str, os.PathLike)):
+                from transformers import AutoTokenizer
+                tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+            self._encoder = ChatEncoder(tokenizer)
+        self._server_tokenizes: bool | None = None  # unknown until asked
         self.model = model
         self.max_retries, self.max_concurrency = max_retries, max_concurrency
         self.extra_body = dict(extra_body or {})
@@ -211,12 +230,12 @@ class OpenAIBackend(ChatBackend):
             raise TransientHTTPError(f"HTTP {status}: {self._mask(server_message(response))}",
                                      parse_retry_after(response.headers.get("retry-after")))
         if status >= 400:
-            raise BackendError(f"POST {self.url} (model {self.model!r}) failed with HTTP {status}: "
+            raise BackendError(f"POST {response.request.url} (model {self.model!r}) failed with HTTP {status}: "
                                f"{self._mask(server_message(response))}")
         try:
             return response.json()
         except ValueError as exc:
-            raise BackendError(f"POST {self.url}: HTTP {status} with a body that is not JSON: "
+            raise BackendError(f"POST {response.request.url}: HTTP {status} with a body that is not JSON: "
                                f"{self._mask(response.text[:200])!r}") from exc
 
     def _gave_up(self, error: TransientHTTPError) -> BackendError:
@@ -232,12 +251,12 @@ class OpenAIBackend(ChatBackend):
                                f"{{'timeout': ...}}) for long generations") from None
         return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}")
 
-    def _post(self, client: httpx.Client, payload: dict) -> dict:
+    def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
         try:
             for attempt in self._retrying():
                 with attempt:
                     try:
-                        response = client.post(self.url, json=payload)
+                        response = client.post(url or self.url, json=payload)
                     except httpx.TransportError as exc:
                         raise self._transport_error(exc) from None
                     return self._read(response)
@@ -262,14 +281,14 @@ class OpenAIBackend(ChatBackend):
 
     # ----- batches -----
 
-    def _post_all(self, payloads: list[dict]) -> list[dict]:
+    def _post_all(self, payloads: list[dict], url: str | None = None) -> list[dict]:
         if self._client is None:  # httpx.Client is thread-safe: one pool of connections
             self._client = httpx.Client(timeout=self.timeout, headers=self._headers)
         client = self._client
         if len(payloads) <= 1 or self.max_concurrency == 1:
-            return [self._post(client, payload) for payload in payloads]
+            return [self._post(client, payload, url) for payload in payloads]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(payloads))) as pool:
-            return list(pool.map(lambda payload: self._post(client, payload), payloads))
+            return list(pool.map(lambda payload: self._post(client, payload, url), payloads))
 
     async def _apost_all(self, payloads: list[dict]) -> list[dict]:
         semaphore = asyncio.Semaphore(self.max_concurrency)
@@ -277,10 +296,50 @@ class OpenAIBackend(ChatBackend):
             return list(await asyncio.gather(*(self._apost(client, semaphore, payload)
                                                for payload in payloads)))
 
+    @staticmethod
+    def _messages(conversation: Conversation) -> list[dict]:
+        return [{**message, "content": neutralise(message["content"])}
+                if isinstance(message.get("content"), str) else dict(message) for message in conversation]
+
+    # ----- context -----
+
+    def _ask_server(self, conversations: Sequence[Conversation]) -> list[dict] | None:
+        """The server's ``/tokenize`` answers, or ``None`` when it has no such endpoint
+        (remembered) or cannot be reached now (asked again next time)."""
+        if self._server_tokenizes is False or not conversations:
+            return None
+        payloads = [{"model": self.model, "messages": self._messages(c), "add_generation_prompt": True}
+                    for c in conversations]
+        try:
+            answers = self._post_all(payloads, self.tokenize_url)
+        except BackendError as error:
+            if "failed with HTTP 4" in str(error):  # no such endpoint, or not vLLM's
+                self._server_tokenizes = False
+            return None
+        self._server_tokenizes = True
+        if self._context is None and answers and answers[0].get("max_model_len"):
+            self._context = int(answers[0]["max_model_len"])
+        return answers
+
+    @property
+    def context_length(self) -> int | None:
+        """``context_length`` as given, else the ``max_model_len`` the server's
+        ``/tokenize`` reports (``None`` for servers without it)."""
+        if self._context is None:
+            self._ask_server([[{"role": "user", "content": "hi"}]])
+        return self._context
+
+    def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int] | None:
+        """Prompt tokens of each conversation as the server will see it (contents
+        neutralised, chat template, generation prompt): counted with the local
+        ``tokenizer``, else by the server's ``/tokenize``; ``None`` where neither is there."""
+        if self._encoder is not None:
+            return [len(self._encoder.encode(self._messages(c))) for c in conversations]
+        answers = self._ask_server(conversations)
+        return None if answers is None else [int(answer["count"]) for answer in answers]
+
     def _payload(self, conversation: Conversation, **fields: Any) -> dict:
-        messages = [{**message, "content": neutralise(message["content"])}
-                    if isinstance(message.get("content"), str) else dict(message) for message in conversation]
-        payload = {"model": self.model, "messages": messages}
+        payload = {"model": self.model, "messages": self._messages(conversation)}
         payload.update({key: value for key, value in fields.items() if value is not None})
         payload.update(self.extra_body)
         return payload
