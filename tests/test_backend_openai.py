@@ -323,8 +323,24 @@ def test_choice_logprobs_reads_the_first_tokens_top_logprobs(stub_server, use_as
     assert scores.shape == (2, 3) and scores.dtype == np.float64
     np.testing.assert_allclose(scores[:, :2], [[-0.025923, -2.0]] * 2, atol=1e-6)
     assert scores[0, 2] == scores[1, 2] == -math.inf
-    _, body = stub.requests[0]
+    body = next(b for (_, b), path in zip(stub.requests, stub.paths) if path == "/v1/chat/completions")
     assert (body["max_tokens"], body["logprobs"], body["top_logprobs"]) == (1, True, 20)
+    assert "logprob_token_ids" not in body          # /tokenize answered with no tokens: not vLLM
+
+
+def test_on_vllm_the_options_token_ids_are_asked_for_by_name(stub_server):
+    """vLLM reports log-probs of the tokens named in logprob_token_ids whatever their rank
+    (a random model's top 20 hold no option letter); their ids come from its /tokenize."""
+    tokenize = [(200, {}, {"count": 3, "max_model_len": 512, "tokens": [5, 6, 7]})] + [
+        (200, {}, {"count": 1, "max_model_len": 512, "tokens": [token]}) for token in (65, 66)]
+    top = [{"token": "A", "logprob": -7.0}, {"token": "B", "logprob": -9.0}]
+    stub = stub_server(tokenize + [(200, {}, completion("x", {"content": [
+        {"token": "x", "logprob": -0.1, "top_logprobs": top}]}))])
+    scores = OpenAIBackend(stub.url, "m", max_concurrency=1).choice_logprobs([HELLO], ["A", "B"])
+    np.testing.assert_allclose(scores, [[-7.0, -9.0]])
+    assert stub.paths == ["/tokenize"] * 3 + ["/v1/chat/completions"]
+    assert [b.get("prompt") for _, b in stub.requests[1:3]] == ["A", "B"]
+    assert stub.requests[-1][1]["logprob_token_ids"] == [65, 66]
 
 
 def test_no_logprobs_in_the_answer_means_scoring_unavailable(stub_server):

@@ -198,6 +198,7 @@ class OpenAIBackend(ChatBackend):
                 tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
             self._encoder = ChatEncoder(tokenizer)
         self._server_tokenizes: bool | None = None  # unknown until asked
+        self._option_cache: dict[tuple[str, ...], list[int]] = {}
         self.model = model
         self.max_retries, self.max_concurrency = max_retries, max_concurrency
         self.extra_body = dict(extra_body or {})
@@ -316,7 +317,10 @@ class OpenAIBackend(ChatBackend):
             if "failed with HTTP 4" in str(error):  # no such endpoint, or not vLLM's
                 self._server_tokenizes = False
             return None
-        self._server_tokenizes = True
+        self._server_tokenizes = all(isinstance(a, dict) and isinstance(a.get("count"), int)
+                                     and isinstance(a.get("tokens"), list) for a in answers)
+        if not self._server_tokenizes:  # something else answers there
+            return None
         if self._context is None and answers and answers[0].get("max_model_len"):
             self._context = int(answers[0]["max_model_len"])
         return answers
@@ -398,9 +402,25 @@ class OpenAIBackend(ChatBackend):
 
     # ----- choice scoring -----
 
-    def _choice_payloads(self, conversations: Sequence[Conversation]) -> list[dict]:
+    def _option_ids(self, options: Sequence[str]) -> list[int] | None:
+        """The first token id of each option from the server's ``/tokenize``, for vLLM's
+        ``logprob_token_ids``; ``None`` for a server without it."""
+        if self._server_tokenizes is None:
+            self.context_length  # noqa: B018 - asks the server whether it tokenizes
+        if not self._server_tokenizes:
+            return None
+        key = tuple(options)
+        if key not in self._option_cache:
+            answers = self._post_all([{"model": self.model, "prompt": option, "add_special_tokens": False}
+                                      for option in options], self.tokenize_url)
+            self._option_cache[key] = [int(answer["tokens"][0]) for answer in answers]
+        return self._option_cache[key]
+
+    def _choice_payloads(self, conversations: Sequence[Conversation], options: Sequence[str]) -> list[dict]:
+        ids = self._option_ids(options)
+        exact = {"logprob_token_ids": ids} if ids is not None else {}
         return [self._payload(conversation, max_tokens=1, temperature=0.0, logprobs=True,
-                              top_logprobs=TOP_LOGPROBS) for conversation in conversations]
+                              top_logprobs=TOP_LOGPROBS, **exact) for conversation in conversations]
 
     def _choice_row(self, body: dict, options: Sequence[str]) -> np.ndarray:
         try:
@@ -434,7 +454,9 @@ class OpenAIBackend(ChatBackend):
         """Score options from the first generated token's top log-probabilities.
 
         Each request asks ``max_tokens=1, temperature=0, logprobs=true,
-        top_logprobs=20``. The first token's alternatives (the top 20 and the sampled
+        top_logprobs=20``, and, on a server with vLLM's ``/tokenize``, names the options'
+        first tokens in ``logprob_token_ids``, so vLLM reports their log-probs whatever
+        their rank. The first token's alternatives (the reported ones and the sampled
         token) are matched to the options after stripping whitespace from both; tokens
         that match the same option (``"A"``, ``" A"``) have their probabilities added.
 
@@ -448,7 +470,7 @@ class OpenAIBackend(ChatBackend):
             BackendError, ValueError: as :meth:`generate`; empty ``options``.
         """
         self._choice_check(options)
-        bodies = self._post_all(self._choice_payloads(conversations))
+        bodies = self._post_all(self._choice_payloads(conversations, options))
         return np.array([self._choice_row(body, options) for body in bodies],
                         dtype=np.float64).reshape(len(conversations), len(options))
 
@@ -456,7 +478,7 @@ class OpenAIBackend(ChatBackend):
                                options: Sequence[str]) -> np.ndarray:
         """:meth:`choice_logprobs` for asyncio."""
         self._choice_check(options)
-        bodies = await self._apost_all(self._choice_payloads(conversations))
+        bodies = await self._apost_all(self._choice_payloads(conversations, options))
         return np.array([self._choice_row(body, options) for body in bodies],
                         dtype=np.float64).reshape(len(conversations), len(options))
 

