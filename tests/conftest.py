@@ -42,6 +42,25 @@ def vllm_python():
     return python
 
 
+@pytest.fixture(scope="session")
+def llama_cpp_python():
+    """A python that has ``llama-cpp-python[server]``, compiled from PyPI's source into a venv
+    layered on this one the first time (minutes: a C++ build) and cached; or
+    ``$EMPATHY_GYM_LLAMA_CPP_PYTHON``. Skips only when it cannot be built."""
+    from pathlib import Path
+
+    from layered_venv import LLAMA_CPP_SERVER, LayerUnavailable, layered_venv
+
+    if os.environ.get("EMPATHY_GYM_LLAMA_CPP_PYTHON"):
+        return Path(os.environ["EMPATHY_GYM_LLAMA_CPP_PYTHON"])
+    try:
+        python, seconds = layered_venv("llama-cpp-server", LLAMA_CPP_SERVER, timeout_s=2400)
+    except LayerUnavailable as error:
+        pytest.skip(f"llama-cpp-python cannot be built on this machine: {error}")
+    MEASURED.append(f"llama-cpp-python layer: built in {seconds:.0f} s (0 = cached)")
+    return python
+
+
 def vllm_env(**extra: str) -> dict[str, str]:
     """The environment for a vLLM subprocess: this checkout on the path, the hub off, a
     1 GiB KV cache on the CPU."""

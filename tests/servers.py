@@ -36,6 +36,7 @@ class Server:
     log: Path
     command: list[str]
     env: dict[str, str]
+    ready_path: str = "/health"
     startup_s: float = 0.0
 
     def stop(self) -> None:
@@ -56,7 +57,7 @@ class Server:
 
     def restart(self, timeout_s: float = 600) -> None:
         self.stop()
-        fresh = start(self.command, self.url, self.model, self.log, self.env, timeout_s)
+        fresh = start(self.command, self.url, self.model, self.log, self.env, timeout_s, self.ready_path)
         self.process, self.startup_s = fresh.process, fresh.startup_s
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -64,8 +65,8 @@ class Server:
 
 
 def start(command: list[str], url: str, model: str, log: Path, env: dict[str, str] | None = None,
-          timeout_s: float = 600) -> Server:
-    """Start ``command`` and wait until ``{url without /v1}/health`` answers 200.
+          timeout_s: float = 600, ready_path: str = "/health") -> Server:
+    """Start ``command`` and wait until ``{url without /v1}{ready_path}`` answers 200.
 
     Raises:
         RuntimeError: the process exited, or was not healthy within ``timeout_s`` (the
@@ -76,8 +77,8 @@ def start(command: list[str], url: str, model: str, log: Path, env: dict[str, st
     with open(log, "ab") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
-    server = Server(url, model, process, log, command, env)
-    health = url.rsplit("/v1", 1)[0] + "/health"
+    server = Server(url, model, process, log, command, env, ready_path)
+    health = url.rsplit("/v1", 1)[0] + ready_path
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"{command[:4]} exited with {process.returncode}:\n{server.log_tail()}")
@@ -101,6 +102,13 @@ def vllm_command(python: Path, model: Path, name: str, port: int, max_model_len:
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--max-model-len", str(max_model_len), "--no-enable-chunked-prefill", "--enforce-eager"]
+
+
+def llama_cpp_command(python: Path, gguf: Path, name: str, port: int, n_ctx: int) -> list[str]:
+    """llama-cpp-python's OpenAI-compatible server on a GGUF file (ready at ``/v1/models``:
+    it has no ``/health``)."""
+    return [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx)]
 
 
 def transformers_serve_command(model: Path, port: int) -> list[str]:

