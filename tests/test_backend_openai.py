@@ -6,8 +6,6 @@ import asyncio
 import json
 import math
 import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,34 +35,13 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
     """``transformers serve <tiny model>`` on 127.0.0.1; yields its ``/v1`` URL."""
+    from servers import start, transformers_serve_command
     port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(tiny_model_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"transformers serve exited with {process.returncode}:\n"
-                            f"{log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not healthy after 120 s:\n{log_path.read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    running = start(transformers_serve_command(tiny_model_dir, port), f"http://127.0.0.1:{port}/v1",
+                    str(tiny_model_dir), log, timeout_s=120)
+    yield running.url
+    running.stop()
 
 
 @pytest.fixture()

