@@ -120,6 +120,21 @@ def test_the_seed_reaches_the_server(server):
         assert texts[0] != texts[2]
 
 
+def test_greedy_text_matches_transformers_on_the_same_folder(server):
+    """The server's greedy completion equals the transformers backend's on the folder the
+    server loaded (llama.cpp serves the 4-bit GGUF file, not the folder: not compared)."""
+    (engine, model), running = server
+    if engine == "llama.cpp":
+        pytest.skip("llama.cpp serves the quantised GGUF file")
+    from empathy_gym.backends.transformers_backend import TransformersBackend
+    folder = running.command[running.command.index("--model") + 1] if engine == "vllm" else running.model
+    local = TransformersBackend(folder, device="cpu").generate([SAD, [{"role": "user", "content": "Hi!"}]],
+                                                               max_tokens=12, temperature=0)
+    served = OpenAIBackend(running.url, running.model).generate([SAD, [{"role": "user", "content": "Hi!"}]],
+                                                                 max_tokens=12, temperature=0)
+    assert [t.rstrip("\ufffd") for t in served] == [t.rstrip("\ufffd") for t in local]
+
+
 def test_eval_end_to_end(server, tmp_path):
     (engine, model), running = server
     done = cli("eval", "--policy", "baseline:listener", "--user", user_spec(running), "--appraisal-mode", "choice",

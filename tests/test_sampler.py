@@ -207,3 +207,25 @@ def test_vllm_lora_sync_keeps_one_adapter_on_disk_in_bfloat16(tmp_path, tiny_mod
     for key, value in loaded.state_dict().items():
         if "lora_" in key:
             assert torch.allclose(value.float(), current[key].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_vllm_engine_that_returns_no_logprobs_is_an_error_not_zeros(tiny_model_dir, fake_vllm):
+    """Zeros as the sampler's log-probs made every importance weight exp(logp_new) < 1."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    generator = VLLMGenerator(str(tiny_model_dir), tokenizer, max_new_tokens=8)
+    FakeLLM.replies = [[11, 12, 13]]
+    original = FakeLLM.generate
+
+    def without_logprobs(self, inputs, params, **kwargs):
+        outputs = original(self, inputs, params, **kwargs)
+        for output in outputs:
+            output.outputs[0].logprobs = None
+        return outputs
+
+    FakeLLM.generate = without_logprobs
+    try:
+        with pytest.raises(RuntimeError, match=r"returned 0 log-probabilities for 3 sampled tokens"):
+            generator.generate([[1, 2]], [1])
+    finally:
+        FakeLLM.generate = original
+

@@ -99,3 +99,31 @@ def test_a_chinese_sage_dialogue_outgrows_smollm2s_context_with_a_clear_error(ba
     assert (error.persona_id, error.turn, error.context_length) == (dialogue.id, first_too_long + 1, 8192)
     assert error.prompt_tokens == lengths[first_too_long] and error.prompt_tokens + 1024 > 8192
     assert f"turn {first_too_long + 1}: the appraisal prompt is {lengths[first_too_long]:,} tokens" in str(error)
+
+
+def test_the_conversion_is_a_folder_every_engine_loads(tmp_path, monkeypatch):
+    """From an empty cache: both names of the tied embedding (vLLM reads
+    ``model.embed_tokens.weight``; it answered nonsense from a folder with only
+    ``lm_head.weight``), ``architectures`` (``transformers serve`` crashed without it), the
+    generation config; and the model loaded from the folder is the GGUF's."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from empathy_gym.backends.smollm2 import smollm2_gguf_path
+    from empathy_gym.models import convert_smollm2, load_causal_lm
+    monkeypatch.setenv("EMPATHY_GYM_CACHE", str(tmp_path))
+    folder = convert_smollm2()
+    assert folder == tmp_path / "smollm2-135m-instruct"
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        assert {"model.embed_tokens.weight", "lm_head.weight"} <= set(weights.keys())
+        assert torch.equal(weights.get_tensor("model.embed_tokens.weight"), weights.get_tensor("lm_head.weight"))
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
+    model, _ = load_causal_lm("smollm2")
+    gguf = smollm2_gguf_path()
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(a, b), name

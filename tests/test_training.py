@@ -109,8 +109,8 @@ def test_separate_critic_lora_kl_and_gradient_checkpointing(tmp_path):
     base_before = {k: v.clone() for k, v in run.model.named_parameters() if not v.requires_grad}
     metrics = run.train()
     # Step 1: LoRA's B matrices start at zero, so the policy equals the reference exactly.
-    assert metrics[0]["policy/kl_to_reference"] == 0.0
-    assert metrics[1]["policy/kl_to_reference"] != 0.0
+    assert metrics[0]["policy/kl_to_reference_k1"] == 0.0
+    assert metrics[1]["policy/kl_to_reference_k1"] != 0.0
     # The reference is the base with adapters off: no copy, and the base never moves.
     assert run.reference is None
     assert all(torch.equal(v, base_before[k]) for k, v in run.model.named_parameters() if not v.requires_grad)
@@ -132,14 +132,15 @@ def test_no_kl_to_reference_without_a_reference(tmp_path, algorithm):
     left out (PPO wrote NaN, GRPO 0), not reported as a measurement."""
     extra = ("num_generations=4",) if algorithm == "grpo" else ()
     metrics = trainer(tmp_path, algorithm, f"nokl-{algorithm}", 1, extra=extra).train()
-    assert "policy/kl_to_reference" not in metrics[0] and "policy/approx_kl" in metrics[0]
+    assert not any(key.startswith("policy/kl_to_reference") for key in metrics[0])
+    assert "policy/approx_kl" in metrics[0]
 
 
 def test_full_fine_tuning_reference_is_a_frozen_copy(tmp_path):
     run = trainer(tmp_path, "grpo", "fullkl", 3, extra=("num_generations=4", "beta=0.1"))
     initial = {k: v.clone() for k, v in run.model.state_dict().items()}
     metrics = run.train()
-    kls = [m["policy/kl_to_reference"] for m in metrics if m["grpo/skipped_groups"] == 0]
+    kls = [m["policy/kl_to_reference_k3"] for m in metrics if m["grpo/skipped_groups"] == 0]
     assert kls and all(kl >= 0.0 for kl in kls) and max(kls) > 0.0   # k3 is never negative
     assert all(torch.equal(v, initial[k]) for k, v in run.reference.state_dict().items())
     assert any(not torch.equal(v, initial[k]) for k, v in run.model.state_dict().items())
@@ -474,3 +475,28 @@ def test_the_step_statistics_are_in_metrics_jsonl_and_tensorboard(tmp_path, algo
     assert any(algorithm == "ppo" or m["grpo/skipped_groups"] < m["grpo/groups"] for m in metrics)
     events = EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
     assert set(always + stats) <= set(events.Tags()["scalars"])
+
+
+def test_dr_grpo_divides_by_a_dialogues_budget_and_loss_policy_is_the_objective(tmp_path, monkeypatch):
+    """max_turns=2 (the envs) x max_new_tokens=6 = 12 tokens a dialogue, below the context:
+    the dr_grpo constant is 12, not the per-turn 6; and loss/policy is what aggregate
+    computes for the policy term, summed over the mini-batch (num_mini_batches=1 here), not
+    the token mean that was logged whatever the loss type."""
+    from empathy_gym.agents import grpo
+    shares = []
+    real = grpo.aggregate
+
+    def recorded(per_token, segments, loss_type, tokens, sequences, max_tokens=None):
+        assert max_tokens == 12
+        value = real(per_token, segments, loss_type, tokens, sequences, max_tokens)
+        if not per_token.requires_grad:
+            shares.append(float(value))
+        return value
+
+    monkeypatch.setattr(grpo, "aggregate", recorded)
+    run = trainer(tmp_path, "grpo", "drgrpo", 1, extra=("num_generations=4", "loss_type=dr_grpo",
+                                                        "scale_rewards=false", "num_mini_batches=1",
+                                                        "num_ppo_epochs=1"))
+    assert run.dialogue_token_budget == 12
+    (metrics,) = run.train()
+    assert shares and metrics["loss/policy"] == pytest.approx(sum(shares))

@@ -264,6 +264,13 @@ class VLLMGenerator:
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+        """One :class:`~empathy_gym.agents.rollout.Sample` per token prompt, each row seeded
+        by its seed, with the sampler's log-probabilities.
+
+        Raises:
+            RuntimeError: the engine returned fewer log-probabilities than tokens (never
+                replaced by zeros, which would skew the importance weights).
+        """
         params = [self._vllm.SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature,
                                             top_p=self.top_p, seed=int(seed), logprobs=0,
                                             stop_token_ids=self.eos_ids)
@@ -275,6 +282,11 @@ class VLLMGenerator:
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            if len(logprobs) != len(ids):
+                raise RuntimeError(
+                    f"the vLLM engine ({self.llm!r}) returned {len(logprobs)} log-probabilities for {len(ids)} "
+                    f"sampled tokens although logprobs=0 was asked for; the trainer's importance weights need "
+                    f"the sampler's log-probabilities (zeros would shrink every gradient)")
             finished = bool(ids) and ids[-1] in self.eos_ids
-            samples.append(Sample(ids, logprobs or [0.0] * len(ids), finished))
+            samples.append(Sample(ids, logprobs, finished))
         return samples

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -183,8 +184,11 @@ def aggregate(per_token: torch.Tensor, segments: torch.Tensor, loss_type: str, t
     the same [DAPO]. ``"sequence_mean"``: sum_i (mean of rollout i's L_t) / sequences,
     each rollout weighs the same [GRPO eq. 3's 1/|o_i| then 1/G]. ``"dr_grpo"``:
     sum_t L_t / (sequences * max_tokens), a constant that does not depend on how long
-    the rollouts are [DrGRPO section 3.1; TRL divides by ``max_completion_length``], so
-    a long wrong answer is not penalised less per token than a short one.
+    the rollouts are [DrGRPO section 3.1; TRL divides by ``max_completion_length``, the
+    budget of a whole completion], so a long wrong answer is not penalised less per token
+    than a short one. A dialogue is the completion here: its budget is every agent turn
+    at ``max_new_tokens``, or the context if that is less (the trainer's
+    ``dialogue_token_budget``).
 
     Args:
         per_token: (n,) float, this micro-batch's per-token losses.
@@ -192,7 +196,8 @@ def aggregate(per_token: torch.Tensor, segments: torch.Tensor, loss_type: str, t
         loss_type: one of :data:`LOSS_TYPES`.
         tokens, sequences: the mini-batch's trainable tokens and rollouts, counted over
             every micro-batch and process.
-        max_tokens: the constant of ``"dr_grpo"`` (the trainer's: ``generation.max_new_tokens``).
+        max_tokens: the constant of ``"dr_grpo"``: a rollout's token budget (the trainer's
+            ``dialogue_token_budget``).
 
     Raises:
         ValueError: unknown ``loss_type``, or ``"dr_grpo"`` without ``max_tokens``.
@@ -374,7 +379,7 @@ class GRPOTrainer(RLTrainer):
         config = self.config
         tokens, sequences = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch), len(minibatch)])
         sums = dict.fromkeys(("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                              "policy/kl_to_reference"), 0.0)
+                              "policy/kl_to_reference_k3"), 0.0)
         if tokens == 0:
             return 0.0, {}
         self.set_training(True)
@@ -388,15 +393,16 @@ class GRPOTrainer(RLTrainer):
                                          weights=gather(batch.weights) if batch.weights else None)
             segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
                                   for j, d in enumerate(chunk)]).to(self.device)
-            loss = aggregate(per_token - config.entropy_coef * out.entropy, segments, config.loss_type,
-                             tokens, sequences, max_tokens=config.generation.max_new_tokens)
+            share = partial(aggregate, segments=segments, loss_type=config.loss_type, tokens=tokens,
+                            sequences=sequences, max_tokens=self.dialogue_token_budget)
+            loss = share(per_token - config.entropy_coef * out.entropy)
             loss.backward()
-            for key, value in (("loss/policy", per_token), ("policy/entropy", out.entropy),
-                               ("policy/clipfrac", stats["clipfrac"]), ("policy/approx_kl", stats["approx_kl"]),
-                               ("policy/kl_to_reference", stats["kl"])):
+            sums["loss/policy"] += float(share(per_token.detach()))  # the objective, as aggregated
+            for key, value in (("policy/entropy", out.entropy), ("policy/clipfrac", stats["clipfrac"]),
+                               ("policy/approx_kl", stats["approx_kl"]), ("policy/kl_to_reference_k3", stats["kl"])):
                 sums[key] += float(value.detach().sum())
         totals = self.global_sums(list(sums.values()))
-        return tokens, {key: total / tokens for key, total in zip(sums, totals)}
+        return tokens, {key: total if key == "loss/policy" else total / tokens for key, total in zip(sums, totals)}
 
     def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         config = self.config
@@ -413,7 +419,7 @@ class GRPOTrainer(RLTrainer):
         self.set_training(False)
         if not stats:  # no group had signal (in any process): no update; the statistics are undefined
             stats = {key: [] for key in ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                                         "policy/kl_to_reference", "policy/grad_norm")}
+                                         "policy/kl_to_reference_k3", "policy/grad_norm")}
         if config.beta == 0:  # no reference model: the KL to it is not measured (it was reported as 0)
-            stats.pop("policy/kl_to_reference", None)
+            stats.pop("policy/kl_to_reference_k3", None)
         return metrics | {key: float(np.mean(values)) if values else float("nan") for key, values in stats.items()}

@@ -368,7 +368,7 @@ class PPOTrainer(RLTrainer):
         stats |= {**describe("value", old_values), **describe("value/target", returns),
                   **describe("advantage", advantages)}
         if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
-            stats["policy/kl_to_reference"] = kl_to_reference
+            stats["policy/kl_to_reference_k1"] = kl_to_reference   # signed k1, at the rollout policy
         if config.whiten_advantages:
             flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))

@@ -284,6 +284,10 @@ class RLTrainer:
         self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
                                     max_context_tokens=config.generation.max_context_tokens,
                                     max_new_tokens=config.generation.max_new_tokens)
+        #: the most tokens one dialogue can give the policy to train on: every turn at
+        #: max_new_tokens, or the context, whichever is less (Dr. GRPO's constant)
+        self.dialogue_token_budget = min(self.envs[0].protocol.max_turns * config.generation.max_new_tokens,
+                                         config.generation.max_context_tokens)
         self.step = 0
         self._stop = False
         self._dirty = False  # parameters changed since the last completed step
