@@ -20,14 +20,16 @@ def test_every_recipe_loads(path):
 
 @pytest.mark.parametrize("name,algorithm", [("qwen2.5-7b-ppo.yaml", PPOConfig), ("qwen2.5-7b-grpo.yaml", GRPOConfig)])
 def test_the_qwen_recipes_carry_rlvers_settings(name, algorithm):
-    """RLVER (arXiv 2507.03112) section 4.1: batch 32, clip 0.2, entropy 0.001, no KL,
-    gamma = lambda = 1, temperature 1.0, 4 rollouts per profile for GRPO, reward e_T / 100
-    at the end of an 8-turn dialogue starting at emotion 30. One GPU: LoRA on bfloat16."""
+    """RLVER (arXiv 2507.03112) section 4.1 and its launcher: 32 profiles a step (x 4 for
+    GRPO), one optimiser step a step, clip 0.2, entropy 0.001, no KL, gamma = lambda = 1,
+    temperature 1.0, reward e_T / 100 at the end of an 8-turn dialogue starting at emotion
+    30. One GPU: LoRA on bfloat16."""
     config = load_recipe(Path("agents") / name)
     assert isinstance(config, algorithm)
     assert config.policy.model == "Qwen/Qwen2.5-7B-Instruct" and config.policy.dtype == "bfloat16"
     assert config.policy.use_lora and config.policy.gradient_checkpointing
-    assert config.rollout_batch_size == 32 and config.entropy_coef == 0.001
+    assert config.rollout_batch_size == (32 if algorithm is PPOConfig else 128) and config.entropy_coef == 0.001
+    assert config.num_mini_batches == 1 and config.warmup_ratio == 0.02
     assert config.generation.temperature == 1.0 and config.generation.engine == "vllm"
     assert config.env.kwargs["protocol"] == "rlver_training" and config.env.kwargs["reward_mode"] == "final"
     if algorithm is PPOConfig:
@@ -35,6 +37,41 @@ def test_the_qwen_recipes_carry_rlvers_settings(name, algorithm):
         assert config.critic == "separate"
     else:
         assert (config.epsilon, config.beta, config.num_generations) == (0.2, 0.0, 4)
+
+
+def recipe_table() -> list[tuple[str, str, str]]:
+    """``(our key, ours PPO, ours GRPO)`` of agents/README.md's table, for rows that name
+    one key."""
+    rows = []
+    for line in Path("agents/README.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"`[\w.]+`", cells[0]):
+            rows.append((cells[0].strip("`"), cells[3], cells[4]))
+    return rows
+
+
+def cell_value(cell: str):
+    import yaml
+    value = yaml.safe_load(cell.replace("`", "").split(" (")[0].split(" each")[0])
+    try:
+        return float(value) if isinstance(value, str) else value   # YAML 1.1 reads 1e-5 as text
+    except ValueError:
+        return value
+
+
+@pytest.mark.parametrize("name,column", [("qwen2.5-7b-ppo.yaml", 1), ("qwen2.5-7b-grpo.yaml", 2)])
+def test_the_rlver_table_says_what_the_recipes_hold(name, column):
+    from empathy_gym.agents.config import to_dict
+    config = to_dict(load_recipe(Path("agents") / name))
+    rows = recipe_table()
+    assert len(rows) >= 15
+    for row in rows:
+        if row[column] == "-":
+            continue
+        value = config
+        for part in row[0].split("."):
+            value = value[part]
+        assert value == cell_value(row[column]), (name, row)
 
 
 def write(tmp_path, text):

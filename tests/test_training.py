@@ -500,3 +500,35 @@ def test_dr_grpo_divides_by_a_dialogues_budget_and_loss_policy_is_the_objective(
     assert run.dialogue_token_budget == 12
     (metrics,) = run.train()
     assert shares and metrics["loss/policy"] == pytest.approx(sum(shares))
+
+
+def test_warm_up_then_constant_as_verl_and_resume_keeps_the_rates(tmp_path):
+    """total_steps=4: warmup_ratio 0.5 is int(2.0) = 2 warm-up steps for the policy,
+    critic_warmup_ratio 0.25 one for the critic; verl's constant schedule then gives the
+    multipliers 0, 1/2, 1, 1 and 0, 1, 1, 1 (step / warm-up steps, the first step at 0).
+    A run stopped after 2 steps and resumed gives the same rates for steps 3 and 4."""
+    extra = ("warmup_ratio=0.5", "critic_warmup_ratio=0.25", "learning_rate=1e-2", "critic_learning_rate=1e-3")
+    metrics = trainer(tmp_path, "ppo", "warm", 4, extra=extra).train()
+    assert [m["policy/lr"] for m in metrics] == pytest.approx([0.0, 5e-3, 1e-2, 1e-2])
+    assert [m["value/lr"] for m in metrics] == pytest.approx([0.0, 1e-3, 1e-3, 1e-3])
+    import shutil
+    checkpoints = tmp_path / "resumed" / "checkpoints"       # the same run, stopped after step 2
+    shutil.copytree(tmp_path / "warm" / "checkpoints" / "step-000002", checkpoints / "step-000002")
+    (checkpoints / "latest").write_text("step-000002\n")
+    resumed = trainer(tmp_path, "ppo", "resumed", 4, extra=extra).train(resume=True)
+    later = [m for m in resumed if m["step"] > 2]
+    assert [m["policy/lr"] for m in later] == pytest.approx([1e-2, 1e-2])
+    assert [m["value/lr"] for m in later] == pytest.approx([1e-3, 1e-3])
+
+
+def test_the_cosine_schedule_after_the_warm_up():
+    """1 warm-up step of 5, floor 0.1: 0, then 0.1 + 0.9 (1 + cos(pi k / 4)) / 2 for k = 0..3."""
+    import math
+
+    from empathy_gym.agents.schedule import multiplier
+    factor = multiplier("cosine", 1, 5, 0.1)
+    expected = [0.0] + [0.1 + 0.9 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)]
+    assert [factor(step) for step in range(5)] == pytest.approx(expected)
+    assert factor(1) == 1.0 and factor(3) == pytest.approx(0.55)
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        multiplier("linear", 0, 5)

@@ -154,6 +154,13 @@ class TrainerConfig:
         rollout_batch_size: dialogues per step (GRPO: groups x num_generations).
         learning_rate: policy (actor) learning rate (RLVER 1e-6 full fine-tuning;
             LoRA usually needs ~1e-5 to 1e-4).
+        warmup_ratio: the policy's learning rate rises linearly from 0 over the first
+            ``int(warmup_ratio * total_steps)`` training steps (verl's
+            ``lr_warmup_steps_ratio``; RLVER: 0.02), in [0, 1).
+        lr_schedule: after the warm-up, ``"constant"`` (verl's default) or ``"cosine"``
+            (down to ``min_lr_ratio`` times the learning rate at ``total_steps``), for
+            every learning rate (:mod:`~empathy_gym.agents.schedule`).
+        min_lr_ratio: the cosine schedule's floor, in [0, 1].
         max_grad_norm: gradient clipping, of the policy's and the critic's gradients
             apart (each to this global norm, as verl).
         num_ppo_epochs: passes over each step's rollouts.
@@ -181,6 +188,9 @@ class TrainerConfig:
     total_steps: int = 200
     rollout_batch_size: int = 32
     learning_rate: float = 1e-6
+    warmup_ratio: float = 0.0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     num_ppo_epochs: int = 1
     num_mini_batches: int = 1
@@ -205,9 +215,10 @@ class PPOConfig(TrainerConfig):
         critic: ``"shared"`` (a value head on the policy's backbone) or ``"separate"``
             (its own copy of the base model with its own LoRA adapters and head).
         critic_learning_rate: value head / critic learning rate (RLVER 5e-6).
+        critic_warmup_ratio: as ``warmup_ratio``, for the critic (RLVER: 0.05).
         vf_coef: weight of the value loss.
         cliprange: policy ratio clip epsilon (0.2).
-        cliprange_value: value clip around the rollout's values (0.2).
+        cliprange_value: value clip around the rollout's values (verl's default, 0.5).
         gamma, lam: discount and GAE lambda (RLVER 1.0, 1.0).
         whiten_advantages: normalise advantages over the batch's trainable tokens.
         kl_coef: KL penalty to the reference model, subtracted from per-token rewards
@@ -216,9 +227,10 @@ class PPOConfig(TrainerConfig):
 
     critic: str = "shared"
     critic_learning_rate: float = 5e-6
+    critic_warmup_ratio: float = 0.0
     vf_coef: float = 0.5
     cliprange: float = 0.2
-    cliprange_value: float = 0.2
+    cliprange_value: float = 0.5
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool = True
@@ -417,6 +429,13 @@ def validate(config: TrainerConfig) -> None:
     for name in ("seed", "save_steps", "total_steps"):
         if getattr(config, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
+    for name in ("warmup_ratio", "critic_warmup_ratio"):
+        if not 0 <= getattr(config, name, 0.0) < 1:
+            problems.append(f"{name} must be in [0, 1), got {getattr(config, name)}")
+    if config.lr_schedule not in ("constant", "cosine"):
+        problems.append(f"lr_schedule must be 'constant' or 'cosine', got {config.lr_schedule!r}")
+    if not 0 <= config.min_lr_ratio <= 1:
+        problems.append(f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}")
     generation = config.generation
     if generation.max_new_tokens < 1:
         problems.append(f"generation.max_new_tokens must be >= 1, got {generation.max_new_tokens}")

@@ -63,6 +63,7 @@ from empathy_gym.agents.rollout import (
     Trajectory,
 )
 from empathy_gym.agents.run_log import RunLog
+from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.seeding import derive_seed
 
@@ -271,6 +272,9 @@ class RLTrainer:
         #: parameters by name ("policy", "value"): each set is clipped to max_grad_norm on its own
         self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        warmups = {"policy": config.warmup_ratio, "value": getattr(config, "critic_warmup_ratio", 0.0)}
+        self.scheduler = make_scheduler(self.optimizer, [warmups[name] for name in self.gradient_groups],
+                                        config.total_steps, config.lr_schedule, config.min_lr_ratio)
         think = config.generation.think
         local_batch = config.rollout_batch_size // self.processes.world
         self.generator = self._make_generator()
@@ -646,7 +650,9 @@ class RLTrainer:
                     self.run_log.episode_record(step, record)
         tick = time.perf_counter()
         self._dirty = True
-        metrics = self.update(trajectories, step)
+        rates = {f"{name}/lr": group["lr"] for name, group in zip(self.gradient_groups, self.optimizer.param_groups)}
+        metrics = self.update(trajectories, step) | rates
+        self.scheduler.step()  # once per training step, after its updates, as verl
         self._dirty = False
         self.step = step
         metrics.update(rollout_metrics(first))
@@ -700,7 +706,8 @@ class RLTrainer:
             with tolerant_console():  # transformers draws progress bars while saving
                 path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
                                        policy=self.model, tokenizer=self.tokenizer,
-                                       modules={"optimizer": self.optimizer.state_dict(), **self.extra_state()},
+                                       modules={"optimizer": self.optimizer.state_dict(),
+                                                "scheduler": self.scheduler.state_dict(), **self.extra_state()},
                                        state={"algorithm": self.algorithm, "config": to_dict(self.config)})
         self.processes.barrier()
         self._saved_step = self.step
@@ -733,6 +740,11 @@ class RLTrainer:
         else:
             self.model.load_state_dict(policy_state)
         self.optimizer.load_state_dict(modules["optimizer"])
+        if "scheduler" in modules:
+            self.scheduler.load_state_dict(modules["scheduler"])
+        else:  # a checkpoint from before schedules: the rates of its step
+            for _ in range(int(state["step"]) - self.scheduler.last_epoch):
+                self.scheduler.step()
         self.load_extra_state(modules)
         set_rng_state(rng)
         self.step = int(state["step"])
