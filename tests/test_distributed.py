@@ -6,6 +6,7 @@ the first process writes every episode, the metrics and the checkpoint."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,18 +79,23 @@ def test_each_process_plays_whole_groups():
     assert processes.mine([0, 0, 1, 1, 2, 2, 3, 3]) == [2, 3, 6, 7]
 
 
-def test_metrics_are_means_over_processes_and_counts_are_totals(monkeypatch):
-    from empathy_gym.agents import distributed
-    processes = distributed.Processes(cpu=True)
-    processes.world = 2
-    other = {"loss": float("nan"), "reward": 0.25, "groups": 3.0}  # what the other process has
-    # the other process's (values, counts) in sorted key order: groups, loss, reward
-    monkeypatch.setattr(processes, "sum", lambda values: [a + b for a, b in zip(
-        values, [3.0, 0.0, 0.25, 1.0, 0.0, 1.0])])
-    mine = {"loss": float("nan"), "reward": 0.75, "groups": 1.0}
-    merged = processes.mean_metrics(mine, summed=["groups"])
-    assert merged["reward"] == 0.5 and merged["groups"] == 4.0 and merged["loss"] != merged["loss"]
-    assert set(merged) == set(other)
+def test_pooled_metrics_are_those_of_all_the_tokens():
+    """Two processes, values [1, 2, 3] and [5, 7]: max 7 (the mean of the maxima said 5),
+    min 1, mean 18 / 5 = 3.6, population std sqrt(88 / 5 - 3.6^2) = sqrt(4.64); token
+    means weigh by their counts; counts and summed keys add up; other keys are means."""
+    from empathy_gym.agents.distributed import pool_metrics
+    from empathy_gym.agents.trainer import describe
+    first = describe("advantage", [torch.tensor([1.0, 2.0, 3.0])]) | {"sampler/kl": 0.1, "sampler/count": 3.0,
+                                                                       "grpo/groups": 1.0, "reward": 0.25}
+    second = describe("advantage", [torch.tensor([5.0, 7.0])]) | {"sampler/kl": 0.6, "sampler/count": 2.0,
+                                                                   "grpo/groups": 2.0, "reward": float("nan")}
+    pooled = pool_metrics([first, second], summed=["grpo/groups"])
+    everything = describe("advantage", [torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0])])
+    assert pooled["advantage/max"] == 7.0 and pooled["advantage/min"] == 1.0
+    assert pooled["advantage/mean"] == pytest.approx(3.6) and pooled["advantage/count"] == 5.0
+    assert pooled["advantage/std"] == pytest.approx(math.sqrt(4.64)) == pytest.approx(everything["advantage/std"])
+    assert pooled["sampler/kl"] == pytest.approx((0.1 * 3 + 0.6 * 2) / 5)
+    assert pooled["grpo/groups"] == 3.0 and pooled["reward"] == 0.25
 
 
 GRADIENTS = """
@@ -118,3 +125,56 @@ def test_gradients_are_summed_over_the_processes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     grads = [(tmp_path / f"grad{rank}.txt").read_text() for rank in range(3)]
     assert grads == ["[4.0, 4.0, 4.0]"] * 3
+
+
+STEP = """
+import sys
+from empathy_gym.agents import TRAINERS, load_recipe
+out = sys.argv[1]
+config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={out}", "total_steps=1", "rollout_batch_size=8",
+                                              "num_generations=2", "progress=false", "save_steps=0",
+                                              "generation.max_new_tokens=6", "policy.device=cpu", "report_to=none"],
+                     algorithm="grpo")
+TRAINERS["grpo"](config).train()
+"""
+
+
+def test_one_process_and_two_give_the_same_step(tmp_path):
+    """The same recipe and seed on one process and on two (torchrun, gloo): the same
+    dialogues (each one's sampling seeds come from its index in the step, not from the
+    process) and the same metrics, maxima, minima and standard deviations included (they
+    were means of the processes' values: -0.18375 against -0.17375 for the mean return)."""
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             str(free_port()), str(script), str(tmp_path / "two")], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert double.returncode == 0, double.stderr[-3000:]
+
+    def read(name, file):
+        return [json.loads(line) for line in (tmp_path / name / file).read_text().splitlines()]
+
+    (one,), (two,) = read("one", "metrics.jsonl"), read("two", "metrics.jsonl")
+    episodes = [{k: e[k] for k in ("key", "persona_id", "messages", "rewards")} for e in read("one", "episodes.jsonl")]
+    assert episodes == [{k: e[k] for k in ("key", "persona_id", "messages", "rewards")}
+                        for e in read("two", "episodes.jsonl")]
+    timing = ("time/", "tokens/generated_per_second")
+    keys = [k for k in one if not k.startswith(timing)]
+    assert set(keys) == {k for k in two if not k.startswith(timing)}
+    assert {"advantage/max", "advantage/std", "sampler/max_ratio"} <= set(keys)
+    for key in keys:
+        if one[key] is None or two[key] is None:
+            assert one[key] == two[key], key
+        else:
+            assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_dynamic_sampling_budget_that_does_not_split_over_the_processes_is_refused(monkeypatch):
+    from empathy_gym.agents import RecipeError, load_recipe
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(RecipeError, match=r"dynamic_sampling_budget 2 does not split evenly over 4 processes"):
+        load_recipe("agents/tiny-cpu.yaml", ["num_generations=2", "rollout_batch_size=8",
+                                             "dynamic_sampling_budget=2"], algorithm="grpo")

@@ -532,3 +532,17 @@ def test_the_cosine_schedule_after_the_warm_up():
     assert factor(1) == 1.0 and factor(3) == pytest.approx(0.55)
     with pytest.raises(ValueError, match="lr_schedule must be one of"):
         multiplier("linear", 0, 5)
+
+
+def test_refill_rounds_are_counted_apart_and_marked_in_the_episodes(tmp_path):
+    """A user that always proposes +1: no group has spread, so dynamic sampling plays its
+    whole budget (3 groups, in rounds of at most 2 = 4 envs / 2). The first round's 2
+    groups are grpo/groups and grpo/skipped_groups; the 3 refill groups are counted
+    apart; each episode says its round."""
+    run = trainer(tmp_path, "grpo", "refill", 1, user=ScriptedUser(change_fn=lambda r: 1),
+                  extra=("num_generations=2", "dynamic_sampling_budget=3"))
+    (metrics,) = run.train()
+    assert (metrics["grpo/groups"], metrics["grpo/skipped_groups"]) == (2.0, 2.0)
+    assert (metrics["grpo/refill_groups"], metrics["grpo/refill_skipped_groups"]) == (3.0, 3.0)
+    episodes = [json.loads(line) for line in (tmp_path / "refill" / "episodes.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in episodes] == [0] * 4 + [1] * 4 + [2] * 2

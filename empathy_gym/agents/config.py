@@ -266,7 +266,11 @@ class GRPOConfig(TrainerConfig):
         dynamic_sampling_budget: DAPO's dynamic sampling (section 3.2): up to this many
             extra groups per step are played to replace groups whose returns are all
             equal (no signal), round by round; 0: off (skipped groups are only
-            counted).
+            counted). Under several processes, a multiple of the process count (each
+            refills an equal share). Refill dialogues carry their ``round`` in
+            ``episodes.jsonl``; ``grpo/groups`` and ``grpo/skipped_groups`` count the
+            first round, ``grpo/refill_groups`` and ``grpo/refill_skipped_groups`` the
+            others.
     """
 
     num_generations: int = 4
@@ -506,6 +510,11 @@ def validate(config: TrainerConfig) -> None:
                         "make rollout_batch_size (/ num_generations) a multiple of the process count")
     if world > 1 and generation.engine != "transformers":
         problems.append("several processes need generation.engine='transformers' (vLLM: one process)")
+    budget = getattr(config, "dynamic_sampling_budget", 0)
+    if world > 1 and budget % world:
+        problems.append(f"dynamic_sampling_budget {budget} does not split evenly over {world} processes (each "
+                        f"refills its share; {budget} // {world} = {budget // world} would drop groups); make it "
+                        f"a multiple of {world}")
     if problems:
         raise RecipeError("invalid configuration: " + "; ".join(problems))
 

@@ -78,19 +78,13 @@ class Processes:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def mean_metrics(self, metrics: dict[str, float], summed: Iterable[str] = ()) -> dict[str, float]:
-        """Each metric's mean over the processes that have a number for it (NaN: none);
-        the ``summed`` ones (counts, throughputs) are totals instead. Every process must
-        pass the same keys."""
+    def reduce_metrics(self, metrics: dict[str, float], summed: Iterable[str] = ()) -> dict[str, float]:
+        """The step's metrics over all processes, as if one process had played every
+        dialogue (:func:`pool_metrics` of every process's dict). Every process must pass
+        the same keys."""
         if self.world == 1:
             return metrics
-        keys = sorted(metrics)
-        values = [metrics[k] for k in keys]
-        sums = self.sum([0.0 if math.isnan(v) else v for v in values] +
-                        [0.0 if math.isnan(v) else 1.0 for v in values])
-        n, summed = len(keys), set(summed)
-        return {k: (sums[i] if k in summed else sums[i] / sums[n + i]) if sums[n + i] else float("nan")
-                for i, k in enumerate(keys)}
+        return pool_metrics(self.gather([metrics]), summed)
 
     def gather(self, items: list[Any]) -> list[Any]:
         """All processes' ``items`` concatenated in rank order (picklable objects)."""
@@ -106,3 +100,53 @@ class Processes:
 
     def _collective_device(self) -> Any:
         return self.device if self.device is not None and self.device.type == "cuda" else "cpu"
+
+
+def _is_max(key: str) -> bool:
+    return key.endswith("/max") or "/max_" in key
+
+
+def _is_min(key: str) -> bool:
+    return key.endswith("/min") or "/min_" in key
+
+
+def pool_metrics(parts: list[dict[str, float]], summed: Iterable[str] = ()) -> dict[str, float]:
+    """One dict of metrics from the per-process dicts ``parts`` (same keys), exact where
+    the parts carry what it takes:
+
+    * ``summed`` keys and counts (``<prefix>/count``): the total;
+    * ``.../max``, ``.../max_*``: the largest; ``.../min``, ``.../min_*``: the smallest;
+    * the other keys of a prefix with a count (``describe``'s ``mean``, the sampler's
+      token means): the count-weighted mean; ``<prefix>/std``: the pooled population
+      standard deviation, sqrt(sum n_i (s_i^2 + m_i^2) / N - m^2) with m the pooled mean;
+    * anything else: the mean over the parts that have a number (NaN in none).
+    """
+    summed = set(summed)
+    keys = list(parts[0])
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [part[key] for part in parts]
+        finite = [v for v in values if not math.isnan(v)]
+        prefix = key.rsplit("/", 1)[0]
+        counts = [part.get(f"{prefix}/count", float("nan")) for part in parts]
+        if key in summed or key.endswith("/count"):
+            out[key] = float(sum(finite)) if finite else float("nan")
+        elif _is_max(key) or _is_min(key):
+            out[key] = (max if _is_max(key) else min)(finite) if finite else float("nan")
+        elif f"{prefix}/count" in parts[0] and not any(math.isnan(c) for c in counts):
+            out[key] = _pooled(key, prefix, parts, counts)
+        else:
+            out[key] = sum(finite) / len(finite) if finite else float("nan")
+    return out
+
+
+def _pooled(key: str, prefix: str, parts: list[dict[str, float]], counts: list[float]) -> float:
+    total = sum(counts)
+    live = [(part, n) for part, n in zip(parts, counts) if n > 0 and not math.isnan(part[key])]
+    if not total or not live:
+        return float("nan")
+    if not key.endswith("/std"):
+        return sum(part[key] * n for part, n in live) / sum(n for _, n in live)
+    mean = sum(part[f"{prefix}/mean"] * n for part, n in live) / total
+    second = sum(n * (part[key] ** 2 + part[f"{prefix}/mean"] ** 2) for part, n in live) / total
+    return math.sqrt(max(0.0, second - mean * mean))

@@ -353,9 +353,13 @@ class GRPOTrainer(RLTrainer):
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
-        stats = {"grpo/skipped_groups": float(len({trajectories[i].group for i in range(len(data))
-                                                   if degenerate[i]})),
-                 "grpo/groups": float(len({t.group for t in trajectories}))}
+        def count(first_round: bool, skipped: bool) -> float:
+            return float(len({t.group for i, t in enumerate(trajectories)
+                              if (t.round == 0) == first_round and (degenerate[i] or not skipped)}))
+
+        stats = {"grpo/groups": count(True, False), "grpo/skipped_groups": count(True, True)}
+        if self.config.dynamic_sampling_budget > 0:
+            stats["grpo/refill_skipped_groups"] = count(False, True)
         data = [data[i] for i in keep]
         batch = GRPOBatch(data, self.policy_logprobs(data) if data else [], [advantages[i] for i in keep])
         mismatch, batch.weights = self.sampler_correction(data, batch.old_logprobs)

@@ -46,15 +46,16 @@ def mismatch_stats(trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: S
 
     Returns:
         ``sampler/kl``, ``sampler/max_ratio``, ``sampler/min_ratio``,
-        ``sampler/tis_capped``; NaN when no token has both.
+        ``sampler/tis_capped``; NaN when no token has both; and ``sampler/count``, the
+        tokens they are over.
     """
     pairs = [(t, s) for t, s in zip(trainer_logprobs, sampler_logprobs) if s is not None and len(s)]
     if not pairs:
         return dict.fromkeys(("sampler/kl", "sampler/max_ratio", "sampler/min_ratio", "sampler/tis_capped"),
-                             float("nan"))
+                             float("nan")) | {"sampler/count": 0.0}
     log_ratio = torch.cat([t.double() for t, _ in pairs]) - torch.cat([s.double() for _, s in pairs])
     ratio = torch.exp(log_ratio)
-    return {"sampler/kl": float((ratio - 1.0 - log_ratio).mean()),
+    return {"sampler/kl": float((ratio - 1.0 - log_ratio).mean()), "sampler/count": float(len(ratio)),
             "sampler/max_ratio": float(ratio.max()), "sampler/min_ratio": float(ratio.min()),
             "sampler/tis_capped": float((ratio > cap).double().mean()) if cap > 0 else 0.0}
 

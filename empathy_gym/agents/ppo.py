@@ -132,13 +132,6 @@ def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torc
     return loss, (clipped_error > unclipped_error).float().detach()
 
 
-def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - Var(target - predicted) / Var(target) (1 is perfect, <= 0 is no better than
-    the mean; NaN when the target is constant)."""
-    variance = target.var(unbiased=False)
-    return float("nan") if variance == 0 else float(1 - (target - predicted).var(unbiased=False) / variance)
-
-
 # -- value function ------------------------------------------------------------------
 class ValueHead(nn.Module):
     """A linear value head on a backbone's last hidden state: (n, H) -> (n,) float32.
@@ -424,6 +417,15 @@ class PPOTrainer(RLTrainer):
                     stats.setdefault(key, []).append(value)
         self.set_training(False)
         metrics = {key: float(np.mean(values)) for key, values in stats.items()}
-        metrics["value/explained_variance"] = explained_variance(torch.cat(batch.old_values),
-                                                                 torch.cat(batch.returns))
-        return metrics | prepared
+        residuals = [target - value for target, value in zip(batch.returns, batch.old_values)]
+        return metrics | prepared | describe("value/residual", residuals)
+
+    def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``value/explained_variance`` = 1 - Var(target - value) / Var(target), from the
+        pooled population standard deviations of ``value/residual`` and ``value/target``
+        over every process's trainable tokens (1 is perfect, <= 0 no better than the
+        mean, NaN when the target is constant)."""
+        target, residual = metrics.get("value/target/std", float("nan")), metrics.get("value/residual/std", float("nan"))
+        if not target > 0:
+            return {"value/explained_variance": float("nan")}
+        return {"value/explained_variance": 1.0 - residual ** 2 / target ** 2}

@@ -145,6 +145,8 @@ class Trajectory:
             after it (everything outside think mode; end-of-turn tokens included).
         reward_mode: the env's ``reward_mode`` ("delta" or "final"), which says what a
             cut dialogue is owed (:meth:`outcome_rewards`).
+        round: the step's rollout round it was played in (0: the first; GRPO's dynamic
+            sampling adds refill rounds).
     """
 
     key: int
@@ -167,6 +169,7 @@ class Trajectory:
     thinking_tokens: int = 0
     reply_tokens: int = 0
     reward_mode: str = "delta"
+    round: int = 0
     done: bool = False
 
     @property
@@ -208,7 +211,7 @@ class Trajectory:
                 "emotions": self.emotions, "final_emotion": self.emotions[-1],
                 "termination": self.termination, "format_errors": self.format_errors,
                 "cut_turns": self.cut_turns, "thinking_tokens": self.thinking_tokens,
-                "reply_tokens": self.reply_tokens,
+                "reply_tokens": self.reply_tokens, "round": self.round,
                 "reward_mode": self.reward_mode, "messages": self.messages}
 
 
@@ -257,7 +260,8 @@ class RolloutEngine:
     def collect(self, env_seeds: Sequence[int], *, groups: Sequence[int] | None = None,
                 sampling_seed: int = 0, should_stop: Callable[[], bool] | None = None,
                 on_episode_end: Callable[[Trajectory], None] | None = None,
-                key_offset: int = 0) -> list[Trajectory]:
+                key_offset: int = 0, seed_keys: Sequence[int] | None = None,
+                round_index: int = 0) -> list[Trajectory]:
         """Play one dialogue per env seed, all at once, until every one has ended.
 
         Args:
@@ -271,6 +275,11 @@ class RolloutEngine:
             on_episode_end: called with each trajectory as soon as it ends.
             key_offset: added to each trajectory's ``key`` (a step's later rounds number
                 their dialogues after the first round's).
+            seed_keys: the number each dialogue's sampling seeds are derived from
+                (default: its index here); a trainer process passes the dialogues'
+                indices in the whole step, so that the process count does not change them.
+            round_index: recorded as each trajectory's ``round`` (0: the step's first
+                round; GRPO's dynamic sampling plays more).
 
         Returns:
             The trajectories in the order of ``env_seeds``.
@@ -298,7 +307,7 @@ class RolloutEngine:
                                     hidden_intention=persona.hidden_intention,
                                     character_type=persona.character_type,
                                     emotions=[info["emotion"]], messages=info["messages"],
-                                    reward_mode=getattr(env, "reward_mode", "delta"))
+                                    reward_mode=getattr(env, "reward_mode", "delta"), round=round_index)
             trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
             if not self.fits_a_turn(len(trajectory.token_ids)):
                 raise ValueError(
@@ -314,8 +323,9 @@ class RolloutEngine:
                 break
             turn += 1
             tick = time.perf_counter()
+            seed_of = seed_keys if seed_keys is not None else range(n)
             samples = self.generator.generate([dialogues[k].token_ids for k in active],
-                                              [derive_seed(sampling_seed, k, turn) for k in active])
+                                              [derive_seed(sampling_seed, seed_of[k], turn) for k in active])
             times.generation += time.perf_counter() - tick
             if should_stop is not None and should_stop():  # before the (slow) user turn
                 raise RolloutInterrupted(f"stopped while generating turn {turn}")

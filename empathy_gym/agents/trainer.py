@@ -189,12 +189,14 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 def describe(prefix: str, values: Sequence[torch.Tensor]) -> dict[str, float]:
     """``<prefix>/mean``, ``/std`` (population), ``/min`` and ``/max`` over the elements of
-    all ``values`` (NaN when there are none)."""
+    all ``values`` (NaN when there are none), and ``/count``, how many there are (so that
+    processes can pool them: :func:`~empathy_gym.agents.distributed.pool_metrics`)."""
     flat = torch.cat([v.detach().double().flatten() for v in values]) if values else torch.zeros(0)
     if flat.numel() == 0:
-        return {f"{prefix}/{name}": float("nan") for name in ("mean", "std", "min", "max")}
+        return {f"{prefix}/{name}": float("nan") for name in ("mean", "std", "min", "max")} | {f"{prefix}/count": 0.0}
     return {f"{prefix}/mean": float(flat.mean()), f"{prefix}/std": float(flat.std(unbiased=False)),
-            f"{prefix}/min": float(flat.min()), f"{prefix}/max": float(flat.max())}
+            f"{prefix}/min": float(flat.min()), f"{prefix}/max": float(flat.max()),
+            f"{prefix}/count": float(flat.numel())}
 
 
 class RLTrainer:
@@ -419,6 +421,11 @@ class RLTrainer:
         n = self.config.rollout_batch_size
         return [derive_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
 
+    def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the step's others once the processes' are pooled (PPO's
+        explained variance); none by default."""
+        return {}
+
     def refill(self, trajectories: list[Trajectory], step: int, collect: Any
                ) -> tuple[list[Trajectory], dict[str, float]]:
         """Play more dialogues after the step's first round (GRPO's dynamic sampling);
@@ -620,14 +627,18 @@ class RLTrainer:
         rounds: list[list[Trajectory]] = []
 
         def collect(seeds: Sequence[int], group_ids: Sequence[int]) -> list[Trajectory]:
-            """Play one round of dialogues; keys run on over the step's rounds."""
+            """Play one round of dialogues; keys run on over the step's rounds. The first
+            round's sampling seeds come from each dialogue's index in the step (the same
+            dialogues whatever the process count); a refill round's are this process's."""
             offset = sum(len(r) for r in rounds)
-            sampling_seed = derive_seed(config.seed, step, *([len(rounds)] if rounds else []),
-                                        *([] if single else [self.processes.rank]))
+            first_round = not rounds
+            sampling_seed = derive_seed(config.seed, step, *([] if first_round else [len(rounds)]),
+                                        *([] if single or first_round else [self.processes.rank]))
             played = self.engine.collect(seeds, groups=group_ids, sampling_seed=sampling_seed,
                                          should_stop=lambda: self._stop,
                                          on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None,
-                                         key_offset=offset)
+                                         key_offset=offset, seed_keys=mine if first_round else None,
+                                         round_index=len(rounds))
             for name in ("generation", "user", "total", "generated_tokens"):
                 setattr(times, name, getattr(times, name) + getattr(self.engine.times, name))
             rounds.append(played)
@@ -655,7 +666,7 @@ class RLTrainer:
         self.scheduler.step()  # once per training step, after its updates, as verl
         self._dirty = False
         self.step = step
-        metrics.update(rollout_metrics(first))
+        metrics.update(rollout_metrics(first if single else self.processes.gather(first)))
         metrics.update(refill_metrics)
         metrics.update({"time/rollout": times.total, "time/generation": times.generation,
                         "time/user": times.user, "time/update": time.perf_counter() - tick,
@@ -665,9 +676,10 @@ class RLTrainer:
         if self.device.type == "cuda":  # this step's peak, next to the memory plan's total
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
-        metrics = self.processes.mean_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
-                                                               "grpo/refill_groups", "episode/context_limit",
-                                                               "tokens/generated", "tokens/generated_per_second"))
+        metrics = self.processes.reduce_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
+                                                                 "grpo/refill_groups", "grpo/refill_skipped_groups",
+                                                                 "tokens/generated", "tokens/generated_per_second"))
+        metrics |= self.derived_metrics(metrics)
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
