@@ -255,6 +255,9 @@ class RLTrainer:
                                               device=self.device, **kwargs)
             if self.processes.is_main:
                 self.processes.barrier()
+            # a first load converts a GGUF file, which draws from the global RNG; what comes
+            # next (LoRA's initial weights) must not depend on whether the cache was warm
+            seed_everything(config.seed)
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         else:
