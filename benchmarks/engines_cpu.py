@@ -46,7 +46,8 @@ import json, sys, time
 from transformers import AutoTokenizer
 from empathy_gym.agents.generation import VLLMGenerator
 from empathy_gym.backends.policy_backend import VLLMPolicyUserBackend
-model, prompts, chats, new, repeats = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model, prompts, chats = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+new, repeats = int(sys.argv[4]), int(sys.argv[5])
 tokenizer = AutoTokenizer.from_pretrained(model)
 generator = VLLMGenerator(model, tokenizer, max_new_tokens=new, temperature=1.0, lora_rank=8, dtype="float32",
                           max_model_len=8192, enforce_eager=True, enable_prefix_caching=False)

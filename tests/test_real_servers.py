@@ -153,8 +153,9 @@ def test_replay_end_to_end(server, tmp_path):
     served model's context (SmolLM2's 8,192, the tiny model's 4,096) before it is sent,
     with PromptTooLongError naming dialogue, turn and lengths; the turns before it are
     saved. llama.cpp has no such endpoint: a local tokenizer (the converted folder's, the
-    GGUF's own) and ``context_length`` do the same. ``transformers serve`` has no /tokenize and no log-probs: the option letter is
-    generated, which neither small model does for this prompt (a SimulatorError)."""
+    GGUF's own) and ``context_length`` do the same. ``transformers serve`` has no
+    /tokenize and no log-probs: the option letter is generated, which neither small model
+    does for this prompt (a SimulatorError)."""
     (engine, model), running = server
     out = tmp_path / "replay"
     options = "max_repairs=1"
