@@ -24,7 +24,8 @@ The design follows SAGE's simulator (Tencent/digitalhuman ``SAGE/simulator_respo
 
 The agent's words never enter a prompt as free text: the history and the newest
 utterance are inserted as JSON (``json.dumps``), and the system prompt tells the
-model they are data, not instructions.
+model they are data, not instructions. JSON leaves chat-template markers as they are;
+the backends then encode every message content as data (:mod:`empathy_gym.boundary`).
 """
 
 from __future__ import annotations
