@@ -370,7 +370,7 @@ def personas_validate(
             invalid += 1
             continue
         languages = Counter(p.language for p in bank)
-        console.print(f"[green]ok:[/green] {escape(str(path))}: {len(bank)} personas ("
+        console.print(f"[green]ok:[/green] {escape(str(path))}: {len(bank)} persona{'s' if len(bank) != 1 else ''} ("
                       + ", ".join(f"{n} {lang}" for lang, n in sorted(languages.items())) + ")")
     if invalid:
         raise typer.Exit(1)
@@ -472,7 +472,14 @@ def envs() -> None:
 
 
 def main() -> None:
-    """The console script ``empathy-gym`` (exits with the codes in the module docstring)."""
+    """The console script ``empathy-gym`` (exits with the codes in the module docstring).
+
+    Ctrl-C (SIGINT) always stops it, saving what is finished: a job started in the
+    background by a non-interactive shell inherits SIGINT as ignored, so the default
+    handler is put back."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app(prog_name="empathy-gym")
 
 

@@ -1,7 +1,7 @@
 """Play 20 dialogues on the RLVER training profiles with a scripted agent.
 
     python examples/quickstart.py                       # rule-based user, offline
-    python examples/quickstart.py --personas ../shared/data/rlver/train_profile.jsonl
+    python examples/quickstart.py --personas envs/rlver/train_profile.jsonl
     python examples/quickstart.py --backend openai --base-url http://localhost:8000/v1 \
         --model Qwen/Qwen2.5-7B-Instruct                # an LLM user on a server
 

@@ -91,7 +91,7 @@ def test_validate_checks_every_file_and_fails_if_any_is_invalid(tmp_path):
     result = runner.invoke(app, ["personas", "validate", str(missing), str(good)])
     assert result.exit_code == 1
     assert f"invalid: {missing}: No such file or directory" in result.stderr
-    assert f"ok: {good}: 1 personas (1 en)" in result.stdout
+    assert f"ok: {good}: 1 persona (1 en)" in result.stdout
     assert runner.invoke(app, ["personas", "validate"]).exit_code == 2  # usage: no path
 
 

@@ -116,11 +116,25 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
     assert code == 0, printed
     assert "held-out evaluation before training: 16 dialogues" in printed
     assert "difference (paired)" in printed and "What it does not show: empathy" in printed
+    # the hint keeps the run's overrides (it dropped output_dir=, and a newcomer's --resume
+    # then trained a new run in the recipe's folder)
+    continue_line = next(line for line in printed.splitlines() if "--resume" in line)
+    assert f"output_dir={out}" in continue_line and "heldout.bank=en" in continue_line
+    assert continue_line.count("total_steps=") == 1 and "total_steps=2" in continue_line
     for where in ("curves.png", "metrics.jsonl", "tb", "episodes.jsonl", "checkpoints/", "step-000001", "heldout/",
-                  "--resume total_steps=2", f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy"):
+                  f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy", "--max-tokens 64"):
         assert where in printed, where
     for path in ("heldout/before.jsonl", "heldout/after.jsonl", "heldout/report.json", "curves.png",
                  "checkpoints/step-000001/policy"):
         assert (out / path).exists(), path
     # small metrics are not printed as 0.0000
     assert number(1.2e-6) == "1.20e-06" and number(0.0) == "0.0000" and number(0.25) == "0.2500"
+
+
+def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """It used to log a warning and train from step 0 (after the held-out evaluation)."""
+    from empathy_gym.agents import cli
+    monkeypatch.setattr(cli, "_train", lambda *args, **kwargs: pytest.fail("a model was loaded"))
+    code = cli.train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path / 'none'}", "--resume"])
+    assert code == 1 and "holds no run to continue" in capsys.readouterr().err
+

@@ -100,8 +100,18 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
     except (RecipeError, FileNotFoundError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
+    if args.resume and not holds_a_run(Path(config.output_dir)):  # before any model loads
+        say(f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
+            f"heldout/); run without --resume to start one there, or give the run's output_dir=", file=sys.stderr)
+        return 1
     with _log_to_file(config.output_dir):
-        return _train(algorithm, config, args.resume, args.recipe, trainer_class)
+        return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)
+
+
+def holds_a_run(folder: Path) -> bool:
+    """A training run has written something in ``folder`` (a checkpoint, metrics, or the
+    held-out evaluation before training)."""
+    return any((folder / name).exists() for name in ("checkpoints", "metrics.jsonl", "heldout"))
 
 
 def quiet_known_noise() -> None:
@@ -128,8 +138,10 @@ def number(value: float) -> str:
     return f"{value:.4f}"
 
 
-def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool) -> list[str]:
-    """The closing lines: each output's path and how to continue the run."""
+def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool,
+                        overrides: list[str] | None = None) -> list[str]:
+    """The closing lines: each output's path and how to continue the run (the command
+    keeps the run's ``overrides``, ``total_steps`` doubled)."""
     from empathy_gym.agents.checkpoint import latest_checkpoint
 
     out = Path(config.output_dir)
@@ -151,14 +163,19 @@ def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluat
     script = f"examples/train_{algorithm}.py"
     recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
     more = config.total_steps * 2
+    kept = [o for o in (overrides or []) if not o.startswith("total_steps=")]
+    if not any(o.startswith("output_dir=") for o in kept):
+        kept.append(f"output_dir={config.output_dir}")
     lines += ["Continue:",
-              f"  python {script} {recipe_arg} --resume total_steps={more}   (train {config.total_steps} more steps)",
-              f"  empathy-gym eval --policy {policy_spec} --personas en   (SAGE's protocol, 9 turns; --user for an LLM user)"]
+              f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
+              f"(train {config.total_steps} more steps)",
+              f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
+              "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user)"]
     return lines
 
 
 def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
-           trainer_class: Any = None) -> int:
+           trainer_class: Any = None, overrides: list[str] | None = None) -> int:
     quiet_known_noise()
     try:
         from empathy_gym.agents import (
@@ -211,5 +228,5 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
             say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
             return 130
         say("", evaluation.finish(before, after)["text"])
-    say("", *where_everything_is(config, algorithm, recipe, evaluation is not None))
+    say("", *where_everything_is(config, algorithm, recipe, evaluation is not None, overrides))
     return 0
