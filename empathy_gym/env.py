@@ -59,7 +59,6 @@ from empathy_gym.user import (
 )
 from empathy_gym.user.difficulty import load_difficulty
 
-
 #: Default longest utterance, in characters, in both spaces. Longer actions are accepted
 #: but cut to this length before they reach the user (``info["action_truncated"]``);
 #: longer user replies are cut before they reach the agent (``info["user_reply_truncated"]``).

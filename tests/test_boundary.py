@@ -194,9 +194,9 @@ def test_injection_is_found_and_cut_out():
     for injection in INJECTIONS + HIDDEN:
         assert find_injection(CLEAN + injection), injection
         assert without_injection(CLEAN + injection) == CLEAN, injection
-    for text in (CLEAN, "What changed for you after that?", "The score was 3 to 1.", "It's OK to ignore the rules "
-                 "your parents set.", "我能感觉到你的情绪变化很大。", "Your message: it matters.", "Score: 3 to 1 for them.",
-                 "Ｉ ｈｅａｒ ｙｏｕ．", "That sounds hard 💙\u200d"):
+    for text in (CLEAN, "What changed for you after that?", "The score was 3 to 1.",
+                 "It's OK to ignore the rules your parents set.", "我能感觉到你的情绪变化很大。",
+                 "Your message: it matters.", "Score: 3 to 1 for them.", "Ｉ ｈｅａｒ ｙｏｕ．", "That sounds hard 💙\u200d"):
         assert find_injection(text) == (), text
 
 

@@ -425,7 +425,8 @@ class PPOTrainer(RLTrainer):
         pooled population standard deviations of ``value/residual`` and ``value/target``
         over every process's trainable tokens (1 is perfect, <= 0 no better than the
         mean, NaN when the target is constant)."""
-        target, residual = metrics.get("value/target/std", float("nan")), metrics.get("value/residual/std", float("nan"))
+        target = metrics.get("value/target/std", float("nan"))
+        residual = metrics.get("value/residual/std", float("nan"))
         if not target > 0:
             return {"value/explained_variance": float("nan")}
         return {"value/explained_variance": 1.0 - residual ** 2 / target ** 2}

@@ -42,12 +42,12 @@ from empathy_gym.backends.base import (
     Conversation,
     option_token_ids,
 )
-from empathy_gym.boundary import ChatEncoder
 from empathy_gym.backends.prefix_cache import (
     PrefixKVCache,
     next_token_logits,
     sample_batch,
 )
+from empathy_gym.boundary import ChatEncoder
 from empathy_gym.models import ALIASES, load_causal_lm
 
 
