@@ -387,6 +387,7 @@ class GRPOTrainer(RLTrainer):
         if tokens == 0:
             return 0.0, {}
         self.set_training(True)
+        budget = self.dialogue_token_budget if config.loss_type == "dr_grpo" else None
         for part in self.micro_batches(minibatch):
             chunk = [batch.data[i] for i in part]
             gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
@@ -398,7 +399,7 @@ class GRPOTrainer(RLTrainer):
             segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
                                   for j, d in enumerate(chunk)]).to(self.device)
             share = partial(aggregate, segments=segments, loss_type=config.loss_type, tokens=tokens,
-                            sequences=sequences, max_tokens=self.dialogue_token_budget)
+                            sequences=sequences, max_tokens=budget)
             loss = share(per_token - config.entropy_coef * out.entropy)
             loss.backward()
             sums["loss/policy"] += float(share(per_token.detach()))  # the objective, as aggregated

@@ -293,10 +293,6 @@ class RLTrainer:
         self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
                                     max_context_tokens=config.generation.max_context_tokens,
                                     max_new_tokens=config.generation.max_new_tokens)
-        #: the most tokens one dialogue can give the policy to train on: every turn at
-        #: max_new_tokens, or the context, whichever is less (Dr. GRPO's constant)
-        self.dialogue_token_budget = min(self.envs[0].protocol.max_turns * config.generation.max_new_tokens,
-                                         config.generation.max_context_tokens)
         self.step = 0
         self._stop = False
         self._dirty = False  # parameters changed since the last completed step
@@ -423,6 +419,13 @@ class RLTrainer:
         """``(env_seeds, groups)`` of a step: one fresh seed per dialogue by default."""
         n = self.config.rollout_batch_size
         return [derive_seed(self.config.seed, step, i) for i in range(n)], list(range(n))
+
+    @property
+    def dialogue_token_budget(self) -> int:
+        """The most tokens one dialogue can give the policy to train on: every turn at
+        ``max_new_tokens``, or the context if that is less (Dr. GRPO's constant)."""
+        generation = self.config.generation
+        return min(self.envs[0].protocol.max_turns * generation.max_new_tokens, generation.max_context_tokens)
 
     def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Metrics computed from the step's others once the processes' are pooled (PPO's
