@@ -342,7 +342,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             emotion_change=dialogue.emotion - previous, termination_reason=reason,
             format_error=pending.format_error, action_truncated=pending.action_truncated,
             action_sanitized=pending.action_sanitized, action_injection=pending.action_injection,
-            **reply_flags, utterance=request.utterance, appraisal=dataclasses.asdict(outcome.appraisal),
+            **reply_flags, utterance=request.utterance, appraisal=outcome.appraisal.as_dict(),
             hidden_intention=dialogue.persona.hidden_intention,
             character_type=dialogue.persona.character_type)
         if self.render_mode == "human":

@@ -831,3 +831,24 @@ def test_the_thought_pulls_the_same_way_as_the_change(user, language):
                 assert appraisal.thoughts not in negative, (text, appraisal)
             checked += appraisal.change != 0
     assert checked > 30
+
+
+def test_rule_user_keeps_its_pinned_appraisals_and_replies():
+    """24 fixed dialogues (tests/pin_rule_user.py) give the emotion changes and replies
+    recorded before the rule user's speed-up: a faster rule user is the same user."""
+    from pin_rule_user import PINNED, dialogues
+
+    pinned = json.loads(PINNED.read_text())
+    played = dialogues()
+    assert list(played) == list(pinned)
+    for key in pinned:
+        assert played[key]["changes"] == pinned[key]["changes"], key
+        assert played[key]["replies_sha256"] == pinned[key]["replies_sha256"], key
+
+
+def test_appraisal_as_dict_is_dataclasses_asdict():
+    """The env's info uses ``Appraisal.as_dict`` (no deep copy); it must hold every field."""
+    appraisal = Appraisal(change=-3, thoughts="t", raw="r", repairs=1, features={"a": 0.5},
+                          analysis={"goal_fit": "low"})
+    assert appraisal.as_dict() == dataclasses.asdict(appraisal)
+    assert appraisal.as_dict()["features"] is not appraisal.features

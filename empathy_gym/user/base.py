@@ -102,6 +102,13 @@ class Appraisal:
     features: dict[str, float] = field(default_factory=dict)
     analysis: dict[str, str] = field(default_factory=dict)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``features`` and ``analysis`` copied); what
+        ``dataclasses.asdict`` gives, without its deep copy of every value."""
+        return {"change": self.change, "thoughts": self.thoughts, "raw": self.raw,
+                "repairs": self.repairs, "features": dict(self.features),
+                "analysis": dict(self.analysis)}
+
 
 @dataclass(frozen=True)
 class UserTurn:

@@ -52,6 +52,7 @@ comes from :mod:`empathy_gym.user.rule_story`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -262,12 +263,22 @@ _ZH_SENTENCE_END = re.compile(r"(?<=[。！？!?…])|\n+")
 _EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
+_NOT_WORD = re.compile(r"[\W_]+")
+
+
 def sentences_of(code: str, text: str) -> list[str]:
     """The sentences of ``text`` (zh: split after 。！？!?…; en: after . ! ?), normalised
     for comparison: lower-cased, without spaces and punctuation; empty ones dropped."""
     parts = (_ZH_SENTENCE_END if code == "zh" else _EN_SENTENCE_END).split(text)
-    normal = (re.sub(r"[\W_]+", "", part).lower() for part in parts)
+    normal = (_NOT_WORD.sub("", part).lower() for part in parts)
     return [part for part in normal if part]
+
+
+@functools.lru_cache(maxsize=8192)
+def _sentence_set(code: str, text: str) -> frozenset[str]:
+    """:func:`sentences_of` as a set, cached for the user's own lines (a fixed bank,
+    asked about on every turn; agent text is not cached)."""
+    return frozenset(sentences_of(code, text))
 
 
 #: List items, headings, and lead-ins to a list ("比如：", "You could:").
@@ -286,7 +297,7 @@ def repeats_itself(code: str, text: str) -> bool:
 
 def said_sentences(code: str, texts: Sequence[str]) -> set[str]:
     """Every sentence of ``texts`` (:func:`sentences_of`): what the user already said."""
-    return {sentence for text in texts for sentence in sentences_of(code, text)}
+    return set().union(*(_sentence_set(code, text) for text in texts))
 
 
 _MASK64 = (1 << 64) - 1
@@ -427,7 +438,7 @@ class RuleUser(SimulatedUser):
         language = self._language(persona)
         story = self._story(persona)
         scan = language.scan(request.utterance)
-        earlier = [language.scan(text) for role, text in request.history if role == "agent"]
+        earlier = [language.scan(text) for text in request.agent_utterances()]
         users = [text for role, text in request.history if role == "user"]
         shared = self._shared_units(language, scan, story, users)
         cues = _intention_cues(persona, scan, earlier, shared, story)
@@ -531,21 +542,21 @@ class RuleUser(SimulatedUser):
         parts: list[str] = []
 
         def say(options: Sequence[str], salt: int, *, always: bool = False) -> None:
-            fresh = [text for text in options if text and not said & set(sentences_of(code, text))]
+            fresh = [text for text in options if text and said.isdisjoint(_sentence_set(code, text))]
             if fresh or (always and options):
                 text = _pick(fresh or options, request.seed, request.turn, salt)
                 parts.append(text)
-                said.update(sentences_of(code, text))
+                said.update(_sentence_set(code, text))
 
         if band != "S":
             say(self._reactions(language, appraisal), _SALT_REACTION)
         say(self._band_lines(language, persona, band), _SALT_LINE, always=band in ("S", "F"))
         details = self._story(persona).details
         if band in DETAIL_BANDS and details:
-            untold = [detail for detail in details if not said & set(sentences_of(code, detail))]
+            untold = [detail for detail in details if said.isdisjoint(_sentence_set(code, detail))]
             if untold:
                 parts.append(untold[0])
-                said.update(sentences_of(code, untold[0]))
+                said.update(_sentence_set(code, untold[0]))
         if self._hints_in(band):
             hints = language.data["hints"]
             say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
