@@ -32,3 +32,24 @@ def envs_dir() -> Path:
 def recipes_dir() -> Path:
     """The folder of training recipes (YAML)."""
     return _locate("_recipes", "agents")
+
+
+def find_recipe(name: str | Path) -> Path:
+    """A recipe by path, or by the name of a shipped one: ``"smollm2-cpu-grpo"``,
+    ``"smollm2-cpu-grpo.yaml"`` or ``"agents/smollm2-cpu-grpo.yaml"`` all find
+    :func:`recipes_dir`'s file when no such file exists where the command runs.
+
+    Raises:
+        FileNotFoundError: neither a file at ``name`` nor a shipped recipe of that
+            name; the message lists the shipped ones.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = recipes_dir()
+    stem = path.name.removesuffix(".yaml")
+    candidate = shipped / f"{stem}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(sorted(recipe.stem for recipe in shipped.glob("*.yaml")))
+    raise FileNotFoundError(f"no recipe {str(name)!r}: not a file here, and not a shipped recipe ({names})")

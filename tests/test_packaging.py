@@ -59,6 +59,9 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
         "obs, info = env.reset(seed=0)\n"
         "obs, r, term, trunc, info = env.step('That sounds really hard. What happened?')\n"
         "rl = gym.make('EmpathyDialogue-RLVER-v0').unwrapped\n"
+        "from empathy_gym.agents.config import load_recipe\n"
+        "config = load_recipe('agents/smollm2-cpu-grpo.yaml')\n"  # no agents/ here: the shipped one
+        "assert config.policy.model == load_recipe('smollm2-cpu-grpo').policy.model\n"
         "print(len(env.unwrapped.personas), len(rl.personas), type(r).__name__)\n"
     )
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path, env=clean_env)

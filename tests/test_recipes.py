@@ -9,6 +9,7 @@ import pytest
 from empathy_gym.agents import GRPOConfig, PPOConfig, load_recipe
 from empathy_gym.agents.config import RecipeError
 
+ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(Path("agents").glob("*.yaml"))
 
 
@@ -159,3 +160,12 @@ def test_the_main_recipe_trains_and_evaluates_on_english_personas():
     assert config.heldout.bank == "en" and config.env.personas is None
     assert {p.language for p in load_personas(config.heldout.bank)} == {"en"}
     assert config.generation.temperature == 1.0 and config.generation.top_p == 1.0
+
+
+def test_a_shipped_recipe_is_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no agents/ folder here
+    by_path = load_recipe(ROOT / "agents" / "smollm2-cpu-grpo.yaml")
+    for name in ("smollm2-cpu-grpo", "smollm2-cpu-grpo.yaml", "agents/smollm2-cpu-grpo.yaml"):
+        assert load_recipe(name) == by_path
+    with pytest.raises(FileNotFoundError, match="no recipe 'smollm2-gpu'.*smollm2-cpu-grpo"):
+        load_recipe("smollm2-gpu")

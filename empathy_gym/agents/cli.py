@@ -24,19 +24,20 @@ from typing import Any
 
 from empathy_gym.agents.config import RecipeError, load_recipe
 from empathy_gym.agents.console import ConsoleStream, tolerant_console
+from empathy_gym.resources import recipes_dir
 
 
 def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namespace:
-    shipped = sorted(str(p) for p in Path("agents").glob("*.yaml")) if Path("agents").is_dir() else []
+    shipped = sorted(path.stem for path in recipes_dir().glob("*.yaml"))
     parser = argparse.ArgumentParser(
         prog=f"train_{algorithm}.py",
         description=f"Train an LLM policy with {algorithm.upper()} against the simulated user.",
         epilog="Overrides: any recipe field as key=value, e.g. total_steps=10 policy.lora_r=8 "
                "env.kwargs.max_turns=4 generation.max_new_tokens=64."
-               + (f" Recipes here: {', '.join(shipped)}." if shipped else ""))
+               f" Shipped recipes (by name or as agents/NAME.yaml): {', '.join(shipped)}.")
     parser.add_argument("--recipe", required=True,
-                        help="YAML recipe (agents/*.yaml), e.g. agents/smollm2-cpu-grpo.yaml (the README's "
-                             "quick start) or agents/tiny-cpu.yaml (a tiny random model, for smoke runs)")
+                        help="a YAML recipe file, or a shipped recipe's name: e.g. smollm2-cpu-grpo (the "
+                             "README's quick start) or tiny-cpu (a tiny random model, for smoke runs)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from output_dir/checkpoints/latest")
     parser.add_argument("--output-dir", help="shortcut for output_dir=...")

@@ -23,6 +23,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from empathy_gym.resources import find_recipe
+
 
 @dataclass
 class PolicyConfig:
@@ -320,7 +322,8 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
     """Build a config from a YAML recipe and dotlist overrides.
 
     Args:
-        path: the recipe (``None``: defaults only).
+        path: the recipe: a YAML file, or a shipped recipe's name
+            (:func:`~empathy_gym.resources.find_recipe`; ``None``: defaults only).
         overrides: ``["key=value", "policy.lora_r=8", ...]``.
         algorithm: ``"ppo"`` or ``"grpo"``; required when the recipe has no
             ``algorithm`` key, and must match it when it has.
@@ -331,8 +334,9 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
     Raises:
         RecipeError: unknown field, wrong type, bad YAML, or algorithm mismatch, naming
             the file, line and field (or the override).
+        FileNotFoundError: no such file and no shipped recipe of that name.
     """
-    source = Path(path) if path is not None else None
+    source = find_recipe(path) if path is not None else None
     recipe: dict[str, Any] = {}
     if source is not None:
         try:

@@ -193,11 +193,6 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, tem
     return torch.cat(logprobs), (torch.cat(entropies) if entropy else None)
 
 
-def split_flat(flat: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
-    """Split a concatenation of per-trajectory flat tensors back into pieces."""
-    return list(torch.split(flat, list(counts)))
-
-
 class Forward(NamedTuple):
     """What :func:`forward_tokens` returns, over a micro-batch of b dialogues with n
     trainable tokens in all.

@@ -710,10 +710,6 @@ class RLTrainer:
 
         return signal.signal(signal.SIGINT, handler)
 
-    def request_stop(self) -> None:
-        """Ask the loop to stop after the current phase (as the first Ctrl-C does)."""
-        self._stop = True
-
     # -- checkpoints ---------------------------------------------------------------
     def save(self) -> Path | None:
         """Checkpoint the last completed step atomically (see :mod:`checkpoint`); with
