@@ -53,6 +53,12 @@ PERSONAS_HELP = ("persona bank: a name (sage: SAGE's 100 test profiles; rlver: t
                  "training profiles; rlver_minus_sage: those without the 47 players that also "
                  "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
                  "(first_talk is the opening line)")
+#: Default new tokens per reply of local (``hf:``) policies: uncapped, a small model can
+#: ramble for minutes per reply on a CPU. ``--max-tokens 0`` lifts the cap (as SAGE).
+LOCAL_MAX_TOKENS = 128
+LOCAL_POLICY_KINDS = ("hf", "transformers")
+MAX_TOKENS_HELP = (f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
+                   f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap")
 USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
              "openai:MODEL@URL; options after commas: ,temperature=0.3,max_concurrency=16")
 
@@ -105,8 +111,7 @@ def eval_command(
     repeats: Annotated[int, typer.Option(min=1, help="dialogues per persona, each with its own seed")] = 1,
     seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
-    max_tokens: Annotated[Optional[int], typer.Option(
-        min=1, help="model policies: new tokens per reply (default: no cap, as SAGE)")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=0, help=MAX_TOKENS_HELP)] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
 ) -> None:
@@ -126,7 +131,14 @@ def eval_command(
     Ctrl-C skips them and gives the same report.
     """
     from empathy_gym.evaluation import TRANSCRIPTS, evaluate
+    from empathy_gym.personas import load_personas
 
+    with _exit_codes():
+        console.print(escape(bank_language_line(personas, load_personas(personas))))
+    if max_tokens is None and reply_token_cap(policy, None) is not None:
+        console.print(f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
+                      f"--max-tokens N to change, 0 for no cap)")
+    max_tokens = reply_token_cap(policy, max_tokens)
     with _exit_codes(f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; "
                      f"rerun the same command to resume"), \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -142,6 +154,35 @@ def eval_command(
                                                                           total=total))
     _print_report(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
+
+
+def reply_token_cap(policy: str, max_tokens: int | None) -> int | None:
+    """The ``max_tokens`` that ``eval`` passes on: ``--max-tokens`` as given, 0 meaning no
+    cap (``None``); unset, :data:`LOCAL_MAX_TOKENS` for a local (``hf:``) policy and no
+    cap for the others."""
+    if max_tokens == 0:
+        return None
+    if max_tokens is None and policy.strip().partition(":")[0].strip().lower() in LOCAL_POLICY_KINDS:
+        return LOCAL_MAX_TOKENS
+    return max_tokens
+
+
+def language_counts(bank: Any) -> str:
+    """The languages of a persona bank with their counts: ``"en 48, zh 8"``."""
+    languages = Counter(p.language for p in bank)
+    return ", ".join(f"{lang} {n}" for lang, n in sorted(languages.items()))
+
+
+def bank_language_line(name: Any, bank: Any) -> str:
+    """One line naming the persona bank and the language of its dialogues, with how to
+    get English ones when some are Chinese."""
+    line = f"personas: {name} ({len(bank)} personas, {language_counts(bank)})"
+    chinese = sum(p.language == "zh" for p in bank)
+    if chinese == len(bank):
+        return f"{line}: the dialogues are in Chinese; --personas en for English ones"
+    if chinese:
+        return f"{line}: some dialogues are in Chinese; --personas en for English ones only"
+    return f"{line}: the dialogues are in English"
 
 
 def _print_report(report: dict[str, Any], resumed: int) -> None:
@@ -308,17 +349,32 @@ def _print_user(utterance: str, info: dict[str, Any], max_turns: int | None = No
     console.print(f"      {escape(emotion_bar(info['emotion']))}{after_step}")
 
 
+def hidden_need_line(persona: Any) -> str:
+    """What the player could not see: the persona's hidden intention (in English) and
+    character type."""
+    return f"Hidden need: {persona.intention_text('en')}; character: {persona.character_type}."
+
+
+def _reveal_if_left(env: Any, ended: bool) -> None:
+    """Show the hidden need of a dialogue the player leaves before its end (the end
+    itself shows it with the outcome)."""
+    if not ended:
+        console.print(f"[bold]you left the dialogue.[/bold] {escape(hidden_need_line(env.dialogue.persona))}")
+
+
 def _play_dialogue(env: Any, thoughts: bool) -> str:
     """Read the player's lines until /restart (returns "restart"), /quit or end of input
-    (returns "quit")."""
+    (returns "quit"); leaving before the end reveals the persona's hidden need."""
     ended = False
     while True:
         try:
             text = console.input("[bold green]you>[/] ").strip()
         except EOFError:
             console.print()
+            _reveal_if_left(env, ended)
             return "quit"
         if text in ("/quit", "/restart"):
+            _reveal_if_left(env, ended)
             return text[1:]
         if text.startswith("/") and " " not in text:  # /help and unknown commands
             console.print(f"[dim]{PLAY_HELP}[/dim]")
@@ -340,10 +396,8 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
                        "failure": "failure: the user gives up and leaves",
                        "goodbye": "the user says goodbye",
                        "max_turns": "out of turns"}[info["termination_reason"]]
-            persona = env.dialogue.persona
             console.print(f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "
-                          f"Hidden need: {escape(persona.intention_text('en'))}; "
-                          f"character: {persona.character_type}.")
+                          f"{escape(hidden_need_line(env.dialogue.persona))}")
             console.print("[dim]/restart for a new dialogue, /quit to leave[/dim]")
 
 
@@ -460,10 +514,9 @@ def envs() -> None:
                 continue
             kwargs = spec.kwargs or {}
             bank = load_personas(kwargs.get("personas"))
-            languages = Counter(p.language for p in bank)
             backend = kwargs.get("backend", "rule")
             table.add_row(env_id, load_difficulty(kwargs.get("difficulty", "moderate")).name,
-                          str(len(bank)), ", ".join(f"{lang} {n}" for lang, n in sorted(languages.items())),
+                          str(len(bank)), language_counts(bank),
                           backend if isinstance(backend, str) else type(backend).__name__)
     console.print(table)
     for env_id, spec in sorted(gym.registry.items()):  # the other kinds, e.g. EmpathyStrategy-v0

@@ -1,12 +1,14 @@
 """Play 20 dialogues on the RLVER training profiles with a scripted agent.
 
     python examples/quickstart.py                       # rule-based user, offline
+    python examples/quickstart.py --personas en         # English personas (RLVER's are Chinese)
     python examples/quickstart.py --personas envs/rlver/train_profile.jsonl
     python examples/quickstart.py --backend openai --base-url http://localhost:8000/v1 \
         --model Qwen/Qwen2.5-7B-Instruct                # an LLM user on a server
 
 Prints each transcript with its emotion bar, the per-turn rewards, and the mean final
-emotion (SAGE's Sentient score, on this persona set and user).
+emotion (SAGE's Sentient score, on this persona set and user). The RLVER profiles are
+Chinese, so are their dialogues: a first line says so, and how to pick English ones.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ import numpy as np
 
 import empathy_gym  # noqa: F401  (registers the environment ids)
 from empathy_gym.baselines import BASELINES
+
+
+def language_note(personas) -> str | None:
+    """One line saying how many of the personas speak Chinese and how to get English
+    ones; ``None`` when none does."""
+    chinese = sum(persona.language == "zh" for persona in personas)
+    if not chinese:
+        return None
+    which = f"all {chinese}" if chinese == len(personas) else f"{chinese} of the {len(personas)}"
+    return f"note: {which} personas speak Chinese, and so do their dialogues; for English ones: --personas en"
 
 
 def main() -> None:
@@ -40,6 +52,9 @@ def main() -> None:
     if args.personas:
         kwargs["personas"] = args.personas
     env = gym.make(args.env, **kwargs)
+    note = language_note(env.unwrapped.personas)
+    if note:
+        print(note)
     agent = BASELINES[args.agent]()
     finals, returns = [], []
     for episode in range(args.episodes):

@@ -252,6 +252,28 @@ def test_connection_errors_are_retried(stub_server):
 
 
 @pytest.mark.parametrize("use_async", [False, True])
+def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async):
+    url = f"http://127.0.0.1:{free_port()}/v1"  # bound, read, closed: nothing listens there
+    backend = OpenAIBackend(url, "m", max_retries=1, **FAST)
+    with pytest.raises(BackendError) as raised:
+        asyncio.run(backend.agenerate([HELLO])) if use_async else backend.generate([HELLO])
+    message = str(raised.value)
+    assert message.startswith(f"POST {url}/chat/completions (model 'm'): gave up after 2 attempts; "
+                              f"last error: ConnectError: ")
+    assert message.endswith(
+        f"; is a server running at {url}? Start one, e.g. `python -m vllm.entrypoints.openai.api_server "
+        f"--model MODEL --host 127.0.0.1 --port 8000`, or see the README, \"Serving the simulated user\"")
+
+
+def test_an_http_error_gives_no_server_hint(stub_server):
+    stub = stub_server([(500, {}, {"detail": "boom"})])
+    with pytest.raises(BackendError) as raised:
+        OpenAIBackend(stub.url, "m", max_retries=1, **FAST).generate([HELLO])
+    assert str(raised.value) == (f"POST {stub.url}/chat/completions (model 'm'): gave up after 2 attempts; "
+                                 f"last error: HTTP 500: boom")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
 def test_a_hanging_server_fails_after_one_timeout_without_retries(stub_server, use_async):
     stub = stub_server([OK], delay=3.0)  # accepts the request and answers too late
     backend = OpenAIBackend(stub.url, "m", timeout=0.5, **FAST)

@@ -289,3 +289,94 @@ def test_play_in_a_pseudo_terminal():
         code = term.close()
     assert code == 0
     assert term.transcript.count("you> ") == 6  # start, 2 turns, /help, /restart, 1 turn
+
+
+# -- a newcomer's first runs: languages, reply caps, the hidden need -------------------
+def test_eval_says_which_persona_bank_and_language_it_runs(tmp_path):
+    result = runner.invoke(app, ["eval", "--policy", "baseline:listener", "--limit", "1", "--resamples", "100",
+                                 "--out", str(tmp_path / "sage")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == ("personas: sage (100 personas, zh 100): the dialogues are in "
+                                             "Chinese; --personas en for English ones")
+    english = runner.invoke(app, ["eval", "--policy", "baseline:listener", "--personas", "en", "--limit", "1",
+                                  "--resamples", "100", "--out", str(tmp_path / "en")])
+    assert english.stdout.splitlines()[0] == "personas: en (48 personas, en 48): the dialogues are in English"
+
+
+def test_bank_language_line_for_a_mixed_bank():
+    from empathy_gym.cli import bank_language_line
+    from empathy_gym.personas import load_personas
+
+    assert bank_language_line("default", load_personas(None)) == (
+        "personas: default (56 personas, en 48, zh 8): some dialogues are in Chinese; "
+        "--personas en for English ones only")
+
+
+class RecordingBackend:
+    """Stands in for a local model: records the ``max_tokens`` of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
+        self.calls.append(max_tokens)
+        return ["That sounds hard. What happened?"] * len(conversations)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("option", "expected"), [([], 128), (["--max-tokens", "6"], 6),
+                                                  (["--max-tokens", "0"], None)])
+def test_local_policies_get_a_default_reply_cap(tmp_path, monkeypatch, option, expected):
+    import empathy_gym.policies
+
+    backend = RecordingBackend()
+    monkeypatch.setattr(empathy_gym.policies, "load_transformers_policy",
+                        lambda model, adapter=None, **kwargs: backend)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["eval", "--policy", "hf:some/model", "--personas", "en", "--limit", "2",
+                                 "--resamples", "100", "--out", str(out), *option])
+    assert result.exit_code == 0, result.output
+    assert backend.calls and set(backend.calls) == {expected}
+    assert json.loads((out / "report.json").read_text())["config"]["generation"]["max_tokens"] == expected
+    notice = ("replies: at most 128 new tokens (the default for local policies; --max-tokens N to change, "
+              "0 for no cap)")
+    assert (notice in result.stdout.splitlines()) == (option == [])
+
+
+def test_reply_token_cap():
+    from empathy_gym.cli import reply_token_cap
+
+    assert reply_token_cap("hf:Qwen/Qwen2.5-0.5B-Instruct,device=cpu", None) == 128
+    assert reply_token_cap("transformers:model", None) == 128
+    assert reply_token_cap("hf:model", 64) == 64
+    assert reply_token_cap("hf:model", 0) is None
+    assert reply_token_cap("openai:qwen@http://localhost:8000/v1", None) is None
+    assert reply_token_cap("baseline:listener", None) is None
+
+
+def test_eval_help_names_the_default_reply_cap():
+    shown = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"}).stdout
+    assert ("model policies: new tokens per reply; default: 128 for local (hf:) policies, no cap for "
+            "openai: ones (as SAGE); 0: no cap") in shown
+
+
+PLAY = ["play", "--persona", "en-001-warehouse-warning", "--seed", "0"]
+HIDDEN = "Hidden need: wants to hear that they are not at fault; character: negative."
+
+
+@pytest.mark.parametrize("leave", ["/quit\n", "", "/restart\n/quit\n"])
+def test_play_reveals_the_hidden_need_when_the_player_leaves(leave):
+    result = runner.invoke(app, PLAY, input="I'm sorry to hear that.\n" + leave)
+    assert result.exit_code == 0, result.output
+    lines = [line.removeprefix("you> ") for line in result.stdout.splitlines()]  # input is not echoed
+    assert f"you left the dialogue. {HIDDEN}" in lines
+    assert result.stdout.count(HIDDEN) == (2 if leave.startswith("/restart") else 1)
+
+
+def test_play_reveals_the_hidden_need_once_at_the_end_of_a_dialogue():
+    result = runner.invoke(app, PLAY, input="I'm sorry to hear that.\n" * 5 + "/quit\n")
+    assert result.exit_code == 0, result.output
+    assert f"failure: the user gives up and leaves (final emotion 0). {HIDDEN}" in result.stdout.splitlines()
+    assert result.stdout.count(HIDDEN) == 1  # /quit after the end does not repeat it

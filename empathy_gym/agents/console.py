@@ -6,14 +6,44 @@ to the pipe raises ``BrokenPipeError`` (Python ignores SIGPIPE, so the write fai
 instead of killing the process). Progress bars (ours, and those transformers and
 huggingface_hub draw while saving a checkpoint) write there; a failure must never
 reach the training loop or the checkpoint. :class:`ConsoleStream` swallows it.
+
+:func:`progress_postfix` writes the fields the progress bar shows after each step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+#: The progress bar's fields after each step: name -> (metric, format spec).
+PROGRESS_FIELDS: dict[str, tuple[str, str]] = {
+    "reward": ("reward/mean_return", "+.3f"),
+    "emotion": ("emotion/final_mean", ".1f"),
+    "kl": ("policy/approx_kl", ".1e"),
+    "clip": ("policy/clipfrac", ".3f"),
+}
+
+#: Shown for a metric that is missing or NaN (a step without a policy update, e.g. a
+#: GRPO step whose groups were all skipped, has no KL and no clip fraction).
+NO_VALUE = "-"
+
+
+def format_metric(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``, or :data:`NO_VALUE` when it is ``None``, not a
+    number, or NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return NO_VALUE
+    return format(value, spec)
+
+
+def progress_postfix(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """The progress bar's postfix for one step's metrics (:data:`PROGRESS_FIELDS`):
+    ``{"reward": "+0.125", "emotion": "52.0", "kl": "1.2e-03", "clip": "0.031"}``, with
+    ``"-"`` for a metric the step did not produce (missing or NaN) instead of ``nan``."""
+    return {name: format_metric(metrics.get(key), spec) for name, (key, spec) in PROGRESS_FIELDS.items()}
 
 
 class ConsoleStream:

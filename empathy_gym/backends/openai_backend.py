@@ -78,11 +78,13 @@ class TransientHTTPError(Exception):
 
     Attributes:
         retry_after: seconds the server asked to wait (``Retry-After``), or ``None``.
+        unreachable: no connection could be made (refused, or timed out connecting).
     """
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None, *, unreachable: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
+        self.unreachable = unreachable
 
 
 class WaitRetryAfter(tenacity.wait.wait_base):
@@ -240,8 +242,18 @@ class OpenAIBackend(ChatBackend):
                                f"{self._mask(response.text[:200])!r}") from exc
 
     def _gave_up(self, error: TransientHTTPError) -> BackendError:
+        """The error after the last retry; one that never connected asks whether a
+        server runs at ``base_url`` (:meth:`unreachable_hint`)."""
+        hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
         return BackendError(f"POST {self.url} (model {self.model!r}): gave up after "
-                            f"{self.max_retries + 1} attempts; last error: {error}")
+                            f"{self.max_retries + 1} attempts; last error: {error}{hint}")
+
+    def unreachable_hint(self) -> str:
+        """What to check when nothing answers at ``base_url``: is a server running, and
+        how to start one."""
+        return (f"is a server running at {self.base_url}? "
+                f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
+                f"--host 127.0.0.1 --port 8000`, or see the README, \"Serving the simulated user\"")
 
     def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
         """A transient error to retry, except a read timeout, which fails at once."""
@@ -250,7 +262,8 @@ class OpenAIBackend(ChatBackend):
                                f"{self.timeout.read:g} s (timeout); the server is hanging or "
                                f"overloaded. Not retried; raise timeout= (backend_kwargs="
                                f"{{'timeout': ...}}) for long generations") from None
-        return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}")
+        return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}",
+                                  unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)))
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
         try:
