@@ -5,6 +5,7 @@ paired difference and its interval are those worked out by hand, and the report 
 what it shows and what it does not."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -96,7 +97,9 @@ def test_before_and_after_are_paired_and_held_out(tmp_path):
     saved = json.loads((tmp_path / "heldout" / "report.json").read_text())
     assert saved["difference"]["personas"] == 8
     assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
-    trainer.train()
+    trainer.train()  # from Python, with heldout.bank: the trainer's own evaluations run too
+    assert trainer.heldout_report is not None and trainer.heldout_report["steps"] == 1
+    assert json.loads((tmp_path / "heldout" / "report.json").read_text())["steps"] == 1
     after = evaluation.run("after")
     # one step at the tiny recipe's learning rate changes replies, not the dialogues' seeds
     assert [r["seed"] for r in after] == [r["seed"] for r in before]
@@ -104,9 +107,10 @@ def test_before_and_after_are_paired_and_held_out(tmp_path):
     assert np.isfinite(evaluation.finish(before, after)["difference"]["difference"])
 
 
-def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys):
+def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys, caplog):
     from empathy_gym.agents.cli import number, train_main
 
+    caplog.set_level(logging.INFO, logger="empathy_gym.agents.heldout")
     out = tmp_path / "run"
     code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={out}", "progress=false",
                                "total_steps=1", "rollout_batch_size=4", "num_generations=4", "save_steps=0",
@@ -114,7 +118,7 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
                                "report_to=tensorboard"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "held-out evaluation before training: 16 dialogues" in printed
+    assert "held-out evaluation before training: 16 dialogues" in caplog.text
     assert "difference (paired)" in printed and "What it does not show: empathy" in printed
     # the hint keeps the run's overrides (it dropped output_dir=, and a newcomer's --resume
     # then trained a new run in the recipe's folder)

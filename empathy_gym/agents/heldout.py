@@ -25,17 +25,21 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.evaluation import append_records, plan_tasks, run_dialogues, summarize
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 
 HELDOUT_DIR = "heldout"
+log = logging.getLogger(__name__)
 
 #: What the table can and cannot claim; printed under it.
 CAVEAT = ("What this shows: whether training moved the policy's score on personas it never trained on, "
@@ -262,8 +266,11 @@ def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     return records if len(records) == expected else None
 
 
-class HeldoutEvaluation:
-    """Runs the before and after evaluations of a trainer and writes the report.
+class HeldoutEvaluation(TrainerCallback):
+    """Runs the before and after evaluations of a trainer and writes the report. A
+    trainer whose config sets ``heldout.bank`` adds one itself, so that ``train()``
+    plays the evaluation before its first step and after its last, from Python as
+    from the command line; the report is then ``trainer.heldout_report``.
 
     Args:
         trainer: an :class:`~empathy_gym.agents.trainer.RLTrainer` whose config has
@@ -277,6 +284,20 @@ class HeldoutEvaluation:
         self.folder = Path(self.config.output_dir) / HELDOUT_DIR
         self.personas = split_bank(self.config)[1]
         self.progress = progress
+        self.before: list[dict[str, Any]] | None = None
+
+    def on_train_begin(self, trainer: Any) -> None:
+        """Play (or read back) the evaluation before training."""
+        started = time.perf_counter()
+        self.before = self.run("before")
+        log.info("held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
+                 "about as long); now %d training steps", len(self.before), time.perf_counter() - started,
+                 self.config.total_steps)
+
+    def on_train_end(self, trainer: Any) -> None:
+        """Play the evaluation after training and write the report (``trainer.heldout_report``)."""
+        before = self.before if self.before is not None else self.run("before")
+        trainer.heldout_report = self.finish(before, self.run("after"))
 
     @property
     def dialogues(self) -> int:

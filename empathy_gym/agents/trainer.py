@@ -37,6 +37,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from empathy_gym.agents import heldout
+from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.checkpoint import (
     CheckpointError,
     checkpoint_candidates,
@@ -45,7 +47,7 @@ from empathy_gym.agents.checkpoint import (
     set_rng_state,
 )
 from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
-from empathy_gym.agents.console import tolerant, tolerant_console
+from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.memory import (
@@ -211,6 +213,10 @@ class RLTrainer:
             ``processing_class=`` works too).
         envs: unwrapped envs to roll out in (``None``: ``rollout_batch_size`` envs of
             ``config.env`` sharing one user).
+        callbacks: :class:`~empathy_gym.agents.callbacks.TrainerCallback` objects run
+            around :meth:`train`. With ``config.heldout.bank`` set the trainer splits the
+            bank (``config.env.personas`` becomes the training part, in place) and adds a
+            :class:`~empathy_gym.agents.heldout.HeldoutEvaluation` itself.
 
     Precision: a model in bfloat16 (``policy.dtype``, or as passed) keeps its frozen
     weights in bfloat16 and its trainable ones (all of them without LoRA) in float32;
@@ -228,7 +234,7 @@ class RLTrainer:
 
     def __init__(self, config: TrainerConfig | None = None, *, model: Any = None, tokenizer: Any = None,
                  envs: Sequence[Any] | None = None, args: TrainerConfig | None = None,
-                 processing_class: Any = None):
+                 processing_class: Any = None, callbacks: Sequence[TrainerCallback] = ()):
         if (config is None) == (args is None):
             raise TypeError("pass the config once: Trainer(config) or Trainer(args=config)")
         config = config if config is not None else args
@@ -236,6 +242,7 @@ class RLTrainer:
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, "
                             f"got a {type(config).__name__}")
         validate(config)
+        heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
         tokenizer = tokenizer if tokenizer is not None else processing_class
         self.config = config
         seed_everything(config.seed)
@@ -294,6 +301,10 @@ class RLTrainer:
                                     max_context_tokens=config.generation.max_context_tokens,
                                     max_new_tokens=config.generation.max_new_tokens)
         self.step = 0
+        self.callbacks = list(callbacks)
+        if config.heldout.bank:
+            self.callbacks.append(heldout.HeldoutEvaluation(self, progress=config.progress))
+        self.heldout_report: dict[str, Any] | None = None  # set by HeldoutEvaluation
         self._stop = False
         self._dirty = False  # parameters changed since the last completed step
         self._saved_step = -1
@@ -552,6 +563,8 @@ class RLTrainer:
     # -- the loop ------------------------------------------------------------------
     def train(self, resume: bool = False) -> list[dict[str, Any]]:
         """Run until ``total_steps`` (or Ctrl-C). Returns the metrics of every step.
+        Callbacks' ``on_train_begin`` runs first (the held-out evaluation before
+        training), ``on_train_end`` once ``total_steps`` is reached (the one after).
 
         Args:
             resume: continue from ``<output_dir>/checkpoints/latest`` when there is one.
@@ -564,6 +577,8 @@ class RLTrainer:
         config = self.config
         checkpoints = Path(config.output_dir) / "checkpoints"
         resume_step = None
+        for callback in self.callbacks:
+            callback.on_train_begin(self)
         if resume:
             self._resume(checkpoints)
             resume_step = self.step
@@ -597,6 +612,9 @@ class RLTrainer:
             if self.run_log is not None:
                 self.run_log.plot()
                 self.run_log.close()
+        if self.step >= config.total_steps:
+            for callback in self.callbacks:
+                callback.on_train_end(self)
         return self.run_log.read_metrics() if self.run_log else []
 
     def _resume(self, checkpoints: Path) -> None:
@@ -690,10 +708,7 @@ class RLTrainer:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
         bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward/mean_return']:+.3f}",
-                        emotion=f"{metrics['emotion/final_mean']:.1f}",
-                        kl=f"{metrics.get('policy/approx_kl', 0.0):.1e}",
-                        clip=f"{metrics.get('policy/clipfrac', 0.0):.3f}")
+        bar.set_postfix(progress_postfix(metrics))
         if config.save_steps and step % config.save_steps == 0:
             self.save()
         return True

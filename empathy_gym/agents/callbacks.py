@@ -1,0 +1,22 @@
+"""Trainer callbacks: work that runs around training, from Python as from the command
+line (the held-out evaluation, :class:`~empathy_gym.agents.heldout.HeldoutEvaluation`).
+
+The shape of Hugging Face's ``TrainerCallback`` (``on_train_begin``, ``on_train_end``),
+with the trainer passed in. ``on_train_begin`` runs before a resumed checkpoint loads
+(the weights are the initial ones), ``on_train_end`` only when ``total_steps`` is
+reached (not after Ctrl-C).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrainerCallback:
+    """Does nothing; subclass and override what you need."""
+
+    def on_train_begin(self, trainer: Any) -> None:
+        """Before the first step (and before ``--resume`` loads a checkpoint)."""
+
+    def on_train_end(self, trainer: Any) -> None:
+        """After the last of ``total_steps`` steps, once the checkpoint is saved."""
