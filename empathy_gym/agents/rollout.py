@@ -299,31 +299,13 @@ class RolloutEngine:
         tick = time.perf_counter()
         resets = reset_many(envs, list(env_seeds))
         times.user += time.perf_counter() - tick
-        dialogues: dict[int, Trajectory] = {}
-        for key, ((_, info), env) in enumerate(zip(resets, envs)):
-            persona = env.dialogue.persona
-            trajectory = Trajectory(key=key_offset + key, group=groups[key], env_seed=int(env_seeds[key]),
-                                    persona_id=persona.id, language=persona.language,
-                                    hidden_intention=persona.hidden_intention,
-                                    character_type=persona.character_type,
-                                    emotions=[info["emotion"]], messages=info["messages"],
-                                    reward_mode=getattr(env, "reward_mode", "delta"), round=round_index)
-            trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
-            if not self.fits_a_turn(len(trajectory.token_ids)):
-                raise ValueError(
-                    f"persona {persona.id!r}: its opening prompt has {len(trajectory.token_ids)} tokens, so a turn "
-                    f"of max_new_tokens={self.max_new_tokens} does not fit in max_context_tokens="
-                    f"{self.max_context_tokens}; raise generation.max_context_tokens or shorten the persona")
-            dialogues[key] = trajectory
-
+        dialogues = {key: self._start(env, info, key_offset + key, groups[key], int(env_seeds[key]), round_index)
+                     for key, ((_, info), env) in enumerate(zip(resets, envs))}
+        seed_of = seed_keys if seed_keys is not None else range(n)
         turn = 0
-        while True:
-            active = [key for key, t in dialogues.items() if not t.done]
-            if not active:
-                break
+        while active := [key for key, t in dialogues.items() if not t.done]:
             turn += 1
             tick = time.perf_counter()
-            seed_of = seed_keys if seed_keys is not None else range(n)
             samples = self.generator.generate([dialogues[k].token_ids for k in active],
                                               [derive_seed(sampling_seed, seed_of[k], turn) for k in active])
             times.generation += time.perf_counter() - tick
@@ -331,42 +313,70 @@ class RolloutEngine:
                 raise RolloutInterrupted(f"stopped while generating turn {turn}")
             samples = [self._fit(sample, len(dialogues[k].token_ids)) for k, sample in zip(active, samples)]
             times.generated_tokens += sum(len(s.token_ids) for s in samples)
-            texts = [self._decode(s) for s in samples]
             tick = time.perf_counter()
-            results = step_many([envs[k] for k in active], texts)
+            results = step_many([envs[k] for k in active], [self._decode(s) for s in samples])
             times.user += time.perf_counter() - tick
-            for key, sample, (obs, reward, terminated, truncated, info) in zip(active, samples, results):
-                trajectory = dialogues[key]
-                trajectory.extend(sample.token_ids, trainable=True, logprobs=sample.logprobs)
-                trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
-                thinking = self.thinking_length(sample.token_ids) if getattr(envs[key], "think", False) else 0
-                trajectory.thinking_tokens += thinking
-                trajectory.reply_tokens += len(sample.token_ids) - thinking
-                if not sample.finished:
-                    trajectory.cut_turns += 1
-                    trajectory.extend([self.chat.eos_id], trainable=False)
-                trajectory.rewards.append(float(reward))
-                trajectory.emotions.append(info["emotion"])
-                trajectory.messages = info["messages"]
-                trajectory.format_errors += info["format_error"] is not None
-                if terminated or truncated:
-                    trajectory.termination = info["termination_reason"]
-                else:
-                    reply = self.chat.user_turn(obs)
-                    fits = len(trajectory.token_ids) + len(reply) <= self.max_context_tokens
-                    if fits:
-                        trajectory.extend(reply, trainable=False)
-                    if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
-                        trajectory.termination = "context_limit"  # a truncation: see the module docstring
-                if trajectory.termination is not None:
-                    trajectory.done = True
-                    if on_episode_end is not None:
-                        on_episode_end(trajectory)
+            for key, sample, result in zip(active, samples, results):
+                self._record_turn(dialogues[key], envs[key], sample, result)
+                if dialogues[key].done and on_episode_end is not None:
+                    on_episode_end(dialogues[key])
             if should_stop is not None and should_stop():
                 raise RolloutInterrupted(f"stopped after turn {turn}")
         times.total = time.perf_counter() - started
         self.times = times
         return [dialogues[key] for key in range(n)]
+
+    def _start(self, env: EmpathyDialogueEnv, info: dict[str, Any], key: int, group: int, env_seed: int,
+               round_index: int) -> Trajectory:
+        """The trajectory of a dialogue just reset (``info``: the reset's), holding the
+        opening prompt's tokens (not trainable).
+
+        Raises:
+            ValueError: the opening prompt leaves no room for one turn.
+        """
+        persona = env.dialogue.persona
+        trajectory = Trajectory(key=key, group=group, env_seed=env_seed, persona_id=persona.id,
+                                language=persona.language, hidden_intention=persona.hidden_intention,
+                                character_type=persona.character_type, emotions=[info["emotion"]],
+                                messages=info["messages"], reward_mode=getattr(env, "reward_mode", "delta"),
+                                round=round_index)
+        trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
+        if not self.fits_a_turn(len(trajectory.token_ids)):
+            raise ValueError(
+                f"persona {persona.id!r}: its opening prompt has {len(trajectory.token_ids)} tokens, so a turn "
+                f"of max_new_tokens={self.max_new_tokens} does not fit in max_context_tokens="
+                f"{self.max_context_tokens}; raise generation.max_context_tokens or shorten the persona")
+        return trajectory
+
+    def _record_turn(self, trajectory: Trajectory, env: EmpathyDialogueEnv, sample: Sample,
+                     result: tuple[str, float, bool, bool, dict[str, Any]]) -> None:
+        """Add one turn to ``trajectory``: the sampled reply (trainable; a cut one closed
+        with the end token, not trainable), the env's reward and emotion, then the user's
+        reply (not trainable) or the end of the dialogue (``done``; ``termination`` the
+        env's reason, or ``"context_limit"`` when the next turn would not fit)."""
+        obs, reward, terminated, truncated, info = result
+        trajectory.extend(sample.token_ids, trainable=True, logprobs=sample.logprobs)
+        trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
+        thinking = self.thinking_length(sample.token_ids) if getattr(env, "think", False) else 0
+        trajectory.thinking_tokens += thinking
+        trajectory.reply_tokens += len(sample.token_ids) - thinking
+        if not sample.finished:
+            trajectory.cut_turns += 1
+            trajectory.extend([self.chat.eos_id], trainable=False)
+        trajectory.rewards.append(float(reward))
+        trajectory.emotions.append(info["emotion"])
+        trajectory.messages = info["messages"]
+        trajectory.format_errors += info["format_error"] is not None
+        if terminated or truncated:
+            trajectory.termination = info["termination_reason"]
+        else:
+            reply = self.chat.user_turn(obs)
+            fits = len(trajectory.token_ids) + len(reply) <= self.max_context_tokens
+            if fits:
+                trajectory.extend(reply, trainable=False)
+            if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
+                trajectory.termination = "context_limit"  # a truncation: see the module docstring
+        trajectory.done = trajectory.termination is not None
 
     def _fit(self, sample: Sample, length: int) -> Sample:
         """``sample`` cut to the room a dialogue of ``length`` tokens has left (for
