@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from empathy_gym.boundary import without_injection
 from empathy_gym.personas import Persona
