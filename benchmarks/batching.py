@@ -51,7 +51,7 @@ from _machine import cpu_model  # benchmarks/_machine.py
 from empathy_gym.backends.transformers_backend import TransformersBackend
 from empathy_gym.baselines import ListenerAgent
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.user import make_user
+from empathy_gym.specs import UserSpec
 from empathy_gym.vector import EmpathyDialogueVectorEnv
 
 
@@ -128,7 +128,8 @@ def run_model(model: str, n: int, steps: int, max_tokens: int, appraisal_mode: s
     backend = TransformersBackend(model)
     timer = TimedBackend(backend)
     # reply_plan off: a 135M model rarely writes the planned JSON reply (README, "small models")
-    user = make_user(backend, appraisal_mode=appraisal_mode, user_kwargs={"max_tokens": max_tokens, "reply_plan": False})
+    user = UserSpec(backend, appraisal_mode=appraisal_mode,
+                    user_kwargs={"max_tokens": max_tokens, "reply_plan": False}).build()
     agent = ListenerAgent()
     backend.generate([[{"role": "user", "content": "Hello!"}]], max_tokens=4, seeds=[0])  # warm-up
     best: dict[str, dict] = {}

@@ -9,12 +9,12 @@ configuration (28 layers, hidden 3584, 28 / 4 heads, MLP 18944, vocabulary 15206
 hub is reachable there) in bfloat16, LoRA r=64 on every linear layer, gradient
 checkpointing, SDPA attention, a separate critic (a second random backbone, no LM head)
 as ``agents/qwen2.5-7b-ppo.yaml``, the transformers generation engine, and
-``env.kwargs.backend: policy``: the user is the same model with its adapters off. Two PPO
+``env.kwargs.user: {backend: policy}``: the user is the same model with its adapters off. Two PPO
 steps of 16 dialogues x 4 turns with replies of up to 128 tokens. The tokenizer is the
 tiny model's (:mod:`empathy_gym.tiny`, ChatML, 2,050 ids, all inside the vocabulary).
 Timing and memory do not depend on the weights' values, but what the user says does: a
 random model writes no JSON, so the user appraises by scoring options
-(``appraisal_mode: choice``) and its replies run to ``--user-tokens``; with a real
+(``user.appraisal_mode: choice``) and its replies run to ``--user-tokens``; with a real
 instruct model in ``free`` mode the user also writes its analysis, so its time here is a
 lower bound.
 
@@ -131,9 +131,9 @@ def recipe(args: argparse.Namespace, output_dir: str):
         f"policy.device={args.device}", f"policy.dtype={'bfloat16' if args.device != 'cpu' else 'float32'}",
         "generation.engine=transformers", f"generation.max_new_tokens={args.reply_tokens}",
         f"generation.max_context_tokens={args.context}", "generation.think=false"], algorithm="ppo")
-    config.env.kwargs = {"backend": "policy", "appraisal_mode": "choice", "protocol": "rlver_training",
-                         "reward_mode": "final", "max_turns": args.turns,
-                         "user_kwargs": {"max_tokens": args.user_tokens, "reply_plan": False}}
+    config.env.kwargs = {"user": {"backend": "policy", "appraisal_mode": "choice",
+                                  "user_kwargs": {"max_tokens": args.user_tokens, "reply_plan": False}},
+                         "protocol": "rlver_training", "reward_mode": "final", "max_turns": args.turns}
     config.env.personas = args.personas
     return config
 

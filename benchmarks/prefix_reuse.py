@@ -42,7 +42,7 @@ from empathy_gym.backends.transformers_backend import TransformersBackend
 from empathy_gym.baselines import ListenerAgent
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.models import load_causal_lm
-from empathy_gym.user import make_user
+from empathy_gym.specs import UserSpec
 from empathy_gym.vector import EmpathyDialogueVectorEnv
 
 
@@ -73,7 +73,7 @@ def policy_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: b
                                       reuse_kv=reuse)
     log = TurnLog()
     generator.generate = log.wrap(generator.generate, generator.prefix_cache, lambda ps: [len(p) for p in ps])
-    user = make_user("rule")
+    user = UserSpec("rule").build()
     envs = [EmpathyDialogueEnv("en", user=user, max_turns=turns) for _ in range(n)]
     RolloutEngine(envs, generator, tokenizer, max_context_tokens=8192).collect(list(range(n)))
     return log.rows
@@ -81,8 +81,8 @@ def policy_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: b
 
 def user_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: bool) -> list[dict]:
     backend = TransformersBackend(model_name, prefix_cache_tokens=1 << 20 if reuse else 0)
-    user = make_user(backend, appraisal_mode="choice",
-                     user_kwargs={"max_tokens": reply_tokens, "reply_plan": False})
+    user = UserSpec(backend, appraisal_mode="choice",
+                    user_kwargs={"max_tokens": reply_tokens, "reply_plan": False}).build()
     log = TurnLog()
     cache = backend.prefix_cache if reuse else None
     rows: list[dict] = []

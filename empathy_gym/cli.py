@@ -60,12 +60,36 @@ LOCAL_POLICY_KINDS = ("hf", "transformers")
 MAX_TOKENS_HELP = (f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
                    f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap")
 USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
-             "openai:MODEL@URL; options after commas: ,temperature=0.3,max_concurrency=16")
+             "openai:MODEL@URL; options after commas: ,appraisal_mode=choice,temperature=0.3,"
+             "max_concurrency=16")
+APPRAISAL_HELP = ("LLM users: free (JSON with the analysis, SAGE) or choice (scored options); "
+                  "the same as ,appraisal_mode=... in --user")
 
 
 class AppraisalMode(str, Enum):
     free = "free"
     choice = "choice"
+
+
+def user_with_appraisal_mode(user: str, mode: AppraisalMode | None) -> str:
+    """The ``--user`` spec with ``--appraisal-mode`` folded in (``,appraisal_mode=MODE``
+    appended unless the spec already says it; ``None`` or ``free``: the spec as given).
+
+    Raises:
+        SpecError (a ``ValueError``): a malformed spec, or one whose ``appraisal_mode``
+            option contradicts ``--appraisal-mode``.
+    """
+    from empathy_gym.specs import UserSpec
+
+    spec = UserSpec.parse(user)
+    if mode is None:
+        return user
+    if "appraisal_mode=" in user.replace(" ", ""):
+        if spec.appraisal_mode != mode.value:
+            raise ValueError(f"--user {user!r} says appraisal_mode={spec.appraisal_mode} but "
+                             f"--appraisal-mode is {mode.value}; give it once")
+        return user
+    return user if mode is AppraisalMode.free else f"{user},appraisal_mode={mode.value}"
 
 
 class ProtocolName(str, Enum):
@@ -100,8 +124,7 @@ def eval_command(
                                       "transcripts.jsonl, trajectories.png; rerun to resume")],
     personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    appraisal_mode: Annotated[AppraisalMode, typer.Option(
-        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
+    appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[ProtocolName, typer.Option(
         help="sage: start 40, change in [-10, 10], ends at 100, below 10 or on a goodbye, at most 10 "
@@ -145,7 +168,7 @@ def eval_command(
                      TimeElapsedColumn(), console=errors, transient=True,
                      disable=not errors.is_terminal) as progress:
         bar = progress.add_task("dialogues", total=None)
-        result = evaluate(policy, personas, user=user, appraisal_mode=appraisal_mode.value,
+        result = evaluate(policy, personas, user=user_with_appraisal_mode(user, appraisal_mode),
                           difficulty=difficulty, protocol=protocol.value, think=think,
                           repeats=repeats, limit=limit, seed=seed, out_dir=out,
                           batch_size=batch_size, max_tokens=max_tokens, temperature=temperature,
@@ -215,8 +238,7 @@ def replay_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, "
                                       "scatter.png; rerun to resume")],
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    appraisal_mode: Annotated[AppraisalMode, typer.Option(
-        help="LLM users: free (JSON with the analysis, SAGE) or choice (scored options)")] = AppraisalMode.free,
+    appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[ProtocolName, typer.Option(
         help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")] = ProtocolName.sage,
@@ -243,7 +265,7 @@ def replay_command(
                      TimeElapsedColumn(), console=errors, transient=True,
                      disable=not errors.is_terminal) as progress:
         bar = progress.add_task("turns", total=None)
-        result = replay_logs(logs, user, appraisal_mode=appraisal_mode.value, difficulty=difficulty,
+        result = replay_logs(logs, user_with_appraisal_mode(user, appraisal_mode), difficulty=difficulty,
                              protocol=protocol.value, seed=seed, batch_size=batch_size, limit=limit,
                              out_dir=out,
                              on_progress=lambda done, total: progress.update(bar, completed=done,
@@ -315,11 +337,10 @@ def play(
     import gymnasium as gym
 
     import empathy_gym  # noqa: F401  (registers the ids)
-    from empathy_gym.specs import user_env_kwargs
 
     with _exit_codes():
         try:
-            env = gym.make(env_id, **(user_env_kwargs(user) if user else {})).unwrapped
+            env = gym.make(env_id, **({"user": user} if user else {})).unwrapped
         except gym.error.Error as error:
             raise ValueError(f"--env {env_id}: {error}; see `empathy-gym envs`") from None
         options = {"persona": persona} if persona else None
@@ -503,6 +524,8 @@ def envs() -> None:
     import empathy_gym  # noqa: F401  (registers the ids)
     from empathy_gym.personas import load_personas
     from empathy_gym.registration import ENTRY_POINT
+    from empathy_gym.specs import as_user_spec
+    from empathy_gym.user import SimulatedUser
     from empathy_gym.user.difficulty import load_difficulty
 
     table = Table()
@@ -514,10 +537,11 @@ def envs() -> None:
                 continue
             kwargs = spec.kwargs or {}
             bank = load_personas(kwargs.get("personas"))
-            backend = kwargs.get("backend", "rule")
+            user = kwargs.get("user", "rule")
             table.add_row(env_id, load_difficulty(kwargs.get("difficulty", "moderate")).name,
                           str(len(bank)), language_counts(bank),
-                          backend if isinstance(backend, str) else type(backend).__name__)
+                          user if isinstance(user, str) else type(user).__name__
+                          if isinstance(user, SimulatedUser) else str(as_user_spec(user)))
     console.print(table)
     for env_id, spec in sorted(gym.registry.items()):  # the other kinds, e.g. EmpathyStrategy-v0
         if str(spec.entry_point).startswith("empathy_gym") and spec.entry_point != ENTRY_POINT:

@@ -45,16 +45,15 @@ from typing import Any, Literal, SupportsFloat
 
 import gymnasium as gym
 
-from empathy_gym.backends.base import ChatBackend
 from empathy_gym.boundary import clean_text, find_injection
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.spaces import AnyText
+from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.think import split_think
 from empathy_gym.user import (
     SimulatedUser,
     UserRequest,
     UserTurn,
-    make_user,
     resolve_protocol,
 )
 from empathy_gym.user.difficulty import load_difficulty
@@ -130,13 +129,14 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             name (``"en"``, ``"zh"``, ``"rlver"``), a JSONL path, or a list of
             :class:`~empathy_gym.personas.Persona` / dicts. Validated at construction.
         difficulty: ``"moderate"``, ``"challenging"``, ``"easy"``, a preset path or dict.
-        backend: the simulated user's engine: ``"rule"`` (default, no LLM),
-            ``"transformers"``, ``"vllm"``, ``"openai"``, or a ``ChatBackend`` instance.
-        model: the user's model (path, hub id, GGUF file, or server model name).
-        base_url: the OpenAI-compatible server's URL (``backend="openai"``).
-        appraisal_mode: ``"free"`` (JSON with thoughts) or ``"choice"`` (scored options).
-        backend_kwargs, user_kwargs: more arguments for the backend and the user.
-        user: a ready :class:`~empathy_gym.user.SimulatedUser` (overrides ``backend``).
+        user: the simulated user: a spec string (``"rule"``, the default: the rule-based
+            user, no LLM; ``"transformers:PATH"``, ``"vllm:PATH"``,
+            ``"openai:MODEL@URL"``, with ``,key=value`` options such as
+            ``appraisal_mode=choice``), a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields (``{"backend": "openai",
+            "model": ..., "base_url": ...}``), a ``UserSpec`` (all three built here and
+            closed by :meth:`close`), or a ready :class:`~empathy_gym.user.SimulatedUser`
+            (shared: used as it is and not closed here).
         protocol: ``"sage"`` (default: initial 40, change in [-10, 10], success at 100,
             failure below 10, goodbye ends, 9 appraised turns), ``"rlver_training"``
             (initial 30, unclamped, failure at 0, goodbye ends, 9 turns), a dict or an
@@ -173,6 +173,10 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         TypeError: ``step`` with a non-``str`` action.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
         PersonaError: an invalid persona bank. ValueError/KeyError: bad options.
+        SpecError (a ``ValueError``): a bad user spec, naming the field (``user.model``...).
+        TypeError: an unknown keyword, e.g. the removed ``backend=``, ``model=``,
+            ``base_url=``, ``appraisal_mode=``, ``backend_kwargs=``, ``user_kwargs=``
+            (now fields of ``user=``).
 
     Example:
         >>> import gymnasium as gym, empathy_gym
@@ -184,11 +188,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
 
     def __init__(self, personas: PersonaSource | None = None, difficulty: Any = "moderate", *,
-                 backend: str | ChatBackend = "rule", model: Any = None,
-                 base_url: str | None = None, appraisal_mode: str = "free",
-                 backend_kwargs: Mapping[str, Any] | None = None,
-                 user_kwargs: Mapping[str, Any] | None = None,
-                 user: SimulatedUser | None = None, protocol: Any = "sage",
+                 user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
+                 protocol: Any = "sage",
                  initial_emotion: int | None = None, max_turns: int | None = None,
                  reward_mode: Literal["delta", "final"] = "delta", think: bool = False,
                  format_penalty: float = 0.1, system_prompt: str | Mapping[str, str] | None = None,
@@ -206,11 +207,11 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         self.difficulty = load_difficulty(difficulty)
         self.protocol = resolve_protocol(protocol, initial_emotion=initial_emotion,
                                          max_turns=max_turns)
-        self._owns_user = user is None
-        self.user: SimulatedUser = user if user is not None else make_user(
-            backend, difficulty=self.difficulty, protocol=self.protocol, model=model,
-            base_url=base_url, appraisal_mode=appraisal_mode, backend_kwargs=backend_kwargs,
-            user_kwargs=user_kwargs)
+        self._owns_user = not isinstance(user, SimulatedUser)
+        #: the spec the user was built from (``None`` for a ready user given as ``user=``).
+        self.user_spec: UserSpec | None = None if not self._owns_user else as_user_spec(user)
+        self.user: SimulatedUser = (self.user_spec.build(self.difficulty, self.protocol)
+                                    if self.user_spec is not None else user)
         self.reward_mode = reward_mode
         self.think = think
         self.format_penalty = float(format_penalty)

@@ -63,8 +63,8 @@ from empathy_gym.personas import (
 )
 from empathy_gym.policies import Policy, make_policy
 from empathy_gym.seeding import derive_seed
-from empathy_gym.specs import user_env_kwargs
-from empathy_gym.user import SimulatedUser, make_user, resolve_protocol
+from empathy_gym.specs import UserSpec, as_user_spec
+from empathy_gym.user import SimulatedUser, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
 
@@ -521,27 +521,22 @@ def _describe(value: Any) -> Any:
     return getattr(value, "name", None) or type(value).__name__
 
 
-def user_from_spec(user_kwargs: Mapping[str, Any], difficulty: Any, protocol: Any,
-                   appraisal_mode: str) -> SimulatedUser:
-    """The simulated user that a ``--user`` spec describes.
-
-    Args:
-        user_kwargs: :func:`empathy_gym.specs.user_env_kwargs` of the spec (``backend``,
-            default ``"rule"``; ``model``, ``base_url``, ``backend_kwargs``, ``user_kwargs``).
-        difficulty, protocol: loaded objects, as :func:`~empathy_gym.user.make_user` takes.
-        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+def describe_user(user: str | Mapping[str, Any] | UserSpec | SimulatedUser) -> tuple[str, str]:
+    """How a run records its simulated user: ``(user, appraisal_mode)``; ``user`` is a
+    spec string as given, the ``--user`` form of a mapping or ``UserSpec``, or a ready
+    user's class name.
 
     Raises:
-        whatever :func:`~empathy_gym.user.make_user` raises for a bad backend or model.
+        SpecError, TypeError: a bad spec (:func:`~empathy_gym.specs.as_user_spec`).
     """
-    return make_user(user_kwargs.get("backend", "rule"), difficulty=difficulty, protocol=protocol,
-                     model=user_kwargs.get("model"), base_url=user_kwargs.get("base_url"),
-                     appraisal_mode=appraisal_mode, backend_kwargs=user_kwargs.get("backend_kwargs"),
-                     user_kwargs=user_kwargs.get("user_kwargs"))
+    if isinstance(user, SimulatedUser):
+        return type(user).__name__, str(getattr(user, "appraisal_mode", "free"))
+    spec = as_user_spec(user)
+    return (user if isinstance(user, str) else str(spec)), spec.appraisal_mode
 
 
 def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "sage", *,
-             user: str | SimulatedUser = "rule", appraisal_mode: str = "free",
+             user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
              difficulty: Any = "moderate", protocol: Any = "sage", think: bool = False,
              repeats: int = 1, limit: int | None = None, seed: int = 0,
              out_dir: str | os.PathLike | None = None, batch_size: int = 32,
@@ -560,10 +555,11 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
             ``"rlver"``, ``"rlver_minus_sage"``, ``"en"``, ``"zh"``), a JSONL path (our
             format or RLVER/SAGE's, ``first_talk`` included), a list, or ``None``
             (the built-in English and Chinese bank).
-        user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
-            ``"openai:MODEL@URL"``; :func:`~empathy_gym.specs.user_env_kwargs`) or a ready
-            :class:`~empathy_gym.user.SimulatedUser` (not closed here).
-        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+        user: the simulated user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
+            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built here,
+            closed at the end), or a ready :class:`~empathy_gym.user.SimulatedUser` (not
+            closed here).
         difficulty: preset name, path or dict.
         protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
             :class:`~empathy_gym.user.EmotionProtocol`.
@@ -591,7 +587,7 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
         PersonaError: an invalid persona bank (file, line, field).
         EvaluationError: a corrupt transcripts file, a run directory with another
             configuration, an ``out_dir`` that is a file, bad ``repeats``/``limit``/``batch_size``.
-        SpecError: a malformed policy or user spec.
+        SpecError: a malformed policy or user spec. TypeError: ``user`` of another type.
         SimulatorError, BackendError: from the simulated user or the policy's backend;
             dialogues already finished stay in the transcripts.
     """
@@ -599,9 +595,9 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
     tasks = plan_tasks(bank, repeats=repeats, seed=seed, limit=limit)
     protocol_obj = resolve_protocol(protocol)
     difficulty_obj = load_difficulty(difficulty)
-    user_kwargs = user_env_kwargs(user) if isinstance(user, str) else {}
+    user_name, appraisal_mode = describe_user(user)
     config = {
-        "personas": _describe(personas), "policy": None, "user": _describe(user),
+        "personas": _describe(personas), "policy": None, "user": user_name,
         "appraisal_mode": appraisal_mode, "difficulty": _describe(difficulty),
         "protocol": dataclasses.asdict(protocol_obj), "think": think, "seed": seed,
         "generation": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
@@ -623,8 +619,8 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
     if on_progress is not None:
         on_progress(resumed, len(tasks))
     if todo:
-        shared_user = user if isinstance(user, SimulatedUser) else user_from_spec(
-            user_kwargs, difficulty_obj, protocol_obj, appraisal_mode)
+        shared_user = user if isinstance(user, SimulatedUser) else as_user_spec(user).build(
+            difficulty_obj, protocol_obj)
         try:
             if policy_obj is None:
                 policy_obj = make_policy(policy, max_tokens=max_tokens, temperature=temperature,

@@ -1,7 +1,7 @@
 """Registering environment ids with Gymnasium: the built-in ones and your own.
 
-Built-in ids (all with the rule-based user unless ``backend=`` says otherwise at
-``gym.make``):
+Built-in ids (all with the rule-based user unless ``user=`` says otherwise at
+``gym.make``, e.g. ``gym.make("EmpathyDialogue-v0", user="openai:MODEL@URL")``):
 
 =============================  ===========  =======================================
 id                             difficulty   personas
@@ -26,6 +26,8 @@ from typing import Any
 import gymnasium as gym
 
 from empathy_gym.personas import PersonaSource, load_personas
+from empathy_gym.specs import as_user_spec
+from empathy_gym.user import SimulatedUser
 from empathy_gym.user.difficulty import load_difficulty
 
 ENTRY_POINT = "empathy_gym.env:EmpathyDialogueEnv"
@@ -56,15 +58,17 @@ def register_persona_env(id: str, personas: PersonaSource | None = None,
         difficulty: preset name, JSON path or dict.
         override: replace an existing id instead of raising.
         **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
-            (``backend``, ``model``, ``protocol``, ``reward_mode``, ``think``, ...);
-            ``gym.make`` keyword arguments override them. An id with an LLM backend is
-            registered ``nondeterministic=True``.
+            (``user``, ``protocol``, ``reward_mode``, ``think``, ...); ``gym.make``
+            keyword arguments override them. ``user`` (a spec string, a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec``) is checked
+            now; an id with an LLM user is registered ``nondeterministic=True``.
 
     Returns:
         The registered ``EnvSpec``.
 
     Raises:
         PersonaError: an invalid bank. ValueError/KeyError: an invalid difficulty.
+        SpecError (a ``ValueError``): an invalid ``user`` spec, naming the field.
         gymnasium.error.Error: the id exists and ``override`` is false.
     """
     bank = load_personas(personas)
@@ -76,12 +80,14 @@ def register_persona_env(id: str, personas: PersonaSource | None = None,
         personas = bank  # keep validated Persona objects, not raw dicts
     elif isinstance(personas, os.PathLike):
         personas = os.fspath(personas)
-    backend = kwargs.get("backend", "rule")
+    user = kwargs.get("user", "rule")
+    deterministic = (user.deterministic if isinstance(user, SimulatedUser)
+                     else as_user_spec(user).is_rule)
     gym.register(
         id=id,
         entry_point=ENTRY_POINT,
         vector_entry_point=VECTOR_ENTRY_POINT,
-        nondeterministic=not (isinstance(backend, str) and backend == "rule"),
+        nondeterministic=not deterministic,
         kwargs={"personas": personas, "difficulty": difficulty, **kwargs},
     )
     return gym.spec(id)

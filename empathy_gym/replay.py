@@ -35,6 +35,7 @@ from empathy_gym.sage_logs import (
     read_sage_log,
 )
 from empathy_gym.seeding import derive_seed
+from empathy_gym.specs import UserSpec
 from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
@@ -453,8 +454,9 @@ class ReplayResult:
     resumed: int = 0
 
 
-def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "rule", *,
-                appraisal_mode: str = "free", difficulty: Any = "moderate",
+def replay_logs(logs: Sequence[str | os.PathLike],
+                user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule", *,
+                difficulty: Any = "moderate",
                 protocol: Any = "sage", seed: int = 0, batch_size: int = 64,
                 limit: int | None = None, out_dir: str | os.PathLike | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> ReplayResult:
@@ -464,8 +466,9 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
     Args:
         logs: ``*_result.jsonl`` files or folders of them (SAGE.md: one dialogue per line).
         user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``, ``"vllm:PATH"``,
-            ``"openai:MODEL@URL"``) or a ready :class:`SimulatedUser` (not closed here).
-        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users).
+            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built here,
+            closed at the end), or a ready :class:`SimulatedUser` (not closed here).
         difficulty: preset name, path or dict (LLM users' instructions, rule weights).
         protocol: clamps the predicted change (``"sage"``: [-10, 10]) and is the protocol
             checked against the logs.
@@ -485,7 +488,7 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
             missing log.
         EvaluationError: a run directory with another configuration, an ``out_dir`` that
             is a file, a corrupt ``turns.jsonl``, bad ``batch_size`` / ``limit``.
-        SpecError: a malformed user spec. SimulatorError, BackendError: from the user;
+        SpecError: a malformed user spec (TypeError: of another type). SimulatorError, BackendError: from the user;
             turns already appraised stay in ``turns.jsonl``.
     """
     from empathy_gym.evaluation import (
@@ -493,10 +496,10 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
         _write_json,
         append_records,
         check_run_config,
+        describe_user,
         read_jsonl_records,
-        user_from_spec,
     )
-    from empathy_gym.specs import user_env_kwargs
+    from empathy_gym.specs import as_user_spec
     from empathy_gym.user import resolve_protocol
     from empathy_gym.user.difficulty import load_difficulty
 
@@ -507,9 +510,8 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
     protocol_obj = resolve_protocol(protocol)
     difficulty_obj = load_difficulty(difficulty)
     files = read_logs(logs, limit=limit)
-    user_kwargs = user_env_kwargs(user) if isinstance(user, str) else {}
-    config = {"user": user if isinstance(user, str) else type(user).__name__,
-              "appraisal_mode": appraisal_mode, "difficulty": difficulty_obj.name,
+    user_name, appraisal_mode = describe_user(user)
+    config = {"user": user_name, "appraisal_mode": appraisal_mode, "difficulty": difficulty_obj.name,
               "protocol": dataclasses.asdict(protocol_obj), "seed": seed}
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():
@@ -534,8 +536,8 @@ def replay_logs(logs: Sequence[str | os.PathLike], user: str | SimulatedUser = "
     if on_progress is not None:
         on_progress(resumed, len(todo))
     if pending:
-        shared_user = user if isinstance(user, SimulatedUser) else user_from_spec(
-            user_kwargs, difficulty_obj, protocol_obj, appraisal_mode)
+        shared_user = user if isinstance(user, SimulatedUser) else as_user_spec(user).build(
+            difficulty_obj, protocol_obj)
         try:
             if out is not None and not (out / RUN).exists():
                 out.mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,27 @@
-"""Naming a model on the command line: ``KIND:TARGET[,key=value,...]``.
+"""Naming a model: ``KIND:TARGET[,key=value,...]``, and the simulated user: :class:`UserSpec`.
 
 One grammar serves both sides of a dialogue:
 
-* the simulated user (``empathy-gym eval --user``, ``empathy-gym play --user``):
-  ``rule``, ``transformers:PATH``, ``vllm:PATH``, ``openai:MODEL@URL``;
+* the simulated user (``gym.make(..., user=...)``, recipes' ``env.kwargs.user``,
+  ``empathy-gym eval --user``, ``empathy-gym play --user``): ``rule``,
+  ``transformers:PATH`` (or ``hf:PATH``), ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``
+  (:meth:`UserSpec.parse`);
 * the policy (``empathy-gym eval --policy``, :func:`empathy_gym.policies.make_policy`):
   ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
   ``python:MODULE:ATTR``.
 
 ``key=value`` options after the target go to the backend's constructor (or, for a user,
-to :class:`~empathy_gym.user.llm_user.LLMUser` when it takes that keyword); values are
-read as JSON when they parse (``8`` is an int, ``true`` a bool) and as strings otherwise.
+to :class:`~empathy_gym.user.llm_user.LLMUser` when it takes that keyword, and
+``appraisal_mode=choice`` to :attr:`UserSpec.appraisal_mode`); values are read as JSON
+when they parse (``8`` is an int, ``true`` a bool) and as strings otherwise.
 
 Examples::
 
     >>> parse_spec("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,max_concurrency=16")
     ModelSpec(kind='openai', target='Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1', options={'max_concurrency': 16})
-    >>> user_env_kwargs("rule")
-    {'backend': 'rule'}
+    >>> spec = UserSpec.parse("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,appraisal_mode=choice")
+    >>> spec.backend, spec.model, spec.base_url, spec.appraisal_mode
+    ('openai', 'Qwen/Qwen2.5-7B-Instruct', 'http://localhost:8000/v1', 'choice')
 """
 
 from __future__ import annotations
@@ -25,11 +29,20 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from empathy_gym.user import SimulatedUser
 
 #: Kinds accepted by ``--user`` (``hf`` is an alias of ``transformers``).
-USER_KINDS: tuple[str, ...] = ("rule", "transformers", "hf", "vllm", "openai")
+USER_KINDS: tuple[str, ...] = ("rule", "transformers", "hf", "vllm", "openai", "policy")
+#: :attr:`UserSpec.backend` names (a ready ``ChatBackend`` object is accepted too).
+USER_BACKENDS: tuple[str, ...] = ("rule", "transformers", "vllm", "openai", "policy")
+APPRAISAL_MODES: tuple[str, ...] = ("free", "choice")
+#: Options that the rule-based user takes (:class:`~empathy_gym.user.rule_user.RuleUser`).
+RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir")
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
 
@@ -96,40 +109,254 @@ def _llm_user_keywords() -> set[str]:
                             "owns_backend")}
 
 
-def user_env_kwargs(text: str) -> dict[str, Any]:
-    """The :class:`~empathy_gym.env.EmpathyDialogueEnv` keywords for a ``--user`` spec.
+def _is_chat_backend(value: Any) -> bool:
+    from empathy_gym.backends.base import ChatBackend
+    return isinstance(value, ChatBackend)
 
-    ``rule`` -> ``{"backend": "rule"}``; ``transformers:PATH`` (or ``hf:PATH``),
-    ``vllm:PATH`` -> ``backend`` and ``model``; ``openai:MODEL@URL`` -> ``backend``,
-    ``model`` and ``base_url``. Options that :class:`~empathy_gym.user.llm_user.LLMUser`
-    takes (``temperature``, ``max_tokens``, ``max_repairs``, ...) go to ``user_kwargs``;
-    the others to ``backend_kwargs`` (e.g. ``device``, ``max_concurrency``,
-    ``api_key_env``).
+
+@dataclass(frozen=True)
+class UserSpec:
+    """Which simulated user: the one way to name it, for ``gym.make(..., user=...)``,
+    recipes (``env.kwargs.user``), :func:`~empathy_gym.evaluation.evaluate` and the
+    command line (``--user``). Write it as a string (:meth:`parse`), a mapping of these
+    fields or a ``UserSpec``; :func:`as_user_spec` turns any of them into a ``UserSpec``
+    and :meth:`build` into a :class:`~empathy_gym.user.SimulatedUser`.
+
+    Attributes:
+        backend: the user's engine: ``"rule"`` (default: the rule-based user, no LLM),
+            ``"transformers"`` (``"hf"`` is read as it), ``"vllm"``, ``"openai"`` (an
+            OpenAI-compatible server), ``"policy"`` (the trained policy's own base
+            weights; only a trainer can build it, :mod:`empathy_gym.agents`), or a ready
+            :class:`~empathy_gym.backends.base.ChatBackend` object (Python only; not
+            closed by the user).
+        model: the LLM user's model: a path, hub id or GGUF file (transformers, vllm),
+            or the server's model name (openai, required there). ``None`` for ``rule``,
+            ``policy`` and a ready backend.
+        base_url: the OpenAI-compatible server's URL, ``http(s)://HOST[:PORT]/v1``
+            (openai only, required there).
+        appraisal_mode: ``"free"`` (default: JSON with the user's thoughts, SAGE) or
+            ``"choice"`` (scored options); LLM users only, ignored by the rule user.
+        backend_kwargs: more backend constructor arguments (``device``, ``dtype``,
+            ``max_concurrency``, ``api_key_env``, ...; for ``policy`` those of
+            :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`:
+            ``max_batch_size``, ``prefix_cache_tokens``). Not with ``rule`` or a ready backend.
+        user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` arguments
+            (``temperature``, ``max_tokens``, ``max_repairs``, ``reply_plan``, ...), or for
+            ``rule`` those of :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, an
+            appraisal model artefact; ``rules_dir``).
 
     Raises:
-        SpecError: an unknown kind or a malformed target.
+        SpecError (a ``ValueError``): a bad field, named as ``user.FIELD``: an unknown
+            backend or appraisal mode, a missing ``model``/``base_url``, options the
+            backend does not take (``model`` with ``rule``...), a non-mapping
+            ``backend_kwargs``/``user_kwargs``.
+
+    Example:
+        >>> spec = UserSpec.parse("hf:/models/tiny,max_tokens=8,device=cpu")
+        >>> spec == UserSpec("transformers", "/models/tiny", backend_kwargs={"device": "cpu"},
+        ...                  user_kwargs={"max_tokens": 8})
+        True
+        >>> str(UserSpec("openai", "m", "http://localhost:8000/v1", appraisal_mode="choice"))
+        'openai:m@http://localhost:8000/v1,appraisal_mode=choice'
     """
-    spec = parse_spec(text)
-    if spec.kind not in USER_KINDS:
-        raise SpecError(f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
-                        f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL")
-    if spec.kind == "rule":
-        if spec.target:
-            raise SpecError(f"{text!r}: the rule user takes no target; write just 'rule'")
-        return {"backend": "rule", "user_kwargs": spec.options} if spec.options else {"backend": "rule"}
-    if not spec.target:
-        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
-    kwargs: dict[str, Any] = {}
-    if spec.kind == "openai":
-        kwargs["model"], kwargs["base_url"] = split_openai_target(spec, text)
-    else:
-        kwargs["model"] = spec.target
-    kwargs["backend"] = "transformers" if spec.kind == "hf" else spec.kind
-    user_keys = _llm_user_keywords()
-    user_kwargs = {k: v for k, v in spec.options.items() if k in user_keys}
-    backend_kwargs = {k: v for k, v in spec.options.items() if k not in user_keys}
-    if user_kwargs:
-        kwargs["user_kwargs"] = user_kwargs
-    if backend_kwargs:
-        kwargs["backend_kwargs"] = backend_kwargs
-    return kwargs
+
+    backend: Any = "rule"
+    model: Any = None
+    base_url: str | None = None
+    appraisal_mode: str = "free"
+    backend_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    user_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        backend = self.backend
+        if isinstance(backend, str):
+            backend = "transformers" if backend.strip().lower() == "hf" else backend.strip().lower()
+            if backend not in USER_BACKENDS:
+                raise SpecError(f"user.backend: unknown backend {self.backend!r}; expected one of "
+                                f"{', '.join(map(repr, USER_BACKENDS))} or a ChatBackend object")
+        elif not _is_chat_backend(backend):
+            raise SpecError(f"user.backend: expected a backend name ({', '.join(map(repr, USER_BACKENDS))}) "
+                            f"or a ChatBackend object, got {type(backend).__name__}")
+        object.__setattr__(self, "backend", backend)
+        if self.appraisal_mode not in APPRAISAL_MODES:
+            raise SpecError(f"user.appraisal_mode must be 'free' or 'choice', got {self.appraisal_mode!r}")
+        for name in ("backend_kwargs", "user_kwargs"):
+            value = getattr(self, name)
+            if value is None:
+                value = {}
+            if not isinstance(value, Mapping):
+                raise SpecError(f"user.{name}: expected a mapping of keyword arguments, "
+                                f"got {type(value).__name__}")
+            object.__setattr__(self, name, {str(k): v for k, v in value.items()})
+        if self.base_url is not None and not isinstance(self.base_url, str):
+            raise SpecError(f"user.base_url: expected a URL string, got {type(self.base_url).__name__}")
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        backend = self.backend
+        set_fields = [name for name in ("model", "base_url", "backend_kwargs")
+                      if getattr(self, name)]
+        if backend == "rule":
+            if set_fields:
+                raise SpecError(f"user: {', '.join(set_fields)} given, but backend='rule' (the rule-based "
+                                "user uses no LLM); set backend='openai', 'transformers' or 'vllm'")
+            unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
+            if unknown:
+                raise SpecError(f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
+                                "(an appraisal model artefact) and 'rules_dir'; the others are LLM-user "
+                                "options: set backend='openai', 'transformers' or 'vllm'")
+            return
+        unknown = sorted(set(self.user_kwargs) - _llm_user_keywords())
+        if unknown:
+            raise SpecError(f"user.user_kwargs: {unknown} are not LLMUser options; known: "
+                            f"{sorted(_llm_user_keywords())}")
+        if not isinstance(backend, str):
+            if set_fields:
+                raise SpecError(f"user: {', '.join(set_fields)} given, but backend is a ready "
+                                f"{type(backend).__name__}, which is already configured; drop them")
+        elif backend == "policy":
+            for name in ("model", "base_url"):
+                if getattr(self, name) is not None:
+                    raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own "
+                                    f"model; drop {name}")
+        elif self.model is None:
+            example = ("openai:MODEL@URL" if backend == "openai" else f"{backend}:PATH")
+            raise SpecError(f"user.model: the {backend} backend needs a model (e.g. {example})")
+        elif backend == "openai" and self.base_url is None:
+            raise SpecError("user.base_url: the openai backend needs the server's URL, "
+                            "e.g. openai:MODEL@http://localhost:8000/v1")
+        elif backend != "openai" and self.base_url is not None:
+            raise SpecError(f"user.base_url: only the openai backend takes a URL, "
+                            f"not backend={backend!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> UserSpec:
+        """Read the ``--user`` grammar: ``rule``, ``transformers:PATH`` (or ``hf:PATH``),
+        ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``, each optionally followed by
+        ``,key=value`` options: ``appraisal_mode=choice`` sets :attr:`appraisal_mode`,
+        options that :class:`~empathy_gym.user.llm_user.LLMUser` takes (``temperature``,
+        ``max_tokens``, ``max_repairs``, ``reply_plan``, ...) go to :attr:`user_kwargs`,
+        the others to :attr:`backend_kwargs` (``device``, ``max_concurrency``,
+        ``api_key_env``, ...); for ``rule`` all options go to :attr:`user_kwargs`.
+
+        Raises:
+            SpecError: an empty spec, an unknown kind, a malformed target or option, or a
+                field the kind does not take (naming the spec).
+        """
+        head, comma, rest = (text or "").partition(",")
+        spec = parse_spec(text if ":" in head else f"{head}:{comma}{rest}")  # "rule,key=value"
+        if spec.kind not in USER_KINDS:
+            raise SpecError(f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
+                            f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL, policy")
+        options = dict(spec.options)
+        appraisal_mode = options.pop("appraisal_mode", "free")
+        values: dict[str, Any] = {"appraisal_mode": appraisal_mode}
+        if spec.kind in ("rule", "policy"):
+            if spec.target:
+                raise SpecError(f"{text!r}: the {spec.kind} user takes no target; "
+                                f"write just '{spec.kind}'")
+        elif not spec.target:
+            raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
+        elif spec.kind == "openai":
+            values["model"], values["base_url"] = split_openai_target(spec, text)
+        else:
+            values["model"] = spec.target
+        if spec.kind == "rule":
+            values["user_kwargs"] = options
+        else:
+            user_keys = _llm_user_keywords()
+            values["user_kwargs"] = {k: v for k, v in options.items() if k in user_keys}
+            values["backend_kwargs"] = {k: v for k, v in options.items() if k not in user_keys}
+        try:
+            return cls("transformers" if spec.kind == "hf" else spec.kind, **values)
+        except SpecError as error:
+            raise SpecError(f"{text!r}: {error}") from None
+
+    def __str__(self) -> str:
+        """The spec in the ``--user`` grammar (:meth:`parse` reads it back to an equal
+        spec when the options are JSON values); a ready backend shows as
+        ``<TypeName>``, which does not parse."""
+        kind = self.backend if isinstance(self.backend, str) else f"<{type(self.backend).__name__}>"
+        text = kind
+        if self.backend == "openai":
+            text = f"openai:{self.model}@{self.base_url}"
+        elif self.model is not None:
+            text = f"{kind}:{self.model}"
+        options = {**({"appraisal_mode": self.appraisal_mode} if self.appraisal_mode != "free" else {}),
+                   **self.backend_kwargs, **self.user_kwargs}
+        return text + "".join(f",{key}={value if isinstance(value, str) else json.dumps(value)}"
+                              for key, value in options.items())
+
+    @property
+    def is_rule(self) -> bool:
+        """The rule-based user (no LLM, deterministic)."""
+        return self.backend == "rule"
+
+    def build(self, difficulty: Any = "moderate", protocol: Any = "sage") -> SimulatedUser:
+        """The simulated user this spec names: the only place a spec becomes a user.
+
+        Args:
+            difficulty: preset name, path, dict or :class:`~empathy_gym.user.Difficulty`.
+            protocol: ``"sage"``, ``"rlver_training"``, a dict or an
+                :class:`~empathy_gym.user.EmotionProtocol` (tells the LLM user the
+                allowed change range).
+
+        Returns:
+            a :class:`~empathy_gym.user.rule_user.RuleUser` or an
+            :class:`~empathy_gym.user.llm_user.LLMUser` that owns (and closes) the backend
+            it built; a ready :attr:`backend` object is shared, not closed.
+
+        Raises:
+            SpecError: ``backend="policy"`` (a trainer builds that user from its policy).
+            ValueError, ImportError: from the backend (a bad URL, a missing library).
+        """
+        from empathy_gym.user import resolve_protocol
+        protocol = resolve_protocol(protocol)
+        if self.backend == "rule":
+            from empathy_gym.user.rule_user import RuleUser
+            return RuleUser(difficulty, **self.user_kwargs)
+        if self.backend == "policy":
+            raise SpecError("user.backend 'policy' is the policy's own base model with its LoRA adapters "
+                            "off: a trainer builds it from its policy (recipe env.kwargs.user: policy); "
+                            "elsewhere pass user={'backend': PolicyUserBackend(peft_model, tokenizer)} "
+                            "(empathy_gym.backends.policy_backend)")
+        from empathy_gym.user.llm_user import LLMUser
+        backend, owns = self.backend, isinstance(self.backend, str)
+        if owns:
+            from empathy_gym.backends import make_backend
+            backend = make_backend(backend, model=self.model, base_url=self.base_url,
+                                   **self.backend_kwargs)
+        return LLMUser(backend, difficulty, protocol=protocol, appraisal_mode=self.appraisal_mode,
+                       owns_backend=owns, **self.user_kwargs)
+
+
+#: The removed ``EmpathyDialogueEnv`` keywords that :class:`UserSpec` fields replaced.
+USER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UserSpec))
+
+
+def as_user_spec(value: str | Mapping[str, Any] | UserSpec | None) -> UserSpec:
+    """Any way of naming the simulated user, as a :class:`UserSpec`: a ``--user`` string
+    (:meth:`UserSpec.parse`), a mapping of :class:`UserSpec` fields (``{"backend":
+    "openai", "model": ..., "base_url": ...}``), a ``UserSpec`` (returned as is) or
+    ``None`` (the rule user).
+
+    Raises:
+        SpecError (a ``ValueError``): a malformed string, an unknown field in a mapping,
+            or a bad field value (named as ``user.FIELD``).
+        TypeError: any other type (a ready :class:`~empathy_gym.user.SimulatedUser` is
+            not a spec: the env takes it as it is).
+    """
+    if value is None:
+        return UserSpec()
+    if isinstance(value, UserSpec):
+        return value
+    if isinstance(value, str):
+        return UserSpec.parse(value)
+    if isinstance(value, Mapping):
+        unknown = sorted(set(map(str, value)) - set(USER_FIELDS))
+        if unknown:
+            raise SpecError(f"user: unknown field(s) {unknown}; a user mapping takes "
+                            f"{', '.join(USER_FIELDS)}")
+        return UserSpec(**{str(k): v for k, v in value.items()})
+    raise TypeError(f"user: expected a spec string ('rule', 'openai:MODEL@URL', ...), a mapping of "
+                    f"UserSpec fields, a UserSpec or a SimulatedUser, got {type(value).__name__}")

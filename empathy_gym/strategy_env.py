@@ -114,7 +114,8 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         templates_dir: a folder with your own ``<language>.json`` template files.
         render_mode: ``None``, ``"ansi"`` or ``"human"`` (the inner env's transcript).
         **dialogue_kwargs: more :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
-            (``backend``, ``model``, ``user``, ``protocol``, ``max_turns``, ...).
+            (``user``: a spec such as ``"openai:MODEL@URL"`` or a ready user;
+            ``protocol``, ``max_turns``, ...).
 
     Raises:
         ValueError: an unknown ``writer``, or ``writer="llm"`` without a backend;

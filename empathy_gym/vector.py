@@ -68,10 +68,10 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         autoreset_mode: an :class:`~gymnasium.vector.AutoresetMode` or its value
             (``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
         **kwargs: the :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments, as for
-            ``gym.make`` (``personas``, ``difficulty``, ``backend``, ``model``, ``user``,
-            ``protocol``, ``think``, ...). The first sub-env builds the simulated user
-            (and closes it in :meth:`close`); the others share it. A ``user=`` given
-            here is shared by all and not closed.
+            ``gym.make`` (``personas``, ``difficulty``, ``user``, ``protocol``,
+            ``think``, ...). The first sub-env builds the simulated user from a ``user=``
+            spec (and closes it in :meth:`close`); the others share it. A ready
+            ``SimulatedUser`` given as ``user=`` is shared by all and not closed.
 
     Attributes:
         envs: the N sub-envs (``list[EmpathyDialogueEnv]``), index = sub-env id.

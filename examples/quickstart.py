@@ -3,8 +3,8 @@
     python examples/quickstart.py                       # rule-based user, offline
     python examples/quickstart.py --personas en         # English personas (RLVER's are Chinese)
     python examples/quickstart.py --personas envs/rlver/train_profile.jsonl
-    python examples/quickstart.py --backend openai --base-url http://localhost:8000/v1 \
-        --model Qwen/Qwen2.5-7B-Instruct                # an LLM user on a server
+    python examples/quickstart.py \
+        --user openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1   # an LLM user on a server
 
 Prints each transcript with its emotion bar, the per-turn rewards, and the mean final
 emotion (SAGE's Sentient score, on this persona set and user). The RLVER profiles are
@@ -39,16 +39,14 @@ def main() -> None:
                         help="persona bank (JSONL path or bank name); default: the id's own")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--agent", choices=sorted(BASELINES), default="listener")
-    parser.add_argument("--backend", default="rule", help="rule | transformers | vllm | openai")
-    parser.add_argument("--model", default=None, help="the simulated user's model")
-    parser.add_argument("--base-url", default=None, help="OpenAI-compatible server URL")
-    parser.add_argument("--appraisal-mode", choices=["free", "choice"], default="free")
+    parser.add_argument("--user", default="rule",
+                        help="the simulated user: rule | transformers:PATH | vllm:PATH | openai:MODEL@URL, "
+                             "options after commas (,appraisal_mode=choice,temperature=0.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args()
 
-    kwargs = dict(backend=args.backend, model=args.model, base_url=args.base_url,
-                  appraisal_mode=args.appraisal_mode, render_mode="ansi")
+    kwargs = dict(user=args.user, render_mode="ansi")
     if args.personas:
         kwargs["personas"] = args.personas
     env = gym.make(args.env, **kwargs)
@@ -73,7 +71,7 @@ def main() -> None:
                   f"| return {sum(rewards):+.2f} | final emotion {info['emotion']}"
                   f" ({info['termination_reason']})")
     env.close()
-    print(f"\n{args.episodes} dialogues, agent={args.agent}, user={args.backend}: "
+    print(f"\n{args.episodes} dialogues, agent={args.agent}, user={args.user}: "
           f"mean final emotion {np.mean(finals):.1f} (sd {np.std(finals):.1f}), "
           f"mean return {np.mean(returns):+.3f}")
 

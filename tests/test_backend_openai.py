@@ -365,8 +365,8 @@ def test_choice_mode_user_falls_back_to_generating_the_letter_on_serve(served, c
     import empathy_gym  # noqa: F401
     from empathy_gym.user import SimulatorError
 
-    env = gym.make("EmpathyDialogue-v0", backend=served, appraisal_mode="choice",
-                   user_kwargs={"max_tokens": 6, "max_repairs": 1})
+    env = gym.make("EmpathyDialogue-v0", user={"backend": served, "appraisal_mode": "choice",
+                                               "user_kwargs": {"max_tokens": 6, "max_repairs": 1}})
     env.reset(seed=0)
     with caplog.at_level("WARNING", logger="empathy_gym.user.llm_user"):
         try:

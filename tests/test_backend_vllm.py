@@ -48,8 +48,8 @@ def main():
     from empathy_gym.env import EmpathyDialogueEnv
     from empathy_gym.user.base import SimulatorError
     for mode in ("choice", "free"):
-        env = EmpathyDialogueEnv("en", backend=backend, appraisal_mode=mode,
-                                 user_kwargs={"reply_plan": False, "max_tokens": 8, "max_repairs": 1})
+        env = EmpathyDialogueEnv("en", user={"backend": backend, "appraisal_mode": mode,
+                                             "user_kwargs": {"reply_plan": False, "max_tokens": 8, "max_repairs": 1}})
         env.reset(seed=0)
         try:
             _, reward, _, _, info = env.step("That sounds really hard.")

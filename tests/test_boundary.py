@@ -225,8 +225,9 @@ def test_the_rule_user_pays_injected_replies_no_more_than_clean_ones():
 
 
 def test_the_llm_user_pays_injected_replies_no_more_than_clean_ones(tiny_model_dir):
-    env = EmpathyDialogueEnv("en", backend="transformers", model=str(tiny_model_dir), appraisal_mode="choice",
-                             user_kwargs={"reply_plan": False, "max_tokens": 4})
+    env = EmpathyDialogueEnv("en", user={"backend": "transformers", "model": str(tiny_model_dir),
+                                         "appraisal_mode": "choice",
+                                         "user_kwargs": {"reply_plan": False, "max_tokens": 4}})
     for text in [CLEAN + i for i in INJECTIONS]:
         env.reset(seed=1)
         injected = env.step(text)[4]["emotion_change"]

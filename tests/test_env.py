@@ -290,8 +290,8 @@ def test_step_many_batches_user_calls_and_keeps_each_dialogue():
 
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"max_turns": "3"}, TypeError, r"max_turns must be an int, got '3' \(str\)"),
-    ({"appraisal_mode": "x"}, ValueError, r"appraisal_mode must be 'free' or 'choice', got 'x'"),
-    ({"model": "m", "base_url": "http://h/v1"}, ValueError, r"model, base_url given, but backend='rule'"),
+    ({"user": {"appraisal_mode": "x"}}, ValueError, r"appraisal_mode must be 'free' or 'choice', got 'x'"),
+    ({"user": {"model": "m", "base_url": "http://h/v1"}}, ValueError, r"model, base_url given, but backend='rule'"),
 ])
 def test_settings_that_would_be_ignored_or_misread_are_refused(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -310,4 +310,6 @@ def test_the_readme_example_and_llm_options_on_the_rule_user():
     assert env.step("That sounds exhausting. What happened?")[1] == pytest.approx(-0.03)  # README, "ten lines"
     # an LLM-user option on the rule user: a clear error naming it (was a bare TypeError from RuleUser)
     with pytest.raises(ValueError, match=r"user_kwargs \['temperature'\] given, but backend='rule'"):
-        gym.make("EmpathyDialogue-v0", user_kwargs={"temperature": 0.3})
+        gym.make("EmpathyDialogue-v0", user={"user_kwargs": {"temperature": 0.3}})
+    with pytest.raises(ValueError, match=r"user_kwargs \['temperature'\] given, but backend='rule'"):
+        gym.make("EmpathyDialogue-v0", user="rule,temperature=0.3")

@@ -16,7 +16,7 @@ from empathy_gym.evaluation import (
 )
 from empathy_gym.personas import Persona, load_personas
 from empathy_gym.policies import CallablePolicy, make_policy
-from empathy_gym.specs import SpecError, parse_spec, user_env_kwargs
+from empathy_gym.specs import SpecError, UserSpec, parse_spec
 from empathy_gym.user.scripted import ScriptedUser
 
 
@@ -231,16 +231,16 @@ def test_policy_specs():
 
 
 def test_user_specs_route_options_to_the_user_or_the_backend():
-    assert user_env_kwargs("rule") == {"backend": "rule"}
-    assert user_env_kwargs("hf:/models/tiny,max_tokens=8,device=cpu") == {
-        "backend": "transformers", "model": "/models/tiny",
-        "user_kwargs": {"max_tokens": 8}, "backend_kwargs": {"device": "cpu"}}
-    assert user_env_kwargs("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,temperature=0.3") == {
-        "backend": "openai", "model": "Qwen/Qwen2.5-7B-Instruct", "base_url": "http://localhost:8000/v1",
-        "user_kwargs": {"temperature": 0.3}}
+    assert UserSpec.parse("rule") == UserSpec(backend="rule")
+    assert UserSpec.parse("hf:/models/tiny,max_tokens=8,device=cpu") == UserSpec(
+        backend="transformers", model="/models/tiny",
+        user_kwargs={"max_tokens": 8}, backend_kwargs={"device": "cpu"})
+    assert UserSpec.parse("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,temperature=0.3") == UserSpec(
+        backend="openai", model="Qwen/Qwen2.5-7B-Instruct", base_url="http://localhost:8000/v1",
+        user_kwargs={"temperature": 0.3})
     assert parse_spec("python:mod:fn,batched=true").options == {"batched": True}
     with pytest.raises(SpecError, match="unknown user kind 'gpt'"):
-        user_env_kwargs("gpt:4")
+        UserSpec.parse("gpt:4")
     with pytest.raises(SpecError, match="option 'fast' is not key=value"):
         parse_spec("hf:/m,fast")
 

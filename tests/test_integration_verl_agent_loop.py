@@ -90,10 +90,10 @@ def test_shipped_agent_loop_entries_and_the_cli_builds_rows_from_them(tmp_path):
     path = FOLDER / "agent_loop.yaml"
     server = ev.load_agent_loop_config(path)  # the first EmpathyAgentLoop entry
     assert server == ev.load_agent_loop_config(path, "empathy_dialogue")
-    assert server["backend"] == "openai" and server["protocol"] == "rlver_training"
+    assert server["user"]["backend"] == "openai" and server["protocol"] == "rlver_training"
     assert server["max_turns"] == 9 and server["env_id"] == "EmpathyDialogue-RLVER-v0"
     local = ev.load_agent_loop_config(path, "empathy_dialogue_inprocess")
-    assert local["backend"] == "rule" and "base_url" not in local
+    assert local["user"] == "rule" and "base_url" not in local
     with pytest.raises(KeyError, match="'nobody'"):
         ev.load_agent_loop_config(path, "nobody")
 

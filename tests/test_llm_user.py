@@ -292,12 +292,12 @@ def test_env_with_llm_user_is_marked_nondeterministic():
 
     import empathy_gym  # noqa: F401
     backend = FakeBackend(lambda chat: appraisal(5, "x") if is_appraisal(chat) else planned("ok"))
-    env = gym.make("EmpathyDialogue-v0", backend=backend)
+    env = gym.make("EmpathyDialogue-v0", user={"backend": backend})
     assert env.spec.nondeterministic is True
     env.reset(seed=0)
     _, reward, *_, info = env.step("That sounds hard.")
     assert reward == pytest.approx(0.05) and info["appraisal"]["thoughts"] == "x"
-    assert gym.make("EmpathyDialogue-v0", backend=backend).unwrapped.user.owns_backend is False
+    assert gym.make("EmpathyDialogue-v0", user={"backend": backend}).unwrapped.user.owns_backend is False
 
 
 def test_bad_modes():

@@ -110,9 +110,9 @@ def test_the_transformers_engine_rows_by_hand():
     user on the policy's weights (the GPU check's recipe)."""
     config = load_recipe("agents/qwen2.5-7b-ppo.yaml", [
         "rollout_batch_size=16", "generation.engine=transformers", "generation.max_new_tokens=128",
-        "generation.max_context_tokens=4096", "env.kwargs.backend=policy", "env.kwargs.model=null",
-        "env.kwargs.base_url=null",
-        "env.kwargs.backend_kwargs={prefix_cache_tokens: 8192, max_batch_size: 16}"], algorithm="ppo")
+        "generation.max_context_tokens=4096", "env.kwargs.user.backend=policy", "env.kwargs.user.model=null",
+        "env.kwargs.user.base_url=null",
+        "env.kwargs.user.backend_kwargs={prefix_cache_tokens: 8192, max_batch_size: 16}"], algorithm="ppo")
     rows = {name: size for name, size, _ in plan_memory(config, DecoderShape.from_config(QWEN7B)).rows}
     assert rows["generation KV cache"] == 16 * 4096 * 57_344
     assert rows["generation logits kept"] == 16 * 128 * 152064 * 4 * 2

@@ -61,10 +61,10 @@ def test_policy_backend_needs_adapters_and_a_trainer(tiny_model_dir):
         make_backend("policy")
 
 
-# -- the trainer builds the user from its own policy (recipe env.kwargs.backend: policy) ----
+# -- the trainer builds the user from its own policy (recipe env.kwargs.user: policy) ----
 USER_OVERRIDES = ["policy.use_lora=true", "policy.lora_r=4", "rollout_batch_size=2", "total_steps=1", "progress=false",
-                  "env.kwargs.backend=policy", "env.kwargs.appraisal_mode=choice",
-                  "env.kwargs.user_kwargs.max_tokens=6", "env.kwargs.user_kwargs.reply_plan=false"]
+                  "env.kwargs.user.backend=policy", "env.kwargs.user.appraisal_mode=choice",
+                  "env.kwargs.user.user_kwargs.max_tokens=6", "env.kwargs.user.user_kwargs.reply_plan=false"]
 
 
 def watch_adapters(trainer, user_methods):
@@ -129,10 +129,11 @@ def test_smollm2_plays_the_user_on_its_own_base_weights(tmp_path):
 def test_backend_policy_needs_lora_and_no_model_of_its_own():
     from empathy_gym.agents import RecipeError, load_recipe
     with pytest.raises(RecipeError, match="needs policy.use_lora=true"):
-        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.backend=policy"], algorithm="ppo")
-    with pytest.raises(RecipeError, match="env.kwargs.model: backend 'policy' is served by the policy's own model"):
-        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.backend=policy", "policy.use_lora=true",
-                                             "env.kwargs.model=tiny"], algorithm="ppo")
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.user=policy"], algorithm="ppo")
+    with pytest.raises(RecipeError,
+                       match="env.kwargs.user.model: backend 'policy' is served by the policy's own model"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.user.backend=policy", "policy.use_lora=true",
+                                             "env.kwargs.user.model=tiny"], algorithm="ppo")
 
 
 # -- vLLM: the user's requests go to the policy's engine without a LoRA request ------------

@@ -81,9 +81,9 @@ def cli(*args, timeout=900):
 
 
 def env_for(running, mode):
-    return EmpathyDialogueEnv("en", backend="openai", base_url=running.url, model=running.model,
-                              appraisal_mode=mode,
-                              user_kwargs={"max_tokens": 16, "reply_plan": False, "max_repairs": 1})
+    return EmpathyDialogueEnv("en", user={"backend": "openai", "base_url": running.url, "model": running.model,
+                                          "appraisal_mode": mode,
+                                          "user_kwargs": {"max_tokens": 16, "reply_plan": False, "max_repairs": 1}})
 
 
 def test_choice_mode_is_scored_or_fails_naming_persona_and_turn(server):

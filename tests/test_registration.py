@@ -59,6 +59,6 @@ def test_duplicate_id_needs_override():
 
 
 def test_llm_backed_id_is_nondeterministic():
-    spec = empathy_gym.register_persona_env("ClinicLLM-v0", personas=[GOOD], backend="openai",
-                                            base_url="http://127.0.0.1:9/v1", model="m", override=True)
+    spec = empathy_gym.register_persona_env("ClinicLLM-v0", personas=[GOOD],
+                                            user="openai:m@http://127.0.0.1:9/v1", override=True)
     assert spec.nondeterministic is True

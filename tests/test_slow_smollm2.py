@@ -31,8 +31,9 @@ def backend():
 def play(backend, mode):
     """Play DIALOGUES dialogues of up to TURNS turns; returns per-turn infos and errors."""
     # reply_plan=False: a 135M model cannot write the planned-reply JSON in 48 tokens
-    env = gym.make("EmpathyDialogue-v0", personas="en", backend=backend, appraisal_mode=mode,
-                   max_turns=TURNS, user_kwargs={"max_repairs": 2, "max_tokens": 48, "reply_plan": False})
+    env = gym.make("EmpathyDialogue-v0", personas="en", max_turns=TURNS,
+                   user={"backend": backend, "appraisal_mode": mode,
+                         "user_kwargs": {"max_repairs": 2, "max_tokens": 48, "reply_plan": False}})
     agent, infos, errors = ListenerAgent(), [], []
     for seed in range(DIALOGUES):
         _, info = env.reset(seed=seed)

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from empathy_gym.resources import find_recipe
+from empathy_gym.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
 
 
 @dataclass
@@ -71,11 +72,16 @@ class EnvConfig:
     Attributes:
         id: a registered Gymnasium id.
         personas: a bank name or JSONL path, overriding the id's own (``None``: keep it).
-        kwargs: more ``gym.make`` keywords: ``backend``, ``model``, ``base_url``,
-            ``appraisal_mode``, ``protocol``, ``max_turns``, ``reward_mode``, ...
-            ``backend: policy`` makes the policy's own base model the simulated user
-            (its LoRA adapters off; with vLLM, the policy's engine without a LoRA
-            request): no second model, no server; ``backend_kwargs`` then go to
+        kwargs: more ``gym.make`` keywords: ``user`` (the simulated user: a spec string
+            such as ``rule`` or ``openai:MODEL@URL``, or a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields: ``backend``, ``model``,
+            ``base_url``, ``appraisal_mode``, ``backend_kwargs``, ``user_kwargs``; write
+            the mapping to override single fields from the command line,
+            ``env.kwargs.user.appraisal_mode=choice``), ``protocol``, ``max_turns``,
+            ``reward_mode``, ... ``user: policy`` (or ``user: {backend: policy}``) makes
+            the policy's own base model the simulated user (its LoRA adapters off; with
+            vLLM, the policy's engine without a LoRA request): no second model, no
+            server; its ``backend_kwargs`` then go to
             :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`
             (``max_batch_size``, ``prefix_cache_tokens``).
     """
@@ -411,6 +417,11 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     for name in config.env.kwargs:
+        if name in USER_FIELDS and name not in params and "user" in params:
+            raise RecipeError(f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': {config.env.id} "
+                              f"takes no argument {name!r}; the simulated user is named by env.kwargs.user "
+                              f"(user: openai:MODEL@URL, or user: {{backend: openai, model: ..., base_url: "
+                              f"...}}; env.kwargs.user.{name}=... from the command line)")
         if name not in params:
             close = difflib.get_close_matches(name, list(params), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -494,13 +505,14 @@ def validate(config: TrainerConfig) -> None:
             problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
         if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
             problems.append(REWARD_TO_GO_FINAL)
-    env_kwargs = config.env.kwargs or {}
-    if env_kwargs.get("backend") == "policy":
-        if not config.policy.use_lora:
-            problems.append("env.kwargs.backend 'policy' (the simulated user on the policy's base weights) needs "
-                            "policy.use_lora=true: a fully fine-tuned policy would change the user at every step")
-        problems += [f"env.kwargs.{key}: backend 'policy' is served by the policy's own model; drop {key}"
-                     for key in ("model", "base_url") if env_kwargs.get(key) is not None]
+    try:
+        spec = env_user_spec(config)
+    except RecipeError as error:
+        spec = None
+        problems.append(str(error))
+    if spec is not None and spec.backend == "policy" and not config.policy.use_lora:
+        problems.append("env.kwargs.user 'policy' (the simulated user on the policy's base weights) needs "
+                        "policy.use_lora=true: a fully fine-tuned policy would change the user at every step")
     if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
         problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):
@@ -521,6 +533,27 @@ def validate(config: TrainerConfig) -> None:
                         f"a multiple of {world}")
     if problems:
         raise RecipeError("invalid configuration: " + "; ".join(problems))
+
+
+def env_user_spec(config: TrainerConfig) -> UserSpec | None:
+    """The :class:`~empathy_gym.specs.UserSpec` that ``config.env.kwargs.user`` names
+    (``rule`` when it is absent); ``None`` for a ready
+    :class:`~empathy_gym.user.SimulatedUser` put there from Python.
+
+    Raises:
+        RecipeError: a bad spec, naming the field (``env.kwargs.user.model: ...``).
+    """
+    from empathy_gym.user import SimulatedUser
+
+    value = (getattr(getattr(config, "env", None), "kwargs", None) or {}).get("user")
+    if isinstance(value, SimulatedUser):
+        return None
+    try:
+        return as_user_spec(value)
+    except (SpecError, TypeError) as error:
+        message = str(error)
+        raise RecipeError(f"env.kwargs.{message}" if message.startswith("user")
+                          else f"env.kwargs.user: {message}") from None
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:

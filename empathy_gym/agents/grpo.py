@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from empathy_gym.agents.config import REWARD_TO_GO_FINAL, GRPOConfig, RecipeError
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData
-from empathy_gym.agents.trainer import RLTrainer, describe
+from empathy_gym.agents.trainer import MinibatchSize, RLTrainer, describe
 from empathy_gym.seeding import derive_seed
 
 #: Added to the group standard deviation (as TRL's GRPOTrainer).
@@ -268,6 +267,11 @@ class GRPOTrainer(RLTrainer):
     algorithm = "grpo"
     config_class = GRPOConfig
     config: GRPOConfig
+    loss_metrics = ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+                    "policy/kl_to_reference_k3")
+    #: group counts, each process's own (see :meth:`prepare` and :meth:`refill`)
+    summed_metrics = (*RLTrainer.summed_metrics, "grpo/groups", "grpo/skipped_groups", "grpo/refill_groups",
+                      "grpo/refill_skipped_groups")
 
     def _build_algorithm(self) -> None:
         if self.config.beta > 0:
@@ -368,63 +372,53 @@ class GRPOTrainer(RLTrainer):
             batch.ref_logprobs = self.policy_logprobs(data, reference=True)
         return batch, stats
 
-    def accumulate(self, batch: GRPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
-        """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
+    def micro_loss(self, batch: GRPOBatch, indices: Sequence[int], size: MinibatchSize
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's share of the mini-batch's loss:
 
             L = aggregate(L_t - entropy_coef * H_t)
 
-        with :func:`aggregate`'s token and rollout counts summed over the mini-batch's
-        micro-batches and the processes first.
+        with :func:`grpo_loss`'s L_t, H the entropy, and :func:`aggregate`'s token and
+        rollout counts those of the whole mini-batch over every process (``size``).
 
         Returns:
-            ``(tokens, stats)``: the mini-batch's trainable tokens (all processes), and
-            token means over it, the same in every process (empty when it has none).
+            ``(L, sums)``: a 0-dim float tensor, and the micro-batch's sums of
+            :attr:`loss_metrics`: ``loss/policy`` its share of the objective as aggregated
+            (without the entropy term), the others sums over its tokens.
         """
         config = self.config
-        tokens, sequences = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch), len(minibatch)])
-        sums = dict.fromkeys(("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                              "policy/kl_to_reference_k3"), 0.0)
-        if tokens == 0:
-            return 0.0, {}
-        self.set_training(True)
-        budget = self.dialogue_token_budget if config.loss_type == "dr_grpo" else None
-        for part in self.micro_batches(minibatch):
-            chunk = [batch.data[i] for i in part]
-            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
-            out = self.forward(self.model, chunk)
-            per_token, stats = grpo_loss(out.logprobs, gather(batch.old_logprobs), gather(batch.advantages),
-                                         config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
-                                         ref_logprobs=gather(batch.ref_logprobs) if batch.ref_logprobs else None,
-                                         weights=gather(batch.weights) if batch.weights else None)
-            segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
-                                  for j, d in enumerate(chunk)]).to(self.device)
-            share = partial(aggregate, segments=segments, loss_type=config.loss_type, tokens=tokens,
-                            sequences=sequences, max_tokens=budget)
-            loss = share(per_token - config.entropy_coef * out.entropy)
-            loss.backward()
-            sums["loss/policy"] += float(share(per_token.detach()))  # the objective, as aggregated
-            for key, value in (("policy/entropy", out.entropy), ("policy/clipfrac", stats["clipfrac"]),
-                               ("policy/approx_kl", stats["approx_kl"]), ("policy/kl_to_reference_k3", stats["kl"])):
-                sums[key] += float(value.detach().sum())
-        totals = self.global_sums(list(sums.values()))
-        return tokens, {key: total if key == "loss/policy" else total / tokens for key, total in zip(sums, totals)}
+        flat = partial(self.flat_tokens, indices=indices)
+        chunk = [batch.data[i] for i in indices]
+        out = self.forward(self.model, chunk)
+        per_token, stats = grpo_loss(out.logprobs, flat(batch.old_logprobs), flat(batch.advantages),
+                                     config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
+                                     ref_logprobs=flat(batch.ref_logprobs) if batch.ref_logprobs else None,
+                                     weights=flat(batch.weights) if batch.weights else None)
+        segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
+                              for j, d in enumerate(chunk)]).to(self.device)
+        share = partial(aggregate, segments=segments, loss_type=config.loss_type, tokens=size.tokens,
+                        sequences=size.sequences,
+                        max_tokens=self.dialogue_token_budget if config.loss_type == "dr_grpo" else None)
+        token_stats = {"policy/entropy": out.entropy, "policy/clipfrac": stats["clipfrac"],
+                       "policy/approx_kl": stats["approx_kl"], "policy/kl_to_reference_k3": stats["kl"]}
+        sums = {"loss/policy": float(share(per_token.detach()))}  # the objective, as aggregated
+        sums |= {key: float(value.detach().sum()) for key, value in token_stats.items()}
+        return share(per_token - config.entropy_coef * out.entropy), sums
 
-    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        config = self.config
-        batch, metrics = self.prepare(trajectories)
-        stats: dict[str, list[float]] = {}
-        # with several processes every one joins every mini-batch, with rollouts or without
-        for epoch in range(config.num_ppo_epochs):
-            for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
-                tokens, minibatch_stats = self.accumulate(batch, minibatch)
-                if tokens == 0:
-                    continue
-                for key, value in (minibatch_stats | self.clip_and_step()).items():
-                    stats.setdefault(key, []).append(value)
-        self.set_training(False)
-        if not stats:  # no group had signal (in any process): no update; the statistics are undefined
-            stats = {key: [] for key in ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                                         "policy/kl_to_reference_k3", "policy/grad_norm")}
-        if config.beta == 0:  # no reference model: the KL to it is not measured (it was reported as 0)
-            stats.pop("policy/kl_to_reference_k3", None)
-        return metrics | {key: float(np.mean(values)) if values else float("nan") for key, values in stats.items()}
+    def minibatch_metrics(self, sums: dict[str, float], size: MinibatchSize) -> dict[str, float]:
+        """Token means, but ``loss/policy``: its sum is already the mini-batch's objective
+        as :func:`aggregate` weighs it."""
+        return {key: total if key == "loss/policy" else total / size.tokens for key, total in sums.items()}
+
+    def update_metrics(self, batch: GRPOBatch, prepared: dict[str, float], trained: dict[str, float]
+                       ) -> dict[str, float]:
+        """:meth:`prepare`'s statistics, then the optimiser steps' means: NaN when no
+        group had signal (in any process: no step, the statistics are undefined); no
+        ``policy/kl_to_reference_k3`` with ``beta`` 0 (no reference model, nothing
+        measured; it was reported as 0)."""
+        if not trained:
+            names = (*self.loss_metrics, *(f"{group}/grad_norm" for group in self.gradient_groups))
+            trained = dict.fromkeys(names, float("nan"))
+        if self.config.beta == 0:
+            trained.pop("policy/kl_to_reference_k3", None)
+        return prepared | trained

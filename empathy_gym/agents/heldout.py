@@ -48,7 +48,13 @@ CAVEAT = ("What this shows: whether training moved the policy's score on persona
           "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
           "simulator family and ~65% across families); a gain against it "
           "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
-          "better understood. Check with an LLM user (env.kwargs.backend) before calling it a result.")
+          "better understood. Check with an LLM user (env.kwargs.user) before calling it a result.")
+
+
+def _user_label(config: Any) -> str:
+    from empathy_gym.agents.config import env_user_spec
+    spec = env_user_spec(config)
+    return str(spec) if spec is not None else "a ready SimulatedUser"
 
 
 class HeldoutPolicy:
@@ -225,7 +231,7 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
         f"Held-out evaluation: {difference['personas']} personas of the {held.bank!r} bank that training never "
         f"saw (split_personas, stratified by hidden intention, test_fraction {held.test_fraction}, "
         f"seed {held.split_seed}), {held.repeats} dialogues each, the same dialogues and sampling seeds before "
-        f"and after; simulated user: {config.env.kwargs.get('backend', 'rule')}.",
+        f"and after; simulated user: {_user_label(config)}.",
         f"{'':26}{'Sentient score':>15}   {level} interval (bootstrap over personas)",
         f"{'before training':26}{first['sentient_score']:>15.2f}   "
         f"[{first['ci']['low']:.2f}, {first['ci']['high']:.2f}]",

@@ -289,9 +289,10 @@ def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None
         share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
         rows.append(("vLLM (its share of the device)", int(share * (capacity or 0)),
                      f"gpu_memory_utilization={share}: weights + KV cache"))
-    env_kwargs = getattr(getattr(config, "env", None), "kwargs", {}) or {}
-    if env_kwargs.get("backend") == "policy" and generation.engine == "transformers":
-        backend_kwargs = dict(env_kwargs.get("backend_kwargs") or {})
+    from empathy_gym.agents.config import env_user_spec
+    user = env_user_spec(config) if getattr(config, "env", None) is not None else None
+    if user is not None and user.backend == "policy" and generation.engine == "transformers":
+        backend_kwargs = dict(user.backend_kwargs)
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
         users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))
         user_context = min(context, 8192)

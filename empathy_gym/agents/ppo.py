@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from empathy_gym.agents.config import PPOConfig
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData, backbone_states, pad_flat, unpad_flat
-from empathy_gym.agents.trainer import RLTrainer, describe
+from empathy_gym.agents.trainer import MinibatchSize, RLTrainer, describe
 
 
 # -- estimators and losses ---------------------------------------------------------
@@ -244,6 +244,8 @@ class PPOTrainer(RLTrainer):
     algorithm = "ppo"
     config_class = PPOConfig
     config: PPOConfig
+    loss_metrics = ("loss/policy", "loss/value", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
+                    "value/clipfrac")
 
     def _build_algorithm(self) -> None:
         config = self.config
@@ -367,58 +369,41 @@ class PPOTrainer(RLTrainer):
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
         return PPOBatch(data, old_logprobs, old_values, advantages, returns, weights), stats
 
-    def accumulate(self, batch: PPOBatch, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
-        """Backpropagate one mini-batch's loss, micro-batch by micro-batch; no step.
+    def micro_loss(self, batch: PPOBatch, indices: Sequence[int], size: MinibatchSize
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's share of the mini-batch's loss:
 
             L = (sum_t L_t + vf_coef * sum_t L_V,t - entropy_coef * sum_t H_t) / N
 
-        over the mini-batch's trainable tokens t, N their count summed over the
-        processes: the gradient is that of the token mean whatever the accumulation.
+        over the micro-batch's trainable tokens t (:func:`ppo_policy_loss`,
+        :func:`ppo_value_loss`, H the entropy), N the mini-batch's trainable tokens over
+        every process (``size.tokens``): the shares add up to the token mean.
 
         Returns:
-            ``(N, stats)``: the stats are token means over the whole mini-batch (every
-            process's), the same in every process.
+            ``(L, sums)``: a 0-dim float tensor, and the sums over the micro-batch's
+            tokens of each of :attr:`loss_metrics` (the losses, the entropy, the
+            clipping fractions, the approximate KL to the old policy).
         """
         config = self.config
-        (count,) = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch)])
-        sums = dict.fromkeys(("loss/policy", "loss/value", "policy/entropy", "policy/clipfrac",
-                              "policy/approx_kl", "value/clipfrac"), 0.0)
-        if count == 0:
-            return 0.0, {}
-        self.set_training(True)
-        for part in self.micro_batches(minibatch):
-            chunk = [batch.data[i] for i in part]
-            gather = lambda tensors, part=part: torch.cat([tensors[i] for i in part]).to(self.device)
-            logprobs, entropy, values, _ = self._forward(chunk)
-            pg_loss, pg_stats = ppo_policy_loss(logprobs, gather(batch.old_logprobs), gather(batch.advantages),
-                                                config.cliprange,
-                                                weights=gather(batch.weights) if batch.weights else None)
-            vf_loss, vf_clipfrac = ppo_value_loss(values, gather(batch.old_values), gather(batch.returns),
-                                                  config.cliprange_value)
-            loss = (pg_loss.sum() + config.vf_coef * vf_loss.sum() - config.entropy_coef * entropy.sum()) / count
-            loss.backward()
-            for key, value in (("loss/policy", pg_loss), ("loss/value", vf_loss), ("policy/entropy", entropy),
-                               ("policy/clipfrac", pg_stats["clipfrac"]), ("policy/approx_kl", pg_stats["approx_kl"]),
-                               ("value/clipfrac", vf_clipfrac)):
-                sums[key] += float(value.detach().sum())
-        totals = self.global_sums(list(sums.values()))
-        return count, {key: total / count for key, total in zip(sums, totals)}
+        flat = partial(self.flat_tokens, indices=indices)
+        logprobs, entropy, values, _ = self._forward([batch.data[i] for i in indices])
+        pg_loss, pg_stats = ppo_policy_loss(logprobs, flat(batch.old_logprobs), flat(batch.advantages),
+                                            config.cliprange, weights=flat(batch.weights) if batch.weights else None)
+        vf_loss, vf_clipfrac = ppo_value_loss(values, flat(batch.old_values), flat(batch.returns),
+                                              config.cliprange_value)
+        loss = (pg_loss.sum() + config.vf_coef * vf_loss.sum() - config.entropy_coef * entropy.sum()) / size.tokens
+        per_token = {"loss/policy": pg_loss, "loss/value": vf_loss, "policy/entropy": entropy,
+                     "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
+                     "value/clipfrac": vf_clipfrac}
+        return loss, {key: float(value.detach().sum()) for key, value in per_token.items()}
 
-    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        config = self.config
-        batch, prepared = self.prepare(trajectories)
-        stats: dict[str, list[float]] = {}
-        for epoch in range(config.num_ppo_epochs):
-            for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
-                count, minibatch_stats = self.accumulate(batch, minibatch)
-                if count == 0:
-                    continue
-                for key, value in (minibatch_stats | self.clip_and_step()).items():
-                    stats.setdefault(key, []).append(value)
-        self.set_training(False)
-        metrics = {key: float(np.mean(values)) for key, values in stats.items()}
+    def update_metrics(self, batch: PPOBatch, prepared: dict[str, float], trained: dict[str, float]
+                       ) -> dict[str, float]:
+        """The optimiser steps' means, :meth:`prepare`'s statistics, and ``value/residual``,
+        the statistics of target - old value over the trainable tokens (for
+        :meth:`derived_metrics`' explained variance)."""
         residuals = [target - value for target, value in zip(batch.returns, batch.old_values)]
-        return metrics | prepared | describe("value/residual", residuals)
+        return trained | prepared | describe("value/residual", residuals)
 
     def derived_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """``value/explained_variance`` = 1 - Var(target - value) / Var(target), from the

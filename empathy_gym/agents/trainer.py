@@ -1,6 +1,7 @@
-"""The training loop shared by PPO and GRPO: model loading, rollouts, logging,
-checkpoints and resume. The algorithms (:mod:`~empathy_gym.agents.ppo`,
-:mod:`~empathy_gym.agents.grpo`) supply ``update``.
+"""The training loop shared by PPO and GRPO: model loading, rollouts, the update loop,
+logging, checkpoints and resume. The algorithms (:mod:`~empathy_gym.agents.ppo`,
+:mod:`~empathy_gym.agents.grpo`) supply their losses, advantages and metrics
+(:meth:`RLTrainer.prepare`, :meth:`RLTrainer.micro_loss` and the metric hooks).
 
 One step = one rollout phase (``rollout_batch_size`` dialogues against the simulated
 user) + one update phase (``num_ppo_epochs`` x ``num_mini_batches`` optimiser steps).
@@ -23,6 +24,7 @@ and their episodes are written by the first process when the rollout phase ends.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import signal
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -46,7 +48,7 @@ from empathy_gym.agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from empathy_gym.agents.config import RecipeError, TrainerConfig, to_dict, validate
+from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
@@ -70,6 +72,22 @@ from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_tok
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
+
+#: Episode keys of refill rounds (:meth:`RLTrainer.refill`) under several processes:
+#: process ``rank`` keys its ``k``-th dialogue of the step (counted over all its rounds,
+#: the first included) ``rollout_batch_size + rank * len(envs) * REFILL_KEY_ROUNDS + k``,
+#: above the first round's keys (the dialogues' indices in the step). A round plays at
+#: most ``len(envs)`` dialogues, so the processes' keys stay apart while none plays more
+#: than this many rounds in a step.
+REFILL_KEY_ROUNDS = 1000
+
+
+class MinibatchSize(NamedTuple):
+    """A mini-batch's size summed over every process: what a micro-batch's loss is
+    divided by, so that accumulation and the process count leave the gradient as it is."""
+
+    tokens: float     #: trainable tokens
+    sequences: float  #: trajectories
 
 
 def resolve_device(device: str) -> torch.device:
@@ -135,7 +153,7 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
     rollout's user turns go to it as one batch.
 
     Args:
-        policy_user: the backend that ``env.kwargs.backend: policy`` stands for (built by
+        policy_user: the backend that ``env.kwargs.user: policy`` stands for (built by
             the trainer from its policy, :meth:`RLTrainer.make_policy_user`).
 
     Raises:
@@ -143,11 +161,12 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
     """
     import empathy_gym  # noqa: F401  (registers the ids)
     kwargs = dict(config.env.kwargs)
-    if kwargs.get("backend") == "policy":
+    user = env_user_spec(config)
+    if user is not None and user.backend == "policy":
         if policy_user is None:
-            raise RecipeError("env.kwargs.backend 'policy': the trainer builds this user from its policy")
-        kwargs["backend"] = policy_user
-        kwargs.pop("backend_kwargs", None)   # the trainer gave them to policy_user
+            raise RecipeError("env.kwargs.user 'policy': the trainer builds this user from its policy")
+        # the trainer gave the backend_kwargs to policy_user
+        kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
     if config.env.personas is not None:
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
@@ -156,7 +175,7 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
     except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
         raise RecipeError(f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
                           f"{str(error).split(' was raised from the environment creator')[0]}") from None
-    return [first] + [gym.make(config.env.id, user=first.user, **kwargs).unwrapped
+    return [first] + [gym.make(config.env.id, **{**kwargs, "user": first.user}).unwrapped
                       for _ in range(count - 1)]
 
 
@@ -231,6 +250,12 @@ class RLTrainer:
 
     algorithm = "base"
     config_class: type[TrainerConfig] = TrainerConfig
+    #: the metrics the processes add up rather than average (counts and rates of a
+    #: process's own, see :func:`~empathy_gym.agents.distributed.pool_metrics`)
+    summed_metrics: tuple[str, ...] = ("tokens/generated", "tokens/generated_per_second")
+    #: the names of the sums :meth:`micro_loss` returns; every process adds up all of
+    #: them for every mini-batch, also one with none of its trajectories in it
+    loss_metrics: tuple[str, ...] = ()
 
     def __init__(self, config: TrainerConfig | None = None, *, model: Any = None, tokenizer: Any = None,
                  envs: Sequence[Any] | None = None, args: TrainerConfig | None = None,
@@ -292,7 +317,8 @@ class RLTrainer:
         self.generator = self._make_generator()
         self.envs = list(envs) if envs is not None else make_envs(
             config, local_batch, think,
-            policy_user=self.make_policy_user() if config.env.kwargs.get("backend") == "policy" else None)
+            policy_user=self.make_policy_user() if getattr(env_user_spec(config), "backend", None) == "policy"
+            else None)
         if len(self.envs) < local_batch:
             raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
                              + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
@@ -360,16 +386,17 @@ class RLTrainer:
 
     def make_policy_user(self) -> Any:
         """The simulated user's backend on this policy's base weights (recipe
-        ``env.kwargs.backend: policy``): the policy with its LoRA adapters off
+        ``env.kwargs.user: policy``): the policy with its LoRA adapters off
         (:class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`), or with vLLM
         generation the policy's engine without a LoRA request
         (:class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`).
-        ``env.kwargs.backend_kwargs`` go to it."""
+        The user spec's ``backend_kwargs`` go to it."""
         from empathy_gym.backends.policy_backend import (
             PolicyUserBackend,
             VLLMPolicyUserBackend,
         )
-        kwargs = dict(self.config.env.kwargs.get("backend_kwargs") or {})
+        user = env_user_spec(self.config)
+        kwargs = dict(user.backend_kwargs) if user is not None else {}
         if self.config.generation.engine == "vllm":
             return VLLMPolicyUserBackend(self.generator, **kwargs)
         return PolicyUserBackend(self.model, self.tokenizer, compute_dtype=self.compute_dtype, **kwargs)
@@ -455,9 +482,43 @@ class RLTrainer:
         """
         return trajectories, {}
 
-    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        """One update phase; returns metrics."""
+    def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[Any, dict[str, float]]:
+        """What the update phase needs from a step's rollouts, computed once before its
+        epochs (old log-probs, advantages, ...), and its statistics.
+
+        Returns:
+            ``(batch, metrics)``: the batch has ``data``, a list of
+            :class:`~empathy_gym.agents.tokens.TokenData` that mini-batches index.
+        """
         raise NotImplementedError
+
+    def micro_loss(self, batch: Any, indices: Sequence[int], size: MinibatchSize
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's share of its mini-batch's loss, with gradients.
+
+        Args:
+            batch: from :meth:`prepare`.
+            indices: the micro-batch, indices into ``batch.data``.
+            size: the mini-batch's size over every micro-batch and process: divide by it,
+                never by the micro-batch's own, so that the shares of every micro-batch
+                and process add up to the mini-batch's loss.
+
+        Returns:
+            ``(loss, sums)``: a 0-dim float tensor to backpropagate, and the
+            micro-batch's sums of the metrics named by :attr:`loss_metrics`.
+        """
+        raise NotImplementedError
+
+    def minibatch_metrics(self, sums: dict[str, float], size: MinibatchSize) -> dict[str, float]:
+        """A mini-batch's metrics from its sums of :meth:`micro_loss`'s (over every
+        micro-batch and process): token means by default."""
+        return {key: total / size.tokens for key, total in sums.items()}
+
+    def update_metrics(self, batch: Any, prepared: dict[str, float], trained: dict[str, float]
+                       ) -> dict[str, float]:
+        """The update phase's metrics: by default :meth:`prepare`'s, then ``trained``,
+        the mean over the optimiser steps of each mini-batch metric and gradient norm."""
+        return prepared | trained
 
     def extra_state(self) -> dict[str, Any]:
         """Algorithm modules to checkpoint (state dicts)."""
@@ -494,6 +555,11 @@ class RLTrainer:
         """Split ``indices`` into ``gradient_accumulation_steps`` nearly equal parts."""
         parts = np.array_split(np.asarray(indices), self.config.gradient_accumulation_steps)
         return [part.tolist() for part in parts if len(part)]
+
+    def flat_tokens(self, per_trajectory: Sequence[torch.Tensor], indices: Sequence[int]) -> torch.Tensor:
+        """The (n,) concatenation of ``per_trajectory[i]`` (each (n_i,), over a trajectory's
+        trainable tokens) for ``i`` in ``indices``, on the device."""
+        return torch.cat([per_trajectory[i] for i in indices]).to(self.device)
 
     @torch.no_grad()
     def policy_logprobs(self, data: Sequence[TokenData], *, reference: bool = False) -> list[torch.Tensor]:
@@ -544,7 +610,7 @@ class RLTrainer:
 
     def clip_and_step(self) -> dict[str, float]:
         """Sum the gradients over the processes (each already divided by the mini-batch's
-        global count, see :meth:`~empathy_gym.agents.ppo.PPOTrainer.accumulate`), clip
+        global count, see :meth:`accumulate`), clip
         each of :attr:`gradient_groups` to ``max_grad_norm`` on its own (actor and critic
         apart, as verl's ``dp_actor.py`` and ``dp_critic.py``), step the optimiser.
 
@@ -559,6 +625,56 @@ class RLTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norms
+
+    # -- the update phase ----------------------------------------------------------
+    def update(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        """One update phase: :meth:`prepare`, then ``num_ppo_epochs`` epochs of
+        ``num_mini_batches`` optimiser steps (:meth:`train_epochs`). Returns metrics
+        (:meth:`update_metrics`)."""
+        batch, prepared = self.prepare(trajectories)
+        trained = self.train_epochs(batch, step)
+        self.set_training(False)
+        return self.update_metrics(batch, prepared, trained)
+
+    def train_epochs(self, batch: Any, step: int) -> dict[str, float]:
+        """The optimiser steps of an update phase, one per mini-batch with trainable
+        tokens (:meth:`accumulate`, then :meth:`clip_and_step`). Returns the mean over
+        the steps of each mini-batch metric and gradient norm (empty without a step)."""
+        stats: dict[str, list[float]] = {}
+        # with several processes every one joins every mini-batch, with rollouts or without
+        for epoch in range(self.config.num_ppo_epochs):
+            for minibatch in self.minibatch_order(step, epoch, len(batch.data)):
+                tokens, minibatch_stats = self.accumulate(batch, minibatch)
+                if tokens == 0:
+                    continue
+                for key, value in (minibatch_stats | self.clip_and_step()).items():
+                    stats.setdefault(key, []).append(value)
+        return {key: float(np.mean(values)) for key, values in stats.items()}
+
+    def accumulate(self, batch: Any, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
+        """Backpropagate one mini-batch's loss, micro-batch by micro-batch
+        (:meth:`micro_loss`); no step. Each micro-batch's loss is divided by the
+        mini-batch's size summed over the processes, so the summed gradient is the
+        mini-batch's whatever the accumulation and the process count.
+
+        Returns:
+            ``(tokens, metrics)``: the mini-batch's trainable tokens (all processes), and
+            :meth:`minibatch_metrics` of its sums, the same in every process (empty when
+            it has no tokens).
+        """
+        tokens, sequences = self.global_sums([sum(batch.data[i].num_trainable for i in minibatch), len(minibatch)])
+        if tokens == 0:
+            return 0.0, {}
+        size = MinibatchSize(tokens, sequences)
+        sums = dict.fromkeys(self.loss_metrics, 0.0)
+        self.set_training(True)
+        for part in self.micro_batches(minibatch):
+            loss, part_sums = self.micro_loss(batch, part, size)
+            loss.backward()
+            for key, value in part_sums.items():
+                sums[key] += value
+        totals = self.global_sums(list(sums.values()))
+        return tokens, self.minibatch_metrics(dict(zip(sums, totals)), size)
 
     # -- the loop ------------------------------------------------------------------
     def train(self, resume: bool = False) -> list[dict[str, Any]]:
@@ -638,11 +754,50 @@ class RLTrainer:
         log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
 
     def _run_step(self, step: int, bar: Any) -> bool:
+        """One step: the rollout phase, the update phase, the step's metrics (logged and
+        shown on ``bar``), and a checkpoint every ``save_steps``. Returns False when a
+        Ctrl-C interrupted the rollout (the step is discarded)."""
         config = self.config
         started = time.perf_counter()
         if self.device.type == "cuda":  # memory/peak_*_gib: this step's peak
             torch.cuda.reset_peak_memory_stats(self.device)
         self.generator.sync(self.model, step)
+        rollout = self._rollout(step)
+        if rollout is None:
+            return False
+        first, trajectories, refill_metrics, times = rollout
+        tick = time.perf_counter()
+        self._dirty = True
+        rates = {f"{name}/lr": group["lr"] for name, group in zip(self.gradient_groups, self.optimizer.param_groups)}
+        metrics = self.update(trajectories, step) | rates
+        self.scheduler.step()  # once per training step, after its updates, as verl
+        self._dirty = False
+        self.step = step
+        metrics.update(rollout_metrics(first if self.processes.world == 1 else self.processes.gather(first)))
+        metrics.update(refill_metrics)
+        metrics.update(self._time_metrics(times, started, tick))
+        metrics = self.processes.reduce_metrics(metrics, summed=self.summed_metrics)
+        metrics |= self.derived_metrics(metrics)
+        if self.run_log is not None:
+            self.run_log.metrics(step, metrics)
+            self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
+        bar.update(1)
+        bar.set_postfix(progress_postfix(metrics))
+        if config.save_steps and step % config.save_steps == 0:
+            self.save()
+        return True
+
+    def _rollout(self, step: int
+                 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
+        """The rollout phase of a step: the first round of this process's dialogues, then
+        the algorithm's refill rounds (:meth:`refill`); episodes are written as they end
+        (one process) or at the end (several, :meth:`_write_episodes`).
+
+        Returns:
+            ``(first round, every trajectory to train on, refill metrics, times)``, or
+            ``None`` when a Ctrl-C in any process interrupted it.
+        """
+        config = self.config
         env_seeds, groups = self.env_seeds(step)
         mine = self.processes.mine(groups)
         single = self.processes.world == 1
@@ -675,43 +830,35 @@ class RLTrainer:
             interrupted = True
         if self.processes.any(interrupted):
             log.warning("interrupted during the rollout of step %d; it is discarded", step)
-            return False
-        if not single:  # the first process writes everyone's episodes, at the end of the rollout
-            extra = config.rollout_batch_size + self.processes.rank * len(self.envs) * 1000  # refill rounds
-            records = self.processes.gather([{**t.record(), "key": mine[t.key] if t.key < len(mine) else
-                                              extra + t.key} for t in trajectories])
-            if self.run_log is not None:
-                for record in sorted(records, key=lambda r: r["key"]):
-                    self.run_log.episode_record(step, record)
-        tick = time.perf_counter()
-        self._dirty = True
-        rates = {f"{name}/lr": group["lr"] for name, group in zip(self.gradient_groups, self.optimizer.param_groups)}
-        metrics = self.update(trajectories, step) | rates
-        self.scheduler.step()  # once per training step, after its updates, as verl
-        self._dirty = False
-        self.step = step
-        metrics.update(rollout_metrics(first if single else self.processes.gather(first)))
-        metrics.update(refill_metrics)
-        metrics.update({"time/rollout": times.total, "time/generation": times.generation,
-                        "time/user": times.user, "time/update": time.perf_counter() - tick,
-                        "time/step": time.perf_counter() - started,
-                        "tokens/generated": float(times.generated_tokens),
-                        "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)})
-        if self.device.type == "cuda":  # this step's peak, next to the memory plan's total
+            return None
+        if not single:
+            self._write_episodes(step, trajectories, mine)
+        return first, trajectories, refill_metrics, times
+
+    def _write_episodes(self, step: int, trajectories: Sequence[Trajectory], mine: Sequence[int]) -> None:
+        """Several processes: the first writes everyone's episodes, in key order, at the
+        end of the rollout. A first-round dialogue's key is its index in the step
+        (``mine[t.key]``); a refill round's comes after them (:data:`REFILL_KEY_ROUNDS`)."""
+        extra = self.config.rollout_batch_size + self.processes.rank * len(self.envs) * REFILL_KEY_ROUNDS
+        records = self.processes.gather([{**t.record(), "key": mine[t.key] if t.key < len(mine) else
+                                          extra + t.key} for t in trajectories])
+        if self.run_log is not None:
+            for record in sorted(records, key=lambda r: r["key"]):
+                self.run_log.episode_record(step, record)
+
+    def _time_metrics(self, times: RolloutTimes, started: float, tick: float) -> dict[str, float]:
+        """The step's times (``started``: the step's start, ``tick``: the update's), its
+        generation throughput, and on CUDA this step's peak memory, next to the memory
+        plan's total."""
+        metrics = {"time/rollout": times.total, "time/generation": times.generation,
+                   "time/user": times.user, "time/update": time.perf_counter() - tick,
+                   "time/step": time.perf_counter() - started,
+                   "tokens/generated": float(times.generated_tokens),
+                   "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)}
+        if self.device.type == "cuda":
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
-        metrics = self.processes.reduce_metrics(metrics, summed=("grpo/groups", "grpo/skipped_groups",
-                                                                 "grpo/refill_groups", "grpo/refill_skipped_groups",
-                                                                 "tokens/generated", "tokens/generated_per_second"))
-        metrics |= self.derived_metrics(metrics)
-        if self.run_log is not None:
-            self.run_log.metrics(step, metrics)
-            self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
-        bar.update(1)
-        bar.set_postfix(progress_postfix(metrics))
-        if config.save_steps and step % config.save_steps == 0:
-            self.save()
-        return True
+        return metrics
 
     def _install_interrupt_handler(self) -> Any:
         if threading.current_thread() is not threading.main_thread():

@@ -35,9 +35,9 @@ from empathy_gym.integrations.batching import MicroBatcher
 from empathy_gym.personas import Persona, load_personas
 
 #: Config keys that :class:`SharedUser` reads itself; every other key (except ``name``)
-#: is a ``gym.make`` keyword (``backend``, ``model``, ``base_url``, ``appraisal_mode``,
-#: ``protocol``, ``difficulty``, ``personas``, ``max_turns``, ``reward_mode``, ``think``,
-#: ...).
+#: is a ``gym.make`` keyword (``user``: a spec string or a mapping of
+#: :class:`~empathy_gym.specs.UserSpec` fields; ``protocol``, ``difficulty``,
+#: ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...).
 SHARED_USER_KEYS: dict[str, Any] = {"env_id": "EmpathyDialogue-RLVER-v0",
                                     "batch_window_ms": 5.0, "max_batch_size": 64}
 
@@ -48,8 +48,10 @@ class SharedUser:
     Args:
         config: ``env_id`` (default ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms``
             (5: how long the micro-batcher waits for more turns after the first), and
-            ``max_batch_size`` (64), plus any ``gym.make`` keyword. A ``user`` key may hold
-            a ready :class:`~empathy_gym.user.SimulatedUser` (from Python only). ``name``
+            ``max_batch_size`` (64), plus any ``gym.make`` keyword. The ``user`` key names
+            the simulated user (a spec string, a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields, or from Python a ``UserSpec`` or
+            a ready :class:`~empathy_gym.user.SimulatedUser`). ``name``
             is ignored. Subclasses add keys through :attr:`option_defaults`.
 
     Raises:

@@ -70,8 +70,8 @@ class EmpathyRollout:
         env_id: a registered dialogue id (``"EmpathyDialogue-v0"``, your own from
             :func:`~empathy_gym.register_persona_env`); built with ``gym.make_vec`` so
             all envs share one simulated user.
-        env_kwargs: ``gym.make`` keyword arguments (``backend``, ``model``, ``think``,
-            ``max_turns``, ``protocol``...).
+        env_kwargs: ``gym.make`` keyword arguments (``user``: a spec such as
+            ``"openai:MODEL@URL"``; ``think``, ``max_turns``, ``protocol``...).
         max_new_tokens: the most tokens per agent turn.
         max_context_tokens: a dialogue reaching this many tokens stops
             (``termination == "context_limit"``).

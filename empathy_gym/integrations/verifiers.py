@@ -76,9 +76,10 @@ class EmpathyTaskConfig(vf.TaskConfig):
     """The registered gym id (``EmpathyDialogue-v0``: SAGE protocol, built-in bank;
     ``EmpathyDialogue-RLVER-v0``: the 500 RLVER training profiles)."""
     env: dict[str, Any] = Field(default_factory=dict)
-    """``gym.make`` keywords: ``backend`` (``"rule"``, ``"openai"``, ``"transformers"``,
-    ``"vllm"``), ``model``, ``base_url``, ``protocol``, ``max_turns``, ``reward_mode``,
-    ``think``, ``personas``, ``difficulty``, ..."""
+    """``gym.make`` keywords: ``user`` (a spec string such as ``"rule"`` or
+    ``"openai:MODEL@URL"``, or a mapping of :class:`~empathy_gym.specs.UserSpec` fields),
+    ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``, ``difficulty``,
+    ..."""
     reward: Literal["emotion_change", "final_emotion"] = "emotion_change"
     """The trace's reward: the sum of the env's turn rewards, or e_T / 100."""
     batch_window_ms: float = Field(5.0, ge=0)
@@ -200,10 +201,12 @@ def load_environment(env_id: str = "EmpathyDialogue-v0", *,
             turns into one call of the simulated user.
         agent: the ``agent`` seat's ``vf.AgentConfig`` (or its dict); default: the
             ``null`` harness in a subprocess runtime.
-        **env_kwargs: ``gym.make`` keywords (``backend``, ``model``, ``base_url``,
-            ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas`` (a bank
-            name or JSONL path), ...). JSON values, as verifiers records the config (a
-            ready ``user=`` object works in-process but cannot be recorded).
+        **env_kwargs: ``gym.make`` keywords (``user``: a spec string such as
+            ``"openai:MODEL@URL"`` or a mapping of :class:`~empathy_gym.specs.UserSpec`
+            fields; ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``
+            (a bank name or JSONL path), ...). JSON values, as verifiers records the
+            config (a ready ``SimulatedUser`` or ``UserSpec`` as ``user=`` works
+            in-process but cannot be recorded).
 
     Returns:
         An :class:`EmpathyEnv`. Run it as verifiers does: ``async with env.serving():``

@@ -51,8 +51,9 @@ Configuration: the loop's keyword arguments are the entry of the agent-loop YAML
 ``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
 :class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.integrations.dialogues.SharedUser`
 (``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
-``backend``, ``model``, ``base_url``, ``protocol``, ``max_turns``, ``reward_mode``,
-``think``).
+``user`` (a spec string or a mapping of :class:`~empathy_gym.specs.UserSpec` fields:
+``backend``, ``model``, ``base_url``, ``appraisal_mode``, ...), ``protocol``,
+``max_turns``, ``reward_mode``, ``think``).
 
 Written against verl 0.9.1 (``verl/experimental/agent_loop/agent_loop.py`` and
 ``tool_agent_loop.py``, the model for multi-turn rollouts with response masks).
@@ -191,9 +192,9 @@ class EmpathyAgentLoop(AgentLoopBase):
         name: the agent-loop name from the YAML entry (default ``"empathy_dialogue"``).
         **env_config: the session config: ``env_id`` (default
             ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms`` (5), ``max_batch_size``
-            (64) and any ``gym.make`` keyword (``backend``, ``model``, ``base_url``,
-            ``appraisal_mode``, ``protocol``, ``difficulty``, ``personas``,
-            ``max_turns``, ``reward_mode``, ``think``, ...). Loops with equal configs in one
+            (64) and any ``gym.make`` keyword (``user``: a spec string or a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields; ``protocol``, ``difficulty``,
+            ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...). Loops with equal configs in one
             process share one simulated user and one micro-batcher.
 
     Raises:

@@ -27,46 +27,23 @@ def make_user(backend: str | ChatBackend = "rule", *, difficulty: Any = "moderat
               protocol: EmotionProtocol = SAGE, model: Any = None, base_url: str | None = None,
               appraisal_mode: str = "free", backend_kwargs: Mapping[str, Any] | None = None,
               user_kwargs: Mapping[str, Any] | None = None) -> SimulatedUser:
-    """Build a simulated user.
+    """Build a simulated user from :class:`~empathy_gym.specs.UserSpec` fields: the same
+    as ``UserSpec(backend, model, ...).build(difficulty, protocol)``.
 
     Args:
-        backend: ``"rule"`` (the rule-based user, no LLM), a backend name
-            (``"transformers"``, ``"vllm"``, ``"openai"``) or a :class:`ChatBackend`.
+        backend, model, base_url, appraisal_mode, backend_kwargs, user_kwargs: the
+            :class:`~empathy_gym.specs.UserSpec` fields (see there).
         difficulty: preset name, path, dict or :class:`Difficulty`.
         protocol: the emotion protocol (tells the LLM user the allowed change range).
-        model, base_url: passed to :func:`empathy_gym.backends.make_backend`.
-        appraisal_mode: ``"free"`` or ``"choice"`` (LLM users only).
-        backend_kwargs: more backend constructor arguments.
-        user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` or
-            :class:`~empathy_gym.user.rule_user.RuleUser` arguments.
 
     Raises:
-        ValueError: unknown backend or bad options (an unknown ``appraisal_mode``;
-            ``model``, ``base_url`` or ``backend_kwargs`` with the rule user).
+        SpecError (a ``ValueError``): a bad field (an unknown backend or
+            ``appraisal_mode``; ``model``, ``base_url`` or ``backend_kwargs`` with the
+            rule user; ...). ValueError, ImportError: from the backend.
     """
-    user_kwargs = dict(user_kwargs or {})
-    if appraisal_mode not in ("free", "choice"):
-        raise ValueError(f"appraisal_mode must be 'free' or 'choice', got {appraisal_mode!r}")
-    if isinstance(backend, str) and backend == "rule":
-        unused = [name for name, value in (("model", model), ("base_url", base_url),
-                                           ("backend_kwargs", backend_kwargs)) if value]
-        if unused:
-            raise ValueError(f"{', '.join(unused)} given, but backend='rule' (the rule-based user "
-                             "uses no LLM); set backend='openai', 'transformers' or 'vllm'")
-        from empathy_gym.user.rule_user import RuleUser
-        unknown = sorted(set(user_kwargs) - {"model", "rules_dir"})
-        if unknown:
-            raise ValueError(f"user_kwargs {unknown} given, but backend='rule' takes only 'model' (an appraisal "
-                             "model artefact) and 'rules_dir'; the others are LLM-user options: set "
-                             "backend='openai', 'transformers' or 'vllm'")
-        return RuleUser(difficulty, **user_kwargs)
-    from empathy_gym.user.llm_user import LLMUser
-    owns = not isinstance(backend, ChatBackend)
-    if owns:
-        from empathy_gym.backends import make_backend
-        backend = make_backend(backend, model=model, base_url=base_url, **dict(backend_kwargs or {}))
-    return LLMUser(backend, difficulty, protocol=protocol, appraisal_mode=appraisal_mode,
-                   owns_backend=owns, **user_kwargs)
+    from empathy_gym.specs import UserSpec
+    return UserSpec(backend, model, base_url, appraisal_mode, backend_kwargs or {},
+                    user_kwargs or {}).build(difficulty, protocol)
 
 
 __all__ = ["Appraisal", "Difficulty", "EmotionProtocol", "RLVER_TRAINING", "SAGE",

@@ -371,7 +371,7 @@ def test_registered_and_built_from_the_shipped_yaml_as_verl_does(tmp_path, token
     # The server entry builds too (its user's first request would go to the endpoint).
     loop = asyncio.run(_build(lambda: worker_loop(entries["empathy_dialogue"], config, server,
                                                   tokenizer)))
-    assert loop.session.env_kwargs["backend"] == "openai"
+    assert loop.session.env_kwargs["user"]["backend"] == "openai"
 
 
 async def _build(make):
