@@ -62,6 +62,7 @@ from empathy_gym.personas import (
     load_personas,
 )
 from empathy_gym.policies import Policy, make_policy
+from empathy_gym.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.seeding import derive_seed
 from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.user import SimulatedUser, resolve_protocol
@@ -69,9 +70,7 @@ from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
 
 TRANSCRIPTS = "transcripts.jsonl"
-REPORT = "report.json"
 PLOT = "trajectories.png"
-RUN = "run.json"
 
 #: Fields of a transcript record that identify its dialogue.
 KEY_FIELDS: tuple[str, ...] = ("persona_id", "repeat", "seed")
@@ -79,11 +78,6 @@ KEY_FIELDS: tuple[str, ...] = ("persona_id", "repeat", "seed")
 #: The bootstrap's reference (percentile interval).
 BOOTSTRAP_SOURCE = ("Efron & Tibshirani (1993), An Introduction to the Bootstrap, "
                     "Chapman & Hall, ch. 13 (percentile intervals)")
-
-
-class EvaluationError(ValueError):
-    """Invalid evaluation input: a corrupt transcripts file (the message names the file
-    and line), a run directory holding a different configuration, or bad options."""
 
 
 @dataclass(frozen=True)
@@ -223,49 +217,6 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
     return (str(record["persona_id"]), int(record["repeat"]), int(record["seed"]))
 
 
-def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
-                       ) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """The records of a JSON Lines file that is appended to as work finishes, by key
-    (the values of ``key_fields``; the first record of a key wins).
-
-    A last line without its newline is an unfinished write: it is ignored, and with
-    ``repair=True`` cut off the file so that appends start on a fresh line.
-
-    Returns:
-        ``{key: record}``; empty when the file does not exist.
-
-    Raises:
-        EvaluationError: a complete line that is not a JSON object or lacks a key field,
-            naming the file and the line.
-    """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    data = path.read_bytes()
-    complete = data.rfind(b"\n") + 1
-    if repair and complete < len(data):
-        with open(path, "r+b") as handle:
-            handle.truncate(complete)
-            handle.flush()
-            os.fsync(handle.fileno())
-    records: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} "
-                                  f"(column {error.colno})") from None
-        if not isinstance(record, dict):
-            raise EvaluationError(f"{path}:{number}: expected a JSON object")
-        for name in key_fields:
-            if name not in record:
-                raise EvaluationError(f"{path}:{number}: field {name!r}: missing")
-        records.setdefault(tuple(record[name] for name in key_fields), record)
-    return records
-
-
 def read_transcripts(path: str | os.PathLike, *, repair: bool = False
                      ) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The finished dialogues in a transcripts file, by ``(persona_id, repeat, seed)``
@@ -280,71 +231,6 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
     for record in read_jsonl_records(path, KEY_FIELDS, repair=repair).values():
         records.setdefault(record_key(record), record)
     return records
-
-
-def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *,
-                   where: Sequence[str] | None = None) -> None:
-    """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
-
-    Every line is encoded before the file is opened, so records that cannot be written
-    leave the file unchanged.
-
-    Args:
-        where: one description per record (e.g. the dialogue), for the error message.
-
-    Raises:
-        EvaluationError: a record holds text that UTF-8 cannot encode (a lone
-            surrogate), naming the record (``where``) and the offending text.
-    """
-    lines = []
-    for index, record in enumerate(records):
-        try:
-            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-        except UnicodeEncodeError as error:
-            snippet = error.object[max(0, error.start - 30):error.end + 30]
-            what = where[index] if where is not None else f"record {index + 1}"
-            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} "
-                                  f"near {snippet!r}") from None
-    with open(path, "ab") as handle:
-        handle.write(b"".join(lines))
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def append_record(path: str | os.PathLike, record: Mapping[str, Any], *,
-                  where: str | None = None) -> None:
-    """Append one record (:func:`append_records`; ``where`` names it in errors)."""
-    append_records(path, [record], where=None if where is None else [where])
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    """Write JSON atomically (a temporary file renamed over ``path``)."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
-
-
-def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
-    """Check that a run directory's ``run.json``, when there is one, holds ``config``.
-
-    Raises:
-        EvaluationError: naming each field that differs (old and new value), or a
-            ``run.json`` that is not valid JSON.
-    """
-    path = out_dir / RUN
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
-    new = json.loads(json.dumps(dict(config)))
-    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-               if old.get(k) != new.get(k)]
-    if changed:
-        raise EvaluationError(f"{path}: this directory holds a run with another configuration "
-                              f"({'; '.join(changed)}); use another --out directory, or delete "
-                              f"it to start over")
 
 
 # -- statistics ------------------------------------------------------------------------
@@ -535,15 +421,69 @@ def describe_user(user: str | Mapping[str, Any] | UserSpec | SimulatedUser) -> t
     return (user if isinstance(user, str) else str(spec)), spec.appraisal_mode
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """How :func:`evaluate` plays and reports a run (everything but the policy and the
+    personas). The fields that shape the dialogues are recorded in ``run.json`` and must
+    match on resume.
+
+    Attributes:
+        user: the simulated user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
+            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
+            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built by the
+            run, closed at its end), or a ready :class:`~empathy_gym.user.SimulatedUser`
+            (not closed by the run).
+        difficulty: preset name, path or dict.
+        protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
+            :class:`~empathy_gym.user.EmotionProtocol`.
+        think: the policy writes ``<think>...</think>`` first; only the reply reaches the user.
+        repeats: dialogues per persona (>= 1), each with its own seed.
+        limit: the first ``limit`` personas only (>= 1; ``None``: all).
+        seed: the run seed (int >= 0); it also seeds the bootstrap.
+        batch_size: dialogues run at once (>= 1).
+        max_tokens: new tokens per reply of model-backed policies; ``None``: no cap but
+            the model's context, as SAGE.
+        temperature, top_p: sampling settings of model-backed policies.
+        system_prompt: the agent's system prompt (a ``str`` or ``{language: str}``);
+            ``None``: SAGE's (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) under
+            the ``sage`` protocol, else the env's default.
+        confidence, n_resamples: of the bootstrap interval (:func:`bootstrap_ci`).
+    """
+
+    user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule"
+    difficulty: Any = "moderate"
+    protocol: Any = "sage"
+    think: bool = False
+    repeats: int = 1
+    limit: int | None = None
+    seed: int = 0
+    batch_size: int = 32
+    max_tokens: int | None = None
+    temperature: float = 0.7
+    top_p: float = 1.0
+    system_prompt: str | Mapping[str, str] | None = None
+    confidence: float = 0.95
+    n_resamples: int = 10_000
+
+
+def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy_name: str) -> dict[str, Any]:
+    """What ``run.json`` records of a run (and checks on resume)."""
+    user_name, appraisal_mode = describe_user(config.user)
+    system_prompt = config.system_prompt if config.system_prompt is not None else (
+        SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol) == "sage" else None)
+    return {
+        "personas": _describe(personas), "policy": policy_name, "user": user_name,
+        "appraisal_mode": appraisal_mode, "difficulty": _describe(config.difficulty),
+        "protocol": dataclasses.asdict(protocol), "think": config.think, "seed": config.seed,
+        "generation": {"max_tokens": config.max_tokens, "temperature": config.temperature,
+                       "top_p": config.top_p},
+        "system_prompt": _describe(system_prompt),
+    }
+
+
 def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "sage", *,
-             user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
-             difficulty: Any = "moderate", protocol: Any = "sage", think: bool = False,
-             repeats: int = 1, limit: int | None = None, seed: int = 0,
-             out_dir: str | os.PathLike | None = None, batch_size: int = 32,
-             max_tokens: int | None = None, temperature: float = 0.7, top_p: float = 1.0,
-             system_prompt: str | Mapping[str, str] | None = None,
-             confidence: float = 0.95, n_resamples: int = 10_000,
-             on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
+             config: EvalConfig | None = None, out_dir: str | os.PathLike | None = None,
+             on_progress: Callable[[int, int], None] | None = None, **options: Any) -> EvalResult:
     """Run the benchmark: one dialogue per persona and repeat, then the report.
 
     Args:
@@ -555,29 +495,13 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
             ``"rlver"``, ``"rlver_minus_sage"``, ``"en"``, ``"zh"``), a JSONL path (our
             format or RLVER/SAGE's, ``first_talk`` included), a list, or ``None``
             (the built-in English and Chinese bank).
-        user: the simulated user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
-            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built here,
-            closed at the end), or a ready :class:`~empathy_gym.user.SimulatedUser` (not
-            closed here).
-        difficulty: preset name, path or dict.
-        protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
-            :class:`~empathy_gym.user.EmotionProtocol`.
-        think: the policy writes ``<think>...</think>`` first; only the reply reaches the user.
-        repeats: dialogues per persona (>= 1), each with its own seed.
-        limit: the first ``limit`` personas only.
-        seed: the run seed (int >= 0); it also seeds the bootstrap.
-        out_dir: where to write and resume (``None``: nothing written, no resume).
-        batch_size: dialogues run at once (>= 1).
-        max_tokens: new tokens per reply of model-backed policies; ``None`` (default):
-            no cap but the model's context, as SAGE.
-        temperature, top_p: sampling settings of model-backed policies.
-        system_prompt: the agent's system prompt (a ``str`` or ``{language: str}``);
-            ``None``: SAGE's (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) under
-            the ``sage`` protocol, else the env's default.
-        confidence, n_resamples: of the bootstrap interval.
+        config: an :class:`EvalConfig` (``None``: its defaults).
+        out_dir: the run folder (:class:`~empathy_gym.run_folder.RunFolder`: written as
+            dialogues finish, resumed when it holds this run; ``None``: nothing written).
         on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
             the first new dialogue (``done`` = those resumed) and after each one ends.
+        **options: :class:`EvalConfig` fields, replacing ``config``'s
+            (``evaluate(policy, "en", user="rule", limit=5)``).
 
     Returns:
         :class:`EvalResult`; ``report["sentient_score"]`` is the mean final emotion
@@ -585,77 +509,69 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
 
     Raises:
         PersonaError: an invalid persona bank (file, line, field).
-        EvaluationError: a corrupt transcripts file, a run directory with another
+        EvaluationError: a corrupt transcripts file, a run folder with another
             configuration, an ``out_dir`` that is a file, bad ``repeats``/``limit``/``batch_size``.
-        SpecError: a malformed policy or user spec. TypeError: ``user`` of another type.
+        SpecError: a malformed policy or user spec. TypeError: ``user`` of another type,
+            or an option that is not an :class:`EvalConfig` field.
         SimulatorError, BackendError: from the simulated user or the policy's backend;
             dialogues already finished stay in the transcripts.
     """
+    config = dataclasses.replace(config or EvalConfig(), **options)
     bank = load_personas(personas)
-    tasks = plan_tasks(bank, repeats=repeats, seed=seed, limit=limit)
-    protocol_obj = resolve_protocol(protocol)
-    difficulty_obj = load_difficulty(difficulty)
-    user_name, appraisal_mode = describe_user(user)
-    config = {
-        "personas": _describe(personas), "policy": None, "user": user_name,
-        "appraisal_mode": appraisal_mode, "difficulty": _describe(difficulty),
-        "protocol": dataclasses.asdict(protocol_obj), "think": think, "seed": seed,
-        "generation": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
-        "system_prompt": _describe(system_prompt if system_prompt is not None else (
-            SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol_obj) == "sage" else None)),
-    }
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise EvaluationError(f"out_dir {str(out)!r} is a file; give a folder (new or a run to resume)")
-    owns_policy = isinstance(policy, str)
-    policy_obj = None if owns_policy else make_policy(policy)  # a spec loads only if needed
-    config["policy"] = policy if owns_policy else policy_obj.name
-    done: dict[tuple[str, int, int], dict[str, Any]] = {}
-    if out is not None:
-        check_run_config(out, config)
-        done = read_transcripts(out / TRANSCRIPTS, repair=True)
+    tasks = plan_tasks(bank, repeats=config.repeats, seed=config.seed, limit=config.limit)
+    protocol = resolve_protocol(config.protocol)
+    policy_obj = None if isinstance(policy, str) else make_policy(policy)  # a spec loads only if needed
+    recorded = _run_record(personas, config, protocol, policy if policy_obj is None else policy_obj.name)
+    folder = RunFolder(out_dir, recorded, TRANSCRIPTS, KEY_FIELDS) if out_dir is not None else None
+    done = folder.done if folder is not None else {}
     todo = [task for task in tasks if task.key not in done]
-    resumed = len(tasks) - len(todo)
     if on_progress is not None:
-        on_progress(resumed, len(tasks))
+        on_progress(len(tasks) - len(todo), len(tasks))
     if todo:
-        shared_user = user if isinstance(user, SimulatedUser) else as_user_spec(user).build(
-            difficulty_obj, protocol_obj)
-        try:
-            if policy_obj is None:
-                policy_obj = make_policy(policy, max_tokens=max_tokens, temperature=temperature,
-                                         top_p=top_p)
-            if out is not None and not (out / RUN).exists():  # written once both have loaded
-                out.mkdir(parents=True, exist_ok=True)
-                _write_json(out / RUN, config)
-
-            def make_env() -> EmpathyDialogueEnv:
-                return EmpathyDialogueEnv(bank, difficulty_obj, user=shared_user,
-                                          protocol=protocol_obj, think=think,
-                                          system_prompt=config["system_prompt"])
-
-            records = run_dialogues(todo, policy_obj, make_env, batch_size=batch_size)
-            for finished, record in enumerate(records, start=1):
-                if out is not None:
-                    append_record(out / TRANSCRIPTS, record, where=(
-                        f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, "
-                        f"seed {record['seed']})"))
-                done[record_key(record)] = record
-                if on_progress is not None:
-                    on_progress(resumed + finished, len(tasks))
-        finally:
-            if owns_policy and policy_obj is not None:
-                policy_obj.close()
-            if shared_user is not user:
-                shared_user.close()
+        _play_tasks(todo, policy, policy_obj, bank, config, recorded, folder, done,
+                    lambda: on_progress(len(done), len(tasks)) if on_progress is not None else None)
     records = [json.loads(json.dumps(done[task.key])) for task in tasks]
-    report = summarize(records, confidence=confidence, n_resamples=n_resamples, seed=seed)
-    report["config"] = {**config, "repeats": repeats, "limit": limit}
-    if out is not None:
-        _write_json(out / REPORT, report)
-        plot_trajectories(records, out / PLOT, success_emotion=protocol_obj.success_emotion,
-                          failure_below=protocol_obj.failure_below,
-                          title=f"{config['policy']} vs {config['user']}: Sentient score "
+    report = summarize(records, confidence=config.confidence, n_resamples=config.n_resamples, seed=config.seed)
+    report["config"] = {**recorded, "repeats": config.repeats, "limit": config.limit}
+    if folder is not None:
+        folder.write_report(report)
+        plot_trajectories(records, folder.path / PLOT, success_emotion=protocol.success_emotion,
+                          failure_below=protocol.failure_below,
+                          title=f"{recorded['policy']} vs {recorded['user']}: Sentient score "
                                 f"{report['sentient_score']:.1f} "
                                 f"[{report['ci']['low']:.1f}, {report['ci']['high']:.1f}]")
-    return EvalResult(report, records, out, resumed)
+    return EvalResult(report, records, folder.path if folder is not None else None, len(tasks) - len(todo))
+
+
+def _play_tasks(todo: Sequence[Task], policy: Any, policy_obj: Policy | None, bank: Sequence[Persona],
+                config: EvalConfig, recorded: Mapping[str, Any], folder: RunFolder | None,
+                done: dict[tuple[Any, ...], dict[str, Any]], progress: Callable[[], None]) -> None:
+    """Play ``todo``'s dialogues and add each record to ``done`` (and the folder) as it
+    ends; the user and a policy loaded from its spec are closed at the end."""
+    difficulty, protocol = load_difficulty(config.difficulty), resolve_protocol(config.protocol)
+    user = config.user if isinstance(config.user, SimulatedUser) else as_user_spec(config.user).build(
+        difficulty, protocol)
+    owns_policy = policy_obj is None
+    try:
+        if owns_policy:
+            policy_obj = make_policy(policy, max_tokens=config.max_tokens, temperature=config.temperature,
+                                     top_p=config.top_p)
+        if folder is not None:
+            folder.start()  # once both have loaded
+
+        def make_env() -> EmpathyDialogueEnv:
+            return EmpathyDialogueEnv(bank, difficulty, user=user, protocol=protocol, think=config.think,
+                                      system_prompt=recorded["system_prompt"])
+
+        for record in run_dialogues(todo, policy_obj, make_env, batch_size=config.batch_size):
+            if folder is not None:  # adds it to folder.done, which is done
+                where = f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, seed {record['seed']})"
+                folder.append([record], where=[where])
+            else:
+                done[record_key(record)] = record
+            progress()
+    finally:
+        if owns_policy and policy_obj is not None:
+            policy_obj.close()
+        if user is not config.user:
+            user.close()

@@ -35,7 +35,8 @@ from empathy_gym.sage_logs import (
     read_sage_log,
 )
 from empathy_gym.seeding import derive_seed
-from empathy_gym.specs import UserSpec
+from empathy_gym.run_folder import EvaluationError, RunFolder
+from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
 
@@ -267,9 +268,7 @@ def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtoc
 
 # -- the harness: empathy-gym replay ---------------------------------------------------
 TURNS = "turns.jsonl"
-REPORT = "report.json"
 PLOT = "scatter.png"
-RUN = "run.json"
 
 #: Fields of a per-turn record that identify its turn.
 TURN_KEY: tuple[str, ...] = ("log", "dialogue_id", "turn")
@@ -491,15 +490,7 @@ def replay_logs(logs: Sequence[str | os.PathLike],
         SpecError: a malformed user spec (TypeError: of another type). SimulatorError, BackendError: from the user;
             turns already appraised stay in ``turns.jsonl``.
     """
-    from empathy_gym.evaluation import (
-        EvaluationError,
-        _write_json,
-        append_records,
-        check_run_config,
-        describe_user,
-        read_jsonl_records,
-    )
-    from empathy_gym.specs import as_user_spec
+    from empathy_gym.evaluation import describe_user
     from empathy_gym.user import resolve_protocol
     from empathy_gym.user.difficulty import load_difficulty
 
@@ -513,60 +504,62 @@ def replay_logs(logs: Sequence[str | os.PathLike],
     user_name, appraisal_mode = describe_user(user)
     config = {"user": user_name, "appraisal_mode": appraisal_mode, "difficulty": difficulty_obj.name,
               "protocol": dataclasses.asdict(protocol_obj), "seed": seed}
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise EvaluationError(f"out_dir {str(out)!r} is a file; give a folder (new or a replay to resume)")
-    checks = {log.name: [replay_with_logged_changes(d, protocol_obj) for d in log.dialogues]
-              for log in files}
-    todo: list[tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]] = []
-    for log in files:
-        for dialogue in log.dialogues:
-            for turn in dialogue.turns:
-                if turn.scored:
-                    request = turn_request(turn, dialogue.persona,
-                                           seed=derive_seed(seed, log.name, dialogue.id, turn.turn))
-                    todo.append((log, dialogue, turn, request))
+    folder = RunFolder(out_dir, config, TURNS, TURN_KEY) if out_dir is not None else None
+    todo = _scored_turns(files, seed)
     keys = [(log.name, dialogue.id, turn.turn) for log, dialogue, turn, _ in todo]
-    done: dict[tuple[Any, ...], dict[str, Any]] = {}
-    if out is not None:
-        check_run_config(out, config)
-        done = read_jsonl_records(out / TURNS, TURN_KEY, repair=True)
+    done = folder.done if folder is not None else {}
     pending = [item for item, key in zip(todo, keys) if key not in done]
-    resumed = len(todo) - len(pending)
     if on_progress is not None:
-        on_progress(resumed, len(todo))
+        on_progress(len(todo) - len(pending), len(todo))
     if pending:
         shared_user = user if isinstance(user, SimulatedUser) else as_user_spec(user).build(
             difficulty_obj, protocol_obj)
         try:
-            if out is not None and not (out / RUN).exists():
-                out.mkdir(parents=True, exist_ok=True)
-                _write_json(out / RUN, config)
-            finished = resumed
-            batches = _appraise_in_batches(shared_user, [item[3] for item in pending], batch_size)
-            for start, appraisals in zip(range(0, len(pending), batch_size), batches):
-                batch = pending[start:start + len(appraisals)]
-                records = [turn_record(log, dialogue, turn, request, appraisal, protocol_obj)
-                           for (log, dialogue, turn, request), appraisal in zip(batch, appraisals)]
-                if out is not None:
-                    append_records(out / TURNS, records, where=[
-                        f"{log.name} dialogue {dialogue.id!r} turn {turn.turn}"
-                        for log, dialogue, turn, _ in batch])
-                for record in records:
-                    done[(record["log"], record["dialogue_id"], record["turn"])] = record
-                finished += len(appraisals)
-                if on_progress is not None:
-                    on_progress(finished, len(todo))
+            if folder is not None:
+                folder.start()
+            _appraise_pending(shared_user, pending, protocol_obj, batch_size, folder, done,
+                              lambda: on_progress(len(done), len(todo)) if on_progress is not None else None)
         finally:
             if shared_user is not user:
                 shared_user.close()
     records = [done[key] for key in keys]
+    checks = {log.name: [replay_with_logged_changes(d, protocol_obj) for d in log.dialogues] for log in files}
     report = summarize_replay(files, records, checks)
     report["config"] = {**config, "logs": [log.path for log in files], "limit": limit}
-    if out is not None:
-        _write_json(out / REPORT, report)
+    if folder is not None:
+        folder.write_report(report)
         overall = report["agreement"]
-        plot_agreement(records, out / PLOT, title=(
+        plot_agreement(records, folder.path / PLOT, title=(
             f"{config['user']} vs SAGE's logged appraisals ({len(records)} turns)\n"
             f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"))
-    return ReplayResult(report, records, files, out, resumed)
+    return ReplayResult(report, records, files, folder.path if folder is not None else None,
+                        len(todo) - len(pending))
+
+
+_Pending = tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]
+
+
+def _scored_turns(files: Sequence[LogFile], seed: int) -> list[_Pending]:
+    """Every scored turn of ``files``, in log, dialogue and turn order, with its request
+    (seeded by ``derive_seed(seed, log name, dialogue id, turn)``)."""
+    return [(log, dialogue, turn, turn_request(turn, dialogue.persona,
+                                               seed=derive_seed(seed, log.name, dialogue.id, turn.turn)))
+            for log in files for dialogue in log.dialogues for turn in dialogue.turns if turn.scored]
+
+
+def _appraise_pending(user: SimulatedUser, pending: Sequence[_Pending], protocol: EmotionProtocol,
+                      batch_size: int, folder: RunFolder | None, done: dict[tuple[Any, ...], dict[str, Any]],
+                      progress: Callable[[], None]) -> None:
+    """Appraise ``pending`` in batches; each batch's records go to ``done`` (and the
+    folder) before the next batch starts."""
+    batches = _appraise_in_batches(user, [item[3] for item in pending], batch_size)
+    for start, appraisals in zip(range(0, len(pending), batch_size), batches):
+        batch = pending[start:start + len(appraisals)]
+        records = [turn_record(log, dialogue, turn, request, appraisal, protocol)
+                   for (log, dialogue, turn, request), appraisal in zip(batch, appraisals)]
+        if folder is not None:  # adds them to folder.done, which is done
+            folder.append(records, where=[f"{log.name} dialogue {dialogue.id!r} turn {turn.turn}"
+                                          for log, dialogue, turn, _ in batch])
+        else:
+            done.update({(r["log"], r["dialogue_id"], r["turn"]): r for r in records})
+        progress()

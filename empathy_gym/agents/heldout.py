@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
-from empathy_gym.evaluation import append_records, plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation import plan_tasks, run_dialogues, summarize
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
+from empathy_gym.run_folder import append_records
 
 HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)

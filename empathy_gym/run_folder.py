@@ -1,0 +1,185 @@
+"""A run folder: where a resumable run (``empathy-gym eval``, ``empathy-gym replay``)
+keeps what it must not lose.
+
+* ``run.json``: the run's configuration, written once the run has loaded what it needs,
+  and checked on resume (a folder holding another configuration is refused, naming each
+  field that differs);
+* a JSON Lines file of finished records (dialogues, appraised turns), appended and
+  fsynced as they finish; a last line cut by a crash is ignored and repaired on resume;
+* ``report.json`` (written atomically) and a plot, when the run ends.
+
+:class:`RunFolder` is the one place that does this; evaluation and replay say only
+which records they keep and how a record is keyed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RUN_CONFIG = "run.json"
+REPORT = "report.json"
+
+
+class EvaluationError(ValueError):
+    """Invalid input to an evaluation run (``eval``, ``replay``): a corrupt records file
+    or ``run.json`` (the message names the file and line), a folder holding another
+    configuration or a file in its place, a record that cannot be written, or bad
+    options."""
+
+
+def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
+                       ) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The records of a JSON Lines file that is appended to as work finishes, by key
+    (the values of ``key_fields``; the first record of a key wins).
+
+    A last line without its newline is an unfinished write: it is ignored, and with
+    ``repair=True`` cut off the file so that appends start on a fresh line.
+
+    Returns:
+        ``{key: record}``; empty when the file does not exist.
+
+    Raises:
+        EvaluationError: a complete line that is not a JSON object or lacks a key field,
+            naming the file and the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1
+    if repair and complete < len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(complete)
+            handle.flush()
+            os.fsync(handle.fileno())
+    records: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} "
+                                  f"(column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise EvaluationError(f"{path}:{number}: expected a JSON object")
+        for name in key_fields:
+            if name not in record:
+                raise EvaluationError(f"{path}:{number}: field {name!r}: missing")
+        records.setdefault(tuple(record[name] for name in key_fields), record)
+    return records
+
+
+def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *,
+                   where: Sequence[str] | None = None) -> None:
+    """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
+
+    Every line is encoded before the file is opened, so records that cannot be written
+    leave the file unchanged.
+
+    Args:
+        where: one description per record (e.g. the dialogue), for the error message.
+
+    Raises:
+        EvaluationError: a record holds text that UTF-8 cannot encode (a lone
+            surrogate), naming the record (``where``) and the offending text.
+    """
+    lines = []
+    for index, record in enumerate(records):
+        try:
+            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        except UnicodeEncodeError as error:
+            snippet = error.object[max(0, error.start - 30):error.end + 30]
+            what = where[index] if where is not None else f"record {index + 1}"
+            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} "
+                                  f"near {snippet!r}") from None
+    with open(path, "ab") as handle:
+        handle.write(b"".join(lines))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically (a temporary file renamed over ``path``)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
+    """Check that a run directory's ``run.json``, when there is one, holds ``config``.
+
+    Raises:
+        EvaluationError: naming each field that differs (old and new value), or a
+            ``run.json`` that is not valid JSON.
+    """
+    path = out_dir / RUN_CONFIG
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+    new = json.loads(json.dumps(dict(config)))
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+               if old.get(k) != new.get(k)]
+    if changed:
+        raise EvaluationError(f"{path}: this directory holds a run with another configuration "
+                              f"({'; '.join(changed)}); use another --out directory, or delete "
+                              f"it to start over")
+
+
+class RunFolder:
+    """A run's folder (see the module docstring), opened for a run with ``config``.
+
+    Args:
+        path: the folder (created by :meth:`start`; may exist and hold this run).
+        config: the run's configuration (JSON-serialisable); compared with ``run.json``.
+        records: the records file's name, e.g. ``"transcripts.jsonl"``.
+        key_fields: the record fields that identify a record (its key in :attr:`done`).
+
+    Attributes:
+        done: the finished records by key, read from the records file and added to by
+            :meth:`append`.
+
+    Raises:
+        EvaluationError: ``path`` is a file, ``run.json`` holds another configuration or
+            is not JSON, or the records file is corrupt (file and line).
+    """
+
+    def __init__(self, path: str | os.PathLike, config: Mapping[str, Any], records: str,
+                 key_fields: Sequence[str]):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise EvaluationError(f"out_dir {str(self.path)!r} is a file; give a folder (new, or a run to resume)")
+        self.config = dict(config)
+        self.records = self.path / records
+        self.key_fields = tuple(key_fields)
+        check_run_config(self.path, self.config)
+        self.done: dict[tuple[Any, ...], dict[str, Any]] = read_jsonl_records(
+            self.records, self.key_fields, repair=True)
+
+    def key(self, record: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The record's key: the values of ``key_fields``."""
+        return tuple(record[name] for name in self.key_fields)
+
+    def start(self) -> None:
+        """Create the folder and write ``run.json`` (once: a resumed run keeps its own)."""
+        if not (self.path / RUN_CONFIG).exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_json(self.path / RUN_CONFIG, self.config)
+
+    def append(self, records: Sequence[Mapping[str, Any]], where: Sequence[str]) -> None:
+        """Append finished records (:func:`append_records`; ``where`` names each in errors)."""
+        append_records(self.records, records, where=where)
+        for record in records:
+            self.done[self.key(record)] = dict(record)
+
+    def write_report(self, report: Mapping[str, Any]) -> Path:
+        """Write ``report.json`` atomically; returns its path."""
+        write_json(self.path / REPORT, report)
+        return self.path / REPORT

@@ -1,0 +1,35 @@
+"""The run folder that eval and replay share (empathy_gym.run_folder.RunFolder)."""
+
+import json
+
+import pytest
+
+from empathy_gym.run_folder import EvaluationError, RunFolder
+
+
+def test_a_run_folder_starts_appends_and_resumes(tmp_path):
+    folder = RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",))
+    assert folder.done == {} and not (tmp_path / "run").exists()  # nothing written before start
+    folder.start()
+    folder.append([{"id": "a", "x": 1}, {"id": "b", "x": 2}], where=["a", "b"])
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"seed": 0}
+    with open(tmp_path / "run" / "records.jsonl", "a") as handle:
+        handle.write('{"id": "c", "x"')  # a write cut by a crash
+    again = RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",))
+    assert again.done == {("a",): {"id": "a", "x": 1}, ("b",): {"id": "b", "x": 2}}
+    again.append([{"id": "c", "x": 3}], where=["c"])  # on a fresh line: the cut one was removed
+    lines = (tmp_path / "run" / "records.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["a", "b", "c"]
+    assert json.loads(again.write_report({"score": 1}).read_text()) == {"score": 1}
+
+
+def test_a_run_folder_refuses_another_run_a_file_and_a_corrupt_line(tmp_path):
+    RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",)).start()
+    with pytest.raises(EvaluationError, match=r"run\.json: .*seed: 0 -> 1"):
+        RunFolder(tmp_path / "run", {"seed": 1}, "records.jsonl", ("id",))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EvaluationError, match="is a file; give a folder"):
+        RunFolder(tmp_path / "file", {}, "records.jsonl", ("id",))
+    (tmp_path / "run" / "records.jsonl").write_text('{"id": "a"}\n{"x": 1}\n')
+    with pytest.raises(EvaluationError, match=r"records\.jsonl:2: field 'id': missing"):
+        RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",))
