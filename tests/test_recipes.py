@@ -103,6 +103,10 @@ def write(tmp_path, text):
      r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
      r"did you mean 'max_turns'\?"),
     ("algorithm: ppo\nlearning_rate: -1\n", r"learning_rate must be > 0, got -1.0"),
+    ("algorithm: grpo\nseed: 1\nloss_type: mean\n",
+     r"recipe.yaml:3: field 'loss_type': Invalid value 'mean', expected one of \[token_mean, sequence_mean, dr_grpo\]"),
+    ("algorithm: ppo\ngeneration:\n  engine: sglang\n",
+     r"recipe.yaml:3: field 'generation.engine': Invalid value 'sglang', expected one of \[transformers, vllm\]"),
     ("algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
      r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)"),
 ])
@@ -169,3 +173,11 @@ def test_a_shipped_recipe_is_found_by_name_from_any_folder(tmp_path, monkeypatch
         assert load_recipe(name) == by_path
     with pytest.raises(FileNotFoundError, match="no recipe 'smollm2-gpu'.*smollm2-cpu-grpo"):
         load_recipe("smollm2-gpu")
+
+
+def test_a_config_built_in_python_refuses_a_value_outside_its_choices():
+    with pytest.raises(RecipeError, match=r"field 'loss_type': expected one of \['token_mean', 'sequence_mean', "
+                                          r"'dr_grpo'\], got 'mean'"):
+        GRPOConfig(loss_type="mean")
+    config = GRPOConfig(loss_type="dr_grpo")  # a member that is its string
+    assert config.loss_type == "dr_grpo" and f"{config.loss_type}" == "dr_grpo"

@@ -14,7 +14,10 @@ temperature 1.0, GRPO with 4 rollouts per profile.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,66 @@ from omegaconf.errors import OmegaConfBaseException
 
 from empathy_gym.resources import find_recipe
 from empathy_gym.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
+
+
+class Choice(str, enum.Enum):
+    """A config field with a fixed set of values. OmegaConf refuses any other value in a
+    recipe or an override (naming the file, line, field and choices); a config built in
+    Python is checked by :meth:`Checked.__post_init__`. A member is its value: it
+    compares, hashes, prints and serialises as that string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Engine(Choice):
+    transformers = "transformers"
+    vllm = "vllm"
+
+
+class Schedule(Choice):
+    constant = "constant"
+    cosine = "cosine"
+
+
+class ReportTo(Choice):
+    tensorboard = "tensorboard"
+    none = "none"
+
+
+class Critic(Choice):
+    shared = "shared"
+    separate = "separate"
+
+
+class Advantage(Choice):
+    episode = "episode"
+    reward_to_go = "reward_to_go"
+
+
+class LossType(Choice):
+    token_mean = "token_mean"
+    sequence_mean = "sequence_mean"
+    dr_grpo = "dr_grpo"
+
+
+class Checked:
+    """Turns the :class:`Choice` fields of a config built in Python into members."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]
+            kind = hints.get(item.name)
+            if isinstance(kind, type) and issubclass(kind, Choice):
+                value = getattr(self, item.name)
+                try:
+                    setattr(self, item.name, kind(value))
+                except ValueError:
+                    raise RecipeError(f"field {item.name!r}: expected one of {[c.value for c in kind]}, "
+                                      f"got {value!r}") from None
 
 
 @dataclass
@@ -92,7 +155,7 @@ class EnvConfig:
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(Checked):
     """How the policy samples its turns.
 
     Attributes:
@@ -113,7 +176,7 @@ class GenerationConfig:
         vllm_gpu_memory_utilization: vLLM's share of GPU memory.
     """
 
-    engine: str = "transformers"
+    engine: Engine = Engine.transformers
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
@@ -152,7 +215,7 @@ class HeldoutConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Checked):
     """Settings shared by PPO and GRPO.
 
     Attributes:
@@ -197,7 +260,7 @@ class TrainerConfig:
     rollout_batch_size: int = 32
     learning_rate: float = 1e-6
     warmup_ratio: float = 0.0
-    lr_schedule: str = "constant"
+    lr_schedule: Schedule = Schedule.constant
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     num_ppo_epochs: int = 1
@@ -206,7 +269,7 @@ class TrainerConfig:
     entropy_coef: float = 0.001
     save_steps: int = 10
     transcripts_per_step: int = 2
-    report_to: str = "tensorboard"
+    report_to: ReportTo = ReportTo.tensorboard
     progress: bool = True
     tis_cap: float | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -233,7 +296,7 @@ class PPOConfig(TrainerConfig):
             (Ziegler et al. 2019); 0 disables it and skips the reference pass (RLVER).
     """
 
-    critic: str = "shared"
+    critic: Critic = Critic.shared
     critic_learning_rate: float = 5e-6
     critic_warmup_ratio: float = 0.0
     vf_coef: float = 0.5
@@ -282,12 +345,12 @@ class GRPOConfig(TrainerConfig):
     """
 
     num_generations: int = 4
-    advantage: str = "episode"
+    advantage: Advantage = Advantage.episode
     scale_rewards: bool = True
     epsilon: float = 0.2
     epsilon_high: float | None = None
     beta: float = 0.0
-    loss_type: str = "token_mean"
+    loss_type: LossType = LossType.token_mean
     dynamic_sampling_budget: int = 0
 
 
@@ -430,7 +493,8 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
 
 
 def validate(config: TrainerConfig) -> None:
-    """Check the values of a config (the trainers call this for configs built in Python).
+    """Check the values of a config across fields (the choices of single fields are
+    their types': :class:`Choice`); the trainers call this for configs built in Python.
 
     Under a launcher (``WORLD_SIZE`` > 1) the step's dialogue groups must split evenly
     over the processes, and generation must use transformers.
@@ -438,6 +502,16 @@ def validate(config: TrainerConfig) -> None:
     Raises:
         RecipeError: every problem found, in one message.
     """
+    problems = (_range_problems(config) + _sampling_problems(config.generation)
+                + _heldout_problems(config.heldout) + _policy_problems(config))
+    if problems:  # the divisibility checks below need positive divisors
+        raise RecipeError("invalid configuration: " + "; ".join(problems))
+    problems = _batch_problems(config) + _user_problems(config) + _process_problems(config)
+    if problems:
+        raise RecipeError("invalid configuration: " + "; ".join(problems))
+
+
+def _range_problems(config: TrainerConfig) -> list[str]:
     problems = []
     positive = ["learning_rate", "critic_learning_rate", "max_grad_norm", "rollout_batch_size", "num_ppo_epochs",
                 "num_mini_batches", "gradient_accumulation_steps", "num_generations"]
@@ -451,11 +525,13 @@ def validate(config: TrainerConfig) -> None:
     for name in ("warmup_ratio", "critic_warmup_ratio"):
         if not 0 <= getattr(config, name, 0.0) < 1:
             problems.append(f"{name} must be in [0, 1), got {getattr(config, name)}")
-    if config.lr_schedule not in ("constant", "cosine"):
-        problems.append(f"lr_schedule must be 'constant' or 'cosine', got {config.lr_schedule!r}")
     if not 0 <= config.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}")
-    generation = config.generation
+    return problems
+
+
+def _sampling_problems(generation: GenerationConfig) -> list[str]:
+    problems = []
     if generation.max_new_tokens < 1:
         problems.append(f"generation.max_new_tokens must be >= 1, got {generation.max_new_tokens}")
     if generation.temperature < 0:
@@ -469,42 +545,62 @@ def validate(config: TrainerConfig) -> None:
         problems.append(f"generation.top_p {generation.top_p} would sample from the truncated nucleus while the "
                         "loss's log-probs are those of the whole softmax (samples from another distribution "
                         "than the policy); training needs top_p 1.0")
-    heldout = config.heldout
-    if heldout.bank is not None:
-        if not 0 < heldout.test_fraction < 1:
-            problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
-        for name in ("repeats", "batch_size", "n_resamples"):
-            if getattr(heldout, name) < 1:
-                problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
-        if not 0 < heldout.confidence < 1:
-            problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
+    return problems
+
+
+def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
+    if heldout.bank is None:
+        return []
+    problems = []
+    if not 0 < heldout.test_fraction < 1:
+        problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
+    for name in ("repeats", "batch_size", "n_resamples"):
+        if getattr(heldout, name) < 1:
+            problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
+    if not 0 < heldout.confidence < 1:
+        problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
+    return problems
+
+
+def _policy_problems(config: TrainerConfig) -> list[str]:
+    problems = []
     if config.tis_cap is not None and (config.tis_cap < 0 or 0 < config.tis_cap < 1):
         problems.append(f"tis_cap must be 0 (off) or >= 1 (a cap below 1 would shrink every token's loss), "
                         f"got {config.tis_cap}")
     if config.policy.logprob_chunk_tokens < 1:
         problems.append(f"policy.logprob_chunk_tokens must be >= 1, got {config.policy.logprob_chunk_tokens}")
-    if problems:  # the divisibility checks below need positive divisors
-        raise RecipeError("invalid configuration: " + "; ".join(problems))
-    groups = config.rollout_batch_size
+    return problems
+
+
+def _groups(config: TrainerConfig) -> int:
+    """Dialogue groups per step: GRPO's groups of ``num_generations``, else dialogues."""
+    if isinstance(config, GRPOConfig):
+        return config.rollout_batch_size // config.num_generations
+    return config.rollout_batch_size
+
+
+def _batch_problems(config: TrainerConfig) -> list[str]:
+    problems = []
     if config.rollout_batch_size % config.num_mini_batches:
         problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
                         f"num_mini_batches ({config.num_mini_batches})")
-    if isinstance(config, GRPOConfig):
-        groups = config.rollout_batch_size // config.num_generations
-        if config.rollout_batch_size % config.num_generations:
-            problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
-                            f"num_generations ({config.num_generations})")
-        if config.advantage not in ("episode", "reward_to_go"):
-            problems.append(f"advantage must be 'episode' or 'reward_to_go', got {config.advantage!r}")
-        if config.loss_type not in ("token_mean", "sequence_mean", "dr_grpo"):
-            problems.append(f"loss_type must be 'token_mean', 'sequence_mean' or 'dr_grpo', got {config.loss_type!r}")
-        if config.epsilon_high is not None and config.epsilon_high < config.epsilon:
-            problems.append(f"epsilon_high ({config.epsilon_high}) must be >= epsilon ({config.epsilon}): "
-                            "clip-higher widens the upper bound only")
-        if config.dynamic_sampling_budget < 0:
-            problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
-        if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
-            problems.append(REWARD_TO_GO_FINAL)
+    if not isinstance(config, GRPOConfig):
+        return problems
+    if config.rollout_batch_size % config.num_generations:
+        problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
+                        f"num_generations ({config.num_generations})")
+    if config.epsilon_high is not None and config.epsilon_high < config.epsilon:
+        problems.append(f"epsilon_high ({config.epsilon_high}) must be >= epsilon ({config.epsilon}): "
+                        "clip-higher widens the upper bound only")
+    if config.dynamic_sampling_budget < 0:
+        problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
+    if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
+        problems.append(REWARD_TO_GO_FINAL)
+    return problems
+
+
+def _user_problems(config: TrainerConfig) -> list[str]:
+    problems = []
     try:
         spec = env_user_spec(config)
     except RecipeError as error:
@@ -513,26 +609,29 @@ def validate(config: TrainerConfig) -> None:
     if spec is not None and spec.backend == "policy" and not config.policy.use_lora:
         problems.append("env.kwargs.user 'policy' (the simulated user on the policy's base weights) needs "
                         "policy.use_lora=true: a fully fine-tuned policy would change the user at every step")
-    if isinstance(config, PPOConfig) and config.critic not in ("shared", "separate"):
-        problems.append(f"critic must be 'shared' or 'separate', got {config.critic!r}")
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):
         problems.append(f"policy.dtype must be 'float32', 'bfloat16' or 'auto' (float16 would need loss "
                         f"scaling, which this trainer does not do), got {config.policy.dtype!r}")
-    if generation.engine not in ("transformers", "vllm"):
-        problems.append(f"generation.engine must be 'transformers' or 'vllm', got {generation.engine!r}")
+    return problems
+
+
+def _process_problems(config: TrainerConfig) -> list[str]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and groups % world:
+    if world == 1:
+        return []
+    problems = []
+    groups = _groups(config)
+    if groups % world:
         problems.append(f"{groups} dialogue groups per step do not split evenly over {world} processes; "
                         "make rollout_batch_size (/ num_generations) a multiple of the process count")
-    if world > 1 and generation.engine != "transformers":
+    if config.generation.engine != "transformers":
         problems.append("several processes need generation.engine='transformers' (vLLM: one process)")
     budget = getattr(config, "dynamic_sampling_budget", 0)
-    if world > 1 and budget % world:
+    if budget % world:
         problems.append(f"dynamic_sampling_budget {budget} does not split evenly over {world} processes (each "
                         f"refills its share; {budget} // {world} = {budget // world} would drop groups); make it "
                         f"a multiple of {world}")
-    if problems:
-        raise RecipeError("invalid configuration: " + "; ".join(problems))
+    return problems
 
 
 def env_user_spec(config: TrainerConfig) -> UserSpec | None:
@@ -559,6 +658,6 @@ def env_user_spec(config: TrainerConfig) -> UserSpec | None:
 def to_dict(config: TrainerConfig) -> dict[str, Any]:
     """The config as plain containers (for saving next to checkpoints), with
     ``algorithm`` added."""
-    record = OmegaConf.to_container(OmegaConf.structured(config))
+    record = OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)
     record["algorithm"] = "grpo" if isinstance(config, GRPOConfig) else "ppo"
     return record
