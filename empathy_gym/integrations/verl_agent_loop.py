@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
@@ -266,96 +267,108 @@ class EmpathyAgentLoop(AgentLoopBase):
 
     async def _play(self, env, messages: list[dict[str, Any]],
                     sampling_params: dict[str, Any]) -> EmpathyAgentLoopOutput:
-        metrics: dict[str, Any] = {}
-        extra_fields: dict[str, Any] = {}
+        rollout = _Rollout(list(await self.ct_build_initial_tokens(messages)), emotions=[env.dialogue.emotion])
         request_id = uuid4().hex  # one id per dialogue: sticky to one server (prefix cache)
-        prompt_ids = await self.ct_build_initial_tokens(messages)
-        token_ids, response_mask = list(prompt_ids), []
-        response_logprobs: list[float] = []  # stays empty when the server returns none
-        routed_experts = None
-        turn_scores: list[float] = []
-        emotions = [env.dialogue.emotion]
-        replies = user_turns = 0
-        reason = None
         while True:
-            with simple_timer("generate_sequences", metrics):
-                output = await self.server_manager.generate(
-                    request_id=request_id, prompt_ids=token_ids, sampling_params=sampling_params)
-            _merge_server_extra_fields(extra_fields, output.extra_fields)
-            if metrics.get("num_preempted") is None:  # as ToolAgentLoop: -1 = not reported
-                metrics["num_preempted"] = (output.num_preempted
-                                            if output.num_preempted is not None else -1)
-            elif output.num_preempted is not None:
-                metrics["num_preempted"] += output.num_preempted
-            merged, response_mask, logprobs = await self.ct_merge_assistant_token(
-                token_ids, output.token_ids, response_mask,
-                response_logprobs if (response_logprobs or output.log_probs) else None,
-                assistant_logprobs=output.log_probs or None)
-            token_ids = merged.token_ids
-            response_logprobs = logprobs if logprobs is not None else response_logprobs
-            if output.routed_experts is not None:
-                routed_experts = output.routed_experts
-            replies += 1
-            if len(response_mask) >= self.response_length:
-                reason = "response_length"  # the reply filled the budget: not appraised
-                break
-            unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
+            output = await self._generate(rollout, request_id, sampling_params)
+            if len(rollout.response_mask) >= self.response_length:
+                return self._output(env, rollout, "response_length")  # the reply filled the budget: not appraised
             reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
-            with simple_timer("tool_calls", metrics):  # verl's field for environment time
-                observation, reward, terminated, truncated, info = \
-                    await self.session.step(env, reply)
-            turn_scores.append(float(reward))
-            emotions.append(int(info["emotion"]))
+            with simple_timer("tool_calls", rollout.metrics):  # verl's field for environment time
+                observation, reward, terminated, truncated, info = await self.session.step(env, reply)
+            rollout.turn_scores.append(float(reward))
+            rollout.emotions.append(int(info["emotion"]))
             messages.append({"role": "assistant", "content": reply})
             if terminated or truncated:
-                reason = info["termination_reason"] or "max_turns"
-                break
-            if self.max_assistant_turns and replies >= self.max_assistant_turns:
-                reason = "max_assistant_turns"
-                break
-            if unfinished:  # closed as the rollout engine closes a cut turn: end-of-turn, mask 0
-                token_ids, response_mask = token_ids + [self.eos_id], response_mask + [0]
-                response_logprobs = response_logprobs + [0.0] if response_logprobs else response_logprobs
-            before = list(messages)
-            messages.append({"role": "user", "content": self.chat.plain_text(observation)})
-            merged, mask, logprobs = await self.ct_merge_context_msg(
-                before, messages, token_ids, response_mask, response_logprobs or None)
-            if len(mask) >= self.response_length:
-                reason = "response_length"  # no room for the user's turn: stop here
-                break
-            token_ids, response_mask = merged.token_ids, mask
-            response_logprobs = (logprobs or []) if response_logprobs else response_logprobs
-            user_turns += 1
+                return self._output(env, rollout, info["termination_reason"] or "max_turns")
+            if self.max_assistant_turns and rollout.replies >= self.max_assistant_turns:
+                return self._output(env, rollout, "max_assistant_turns")
+            unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
+            if not await self._add_user_turn(rollout, messages, observation, unfinished):
+                return self._output(env, rollout, "response_length")  # no room for the user's turn
 
-        cut = self.response_length
+    async def _generate(self, rollout: _Rollout, request_id: str, sampling_params: dict[str, Any]) -> Any:
+        """Sample the policy's next reply and add it to ``rollout`` (response mask 1)."""
+        with simple_timer("generate_sequences", rollout.metrics):
+            output = await self.server_manager.generate(
+                request_id=request_id, prompt_ids=rollout.token_ids, sampling_params=sampling_params)
+        _merge_server_extra_fields(rollout.extra_fields, output.extra_fields)
+        metrics = rollout.metrics
+        if metrics.get("num_preempted") is None:  # as ToolAgentLoop: -1 = not reported
+            metrics["num_preempted"] = output.num_preempted if output.num_preempted is not None else -1
+        elif output.num_preempted is not None:
+            metrics["num_preempted"] += output.num_preempted
+        merged, rollout.response_mask, logprobs = await self.ct_merge_assistant_token(
+            rollout.token_ids, output.token_ids, rollout.response_mask,
+            rollout.response_logprobs if (rollout.response_logprobs or output.log_probs) else None,
+            assistant_logprobs=output.log_probs or None)
+        rollout.token_ids = merged.token_ids
+        rollout.response_logprobs = logprobs if logprobs is not None else rollout.response_logprobs
+        if output.routed_experts is not None:
+            rollout.routed_experts = output.routed_experts
+        rollout.replies += 1
+        return output
+
+    async def _add_user_turn(self, rollout: _Rollout, messages: list[dict[str, Any]], observation: str,
+                             unfinished: bool) -> bool:
+        """Close a cut reply (end-of-turn token, mask 0, as the rollout engine does) and add
+        the user's turn (mask 0); ``False`` when it does not fit in ``response_length``."""
+        if unfinished:
+            rollout.token_ids, rollout.response_mask = rollout.token_ids + [self.eos_id], rollout.response_mask + [0]
+            if rollout.response_logprobs:
+                rollout.response_logprobs = rollout.response_logprobs + [0.0]
+        before = list(messages)
+        messages.append({"role": "user", "content": self.chat.plain_text(observation)})
+        merged, mask, logprobs = await self.ct_merge_context_msg(
+            before, messages, rollout.token_ids, rollout.response_mask, rollout.response_logprobs or None)
+        if len(mask) >= self.response_length:
+            return False
+        rollout.token_ids, rollout.response_mask = merged.token_ids, mask
+        rollout.response_logprobs = (logprobs or []) if rollout.response_logprobs else rollout.response_logprobs
+        rollout.user_turns += 1
+        return True
+
+    def _output(self, env, rollout: _Rollout, reason: str) -> EmpathyAgentLoopOutput:
+        """The dialogue as verl's output, cut to ``response_length``."""
+        cut, token_ids, response_mask = self.response_length, rollout.token_ids, rollout.response_mask
         response_ids = token_ids[len(token_ids) - len(response_mask):][:cut]
         prompt_ids = token_ids[: len(token_ids) - len(response_mask)]
         response_mask = response_mask[:cut]
+        turn_scores = rollout.turn_scores
         turn_ends = agent_turn_ends(response_mask)
         if len(turn_ends) < len(turn_scores):
             logger.warning("empathy agent loop: %d appraised replies but %d agent turns in the "
                            "response mask (an empty reply?); the extra scores go on the last "
                            "agent token", len(turn_scores), len(turn_ends))
-        turn_ends = turn_ends[: len(turn_scores)]
         score = float(sum(turn_scores))
-        extra_fields.update({
-            "turn_scores": turn_scores, "tool_rewards": [], "turn_ends": turn_ends,
-            "emotions": emotions, "termination_reason": reason,
-            "persona_id": env.dialogue.persona.id,
-            "reward_extra_info": {"score": score, "final_emotion": float(emotions[-1])},
+        rollout.extra_fields.update({
+            "turn_scores": turn_scores, "tool_rewards": [], "turn_ends": turn_ends[: len(turn_scores)],
+            "emotions": rollout.emotions, "termination_reason": reason, "persona_id": env.dialogue.persona.id,
+            "reward_extra_info": {"score": score, "final_emotion": float(rollout.emotions[-1])},
         })
+        experts = rollout.routed_experts
         return EmpathyAgentLoopOutput(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            response_mask=response_mask,
-            response_logprobs=response_logprobs[:cut] if response_logprobs else None,
-            routed_experts=(routed_experts[: len(prompt_ids) + cut]
-                            if routed_experts is not None else None),
-            reward_score=score,
-            num_turns=1 + replies + user_turns,
-            metrics=metrics,
-            extra_fields=extra_fields,
-        )
+            prompt_ids=prompt_ids, response_ids=response_ids, response_mask=response_mask,
+            response_logprobs=rollout.response_logprobs[:cut] if rollout.response_logprobs else None,
+            routed_experts=experts[: len(prompt_ids) + cut] if experts is not None else None,
+            reward_score=score, num_turns=1 + rollout.replies + rollout.user_turns,
+            metrics=rollout.metrics, extra_fields=rollout.extra_fields)
+
+
+@dataclass
+class _Rollout:
+    """One dialogue's growing token state (prompt + response) and what it has scored."""
+
+    token_ids: list[int]
+    emotions: list[int]
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)  # stays empty when the server returns none
+    routed_experts: Any = None
+    turn_scores: list[float] = field(default_factory=list)
+    replies: int = 0
+    user_turns: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
 
 
 def _merge_server_extra_fields(extra_fields: dict[str, Any], new: Mapping[str, Any]) -> None:
