@@ -268,32 +268,13 @@ class RLTrainer:
                             f"got a {type(config).__name__}")
         validate(config)
         heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
-        tokenizer = tokenizer if tokenizer is not None else processing_class
         self.config = config
         seed_everything(config.seed)
         self.processes = Processes(cpu=config.policy.device == "cpu" or not torch.cuda.is_available())
         self.device = resolve_device(config.policy.device)
         if self.processes.device is not None and self.processes.device.type == "cuda":
             self.device = self.processes.device  # cuda:LOCAL_RANK under a launcher
-        if model is None:
-            from empathy_gym.models import load_causal_lm
-            kwargs = {}
-            if config.policy.attn_implementation:
-                kwargs["attn_implementation"] = config.policy.attn_implementation
-            if not self.processes.is_main:
-                self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
-            self.memory_plan = self.plan_memory(None)  # from the config alone: before any weight is loaded
-            model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
-                                              device=self.device, **kwargs)
-            if self.processes.is_main:
-                self.processes.barrier()
-            # a first load converts a GGUF file, which draws from the global RNG; what comes
-            # next (LoRA's initial weights) must not depend on whether the cache was warm
-            seed_everything(config.seed)
-        elif tokenizer is None:
-            raise ValueError("pass the tokenizer together with the model")
-        else:
-            self.memory_plan = self.plan_memory(model)
+        model, tokenizer = self._load_policy(model, tokenizer if tokenizer is not None else processing_class)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
@@ -305,27 +286,8 @@ class RLTrainer:
         self.model = self._wrap_policy(model.to(self.device))
         self.reference: Any = None  # a frozen copy, only for KL without LoRA
         self._build_algorithm()
-        groups = self.param_groups()
-        #: parameters by name ("policy", "value"): each set is clipped to max_grad_norm on its own
-        self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-        warmups = {"policy": config.warmup_ratio, "value": getattr(config, "critic_warmup_ratio", 0.0)}
-        self.scheduler = make_scheduler(self.optimizer, [warmups[name] for name in self.gradient_groups],
-                                        config.total_steps, config.lr_schedule, config.min_lr_ratio)
-        think = config.generation.think
-        local_batch = config.rollout_batch_size // self.processes.world
-        self.generator = self._make_generator()
-        self.envs = list(envs) if envs is not None else make_envs(
-            config, local_batch, think,
-            policy_user=self.make_policy_user() if getattr(env_user_spec(config), "backend", None) == "policy"
-            else None)
-        if len(self.envs) < local_batch:
-            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
-                             + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
-        self.check_envs(self.envs)
-        self.engine = RolloutEngine(self.envs, self.generator, tokenizer,
-                                    max_context_tokens=config.generation.max_context_tokens,
-                                    max_new_tokens=config.generation.max_new_tokens)
+        self._build_optimizer()
+        self._build_rollouts(envs)
         self.step = 0
         self.callbacks = list(callbacks)
         if config.heldout.bank:
@@ -335,6 +297,71 @@ class RLTrainer:
         self._dirty = False  # parameters changed since the last completed step
         self._saved_step = -1
         self.run_log: RunLog | None = None
+
+    def _load_policy(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+        """``(model, tokenizer)``: loaded from ``policy.model`` when ``model`` is ``None``
+        (after the memory plan, which needs no weights), else as given; sets
+        :attr:`memory_plan`.
+
+        Raises:
+            ValueError: ``model`` without ``tokenizer``.
+            MemoryPlanError: a plan that does not fit (``policy.check_memory``).
+        """
+        config = self.config
+        if model is not None:
+            if tokenizer is None:
+                raise ValueError("pass the tokenizer together with the model")
+            self.memory_plan = self.plan_memory(model)
+            return model, tokenizer
+        from empathy_gym.models import load_causal_lm
+        kwargs = {}
+        if config.policy.attn_implementation:
+            kwargs["attn_implementation"] = config.policy.attn_implementation
+        if not self.processes.is_main:
+            self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
+        self.memory_plan = self.plan_memory(None)  # from the config alone: before any weight is loaded
+        model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
+                                          device=self.device, **kwargs)
+        if self.processes.is_main:
+            self.processes.barrier()
+        # a first load converts a GGUF file, which draws from the global RNG; what comes
+        # next (LoRA's initial weights) must not depend on whether the cache was warm
+        seed_everything(config.seed)
+        return model, tokenizer
+
+    def _build_optimizer(self) -> None:
+        """AdamW over :meth:`param_groups` and the learning-rate schedule (one warm-up per
+        group: ``warmup_ratio`` for the policy, ``critic_warmup_ratio`` for the value)."""
+        config = self.config
+        groups = self.param_groups()
+        #: parameters by name ("policy", "value"): each set is clipped to max_grad_norm on its own
+        self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        warmups = {"policy": config.warmup_ratio, "value": getattr(config, "critic_warmup_ratio", 0.0)}
+        self.scheduler = make_scheduler(self.optimizer, [warmups[name] for name in self.gradient_groups],
+                                        config.total_steps, config.lr_schedule, config.min_lr_ratio)
+
+    def _build_rollouts(self, envs: Sequence[Any] | None) -> None:
+        """The generator, this process's envs (``envs``, or ``rollout_batch_size`` / world
+        envs of ``config.env`` sharing one user) and the rollout engine.
+
+        Raises:
+            ValueError: fewer envs than this process's share of ``rollout_batch_size``.
+        """
+        config = self.config
+        local_batch = config.rollout_batch_size // self.processes.world
+        self.generator = self._make_generator()
+        policy_user = getattr(env_user_spec(config), "backend", None) == "policy"
+        self.envs = list(envs) if envs is not None else make_envs(
+            config, local_batch, config.generation.think,
+            policy_user=self.make_policy_user() if policy_user else None)
+        if len(self.envs) < local_batch:
+            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
+                             + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
+        self.check_envs(self.envs)
+        self.engine = RolloutEngine(self.envs, self.generator, self.tokenizer,
+                                    max_context_tokens=config.generation.max_context_tokens,
+                                    max_new_tokens=config.generation.max_new_tokens)
 
     # -- set-up ------------------------------------------------------------------
     def plan_memory(self, model: Any = None) -> MemoryPlan | None:
