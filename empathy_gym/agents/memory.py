@@ -216,6 +216,34 @@ def read_shape(name: str) -> DecoderShape:
     return DecoderShape.from_config(AutoConfig.from_pretrained(path, gguf_file=gguf_file))
 
 
+def _weight_rows(config: Any, shape: DecoderShape, half: int) -> list[tuple[str, int, str]]:
+    """The rows of the weights, gradients and optimizer state: the policy's, a separate
+    critic's, and a reference copy for the KL term (without LoRA)."""
+    policy, total = config.policy, shape.parameters()
+    rows: list[tuple[str, int, str]] = []
+    if policy.use_lora:
+        trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules)
+        rows.append(("policy weights (frozen)", total * half, f"{_count(total)} params x {half} B"))
+        rows.append(("LoRA adapters + grads + AdamW", trained * 16,
+                     f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)"))
+    else:
+        rows.append(("policy weights + grads + AdamW", total * 16,
+                     f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)"))
+        if half == 2:
+            rows.append(("autocast's bf16 weight copies", total * 2,
+                         "torch.autocast caches a half-precision copy of each fp32 weight in a forward"))
+    critic = getattr(config, "critic", None)
+    if critic == "separate":
+        critic_trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
+        body = total - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)   # no language-model head
+        rows.append(("critic (separate)", (body * half if policy.use_lora else 0) + critic_trained * 16,
+                     "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained")))
+    kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
+    if kl and not policy.use_lora:
+        rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
+    return rows
+
+
 def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None,
                 device: str = "cpu", logprob_chunk_tokens: int | None = None, processes: int = 1,
                 generation_rows: int = 32) -> MemoryPlan:
@@ -239,32 +267,13 @@ def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None
     """
     policy, generation = config.policy, config.generation
     half = BYTES.get(policy.dtype, 2)
-    total = shape.parameters()
     rows: list[tuple[str, int, str]] = []
     dialogues = max(1, config.rollout_batch_size // max(1, processes))
     micro = max(1, -(-dialogues // (config.num_mini_batches * config.gradient_accumulation_steps)))
     context = generation.max_context_tokens
     tokens = micro * context
-    if policy.use_lora:
-        trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules)
-        rows.append(("policy weights (frozen)", total * half, f"{_count(total)} params x {half} B"))
-        rows.append(("LoRA adapters + grads + AdamW", trained * 16,
-                     f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)"))
-    else:
-        rows.append(("policy weights + grads + AdamW", total * 16,
-                     f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)"))
-        if half == 2:
-            rows.append(("autocast's bf16 weight copies", total * 2,
-                         "torch.autocast caches a half-precision copy of each fp32 weight in a forward"))
+    rows.extend(_weight_rows(config, shape, half))
     critic = getattr(config, "critic", None)
-    if critic == "separate":
-        critic_trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
-        body = total - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)   # no language-model head
-        rows.append(("critic (separate)", (body * half if policy.use_lora else 0) + critic_trained * 16,
-                     "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained")))
-    kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
-    if kl and not policy.use_lora:
-        rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
     fused = policy.attn_implementation != "eager"
     per_layer = tokens * activation_bytes_per_token(shape, 2 if half == 2 else 4, fused_attention=fused,
                                                     sequence=context)
