@@ -39,7 +39,7 @@ calls of many dialogues (:mod:`empathy_gym.vector`). :meth:`EmpathyDialogueEnv.a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsFloat
 
@@ -469,6 +469,19 @@ def _grouped_by_user(envs: Sequence[EmpathyDialogueEnv]) -> dict[tuple[int, Any]
     for index, env in enumerate(envs):
         groups.setdefault((id(env.user), env.protocol), []).append(index)
     return groups
+
+
+def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwargs: Any
+                     ) -> list[EmpathyDialogueEnv]:
+    """``count`` (>= 1) envs ``make(**kwargs)`` that share one simulated user: the first
+    builds it from ``kwargs`` (and owns it: closing the first closes the user), the others
+    get it as ``user=``, so :func:`step_many` batches their user turns in one call.
+
+    Raises:
+        As ``make`` for bad keywords (raised by the first).
+    """
+    first = make(**kwargs)
+    return [first] + [make(**{**kwargs, "user": first.user}) for _ in range(count - 1)]
 
 
 def reset_many(envs: Sequence[EmpathyDialogueEnv], seeds: Sequence[int | None],

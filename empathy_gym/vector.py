@@ -56,7 +56,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user, step_many
 
 
 class EmpathyDialogueVectorEnv(VectorEnv):
@@ -100,10 +100,8 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         self.autoreset_mode = (autoreset_mode if isinstance(autoreset_mode, AutoresetMode)
                                else AutoresetMode(autoreset_mode))
         self.num_envs = int(num_envs)
-        first = EmpathyDialogueEnv(**kwargs)
-        shared = {**kwargs, "user": first.user}
-        self.envs: list[EmpathyDialogueEnv] = [first] + [
-            EmpathyDialogueEnv(**shared) for _ in range(self.num_envs - 1)]
+        self.envs: list[EmpathyDialogueEnv] = sharing_one_user(EmpathyDialogueEnv, self.num_envs, **kwargs)
+        first = self.envs[0]
         self.user = first.user
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = first.render_mode

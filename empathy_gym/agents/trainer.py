@@ -69,6 +69,7 @@ from empathy_gym.agents.rollout import (
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
+from empathy_gym.env import sharing_one_user
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
@@ -171,12 +172,10 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
     try:
-        first = gym.make(config.env.id, **kwargs).unwrapped
+        return sharing_one_user(lambda **options: gym.make(config.env.id, **options).unwrapped, count, **kwargs)
     except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
         raise RecipeError(f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
                           f"{str(error).split(' was raised from the environment creator')[0]}") from None
-    return [first] + [gym.make(config.env.id, **{**kwargs, "user": first.user}).unwrapped
-                      for _ in range(count - 1)]
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, TypeVar
 import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user, step_many
 from empathy_gym.integrations.batching import MicroBatcher
 from empathy_gym.personas import Persona, load_personas
 
@@ -176,10 +176,10 @@ def dialogue_starts(config: Mapping[str, Any] | None = None, *,
     env_id = config.pop("env_id", SHARED_USER_KEYS["env_id"])
     for key in (*SHARED_USER_KEYS, "name"):
         config.pop(key, None)
-    first = gym.make(env_id, **config).unwrapped
-    ids = list(persona_ids) if persona_ids is not None else [p.id for p in first.personas]
-    envs = [first] + [gym.make(env_id, **{**config, "user": first.user}).unwrapped
-                      for _ in ids[1:]]
+    bank = persona_bank({**config, "env_id": env_id})
+    ids = list(persona_ids) if persona_ids is not None else [p.id for p in bank]
+    envs = sharing_one_user(lambda **options: gym.make(env_id, **options).unwrapped, max(1, len(ids)), **config)
+    first = envs[0]
     seeds = [seed + index for index in range(len(ids))]
     results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
     first.close()  # closes the user only if it was built here
