@@ -88,3 +88,26 @@ def test_tripped_reads_ceilings_and_floors():
     assert tripped(metrics, {"self_repeat_share": 0.5, "distinct_2": 0.1}) == {}
     with pytest.raises(KeyError, match="'distinct_3': no such monitor"):
         tripped(metrics, {"distinct_3": 0.5})
+
+
+def test_the_trainer_logs_the_monitors_and_warns_past_a_threshold(tmp_path, caplog):
+    """The tiny random model's replies have far fewer than 10**6 words (a floor: trips)
+    and never an injection share above 1.0 (a ceiling: cannot trip)."""
+    from empathy_gym.agents import GRPOTrainer, load_recipe
+    from empathy_gym.env import EmpathyDialogueEnv
+    from empathy_gym.personas import load_personas
+    from empathy_gym.user.scripted import ScriptedUser
+
+    config = load_recipe("agents/tiny-cpu.yaml", [
+        f"output_dir={tmp_path}", "total_steps=1", "rollout_batch_size=4", "progress=false", "save_steps=0",
+        "generation.max_new_tokens=6", "monitors.reply_words_mean=1000000", "monitors.injection_share=1.0"],
+        algorithm="grpo")
+    envs = [EmpathyDialogueEnv(load_personas("en")[:4], user=ScriptedUser([1, -1]), max_turns=2) for _ in range(4)]
+    metrics = GRPOTrainer(config, envs=envs).train()[-1]
+    assert metrics["monitor/tripped"] == 1.0
+    assert 0 <= metrics["monitor/reply_words_mean"] < 1_000_000 and 0 <= metrics["monitor/injection_share"] <= 1
+    assert {key for key in metrics if key.startswith("monitor/")} == {
+        "monitor/reply_words_mean", "monitor/distinct_2", "monitor/self_repeat_share", "monitor/parrot_share",
+        "monitor/wrong_script_share", "monitor/nonword_share", "monitor/injection_share", "monitor/tripped"}
+    assert "reward-hacking monitor reply_words_mean" in caplog.text
+    assert "injection_share" not in caplog.text

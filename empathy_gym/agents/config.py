@@ -245,6 +245,11 @@ class TrainerConfig(Checked):
         progress: show a progress bar.
         heldout: the before/after evaluation on held-out personas (:class:`HeldoutConfig`;
             off by default).
+        monitors: thresholds of the reward-hacking monitors
+            (:mod:`~empathy_gym.agents.monitors`), by name without ``monitor/``
+            (``{"self_repeat_share": 0.25, "distinct_2": 0.3}``): ceilings, except
+            ``distinct_2`` and ``reply_words_mean`` (floors). A step past one logs a
+            warning and counts it in ``monitor/tripped``. The monitors are logged either way.
         tis_cap: truncated importance sampling (Yao et al. 2025): each token's
             policy loss is weighted by min(pi_trainer / pi_sampler, tis_cap), correcting
             for the generation engine's log-probs differing from the trainer's
@@ -272,6 +277,7 @@ class TrainerConfig(Checked):
     report_to: ReportTo = ReportTo.tensorboard
     progress: bool = True
     tis_cap: float | None = None
+    monitors: dict[str, float] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)

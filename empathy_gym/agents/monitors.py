@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from empathy_gym.boundary import find_injection
+from empathy_gym.think import split_think
 from empathy_gym.user.rule_lexicon import CJK, RULES_DIR, LanguageRules, load_rules
 from empathy_gym.user.rule_user import sentences_of
 
@@ -144,13 +145,15 @@ def reply_monitors(replies: Sequence[Reply]) -> dict[str, float]:
 
 def replies_of(messages: Sequence[Mapping[str, str]], language: str) -> list[Reply]:
     """The agent's replies in a dialogue's ``messages`` (the env's ``info["messages"]``:
-    system, user, assistant, ...), each with the user message before it."""
+    system, user, assistant, ...), each with the user message before it; a reply's
+    ``<think>...</think>`` part is dropped (the user never saw it)."""
     replies, last_user = [], ""
     for message in messages:
         if message["role"] == "user":
             last_user = message["content"]
         elif message["role"] == "assistant":
-            replies.append(Reply(message["content"], last_user, language))
+            text = message["content"]
+            replies.append(Reply(split_think(text).reply if "<think>" in text else text, last_user, language))
     return replies
 
 

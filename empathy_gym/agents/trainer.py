@@ -60,6 +60,7 @@ from empathy_gym.agents.memory import (
     read_shape,
 )
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
+from empathy_gym.agents.monitors import replies_of, reply_monitors, tripped
 from empathy_gym.agents.rollout import (
     RolloutEngine,
     RolloutInterrupted,
@@ -183,7 +184,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     env paid; ``episode/context_limit`` counts the dialogues cut at the context limit;
     ``episode/turn_cut_rate`` is the share of agent turns cut by length before their
     end-of-turn token; ``tokens/thinking_per_turn`` and ``tokens/reply_per_turn`` split
-    the sampled tokens of a turn at ``</think>``)."""
+    the sampled tokens of a turn at ``</think>``; ``monitor/*``: the reward-hacking
+    monitors of the replies, :func:`~empathy_gym.agents.monitors.reply_monitors`)."""
     returns = [t.episode_return for t in trajectories]
     turns = [len(t.rewards) for t in trajectories]
     all_turns = max(1, int(np.sum(turns)))
@@ -204,7 +206,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "episode/format_error_rate": float(np.sum([t.format_errors for t in trajectories]) / max(1, np.sum(turns))),
         "tokens/trainable_mean": float(np.mean([sum(t.loss_mask) for t in trajectories])),
         "tokens/sequence_mean": float(np.mean([len(t.token_ids) for t in trajectories])),
-    }
+    } | reply_monitors([reply for t in trajectories for reply in replies_of(t.messages, t.language)])
 
 
 def describe(prefix: str, values: Sequence[torch.Tensor]) -> dict[str, float]:
@@ -804,6 +806,7 @@ class RLTrainer:
         metrics.update(self._time_metrics(times, started, tick))
         metrics = self.processes.reduce_metrics(metrics, summed=self.summed_metrics)
         metrics |= self.derived_metrics(metrics)
+        metrics["monitor/tripped"] = float(self._check_monitors(step, metrics))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
             self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
@@ -871,6 +874,15 @@ class RLTrainer:
         if self.run_log is not None:
             for record in sorted(records, key=lambda r: r["key"]):
                 self.run_log.episode_record(step, record)
+
+    def _check_monitors(self, step: int, metrics: dict[str, float]) -> int:
+        """Warn about the monitors past the recipe's thresholds (``monitors``); returns
+        how many."""
+        past = tripped(metrics, self.config.monitors)
+        for name, value in past.items():
+            log.warning("step %d: reward-hacking monitor %s = %.3f is past its threshold %s (replies in "
+                        "episodes.jsonl)", step, name, value, self.config.monitors[name])
+        return len(past)
 
     def _time_metrics(self, times: RolloutTimes, started: float, tick: float) -> dict[str, float]:
         """The step's times (``started``: the step's start, ``tick``: the update's), its
