@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from empathy_gym.agents import load_recipe
+from empathy_gym.agents.config import RecipeError
 from empathy_gym.agents.heldout import (
     HeldoutEvaluation,
     feature_shift,
+    judges_gap,
     paired_difference,
     prepare,
     report,
@@ -142,3 +144,39 @@ def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_p
     code = cli.train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path / 'none'}", "--resume"])
     assert code == 1 and "holds no run to continue" in capsys.readouterr().err
 
+
+
+def test_the_gap_between_judges_by_hand():
+    training = {"difference": 3.0, "low": 1.0, "high": 5.0, "per_persona": {"a": 2.0, "b": 4.0}}
+    falling = {"difference": -0.5, "low": -1.0, "high": 0.0, "per_persona": {"a": -1.0, "b": 0.0}}
+    gap = judges_gap(training, falling, n_resamples=200)
+    assert gap["gap"] == 3.5 and gap["diverge"]   # (2 - -1 + 4 - 0) / 2; rose while the judge fell
+    agreeing = judges_gap(training, training, n_resamples=200)
+    assert agreeing == {"gap": 0.0, "low": 0.0, "high": 0.0, "confidence": 0.95, "diverge": False}
+    unsure = {**training, "low": -1.0}  # the training user's gain is not clear: no warning
+    assert not judges_gap(unsure, falling, n_resamples=200)["diverge"]
+
+
+def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
+    """The training user again as the second judge: the same dialogues, so the same
+    scores and a gap of exactly 0, and no warning."""
+    from empathy_gym.agents import GRPOTrainer
+
+    config = load_recipe("agents/tiny-cpu.yaml", [
+        f"output_dir={tmp_path}", "progress=false", "total_steps=1", "rollout_batch_size=4", "save_steps=0",
+        "heldout.bank=en", "heldout.repeats=1", "heldout.user=rule", "env.kwargs.max_turns=2"], algorithm="grpo")
+    trainer = GRPOTrainer(config)
+    trainer.train()
+    result = trainer.heldout_report
+    assert (tmp_path / "heldout" / "before_judge.jsonl").exists() and (tmp_path / "heldout" / "after_judge.jsonl").exists()
+    assert result["judge"]["user"] == "rule"
+    assert result["judge"]["difference"]["difference"] == result["difference"]["difference"]
+    assert result["judges_gap"]["gap"] == 0.0 and not result["judges_gap"]["diverge"]
+    assert "Second judge (heldout.user = rule" in result["text"] and "WARNING" not in result["text"]
+
+
+def test_a_bad_second_judge_is_refused_before_training():
+    with pytest.raises(RecipeError, match="heldout.user: .*gpt"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=gpt:4"], algorithm="grpo")
+    with pytest.raises(RecipeError, match="heldout.user 'policy'"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=policy"], algorithm="grpo")

@@ -202,6 +202,13 @@ class HeldoutConfig:
         batch_size: dialogues played at once.
         confidence: of the bootstrap intervals, in (0, 1).
         n_resamples: bootstrap resamples.
+        user: a second judge: a user spec (``"rule"``, ``"openai:MODEL@URL"``, or a
+            mapping of :class:`~empathy_gym.specs.UserSpec` fields, e.g. the rule user
+            under another difficulty: ``{"backend": "rule", "user_kwargs": {...}}``)
+            that plays the same held-out personas and seeds before and after training,
+            so a run trained against one user is measured by another; the report gives
+            both judges and the gap between them, and warns when the training user's
+            score rose while the judge's fell. ``None`` (default): the training user only.
     """
 
     bank: str | None = None
@@ -212,6 +219,7 @@ class HeldoutConfig:
     batch_size: int = 64
     confidence: float = 0.95
     n_resamples: int = 10_000
+    user: Any = None
 
 
 @dataclass
@@ -565,6 +573,15 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
             problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
     if not 0 < heldout.confidence < 1:
         problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
+    if heldout.user is not None:
+        try:
+            judge = as_user_spec(heldout.user)
+        except (SpecError, TypeError) as error:
+            problems.append(f"heldout.user: {error}")
+        else:
+            if judge.backend == "policy":
+                problems.append("heldout.user 'policy' is the training user's kind; a second judge must be "
+                                "another user (rule, transformers:PATH, openai:MODEL@URL)")
     return problems
 
 

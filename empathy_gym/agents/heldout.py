@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.evaluation import plan_tasks, run_dialogues, summarize
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 from empathy_gym.run_folder import append_records
+from empathy_gym.specs import as_user_spec
 
 HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)
@@ -56,6 +57,12 @@ def _user_label(config: Any) -> str:
     from empathy_gym.agents.config import env_user_spec
     spec = env_user_spec(config)
     return str(spec) if spec is not None else "a ready SimulatedUser"
+
+
+#: Printed (and logged) when the training user's score rose and the second judge's fell.
+DIVERGE = ("WARNING: the training user's score rose (its interval excludes 0) while the second judge's fell: "
+           "the policy may have learnt what its judge pays rather than anything the second judge values. "
+           "Read the after-training transcripts (after.jsonl) before calling this a gain.")
 
 
 class HeldoutPolicy:
@@ -117,8 +124,8 @@ def prepare(config: Any) -> tuple[Persona, ...]:
     return test
 
 
-def play(trainer: Any, personas: Sequence[Persona], *, on_dialogue: Callable[[], None] | None = None
-         ) -> list[dict[str, Any]]:
+def play(trainer: Any, personas: Sequence[Persona], *, user: Any = None,
+         on_dialogue: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Play ``config.heldout.repeats`` dialogues per persona with the trainer's current
     policy, in the training env's settings (``env.id``, ``env.kwargs``) with the
     persona given at reset. Returns the records in task order.
@@ -136,6 +143,8 @@ def play(trainer: Any, personas: Sequence[Persona], *, on_dialogue: Callable[[],
     env_config = copy.deepcopy(config)
     env_config.env.personas = None
     env_config.env.kwargs = {**config.env.kwargs, "personas": list(personas)}
+    if user is not None:  # the second judge plays the same dialogues
+        env_config.env.kwargs["user"] = user
     slots = iter(make_envs(env_config, min(held.batch_size, len(tasks)), config.generation.think))
     gen = config.generation
     generator = TransformersGenerator(trainer.model, trainer.tokenizer, max_new_tokens=gen.max_new_tokens,
@@ -177,21 +186,48 @@ def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str
     Raises:
         ValueError: the two sets hold different personas, or none.
     """
-    from scipy.stats import bootstrap
-
     first, second = per_persona(before), per_persona(after)
     if set(first) != set(second) or not first:
         raise ValueError(f"paired_difference: before has personas {sorted(first)}, after {sorted(second)}")
     differences = {p: second[p] - first[p] for p in first}
-    values = np.array(list(differences.values()), dtype=np.float64)
-    if np.all(values == values[0]):  # no spread: the interval is the point (scipy would warn)
-        low = high = float(values[0])
-    else:
-        result = bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                           method="percentile", random_state=np.random.default_rng(seed))
-        low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
-    return {"difference": float(values.mean()), "low": low, "high": high, "confidence": confidence,
-            "personas": len(values), "per_persona": differences}
+    mean, low, high = bootstrap_mean(list(differences.values()), confidence=confidence,
+                                     n_resamples=n_resamples, seed=seed)
+    return {"difference": mean, "low": low, "high": high, "confidence": confidence,
+            "personas": len(differences), "per_persona": differences}
+
+
+def bootstrap_mean(values: Sequence[float], *, confidence: float = 0.95, n_resamples: int = 10_000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """``(mean, low, high)`` of ``values`` (one per persona) with a percentile bootstrap
+    interval (``scipy.stats.bootstrap``, ``method="percentile"``; Efron & Tibshirani
+    1993, ch. 13); the point itself when the values have no spread."""
+    from scipy.stats import bootstrap
+
+    array = np.array(values, dtype=np.float64)
+    if np.all(array == array[0]):  # no spread: the interval is the point (scipy would warn)
+        return float(array[0]), float(array[0]), float(array[0])
+    result = bootstrap((array,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                       method="percentile", random_state=np.random.default_rng(seed))
+    return float(array.mean()), float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def judges_gap(training: Mapping[str, Any], judge: Mapping[str, Any], *, confidence: float = 0.95,
+               n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """How much more the training user's score moved than the second judge's, persona by
+    persona: the mean over personas of (training user's after - before) - (judge's
+    after - before), in emotion points, with a percentile bootstrap interval over
+    personas (:func:`bootstrap_mean`). ``training``, ``judge``: :func:`paired_difference`
+    results over the same personas.
+
+    Returns:
+        ``{"gap", "low", "high", "confidence", "diverge"}``; ``diverge`` is true when the
+        training user's difference is a gain (interval above 0) while the judge's
+        difference is below 0 (its point): the policy may have learnt its judge.
+    """
+    gaps = [training["per_persona"][p] - judge["per_persona"][p] for p in training["per_persona"]]
+    gap, low, high = bootstrap_mean(gaps, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    diverge = training["low"] > 0 and judge["difference"] < 0
+    return {"gap": gap, "low": low, "high": high, "confidence": confidence, "diverge": diverge}
 
 
 def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -217,41 +253,70 @@ def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, An
     return dict(sorted(shift.items(), key=lambda item: (-abs(item[1]), item[0])))
 
 
-def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
-           steps: int) -> dict[str, Any]:
-    """The before/after summaries, the paired difference, and the table as ``text``."""
-    held = config.heldout
-    kwargs = {"confidence": held.confidence, "n_resamples": held.n_resamples, "seed": held.seed}
-    first, second = summarize(list(before), **kwargs), summarize(list(after), **kwargs)
-    difference = paired_difference(before, after, **kwargs)
-    level = f"{held.confidence:.0%}"
+def _score_lines(first: Mapping[str, Any], second: Mapping[str, Any], difference: Mapping[str, Any],
+                 steps: int, level: str) -> list[str]:
+    """The before / after / difference rows of one judge's table."""
     excludes = difference["low"] > 0 or difference["high"] < 0
     verdict = (("a gain" if difference["difference"] > 0 else "a loss") + f": the {level} interval excludes 0"
                if excludes else f"no clear change: the {level} interval contains 0")
-    lines = [
-        f"Held-out evaluation: {difference['personas']} personas of the {held.bank!r} bank that training never "
-        f"saw (split_personas, stratified by hidden intention, test_fraction {held.test_fraction}, "
-        f"seed {held.split_seed}), {held.repeats} dialogues each, the same dialogues and sampling seeds before "
-        f"and after; simulated user: {_user_label(config)}.",
-        f"{'':26}{'Sentient score':>15}   {level} interval (bootstrap over personas)",
+    return [
         f"{'before training':26}{first['sentient_score']:>15.2f}   "
         f"[{first['ci']['low']:.2f}, {first['ci']['high']:.2f}]",
         f"{f'after {steps} steps':26}{second['sentient_score']:>15.2f}   "
         f"[{second['ci']['low']:.2f}, {second['ci']['high']:.2f}]",
         f"{'difference (paired)':26}{difference['difference']:>+15.2f}   "
         f"[{difference['low']:+.2f}, {difference['high']:+.2f}]   {verdict}",
+    ]
+
+
+def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
+           steps: int, judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None
+           ) -> dict[str, Any]:
+    """The before/after summaries, the paired difference, and the table as ``text``;
+    with ``judge`` (the second judge's before and after records, ``heldout.user``) its
+    summaries and difference too, and the gap between the judges (:func:`judges_gap`)."""
+    held = config.heldout
+    kwargs = {"confidence": held.confidence, "n_resamples": held.n_resamples, "seed": held.seed}
+    first, second = summarize(list(before), **kwargs), summarize(list(after), **kwargs)
+    difference = paired_difference(before, after, **kwargs)
+    level = f"{held.confidence:.0%}"
+    lines = [
+        f"Held-out evaluation: {difference['personas']} personas of the {held.bank!r} bank that training never "
+        f"saw (split_personas, stratified by hidden intention, test_fraction {held.test_fraction}, "
+        f"seed {held.split_seed}), {held.repeats} dialogues each, the same dialogues and sampling seeds before "
+        f"and after; simulated user: {_user_label(config)}.",
+        f"{'':26}{'Sentient score':>15}   {level} interval (bootstrap over personas)",
+        *_score_lines(first, second, difference, steps, level),
         f"(Sentient score: mean final emotion, 0-100, start {before[0]['initial_emotion']}; "
         f"successes {first['successes']} -> {second['successes']}, failures {first['failures']} -> "
         f"{second['failures']} of {first['dialogues']} dialogues)",
     ]
+    result = {"before": first, "after": second, "difference": difference, "steps": steps,
+              "excludes_zero": difference["low"] > 0 or difference["high"] < 0}
+    if judge is not None:
+        result["judge"] = {"user": str(as_user_spec(held.user)), "before": summarize(list(judge[0]), **kwargs),
+                           "after": summarize(list(judge[1]), **kwargs),
+                           "difference": paired_difference(judge[0], judge[1], **kwargs)}
+        result["judges_gap"] = judges_gap(difference, result["judge"]["difference"], **kwargs)
+        lines += _judge_lines(result["judge"], result["judges_gap"], steps, level)
     shift = feature_shift(before, after)
     if shift:
         largest = ", ".join(f"{group} {points:+.2f}" for group, points in list(shift.items())[:5])
         lines.append(f"Where the change came from (the rule user's appraisal by feature group, points per "
                      f"dialogue, after - before; largest first): {largest}.")
     lines.append(CAVEAT)
-    return {"before": first, "after": second, "difference": difference, "steps": steps,
-            "excludes_zero": excludes, "feature_shift": shift, "text": "\n".join(lines)}
+    return result | {"feature_shift": shift, "text": "\n".join(lines)}
+
+
+def _judge_lines(judge: Mapping[str, Any], gap: Mapping[str, Any], steps: int, level: str) -> list[str]:
+    """The second judge's rows and the gap row (with a warning when the judges diverge)."""
+    lines = [f"Second judge (heldout.user = {judge['user']}; the same personas and seeds, its own dialogues):",
+             *_score_lines(judge["before"], judge["after"], judge["difference"], steps, level),
+             f"{'gap (training - judge)':26}{gap['gap']:>+15.2f}   [{gap['low']:+.2f}, {gap['high']:+.2f}]   "
+             f"how much more the training user's difference is than the second judge's"]
+    if gap["diverge"]:
+        lines.append(DIVERGE)
+    return lines
 
 
 def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
@@ -291,52 +356,65 @@ class HeldoutEvaluation(TrainerCallback):
         self.folder = Path(self.config.output_dir) / HELDOUT_DIR
         self.personas = split_bank(self.config)[1]
         self.progress = progress
+        self.judged = self.config.heldout.user is not None
         self.before: list[dict[str, Any]] | None = None
+        self.before_judge: list[dict[str, Any]] | None = None
 
     def on_train_begin(self, trainer: Any) -> None:
-        """Play (or read back) the evaluation before training."""
+        """Play (or read back) the evaluation before training (and the second judge's)."""
         started = time.perf_counter()
         self.before = self.run("before")
+        if self.judged:
+            self.before_judge = self.run("before", judge=True)
         log.info("held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
-                 "about as long); now %d training steps", len(self.before), time.perf_counter() - started,
-                 self.config.total_steps)
+                 "about as long); now %d training steps", len(self.before) * (1 + self.judged),
+                 time.perf_counter() - started, self.config.total_steps)
 
     def on_train_end(self, trainer: Any) -> None:
-        """Play the evaluation after training and write the report (``trainer.heldout_report``)."""
+        """Play the evaluation after training and write the report (``trainer.heldout_report``);
+        warn when the judges diverge (:data:`DIVERGE`)."""
         before = self.before if self.before is not None else self.run("before")
-        trainer.heldout_report = self.finish(before, self.run("after"))
+        judge = None
+        if self.judged:
+            judge_before = self.before_judge if self.before_judge is not None else self.run("before", judge=True)
+            judge = (judge_before, self.run("after", judge=True))
+        trainer.heldout_report = self.finish(before, self.run("after"), judge=judge)
+        if trainer.heldout_report.get("judges_gap", {}).get("diverge"):
+            log.warning(DIVERGE)
 
     @property
     def dialogues(self) -> int:
         return len(self.personas) * self.config.heldout.repeats
 
-    def run(self, name: str) -> list[dict[str, Any]]:
-        """Play the evaluation ``name`` ("before" or "after") and write ``<name>.jsonl``;
-        a finished ``before.jsonl`` is read back instead of replayed."""
+    def run(self, name: str, *, judge: bool = False) -> list[dict[str, Any]]:
+        """Play the evaluation ``name`` ("before" or "after") with the training user, or
+        with the second judge (``heldout.user``), and write ``<name>.jsonl`` (or
+        ``<name>_judge.jsonl``); a finished "before" file is read back instead of replayed."""
         import sys
 
         from tqdm.auto import tqdm
 
         from empathy_gym.agents.console import tolerant
 
-        path = self.folder / f"{name}.jsonl"
+        path = self.folder / f"{name}{'_judge' if judge else ''}.jsonl"
         if name == "before":
             records = _read_records(path, self.dialogues)
             if records is not None:
                 return records
         self.folder.mkdir(parents=True, exist_ok=True)
-        with tqdm(total=self.dialogues, desc=f"held-out evaluation ({name})", disable=not self.progress,
-                  dynamic_ncols=True, file=tolerant(sys.stderr)) as bar:
-            records = play(self.trainer, self.personas, on_dialogue=lambda: bar.update(1))
+        with tqdm(total=self.dialogues, desc=f"held-out evaluation ({name}{', second judge' if judge else ''})",
+                  disable=not self.progress, dynamic_ncols=True, file=tolerant(sys.stderr)) as bar:
+            records = play(self.trainer, self.personas, user=self.config.heldout.user if judge else None,
+                           on_dialogue=lambda: bar.update(1))
         _write_records(path, records)
         return records
 
-    def finish(self, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Write ``report.json`` and ``report.txt``; returns the report."""
-        result = report(self.config, before, after, self.trainer.step)
+    def finish(self, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
+               judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """Write ``report.json`` and ``report.txt``; returns the report (:func:`report`)."""
+        result = report(self.config, before, after, self.trainer.step, judge=judge)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n",
                                                  encoding="utf-8")
         return result
-
