@@ -42,7 +42,7 @@ USER_KINDS: tuple[str, ...] = ("rule", "transformers", "hf", "vllm", "openai", "
 USER_BACKENDS: tuple[str, ...] = ("rule", "transformers", "vllm", "openai", "policy")
 APPRAISAL_MODES: tuple[str, ...] = ("free", "choice")
 #: Options that the rule-based user takes (:class:`~empathy_gym.user.rule_user.RuleUser`).
-RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir")
+RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir", "difficulty")
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
 
@@ -203,7 +203,8 @@ class UserSpec:
             unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
             if unknown:
                 raise SpecError(f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
-                                "(an appraisal model artefact) and 'rules_dir'; the others are LLM-user "
+                                "(an appraisal model artefact), 'rules_dir' and 'difficulty' (its own, over "
+                                "the env's); the others are LLM-user "
                                 "options: set backend='openai', 'transformers' or 'vllm'")
             return
         unknown = sorted(set(self.user_kwargs) - _llm_user_keywords())
@@ -314,7 +315,7 @@ class UserSpec:
         protocol = resolve_protocol(protocol)
         if self.backend == "rule":
             from empathy_gym.user.rule_user import RuleUser
-            return RuleUser(difficulty, **self.user_kwargs)
+            return RuleUser(**{"difficulty": difficulty, **self.user_kwargs})  # rule,difficulty=... wins
         if self.backend == "policy":
             raise SpecError("user.backend 'policy' is the policy's own base model with its LoRA adapters "
                             "off: a trainer builds it from its policy (recipe env.kwargs.user: policy); "

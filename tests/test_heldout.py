@@ -173,6 +173,8 @@ def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
     assert result["judge"]["difference"]["difference"] == result["difference"]["difference"]
     assert result["judges_gap"]["gap"] == 0.0 and not result["judges_gap"]["diverge"]
     assert "Second judge (heldout.user = rule" in result["text"] and "WARNING" not in result["text"]
+    assert "The held-out replies (reward-hacking monitors" in result["text"]
+    assert set(result["monitors"]) == {"before", "after"} and 0 <= result["monitors"]["after"]["monitor/distinct_2"] <= 1
 
 
 def test_a_bad_second_judge_is_refused_before_training():

@@ -172,3 +172,11 @@ def test_the_cli_folds_appraisal_mode_into_the_user_spec():
     assert user_with_appraisal_mode("hf:m,appraisal_mode=choice", AppraisalMode.choice) == "hf:m,appraisal_mode=choice"
     with pytest.raises(ValueError, match="give it once"):
         user_with_appraisal_mode("hf:m,appraisal_mode=choice", AppraisalMode.free)
+
+
+def test_a_rule_user_spec_can_name_its_own_difficulty():
+    """'rule,difficulty=challenging' (a second judge on CPU) overrides the env's difficulty
+    for the user only."""
+    moderate = UserSpec.parse("rule").build("moderate")
+    challenging = UserSpec.parse("rule,difficulty=challenging").build("moderate")
+    assert moderate.difficulty.name == "moderate" and challenging.difficulty.name == "challenging"

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import plan_tasks, run_dialogues, summarize
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 from empathy_gym.run_folder import append_records
@@ -299,6 +300,9 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
                            "difference": paired_difference(judge[0], judge[1], **kwargs)}
         result["judges_gap"] = judges_gap(difference, result["judge"]["difference"], **kwargs)
         lines += _judge_lines(result["judge"], result["judges_gap"], steps, level)
+    monitors = {"before": record_monitors(before), "after": record_monitors(after)}
+    result["monitors"] = monitors
+    lines.append(_monitor_line(monitors))
     shift = feature_shift(before, after)
     if shift:
         largest = ", ".join(f"{group} {points:+.2f}" for group, points in list(shift.items())[:5])
@@ -306,6 +310,24 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
                      f"dialogue, after - before; largest first): {largest}.")
     lines.append(CAVEAT)
     return result | {"feature_shift": shift, "text": "\n".join(lines)}
+
+
+def record_monitors(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The reward-hacking monitors (:func:`~empathy_gym.agents.monitors.reply_monitors`)
+    of the policy's replies in dialogue records (their ``messages`` and ``language``)."""
+    return reply_monitors([reply for record in records
+                           for reply in replies_of(record.get("messages", ()), record.get("language", "en"))])
+
+
+def _monitor_line(monitors: Mapping[str, Mapping[str, float]]) -> str:
+    """The held-out replies' monitors, before -> after, in one line."""
+    names = {"reply_words_mean": "words/reply", "distinct_2": "distinct-2", "self_repeat_share": "repeat themselves",
+             "parrot_share": "parrot the user", "wrong_script_share": "wrong script",
+             "nonword_share": "non-words", "injection_share": "injection-like"}
+    parts = [f"{label} {monitors['before'][f'monitor/{name}']:.2f} -> {monitors['after'][f'monitor/{name}']:.2f}"
+             for name, label in names.items()]
+    return ("The held-out replies (reward-hacking monitors, empathy_gym.agents.monitors; shares of replies "
+            f"unless said, before -> after): {'; '.join(parts)}.")
 
 
 def _judge_lines(judge: Mapping[str, Any], gap: Mapping[str, Any], steps: int, level: str) -> list[str]:
