@@ -92,7 +92,10 @@ def judge_pairs(rows: Rows) -> dict[str, tuple[list[int], list[int]]]:
     * ``any_two_judges``: each GPT-4o-judged model's reply, and o1's sample judged by Gemini.
     """
     pairs: dict[str, tuple[list[int], list[int]]] = {
-        "same_judge": ([], []), "o1_two_judges": ([], []), "any_two_judges": ([], [])}
+        "same_judge": ([], []),
+        "o1_two_judges": ([], []),
+        "any_two_judges": ([], []),
+    }
 
     def add(name: str, left: int, right: int) -> None:
         pairs[name][0].append(left)
@@ -112,8 +115,17 @@ def judge_pairs(rows: Rows) -> dict[str, tuple[list[int], list[int]]]:
     return pairs
 
 
-def ngram_learner(rows: Rows, train: np.ndarray, test: np.ndarray, *, learner: str, reply: bool,
-                  named: bool, last_user: bool, C: float) -> np.ndarray:
+def ngram_learner(
+    rows: Rows,
+    train: np.ndarray,
+    test: np.ndarray,
+    *,
+    learner: str,
+    reply: bool,
+    named: bool,
+    last_user: bool,
+    C: float,
+) -> np.ndarray:
     """Decision values (``(test.sum(),)`` float) of one scikit-learn learner fitted on
     the ``train`` rows (module docstring, part 2). ``learner``: ``"logistic"`` (sign,
     rows with change 0 left out) or ``"ridge"`` (change; ``alpha = 1 / C``)."""
@@ -130,8 +142,10 @@ def ngram_learner(rows: Rows, train: np.ndarray, test: np.ndarray, *, learner: s
         return next((text for role, text in reversed(request.history) if role == "user"), "")
 
     blocks_train, blocks_test = [], []
-    for wanted, pick, ngrams in ((reply, lambda request: request.utterance, (1, 3)),
-                                 (last_user, last_user_message, (1, 2))):
+    for wanted, pick, ngrams in (
+        (reply, lambda request: request.utterance, (1, 3)),
+        (last_user, last_user_message, (1, 2)),
+    ):
         if wanted:
             vectoriser = CountVectorizer(analyzer="char", ngram_range=ngrams, binary=True, min_df=3)
             blocks_train.append(normalize(vectoriser.fit_transform(texts(train, pick)).astype(float)))
@@ -153,13 +167,18 @@ def row(name: str, result: dict, mae: bool = True) -> str:
     tau = result.get("kendall_tau")
     mae_text = f"{result['mae']:5.2f}" if mae else "    -"
     tau_text = "    -" if tau is None else f"{tau:+5.2f}"
-    return (f"{name:66s} {result['turns']:5d} {result['sign_agreement']:6.3f} {result['chance_agreement']:6.3f} "
-            f"{result['cohen_kappa']:6.3f} {result['spearman']:6.3f} {mae_text} {tau_text}")
+    return (
+        f"{name:66s} {result['turns']:5d} {result['sign_agreement']:6.3f} {result['chance_agreement']:6.3f} "
+        f"{result['cohen_kappa']:6.3f} {result['spearman']:6.3f} {mae_text} {tau_text}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[fit_arguments(DEFAULT_OUT)],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        parents=[fit_arguments(DEFAULT_OUT)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     args = parser.parse_args(argv)
     try:
         import sklearn  # noqa: F401
@@ -174,14 +193,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def rule_user(train: np.ndarray, test: np.ndarray, bounded: bool = True) -> np.ndarray:
         negatives = features_of(mismatched(rows, train, 0)) if args.negative_weight > 0 else ()
-        model = fit([f for f, keep in zip(rows.features, train) if keep], rows.change[train], args.C,
-                    negatives=negatives, negative_weight=args.negative_weight, bounded=bounded)
+        model = fit(
+            [f for f, keep in zip(rows.features, train) if keep],
+            rows.change[train],
+            args.C,
+            negatives=negatives,
+            negative_weight=args.negative_weight,
+            bounded=bounded,
+        )
         predicted = np.zeros(len(rows.change))
         predicted[test] = evaluate(rows, model, test)[0]
         return predicted
 
-    header = (f"{'':66s} {'turns':>5s} {'sign':>6s} {'chance':>6s} {'kappa':>6s} {'spear':>6s} "
-              f"{'MAE':>5s} {'tau':>5s}")
+    header = f"{'':66s} {'turns':>5s} {'sign':>6s} {'chance':>6s} {'kappa':>6s} {'spear':>6s} {'MAE':>5s} {'tau':>5s}"
     # Part 2 first: part 1 reuses its GPT-4o -> Gemini fits (the rule user, the best learner).
     best_parts = {"reply": True, "named": True, "last_user": True}
     cross: dict[tuple[str, str], np.ndarray] = {}
@@ -189,39 +213,52 @@ def main(argv: Sequence[str] | None = None) -> None:
     for train, test, direction in ((gpt, gem, "GPT-4o -> Gemini"), (gem, gpt, "Gemini -> GPT-4o")):
         part2 += [direction, header]
         models = rows.model[test].tolist()
-        for label, bounded in (("rule user (shipped recipe: bounds, negatives, guards)", True),
-                               ("rule user without the sign bounds", False)):
+        for label, bounded in (
+            ("rule user (shipped recipe: bounds, negatives, guards)", True),
+            ("rule user without the sign bounds", False),
+        ):
             predicted = rule_user(train, test, bounded)[test]
             cross[(direction, label)] = predicted
             part2.append(row(label, agreement(predicted, rows.change[test], models).as_dict()))
         for learner in ("logistic", "ridge"):
-            for label, parts in (("char n-grams of the reply", {"reply": True, "named": False, "last_user": False}),
-                                 ("rule user's named features", {"reply": False, "named": True, "last_user": False}),
-                                 ("both", {"reply": True, "named": True, "last_user": False}),
-                                 ("both + char n-grams of the user's last message", best_parts)):
+            for label, parts in (
+                ("char n-grams of the reply", {"reply": True, "named": False, "last_user": False}),
+                ("rule user's named features", {"reply": False, "named": True, "last_user": False}),
+                ("both", {"reply": True, "named": True, "last_user": False}),
+                ("both + char n-grams of the user's last message", best_parts),
+            ):
                 decision = ngram_learner(rows, train, test, learner=learner, C=args.C, **parts)
                 cross[(direction, f"{learner}: {label}")] = decision
-                part2.append(row(f"{learner}: {label}", agreement(decision, rows.change[test], models).as_dict(),
-                                 mae=False))
+                part2.append(
+                    row(f"{learner}: {label}", agreement(decision, rows.change[test], models).as_dict(), mae=False)
+                )
         part2.append("")
 
     lines: list[str] = []
     out = lines.append
     out("# How far per-turn agreement with an unseen simulator family goes (benchmarks/agreement_ceiling.py)")
-    out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-        f"benchmarks/agreement_ceiling.py --C {args.C:g} --negative-weight {args.negative_weight:g}")
+    out(
+        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
+        f"benchmarks/agreement_ceiling.py --C {args.C:g} --negative-weight {args.negative_weight:g}"
+    )
     out(f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    out(f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, "
-        f"Gemini {int(gem.sum())}); columns as in rule_user_agreement.txt")
-    out(f"# Goal (issue 10), on a family not fitted to: sign >= {GOAL['sign']}, kappa >= {GOAL['kappa']}, "
-        f"Spearman >= {GOAL['spearman']}, tau >= {GOAL['tau']}.")
+    out(
+        f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, "
+        f"Gemini {int(gem.sum())}); columns as in rule_user_agreement.txt"
+    )
+    out(
+        f"# Goal (issue 10), on a family not fitted to: sign >= {GOAL['sign']}, kappa >= {GOAL['kappa']}, "
+        f"Spearman >= {GOAL['spearman']}, tau >= {GOAL['tau']}."
+    )
     out("")
     out("part 1: first replies to the same profile (same opening line, so the same context)")
     out(header)
     pairs = judge_pairs(rows)
-    labels = {"same_judge": "GPT-4o vs GPT-4o: two tested models' replies (same judge)",
-              "o1_two_judges": "GPT-4o vs Gemini: two samples of o1's reply",
-              "any_two_judges": "GPT-4o vs Gemini: any tested model's reply, o1's reply"}
+    labels = {
+        "same_judge": "GPT-4o vs GPT-4o: two tested models' replies (same judge)",
+        "o1_two_judges": "GPT-4o vs Gemini: two samples of o1's reply",
+        "any_two_judges": "GPT-4o vs Gemini: any tested model's reply, o1's reply",
+    }
     for key, label in labels.items():
         left, right = pairs[key]
         if left:
@@ -237,22 +274,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         learnt[held] = ngram_learner(rows, gpt & ~held, held, learner="logistic", C=args.C, **best_parts)
     for mask, judge, fitted_on in ((first & gem, "Gemini", "GPT-4o"), (first & gpt, "GPT-4o", "5 others")):
         if mask.any():
-            out(row(f"rule user (fitted on {fitted_on}) vs {judge}, on {judge}'s replies",
-                    agreement(held_out[mask], rows.change[mask]).as_dict()))
-            out(row(f"logistic, both + last message (fitted on {fitted_on}) vs {judge}",
-                    agreement(learnt[mask], rows.change[mask]).as_dict(), mae=False))
+            out(
+                row(
+                    f"rule user (fitted on {fitted_on}) vs {judge}, on {judge}'s replies",
+                    agreement(held_out[mask], rows.change[mask]).as_dict(),
+                )
+            )
+            out(
+                row(
+                    f"logistic, both + last message (fitted on {fitted_on}) vs {judge}",
+                    agreement(learnt[mask], rows.change[mask]).as_dict(),
+                    mae=False,
+                )
+            )
     out("")
     out("by the reply's turn (GPT-4o, leave one model out): from turn 2 on the logged emotion and the last")
     out("change (momentum) are known to the appraiser; at turn 1 only the persona and the reply are")
-    out(f"{'turn':5s} {'turns':>5s}  {'rule user: sign  kappa  spear  share +':38s}  logistic (both + last): sign  kappa  "
-        "spear   logged share +")
+    out(
+        f"{'turn':5s} {'turns':>5s}  {'rule user: sign  kappa  spear  share +':38s}  "
+        "logistic (both + last): sign  kappa  "
+        "spear   logged share +"
+    )
     turn = np.array([request.turn for request in rows.requests])
     for t in sorted(set(turn[gpt])):
         mask = gpt & (turn == t)
         ours, theirs = (agreement(values[mask], rows.change[mask]).as_dict() for values in (held_out, learnt))
-        out(f"{t:<5d} {int(mask.sum()):5d}  {'':11s}{ours['sign_agreement']:6.3f} {ours['cohen_kappa']:6.3f} "
+        out(
+            f"{t:<5d} {int(mask.sum()):5d}  {'':11s}{ours['sign_agreement']:6.3f} {ours['cohen_kappa']:6.3f} "
             f"{ours['spearman']:6.3f} {np.mean(held_out[mask] > 0):8.2f}  {'':28s}{theirs['sign_agreement']:6.3f} "
-            f"{theirs['cohen_kappa']:6.3f} {theirs['spearman']:6.3f} {np.mean(rows.change[mask] > 0):8.2f}")
+            f"{theirs['cohen_kappa']:6.3f} {theirs['spearman']:6.3f} {np.mean(rows.change[mask] > 0):8.2f}"
+        )
     out("")
     out("tried and withdrawn (commit 0223fb4): the first reply with weights of its own (a first|<name> copy of")
     out("every reply feature on turn 1, fit_rule_model.py). Held out it agreed better everywhere: first replies")

@@ -101,8 +101,12 @@ def timed(call, repeats: int):
     return min(times), out
 
 
-REPLIES = ["That sounds really hard. What happened?", "I'm sorry. How are you holding up?",
-           "That must have hurt. What did you do next?", "It makes sense you're upset. Tell me more."]
+REPLIES = [
+    "That sounds really hard. What happened?",
+    "I'm sorry. How are you holding up?",
+    "That must have hurt. What did you do next?",
+    "It makes sense you're upset. Tell me more.",
+]
 
 
 def workload(model_dir: Path, dialogues: int, sets: int):
@@ -114,6 +118,7 @@ def workload(model_dir: Path, dialogues: int, sets: int):
     from empathy_gym.agents.rollout import ChatTokens
     from empathy_gym.env import EmpathyDialogueEnv
     from empathy_gym.user.prompts import appraisal_messages
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chat = ChatTokens(tokenizer)
     env = EmpathyDialogueEnv("en")
@@ -154,51 +159,101 @@ def main() -> None:
     backend = TransformersBackend(str(model_dir), device="cpu", prefix_cache_tokens=0)
     model = backend.model
     embedding = model.get_input_embeddings().weight.numel()
-    params = sum(p.numel() for p in model.parameters()) - embedding   # the transformer's body
-    weight_bytes = (params + embedding) * 4       # the body and the output head (tied or not) each step
+    params = sum(p.numel() for p in model.parameters()) - embedding  # the transformer's body
+    weight_bytes = (params + embedding) * 4  # the body and the output head (tied or not) each step
     config = model.config
-    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (
-        config.hidden_size // config.num_attention_heads) * 4
+    kv_per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     mean_context = sum(len(p) for p in prompts) / len(prompts) + args.new_tokens / 2
     batch = len(prompts)
     decode_limit = batch * bandwidth / (weight_bytes + batch * kv_per_token * mean_context)
     prompt_tokens = sum(backend.prompt_lengths(chats[0]))
     appraisal_limit = flops / (2 * params * prompt_tokens / batch)
 
-    generator = TransformersGenerator(model, tokenizer, max_new_tokens=args.new_tokens, temperature=1.0,
-                                      reuse_kv=False)
-    seconds, samples = timed(lambda k: generator.generate(prompts, [1000 * k + i for i in range(batch)]),
-                             args.repeats)
-    rows = [("policy generation", "transformers (TransformersGenerator)",
-             sum(len(s.token_ids) for s in samples) / seconds, decode_limit, "tokens/s")]
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=args.new_tokens, temperature=1.0, reuse_kv=False)
+    seconds, samples = timed(lambda k: generator.generate(prompts, [1000 * k + i for i in range(batch)]), args.repeats)
+    rows = [
+        (
+            "policy generation",
+            "transformers (TransformersGenerator)",
+            sum(len(s.token_ids) for s in samples) / seconds,
+            decode_limit,
+            "tokens/s",
+        )
+    ]
     seconds, _ = timed(lambda k: backend.choice_logprobs(chats[k], options), args.repeats)
     transformers_appraisals = batch / seconds
 
-    done = subprocess.run([str(python), "-c", VLLM_SCRIPT, str(model_dir), json.dumps(prompts), json.dumps(chats),
-                           str(args.new_tokens), str(args.repeats)], env=env, capture_output=True, text=True,
-                          timeout=1800)
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            VLLM_SCRIPT,
+            str(model_dir),
+            json.dumps(prompts),
+            json.dumps(chats),
+            str(args.new_tokens),
+            str(args.repeats),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"the vLLM run failed:\n{done.stderr[-3000:]}")
-    vllm = json.loads(lines[-1][len("RESULT "):])
-    rows.append(("policy generation", "vLLM in-process (VLLMGenerator)", vllm["tokens"] / vllm["generation_s"],
-                 decode_limit, "tokens/s"))
-    rows.append(("user appraisals", "vLLM in-process (VLLMBackend)", batch / vllm["appraisal_s"],
-                 appraisal_limit, "appraisals/s"))
+    vllm = json.loads(lines[-1][len("RESULT ") :])
+    rows.append(
+        (
+            "policy generation",
+            "vLLM in-process (VLLMGenerator)",
+            vllm["tokens"] / vllm["generation_s"],
+            decode_limit,
+            "tokens/s",
+        )
+    )
+    rows.append(
+        (
+            "user appraisals",
+            "vLLM in-process (VLLMBackend)",
+            batch / vllm["appraisal_s"],
+            appraisal_limit,
+            "appraisals/s",
+        )
+    )
 
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"engines-vllm-server-{port}.log"
-    server = start(vllm_command(python, model_dir, "smollm2", port, 8192) + ["--no-enable-prefix-caching"],
-                   f"http://127.0.0.1:{port}/v1", "smollm2", log, env)
+    server = start(
+        vllm_command(python, model_dir, "smollm2", port, 8192) + ["--no-enable-prefix-caching"],
+        f"http://127.0.0.1:{port}/v1",
+        "smollm2",
+        log,
+        env,
+    )
     try:
         client = OpenAIBackend(server.url, "smollm2", max_concurrency=batch)
         seconds, _ = timed(lambda k: client.choice_logprobs(chats[k], options), args.repeats)
     finally:
         server.stop()
-    rows.append(("user appraisals", "vLLM OpenAI server (OpenAIBackend)", batch / seconds, appraisal_limit,
-                 "appraisals/s"))
-    rows.append(("user appraisals", "transformers (TransformersBackend)", transformers_appraisals, appraisal_limit,
-                 "appraisals/s"))
+    rows.append(
+        ("user appraisals", "vLLM OpenAI server (OpenAIBackend)", batch / seconds, appraisal_limit, "appraisals/s")
+    )
+    rows.append(
+        (
+            "user appraisals",
+            "transformers (TransformersBackend)",
+            transformers_appraisals,
+            appraisal_limit,
+            "appraisals/s",
+        )
+    )
     load_end = os.getloadavg()
 
     lines = [

@@ -38,43 +38,157 @@ from _machine import cpu_model  # benchmarks/_machine.py
 import empathy_gym  # noqa: F401  (registers the ids)
 from empathy_gym.user.scripted import ScriptedUser
 
-EN = (["That sounds really hard.", "I hear you.", "It makes sense that you feel this way.",
-       "That must have been exhausting.", "Thank you for telling me.", "No wonder you're upset.",
-       "I can only imagine how that felt.", "That's a lot to carry.", "You did your best.",
-       "It wasn't your fault.", "That seems so unfair.", "I'm sorry you went through that.",
-       "You kept going anyway.", "That took real patience.", "Anyone would feel hurt.",
-       "You had every right to be angry.", "It sounds lonely.", "That is a heavy week.",
-       "You were in a tough spot.", "Your feelings make sense.", "Looking back, it was a lot.",
-       "Part of this is on them.", "You handled a hard moment.", "That would sting anyone.",
-       "It's been weighing on you.", "I'm listening.", "Take your time.",
-       "This clearly matters to you.", "You stood up for yourself.", "It seems confusing."],
-      ["What happened next", "How did your manager react", "What do you think you need now",
-       "Which part hurts the most", "How are you sleeping these days", "What would help a little",
-       "What did your friend say afterwards", "How do you see it now", "What stands out to you",
-       "What would you like them to understand", "How long has this been going on",
-       "What did you try already", "Who else knows about it", "What matters most to you here",
-       "How did the meeting end", "What made it worse", "What do you wish had happened",
-       "How did your family take it", "What was going through your mind",
-       "Which moment keeps coming back", "What would a good outcome look like",
-       "How did you manage that day", "What do you make of their reaction",
-       "What part did the others play", "How does your body feel about it",
-       "What did you learn about yourself", "How did you keep going", "What is the next step",
-       "What would you tell a friend", "How did it start"],
-      ["", " at work", " with your family", " this week", " after all that", " on your own",
-       " in the end", " right now", " at home", " since then", " with them", " today",
-       " last month", " at school", " in that moment", " before the call", " on Sunday",
-       " after the shift", " during the talk", " the next morning", " so far", " lately",
-       " at the time", " in the office", " over dinner", " on the phone", " by then",
-       " these days", " at night", " over the weekend"])
-ZH = (["这确实很不容易。", "我在听。", "难怪你会难过。", "辛苦你了。", "谢谢你愿意说出来。",
-       "这真的让人委屈。", "你已经尽力了。", "这不是你的错。", "听起来压力很大。", "换作是谁都会难受。",
-       "你的感受很正常。", "这段时间一定很累。", "你一直在坚持。", "我能理解你的心情。", "这件事真的很难。"],
-      ["后来发生了什么", "你现在最需要什么", "哪一部分最让你难受", "你自己怎么看", "家里人怎么说",
-       "你试过哪些办法", "你最希望他们明白什么", "那天是怎么结束的", "你觉得下一步是什么", "你学到了什么",
-       "什么让事情变得更糟", "你当时在想什么", "这种情况持续多久了", "你身边还有谁知道", "你怎么撑过来的"],
-      ["？", "呢？", "，能说说吗？", "，你愿意聊聊吗？", "，慢慢说？", "，可以告诉我吗？", "，你觉得呢？",
-       "，想说说吗？", "，方便讲讲吗？", "，现在呢？", "，那时候呢？", "，后来呢？", "，最近呢？",
-       "，在家里呢？", "，在单位呢？"])
+EN = (
+    [
+        "That sounds really hard.",
+        "I hear you.",
+        "It makes sense that you feel this way.",
+        "That must have been exhausting.",
+        "Thank you for telling me.",
+        "No wonder you're upset.",
+        "I can only imagine how that felt.",
+        "That's a lot to carry.",
+        "You did your best.",
+        "It wasn't your fault.",
+        "That seems so unfair.",
+        "I'm sorry you went through that.",
+        "You kept going anyway.",
+        "That took real patience.",
+        "Anyone would feel hurt.",
+        "You had every right to be angry.",
+        "It sounds lonely.",
+        "That is a heavy week.",
+        "You were in a tough spot.",
+        "Your feelings make sense.",
+        "Looking back, it was a lot.",
+        "Part of this is on them.",
+        "You handled a hard moment.",
+        "That would sting anyone.",
+        "It's been weighing on you.",
+        "I'm listening.",
+        "Take your time.",
+        "This clearly matters to you.",
+        "You stood up for yourself.",
+        "It seems confusing.",
+    ],
+    [
+        "What happened next",
+        "How did your manager react",
+        "What do you think you need now",
+        "Which part hurts the most",
+        "How are you sleeping these days",
+        "What would help a little",
+        "What did your friend say afterwards",
+        "How do you see it now",
+        "What stands out to you",
+        "What would you like them to understand",
+        "How long has this been going on",
+        "What did you try already",
+        "Who else knows about it",
+        "What matters most to you here",
+        "How did the meeting end",
+        "What made it worse",
+        "What do you wish had happened",
+        "How did your family take it",
+        "What was going through your mind",
+        "Which moment keeps coming back",
+        "What would a good outcome look like",
+        "How did you manage that day",
+        "What do you make of their reaction",
+        "What part did the others play",
+        "How does your body feel about it",
+        "What did you learn about yourself",
+        "How did you keep going",
+        "What is the next step",
+        "What would you tell a friend",
+        "How did it start",
+    ],
+    [
+        "",
+        " at work",
+        " with your family",
+        " this week",
+        " after all that",
+        " on your own",
+        " in the end",
+        " right now",
+        " at home",
+        " since then",
+        " with them",
+        " today",
+        " last month",
+        " at school",
+        " in that moment",
+        " before the call",
+        " on Sunday",
+        " after the shift",
+        " during the talk",
+        " the next morning",
+        " so far",
+        " lately",
+        " at the time",
+        " in the office",
+        " over dinner",
+        " on the phone",
+        " by then",
+        " these days",
+        " at night",
+        " over the weekend",
+    ],
+)
+ZH = (
+    [
+        "这确实很不容易。",
+        "我在听。",
+        "难怪你会难过。",
+        "辛苦你了。",
+        "谢谢你愿意说出来。",
+        "这真的让人委屈。",
+        "你已经尽力了。",
+        "这不是你的错。",
+        "听起来压力很大。",
+        "换作是谁都会难受。",
+        "你的感受很正常。",
+        "这段时间一定很累。",
+        "你一直在坚持。",
+        "我能理解你的心情。",
+        "这件事真的很难。",
+    ],
+    [
+        "后来发生了什么",
+        "你现在最需要什么",
+        "哪一部分最让你难受",
+        "你自己怎么看",
+        "家里人怎么说",
+        "你试过哪些办法",
+        "你最希望他们明白什么",
+        "那天是怎么结束的",
+        "你觉得下一步是什么",
+        "你学到了什么",
+        "什么让事情变得更糟",
+        "你当时在想什么",
+        "这种情况持续多久了",
+        "你身边还有谁知道",
+        "你怎么撑过来的",
+    ],
+    [
+        "？",
+        "呢？",
+        "，能说说吗？",
+        "，你愿意聊聊吗？",
+        "，慢慢说？",
+        "，可以告诉我吗？",
+        "，你觉得呢？",
+        "，想说说吗？",
+        "，方便讲讲吗？",
+        "，现在呢？",
+        "，那时候呢？",
+        "，后来呢？",
+        "，最近呢？",
+        "，在家里呢？",
+        "，在单位呢？",
+    ],
+)
 
 
 def utterances(parts: tuple[list[str], list[str], list[str]], language: str) -> list[str]:
@@ -88,8 +202,10 @@ def utterances(parts: tuple[list[str], list[str], list[str]], language: str) -> 
 def machine() -> str:
     cpu = cpu_model()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    return (f"{cpu}; pinned to CPUs {affinity}; Python "
-            f"{platform.python_version()}; gymnasium {gym.__version__}; numpy {np.__version__}")
+    return (
+        f"{cpu}; pinned to CPUs {affinity}; Python "
+        f"{platform.python_version()}; gymnasium {gym.__version__}; numpy {np.__version__}"
+    )
 
 
 def run_steps(env: gym.Env, actions: Callable[[int], object], n: int) -> float:
@@ -138,8 +254,8 @@ def main() -> None:
         texts = utterances(parts, language)
         n = min(args.steps, len(texts))
 
-        def rule() -> float:  # a fresh env and user each run: no text seen before
-            env = gym.make("EmpathyDialogue-v0", personas=language)
+        def rule(language: str = language, texts: list[str] = texts, n: int = n) -> float:
+            env = gym.make("EmpathyDialogue-v0", personas=language)  # a fresh env and user: no text seen before
             return run_steps(env, lambda i: texts[i], n)
 
         rows.append((f"rule user, {language} bank, unseen utterances", best(rule) / n))
@@ -168,7 +284,7 @@ def main() -> None:
         vector.reset(seed=0)
         started = time.perf_counter()
         for i in range(vector_steps):
-            vector.step(texts[16 * i:16 * i + 16])
+            vector.step(texts[16 * i : 16 * i + 16])
         return (time.perf_counter() - started) / (16 * vector_steps)
 
     rows.append(("vector env, 16 dialogues, rule user (per dialogue-step)", best(vector_run)))
@@ -181,10 +297,13 @@ def main() -> None:
         print(f"{name.ljust(width)}  {1 / seconds:7.0f}  {seconds * 1e6:8.1f}  {seconds / cart:10.1f}")
     rule_rate = min(1 / s for name, s in rows if name.startswith("rule user"))
     overhead = dict(rows)["outside the backend (ScriptedUser step - user time)"] / cart
-    print(f"\ngoal >= 5,000 steps/s with the rule user: {'met' if rule_rate >= 5000 else 'MISSED'} "
-          f"({rule_rate:,.0f} steps/s, the slower bank)")
-    print(f"goal outside-the-backend step within 5x CartPole-v1: {'met' if overhead <= 5 else 'MISSED'} "
-          f"({overhead:.1f}x)")
+    print(
+        f"\ngoal >= 5,000 steps/s with the rule user: {'met' if rule_rate >= 5000 else 'MISSED'} "
+        f"({rule_rate:,.0f} steps/s, the slower bank)"
+    )
+    print(
+        f"goal outside-the-backend step within 5x CartPole-v1: {'met' if overhead <= 5 else 'MISSED'} ({overhead:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -84,10 +84,10 @@ class Rows:
 
     requests: list[UserRequest]
     features: list[dict[str, float]]
-    change: np.ndarray       # (n,) int, the logged applied change
-    simulator: np.ndarray    # (n,) str
-    model: np.ndarray        # (n,) str, the tested model (log file)
-    persona: np.ndarray      # (n,) str, the profile id
+    change: np.ndarray  # (n,) int, the logged applied change
+    simulator: np.ndarray  # (n,) str
+    model: np.ndarray  # (n,) str, the tested model (log file)
+    persona: np.ndarray  # (n,) str, the profile id
     files: dict[tuple[str, str], str]
 
 
@@ -116,8 +116,15 @@ def read_rows(logs: Path) -> Rows:
                 simulator.append(sim)
                 model.append(name)
                 persona.append(dialogue.id)
-    return Rows(requests, features_of(requests), np.array(change), np.array(simulator), np.array(model),
-                np.array(persona), files)
+    return Rows(
+        requests,
+        features_of(requests),
+        np.array(change),
+        np.array(simulator),
+        np.array(model),
+        np.array(persona),
+        files,
+    )
 
 
 def mismatched(rows: Rows, mask: np.ndarray, seed: int) -> list[UserRequest]:
@@ -145,10 +152,15 @@ def mismatched(rows: Rows, mask: np.ndarray, seed: int) -> list[UserRequest]:
     return swapped
 
 
-def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
-        keep: Callable[[str], bool] = lambda name: True,
-        negatives: Sequence[dict[str, float]] = (), negative_weight: float = 0.0,
-        bounded: bool = True) -> AppraisalModel:
+def fit(
+    features: Sequence[dict[str, float]],
+    change: np.ndarray,
+    C: float,
+    keep: Callable[[str], bool] = lambda name: True,
+    negatives: Sequence[dict[str, float]] = (),
+    negative_weight: float = 0.0,
+    bounded: bool = True,
+) -> AppraisalModel:
     """The logistic fit described in the module docstring, on the rows given.
 
     Args:
@@ -183,21 +195,34 @@ def fit(features: Sequence[dict[str, float]], change: np.ndarray, C: float,
         return value, np.append(X.T @ dz + w / C, dz.sum())
 
     bounds = (sign_bounds(names) if bounded else [(None, None)] * len(names)) + [(None, None)]
-    result = optimize.minimize(loss, np.zeros(len(names) + 1), jac=True, method="L-BFGS-B", bounds=bounds,
-                               options={"maxiter": 5000})
+    result = optimize.minimize(
+        loss, np.zeros(len(names) + 1), jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 5000}
+    )
     w, b = result.x[:-1], float(result.x[-1])
     if len(negatives):
         # The negatives pull the intercept down for every reply; refit it on the logged
         # rows alone (weights fixed), so the logs' base rate of + stays calibrated.
-        z, real = X[:len(rows)] @ w, t[:len(rows)]
+        z, real = X[: len(rows)] @ w, t[: len(rows)]
         b = float(optimize.minimize_scalar(lambda c: np.sum(np.logaddexp(0.0, -real * (z + c)))).x)
-    logit = X[:len(rows)] @ w + b
+    logit = X[: len(rows)] @ w + b
     design = np.column_stack([logit, np.sign(logit)])
     (scale, step), *_ = np.linalg.lstsq(design, change[rows].astype(float), rcond=None)
     weights = {name: float(value) for name, value in zip(names, w) if abs(value) > 1e-6}
-    return AppraisalModel(weights=weights, bias=b, scale=float(scale), step=max(float(step), 0.0),
-                          meta={"fit": {"rows": len(rows), "negatives": len(negatives), "negative_weight": negative_weight,
-                                  "C": C, "converged": bool(result.success)}})
+    return AppraisalModel(
+        weights=weights,
+        bias=b,
+        scale=float(scale),
+        step=max(float(step), 0.0),
+        meta={
+            "fit": {
+                "rows": len(rows),
+                "negatives": len(negatives),
+                "negative_weight": negative_weight,
+                "C": C,
+                "converged": bool(result.success),
+            }
+        },
+    )
 
 
 def evaluate(rows: Rows, model: AppraisalModel, mask: np.ndarray) -> tuple[list[int], dict]:
@@ -210,9 +235,11 @@ def evaluate(rows: Rows, model: AppraisalModel, mask: np.ndarray) -> tuple[list[
 
 def row(name: str, result: dict) -> str:
     tau = result.get("kendall_tau")
-    return (f"{name:58s} {result['turns']:6d} {result['sign_agreement']:6.3f} {result['chance_agreement']:6.3f} "
-            f"{result['cohen_kappa']:6.3f} {result['spearman']:6.3f} {result['mae']:5.2f} "
-            f"{'   -' if tau is None else f'{tau:+5.2f}'}")
+    return (
+        f"{name:58s} {result['turns']:6d} {result['sign_agreement']:6.3f} {result['chance_agreement']:6.3f} "
+        f"{result['cohen_kappa']:6.3f} {result['spearman']:6.3f} {result['mae']:5.2f} "
+        f"{'   -' if tau is None else f'{tau:+5.2f}'}"
+    )
 
 
 def is_mood(name: str) -> bool:
@@ -234,15 +261,22 @@ def fit_arguments(out: Path) -> argparse.ArgumentParser:
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of SAGE logs")
     parser.add_argument("--out", type=Path, default=out, help="where the table goes")
     parser.add_argument("--C", type=float, default=0.3, help="inverse L2 strength of the fit")
-    parser.add_argument("--negative-weight", type=_non_negative, default=0.5,
-                        help="weight of each mismatched-reply negative in the fit (0: none; see mismatched)")
+    parser.add_argument(
+        "--negative-weight",
+        type=_non_negative,
+        default=0.5,
+        help="weight of each mismatched-reply negative in the fit (0: none; see mismatched)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[fit_arguments(DEFAULT_OUT)],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        parents=[fit_arguments(DEFAULT_OUT)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model-out", type=Path, default=MODEL_PATH, help="where the artefact goes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the persona folds and the mismatched replies")
     args = parser.parse_args(argv)
@@ -253,20 +287,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines: list[str] = []
     report = {}
     out = lines.append
-    header = (f"{'split: fitted on -> evaluated on':58s} {'turns':>6s} {'sign':>6s} {'chance':>6s} "
-              f"{'kappa':>6s} {'spear':>6s} {'MAE':>5s} {'tau':>5s}")
+    header = (
+        f"{'split: fitted on -> evaluated on':58s} {'turns':>6s} {'sign':>6s} {'chance':>6s} "
+        f"{'kappa':>6s} {'spear':>6s} {'MAE':>5s} {'tau':>5s}"
+    )
 
     swapped_changes: dict[str, list[int]] = {}
 
-    def lomo(keep=lambda name: True, label: str = "", negative_weight: float | None = None
-             ) -> tuple[np.ndarray, dict]:
+    def lomo(keep=lambda name: True, label: str = "", negative_weight: float | None = None) -> tuple[np.ndarray, dict]:
         predicted = np.zeros(len(rows.change), dtype=int)
         for name in sorted(set(rows.model[gpt])):
             held = gpt & (rows.model == name)
             model = fitted(gpt & ~held, keep, negative_weight)
             predicted[held] = evaluate(rows, model, held)[0]
             swapped_changes.setdefault(label, []).extend(
-                reappraise(RuleUser(model=model), mismatched(rows, held, args.seed + 1)))
+                reappraise(RuleUser(model=model), mismatched(rows, held, args.seed + 1))
+            )
         return predicted, agreement(predicted[gpt], rows.change[gpt], rows.model[gpt].tolist()).as_dict()
 
     def fitted(mask: np.ndarray, keep=lambda name: True, negative_weight: float | None = None) -> AppraisalModel:
@@ -276,14 +312,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     splits: dict[str, dict] = {}
     per_file: dict[tuple[str, str], dict] = {}
-    for label, keep in (("", lambda name: True), (" [text only]", lambda name: not is_mood(name)),
-                        (" [state only]", is_mood)):
+    for label, keep in (
+        ("", lambda name: True),
+        (" [text only]", lambda name: not is_mood(name)),
+        (" [state only]", is_mood),
+    ):
         predicted, result = lomo(keep, label)
         splits[f"GPT-4o, 5 models -> the 6th (leave one model out){label}"] = result
         if not label:
             first = gpt & (np.array([request.turn for request in rows.requests]) == 1)
             splits["the same, first replies only (turn 1)"] = agreement(
-                predicted[first], rows.change[first], rows.model[first].tolist()).as_dict()
+                predicted[first], rows.change[first], rows.model[first].tolist()
+            ).as_dict()
             for name in sorted(set(rows.model[gpt])):
                 mask = gpt & (rows.model == name)
                 per_file[(GPT, name)] = agreement(predicted[mask], rows.change[mask]).as_dict()
@@ -307,7 +347,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         predicted[held] = evaluate(rows, fitted(~held), held)[0]
     for family, mask in (("GPT-4o", gpt), ("Gemini", gem)):
         splits[f"other 80 profiles -> 20 held-out profiles, {family} (5 folds)"] = agreement(
-            predicted[mask], rows.change[mask], rows.model[mask].tolist()).as_dict()
+            predicted[mask], rows.change[mask], rows.model[mask].tolist()
+        ).as_dict()
     always = agreement([5] * int(gpt.sum()), rows.change[gpt], rows.model[gpt].tolist()).as_dict()
 
     final = fitted(np.ones(len(rows.change), dtype=bool))
@@ -327,18 +368,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         speeds.append(len(sample) / (time.perf_counter() - tick))
 
     out("# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
-    out(f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python benchmarks/fit_rule_model.py"
-        f" --C {args.C} --seed {args.seed} --negative-weight {args.negative_weight:g}")
-    out(f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-        "(other developers share these cores)")
-    out(f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, Gemini {int(gem.sum())})")
+    out(
+        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: "
+        "python benchmarks/fit_rule_model.py"
+        f" --C {args.C} --seed {args.seed} --negative-weight {args.negative_weight:g}"
+    )
+    out(
+        f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        "(other developers share these cores)"
+    )
+    out(
+        f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, Gemini {int(gem.sum())})"
+    )
     out("# Every row re-appraises logged turns with the logged history and emotion (empathy_gym.replay),")
     out("# through the full rule user (fitted model + guards), with a model fitted on other turns only.")
     out("# sign: share of turns with the same sign (-, 0, +); chance: expected from the marginals;")
     out("# kappa: Cohen's; spear: Spearman; MAE: emotion points; tau: Kendall tau of the tested models'")
     out("# mean change (6 models in the GPT-4o family; the Gemini log has one model).")
-    out(f"# Goal (issue 10), on a family not fitted to: sign >= {GOAL['sign']}, kappa >= {GOAL['kappa']}, "
-        f"Spearman >= {GOAL['spearman']}, tau >= {GOAL['tau']}.")
+    out(
+        f"# Goal (issue 10), on a family not fitted to: sign >= {GOAL['sign']}, kappa >= {GOAL['kappa']}, "
+        f"Spearman >= {GOAL['spearman']}, tau >= {GOAL['tau']}."
+    )
     out("")
     out(header)
     out("before: rule user at 986ede6 (lexicon weights set by hand)      5147  0.506  0.460  0.085  0.168     - -0.20")
@@ -346,10 +396,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     out(row("always +5 on the GPT-4o logs (for scale)", always).replace(" +nan", "    -").replace("   nan", "     -"))
     out("")
     out("held out by tested model and by simulator family (features: reply + user's state)")
-    headings = {"[text only]": ["ablation: text only = without the user's state (emotion, turn, momentum, "
-                                "intention and", "character one-hots); state only = nothing but those"],
-                "[no mismatched": ["the same without the mismatched-reply negatives in the fit"],
-                "other 80": ["by persona (fitted on both families)"]}
+    headings = {
+        "[text only]": [
+            "ablation: text only = without the user's state (emotion, turn, momentum, intention and",
+            "character one-hots); state only = nothing but those",
+        ],
+        "[no mismatched": ["the same without the mismatched-reply negatives in the fit"],
+        "other 80": ["by persona (fitted on both families)"],
+    }
     for name, result in splits.items():
         for key in list(headings):
             if key in name:
@@ -359,37 +413,51 @@ def main(argv: Sequence[str] | None = None) -> None:
         out(row(name, result))
     out("")
     out("per log file (held-out predictions: leave one model out for GPT-4o; GPT-4o -> Gemini for Gemini)")
-    out(f"{'simulator / tested model':58s} {'turns':>6s} {'sign':>6s} {'chance':>6s} {'kappa':>6s} "
-        f"{'spear':>6s} {'MAE':>5s}  mean logged / predicted")
+    out(
+        f"{'simulator / tested model':58s} {'turns':>6s} {'sign':>6s} {'chance':>6s} {'kappa':>6s} "
+        f"{'spear':>6s} {'MAE':>5s}  mean logged / predicted"
+    )
     for (sim, name), result in sorted(per_file.items()):
         mask = (rows.simulator == sim) & (rows.model == name)
-        model_means = splits["GPT-4o, 5 models -> the 6th (leave one model out)"]["per_model"].get(name) \
-            if sim == GPT else None
+        model_means = (
+            splits["GPT-4o, 5 models -> the 6th (leave one model out)"]["per_model"].get(name) if sim == GPT else None
+        )
         predicted_mean = model_means["mean_predicted"] if model_means else float("nan")
         if sim == GEMINI:
             predicted_mean = splits["GPT-4o, all 6 -> Gemini (o1)"]["per_model"][name]["mean_predicted"]
-        out(f"{rows.files[(sim, name)]:58s} {result['turns']:6d} {result['sign_agreement']:6.3f} "
+        out(
+            f"{rows.files[(sim, name)]:58s} {result['turns']:6d} {result['sign_agreement']:6.3f} "
             f"{result['chance_agreement']:6.3f} {result['cohen_kappa']:6.3f} {result['spearman']:6.3f} "
-            f"{result['mae']:5.2f}  {rows.change[mask].mean():+5.2f} / {predicted_mean:+5.2f}")
+            f"{result['mae']:5.2f}  {rows.change[mask].mean():+5.2f} / {predicted_mean:+5.2f}"
+        )
     out("")
     out("a reply meant for someone else: each held-out GPT-4o turn (leave one model out) with its reply swapped")
     out("for a random reply of the same log file to another profile; an LLM simulator would not be pleased")
-    out(f"{'model':58s} {'turns':>6s} {'share < 0':>9s} {'share > 0':>9s}  mean change (logged replies: "
-        f"{rows.change[gpt].mean():+.2f})")
+    out(
+        f"{'model':58s} {'turns':>6s} {'share < 0':>9s} {'share > 0':>9s}  mean change (logged replies: "
+        f"{rows.change[gpt].mean():+.2f})"
+    )
     for label, changes in swapped_changes.items():
         changes_array = np.array(changes)
-        out(f"{'fitted user' + label:58s} {len(changes):6d} {np.mean(changes_array < 0):9.3f} "
-            f"{np.mean(changes_array > 0):9.3f}  {changes_array.mean():+.2f}")
+        out(
+            f"{'fitted user' + label:58s} {len(changes):6d} {np.mean(changes_array < 0):9.3f} "
+            f"{np.mean(changes_array > 0):9.3f}  {changes_array.mean():+.2f}"
+        )
     out("")
-    out(f"speed: {max(speeds):,.0f} appraisals/s, best of 5 (median {np.median(speeds):,.0f}; features + model + "
-        f"guards, one process, {len(sample)} logged turns never seen before; SAGE's replies run to 150-440 characters)")
-    out(f"artefact: fitted on all {final.meta['fit']['rows']} non-zero turns and {final.meta['fit']['negatives']} "
+    out(
+        f"speed: {max(speeds):,.0f} appraisals/s, best of 5 (median {np.median(speeds):,.0f}; features + model + "
+        f"guards, one process, {len(sample)} logged turns never seen before; SAGE's replies run to 150-440 characters)"
+    )
+    out(
+        f"artefact: fitted on all {final.meta['fit']['rows']} non-zero turns and {final.meta['fit']['negatives']} "
         f"mismatched replies (weight {args.negative_weight:g}), {len(final.weights)} non-zero weights, scale "
-        f"{final.scale:.3f} points per logit; took {time.time() - started:.0f} s in all")
+        f"{final.scale:.3f} points per logit; took {time.time() - started:.0f} s in all"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
-    report = {name: {key: value for key, value in result.items() if key != "confusion"}
-              for name, result in splits.items()}
+    report = {
+        name: {key: value for key, value in result.items() if key != "confusion"} for name, result in splits.items()
+    }
     if args.no_write:
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -398,25 +466,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     meta = {
         "name": "empathy-gym rule user appraisal model",
         "licence": "MIT (fitted to SAGE's released logs, Copyright (c) Tencent, MIT; see "
-                   "tests/data/sage_logs/LICENSE.txt). The weights themselves: the project's licence.",
+        "tests/data/sage_logs/LICENSE.txt). The weights themselves: the project's licence.",
         "provenance": {
             "data": "SAGE (arXiv 2505.02847) released dialogue logs, Tencent/digitalhuman SAGE/, "
-                    "every scored agent turn of: " + ", ".join(sorted(rows.files.values())),
+            "every scored agent turn of: " + ", ".join(sorted(rows.files.values())),
             "script": "benchmarks/fit_rule_model.py",
             "command": f"python benchmarks/fit_rule_model.py --C {args.C} --seed {args.seed} "
-                       f"--negative-weight {args.negative_weight:g}",
+            f"--negative-weight {args.negative_weight:g}",
             "date": f"{datetime.date.today():%Y-%m-%d}",
             "python": platform.python_version(),
             "en_units_per_word": "Chinese units (CJK characters + Latin words) per English word in the "
-                                 "parallel en/zh strategy templates and baseline listener templates",
+            "parallel en/zh strategy templates and baseline listener templates",
         },
-        "held_out": {name: {key: report[name][key] for key in ("turns", "sign_agreement", "cohen_kappa",
-                                                              "spearman", "kendall_tau")}
-                     for name in report},
+        "held_out": {
+            name: {
+                key: report[name][key] for key in ("turns", "sign_agreement", "cohen_kappa", "spearman", "kendall_tau")
+            }
+            for name in report
+        },
         "fit": final.meta["fit"],
     }
-    AppraisalModel(weights=final.weights, bias=final.bias, scale=final.scale, step=final.step,
-                   en_units_per_word=units, meta=meta).save(args.model_out)
+    AppraisalModel(
+        weights=final.weights, bias=final.bias, scale=final.scale, step=final.step, en_units_per_word=units, meta=meta
+    ).save(args.model_out)
     print(f"wrote {args.out} and {args.model_out}")
 
 
@@ -429,8 +501,12 @@ def en_units_per_word() -> float:
         return len(re.findall(r"[\u4e00-\u9fff]", text)) + len(re.findall(r"[A-Za-z0-9']+", text))
 
     pairs = list(zip(ListenerAgent.EN, ListenerAgent.ZH))
-    templates = {code: json.loads((ROOT / "empathy_gym" / "strategy_templates" / f"{code}.json")
-                                  .read_text(encoding="utf-8"))["strategies"] for code in ("en", "zh")}
+    templates = {
+        code: json.loads((ROOT / "empathy_gym" / "strategy_templates" / f"{code}.json").read_text(encoding="utf-8"))[
+            "strategies"
+        ]
+        for code in ("en", "zh")
+    }
     for key, english in templates["en"].items():
         pairs += [(e, z) for e, z in zip(english, templates["zh"][key]) if isinstance(e, str) and isinstance(z, str)]
     strip = re.compile(r"\{[a-z]+\}")

@@ -47,11 +47,27 @@ WHEELS = REPO / "benchmarks" / "gpu_wheels"
 #: and accelerate (and what those bring: numpy, pyyaml, tqdm, safetensors, packaging).
 NEEDED = ("gymnasium", "jsonschema", "omegaconf")
 
-QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                 num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-                 rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
-TINY = dict(QWEN25_7B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=4096)
+QWEN25_7B = dict(
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+TINY = dict(
+    QWEN25_7B,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=4096,
+)
 
 
 def unpack_wheels(folder: Path, target: Path) -> list[str]:
@@ -86,8 +102,10 @@ def ensure_dependencies(folder: Path = WHEELS) -> list[str]:
     if not missing:
         return []
     if not folder.is_dir():
-        raise SystemExit(f"missing {missing}: run `bash benchmarks/gpu_wheels.sh` where pip can reach an index, "
-                         f"and bring {folder.relative_to(REPO)} along")
+        raise SystemExit(
+            f"missing {missing}: run `bash benchmarks/gpu_wheels.sh` where pip can reach an index, "
+            f"and bring {folder.relative_to(REPO)} along"
+        )
     target = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
     unpacked = unpack_wheels(folder, target)
     sys.path.insert(0, str(target))
@@ -124,16 +142,37 @@ def recipe(args: argparse.Namespace, output_dir: str):
     """``agents/qwen2.5-7b-ppo.yaml`` with this check's workload."""
     from empathy_gym.agents import load_recipe
 
-    config = load_recipe(REPO / "agents" / "qwen2.5-7b-ppo.yaml", [
-        f"output_dir={output_dir}", f"total_steps={args.steps}", f"rollout_batch_size={args.dialogues}",
-        f"num_mini_batches={4 if args.dialogues % 4 == 0 else 1}", f"critic={args.critic}",
-        "save_steps=0", "report_to=none", "progress=false", "transcripts_per_step=0",
-        f"policy.device={args.device}", f"policy.dtype={'bfloat16' if args.device != 'cpu' else 'float32'}",
-        "generation.engine=transformers", f"generation.max_new_tokens={args.reply_tokens}",
-        f"generation.max_context_tokens={args.context}", "generation.think=false"], algorithm="ppo")
-    config.env.kwargs = {"user": {"backend": "policy", "appraisal_mode": "choice",
-                                  "user_kwargs": {"max_tokens": args.user_tokens, "reply_plan": False}},
-                         "protocol": "rlver_training", "reward_mode": "final", "max_turns": args.turns}
+    config = load_recipe(
+        REPO / "agents" / "qwen2.5-7b-ppo.yaml",
+        [
+            f"output_dir={output_dir}",
+            f"total_steps={args.steps}",
+            f"rollout_batch_size={args.dialogues}",
+            f"num_mini_batches={4 if args.dialogues % 4 == 0 else 1}",
+            f"critic={args.critic}",
+            "save_steps=0",
+            "report_to=none",
+            "progress=false",
+            "transcripts_per_step=0",
+            f"policy.device={args.device}",
+            f"policy.dtype={'bfloat16' if args.device != 'cpu' else 'float32'}",
+            "generation.engine=transformers",
+            f"generation.max_new_tokens={args.reply_tokens}",
+            f"generation.max_context_tokens={args.context}",
+            "generation.think=false",
+        ],
+        algorithm="ppo",
+    )
+    config.env.kwargs = {
+        "user": {
+            "backend": "policy",
+            "appraisal_mode": "choice",
+            "user_kwargs": {"max_tokens": args.user_tokens, "reply_plan": False},
+        },
+        "protocol": "rlver_training",
+        "reward_mode": "final",
+        "max_turns": args.turns,
+    }
     config.env.personas = args.personas
     return config
 
@@ -168,6 +207,7 @@ def main(argv: list[str] | None = None) -> str:
     shape = TINY if args.tiny else QWEN25_7B
     torch.manual_seed(0)
     from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
+
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny")[0])
     if len(tokenizer) > shape["vocab_size"]:
         raise SystemExit(f"the tokenizer's {len(tokenizer)} ids do not fit the vocabulary of {shape['vocab_size']}")
@@ -195,34 +235,48 @@ def main(argv: list[str] | None = None) -> str:
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     try:
         import peft
+
         versions += f", peft {peft.__version__}"
     except ImportError:
         pass
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    lines = [f"gpu check: {'tiny' if args.tiny else 'Qwen2.5-7B'}-shaped Qwen2 (random weights), "
-             f"{str(dtype).replace('torch.', '')}, LoRA r={trainer.config.policy.lora_r} (all linear), "
-             f"{args.critic} critic, gradient checkpointing, transformers engine, user: policy (adapters off)",
-             f"device: {name}; {versions}; python {platform.python_version()}; load average {load}",
-             f"workload: {args.dialogues} dialogues x {args.turns} turns, replies <= {args.reply_tokens} tokens, "
-             f"user replies <= {args.user_tokens} tokens, personas {args.personas}; "
-             f"mean dialogue {sum(m['tokens/sequence_mean'] for m in metrics) / max(1, len(metrics)):.0f} tokens",
-             f"wheels unpacked: {', '.join(unpacked) if unpacked else 'none needed'}",
-             "", plan.table() if plan is not None else "(no memory plan)", ""]
-    header = (f"{'step':>4}{'gen s':>9}{'user s':>9}{'update s':>10}{'step s':>9}{'gen tok/s':>11}"
-              f"{'turns':>7}{'peak alloc GiB':>16}{'peak reserved GiB':>19}")
+    lines = [
+        f"gpu check: {'tiny' if args.tiny else 'Qwen2.5-7B'}-shaped Qwen2 (random weights), "
+        f"{str(dtype).replace('torch.', '')}, LoRA r={trainer.config.policy.lora_r} (all linear), "
+        f"{args.critic} critic, gradient checkpointing, transformers engine, user: policy (adapters off)",
+        f"device: {name}; {versions}; python {platform.python_version()}; load average {load}",
+        f"workload: {args.dialogues} dialogues x {args.turns} turns, replies <= {args.reply_tokens} tokens, "
+        f"user replies <= {args.user_tokens} tokens, personas {args.personas}; "
+        f"mean dialogue {sum(m['tokens/sequence_mean'] for m in metrics) / max(1, len(metrics)):.0f} tokens",
+        f"wheels unpacked: {', '.join(unpacked) if unpacked else 'none needed'}",
+        "",
+        plan.table() if plan is not None else "(no memory plan)",
+        "",
+    ]
+    header = (
+        f"{'step':>4}{'gen s':>9}{'user s':>9}{'update s':>10}{'step s':>9}{'gen tok/s':>11}"
+        f"{'turns':>7}{'peak alloc GiB':>16}{'peak reserved GiB':>19}"
+    )
     lines += [header, "-" * len(header)]
     for m in metrics:
         # Three decimals: at the test's tiny shape a step's generation takes 0.05-0.07 s on idle
         # cores, and one decimal printed it as 0.0 (a clean-clone CI run failed on that).
-        lines.append(f"{m['step']:>4}{m['time/generation']:>9.3f}{m['time/user']:>9.3f}{m['time/update']:>10.3f}"
-                     f"{m['time/step']:>9.3f}{m['tokens/generated_per_second']:>11.1f}"
-                     f"{m['episode/turns_mean']:>7.2f}{gib(m.get('memory/peak_allocated_gib')):>16}"
-                     f"{gib(m.get('memory/peak_reserved_gib')):>19}")
+        lines.append(
+            f"{m['step']:>4}{m['time/generation']:>9.3f}{m['time/user']:>9.3f}{m['time/update']:>10.3f}"
+            f"{m['time/step']:>9.3f}{m['tokens/generated_per_second']:>11.1f}"
+            f"{m['episode/turns_mean']:>7.2f}{gib(m.get('memory/peak_allocated_gib')):>16}"
+            f"{gib(m.get('memory/peak_reserved_gib')):>19}"
+        )
     if plan is not None:
-        peak = (f"{max(m['memory/peak_allocated_gib'] for m in metrics):.2f} GiB" if device.type == "cuda"
-                else "- (not measured on CPU)")
-        lines.append(f"\nplan total {plan.total / 2 ** 30:.2f} GiB; measured peak allocated {peak} "
-                     f"(the plan is an upper bound of the allocator's peak, minus CUDA context and fragmentation)")
+        peak = (
+            f"{max(m['memory/peak_allocated_gib'] for m in metrics):.2f} GiB"
+            if device.type == "cuda"
+            else "- (not measured on CPU)"
+        )
+        lines.append(
+            f"\nplan total {plan.total / 2**30:.2f} GiB; measured peak allocated {peak} "
+            f"(the plan is an upper bound of the allocator's peak, minus CUDA context and fragmentation)"
+        )
     lines.append(f"wall time: {time.perf_counter() - started:.0f} s in all, {built - started:.0f} s to build")
     report = "\n".join(lines)
     print(report)

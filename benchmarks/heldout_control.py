@@ -53,8 +53,18 @@ def main() -> int:
         out = Path(args.out) / name
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "console.log", "w", encoding="utf-8")
-        cmd = [sys.executable, "-c", CHILD, args.algorithm, name, "--recipe", args.recipe,
-               f"output_dir={out}", "progress=false", *args.overrides]
+        cmd = [
+            sys.executable,
+            "-c",
+            CHILD,
+            args.algorithm,
+            name,
+            "--recipe",
+            args.recipe,
+            f"output_dir={out}",
+            "progress=false",
+            *args.overrides,
+        ]
         jobs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, out)
     codes = {}
     for name, (process, log, _) in jobs.items():
@@ -64,21 +74,29 @@ def main() -> int:
     wall = time.time() - started
     print(f"# python benchmarks/heldout_control.py --recipe {args.recipe} {' '.join(args.overrides)}".rstrip())
     print(f"# {cpu_model()}, Python {sys.version.split()[0]}")
-    print(f"# load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; OMP_NUM_THREADS={args.threads} per job")
+    print(
+        f"# load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; OMP_NUM_THREADS={args.threads} per job"
+    )
     print(f"# both jobs at once: {wall:.0f} s wall, {children.ru_utime + children.ru_stime:.0f} CPU-seconds together")
     for name, (_, _, out) in jobs.items():
-        title = "REAL: rewards as the env paid them" if name == "real" else \
-            "CONTROL: each step's rewards shuffled among its dialogues before the update"
+        title = (
+            "REAL: rewards as the env paid them"
+            if name == "real"
+            else "CONTROL: each step's rewards shuffled among its dialogues before the update"
+        )
         print(f"\n## {title} (exit code {codes[name]})")
         report = out / "heldout" / "report.txt"
         print(report.read_text(encoding="utf-8").rstrip() if report.exists() else "(no report: see console.log)")
         shares = {stage: words_taken_up(out / "heldout" / f"{stage}.jsonl") for stage in ("before", "after")}
         if all(shares.values()):
-            print("Held-out replies that share a content word with the user's message (the rule user's echo "
-                  "feature; content units of empathy_gym.user.rule_lexicon): "
-                  + ", ".join(f"{stage} {share:.0%} ({words:.2f} words a reply)"
-                              for stage, (share, words) in shares.items()))
+            print(
+                "Held-out replies that share a content word with the user's message (the rule user's echo "
+                "feature; content units of empathy_gym.user.rule_lexicon): "
+                + ", ".join(
+                    f"{stage} {share:.0%} ({words:.2f} words a reply)" for stage, (share, words) in shares.items()
+                )
+            )
     return max(codes.values())
 
 

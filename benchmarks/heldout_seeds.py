@@ -42,8 +42,19 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, dict]:
         out = Path(args.out) / f"seed-{seed}" / name
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "console.log", "w", encoding="utf-8")
-        command = [sys.executable, "-c", CHILD, "grpo", name, "--recipe", args.recipe, f"output_dir={out}",
-                   f"seed={seed}", "progress=false", *args.overrides]
+        command = [
+            sys.executable,
+            "-c",
+            CHILD,
+            "grpo",
+            name,
+            "--recipe",
+            args.recipe,
+            f"output_dir={out}",
+            f"seed={seed}",
+            "progress=false",
+            *args.overrides,
+        ]
         if (out / "checkpoints" / "latest").exists():
             command.append("--resume")
         jobs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), log, out)
@@ -70,25 +81,31 @@ def main() -> int:
     args = parser.parse_args()
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
-    lines = [f"# python benchmarks/heldout_seeds.py --recipe {args.recipe} --seeds "
-             f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
-             f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
-             f"# {time.time() - started:.0f} s wall in all; load average before "
-             f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-             "",
-             "Held-out difference (after - before, paired by persona; 95% interval over the 16 held-out personas) "
-             "and the share of held-out replies that take up a content word of the user's message after training:",
-             f"{'training seed':>14}  {'real':>26}  {'control (shuffled rewards)':>28}"]
+    lines = [
+        f"# python benchmarks/heldout_seeds.py --recipe {args.recipe} --seeds "
+        f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
+        f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
+        f"# {time.time() - started:.0f} s wall in all; load average before "
+        f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "",
+        "Held-out difference (after - before, paired by persona; 95% interval over the 16 held-out personas) "
+        "and the share of held-out replies that take up a content word of the user's message after training:",
+        f"{'training seed':>14}  {'real':>26}  {'control (shuffled rewards)':>28}",
+    ]
     for seed, result in runs.items():
-        cells = [f"{r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] {r['share_after']:.0%}"
-                 for r in (result["real"], result["control"])]
+        cells = [
+            f"{r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] {r['share_after']:.0%}"
+            for r in (result["real"], result["control"])
+        ]
         lines.append(f"{seed:>14}  {cells[0]:>26}  {cells[1]:>28}")
     for name in ("real", "control"):
         values = [runs[seed][name]["difference"] for seed in runs]
         spread = statistics.stdev(values) if len(values) > 1 else float("nan")
-        lines.append(f"{name}: mean over {len(values)} training seeds {statistics.mean(values):+.2f}, "
-                     f"standard deviation across seeds {spread:.2f}; every seed's interval above 0: "
-                     f"{all(runs[seed][name]['low'] > 0 for seed in runs)}")
+        lines.append(
+            f"{name}: mean over {len(values)} training seeds {statistics.mean(values):+.2f}, "
+            f"standard deviation across seeds {spread:.2f}; every seed's interval above 0: "
+            f"{all(runs[seed][name]['low'] > 0 for seed in runs)}"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

@@ -61,16 +61,15 @@ class TurnLog:
             seconds = time.perf_counter() - started
             total = sum(lengths(prompts))
             prefilled = total if before is None else cache.stats.prefilled_tokens - before[1]
-            self.rows.append({"dialogues": len(prompts), "prompt": total, "prefilled": prefilled,
-                              "seconds": seconds})
+            self.rows.append({"dialogues": len(prompts), "prompt": total, "prefilled": prefilled, "seconds": seconds})
             return out
+
         return timed
 
 
 def policy_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: bool) -> list[dict]:
     model, tokenizer = load_causal_lm(model_name, dtype="float32", device="cpu")
-    generator = TransformersGenerator(model, tokenizer, max_new_tokens=reply_tokens, temperature=1.0,
-                                      reuse_kv=reuse)
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=reply_tokens, temperature=1.0, reuse_kv=reuse)
     log = TurnLog()
     generator.generate = log.wrap(generator.generate, generator.prefix_cache, lambda ps: [len(p) for p in ps])
     user = UserSpec("rule").build()
@@ -81,8 +80,9 @@ def policy_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: b
 
 def user_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: bool) -> list[dict]:
     backend = TransformersBackend(model_name, prefix_cache_tokens=1 << 20 if reuse else 0)
-    user = UserSpec(backend, appraisal_mode="choice",
-                    user_kwargs={"max_tokens": reply_tokens, "reply_plan": False}).build()
+    user = UserSpec(
+        backend, appraisal_mode="choice", user_kwargs={"max_tokens": reply_tokens, "reply_plan": False}
+    ).build()
     log = TurnLog()
     cache = backend.prefix_cache if reuse else None
     rows: list[dict] = []
@@ -90,14 +90,15 @@ def user_part(model_name: str, n: int, turns: int, reply_tokens: int, reuse: boo
         setattr(backend, name, log.wrap(getattr(backend, name), cache, backend.prompt_lengths))
     vector = EmpathyDialogueVectorEnv(n, personas="en", user=user, max_turns=turns)
     _, infos = vector.reset(seed=0)
-    log.rows.clear()          # the openings are the personas' own lines: no model call worth counting
+    log.rows.clear()  # the openings are the personas' own lines: no model call worth counting
     agent = ListenerAgent()
     for _ in range(turns):
         actions = [agent(messages) for messages in infos["messages"]]
         _, _, _, _, infos = vector.step(actions)
         calls, log.rows = log.rows, []
-        rows.append({key: sum(call[key] for call in calls) for key in ("prompt", "prefilled", "seconds")}
-                    | {"dialogues": n})
+        rows.append(
+            {key: sum(call[key] for call in calls) for key in ("prompt", "prefilled", "seconds")} | {"dialogues": n}
+        )
     backend.close()
     return rows
 
@@ -108,33 +109,49 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=8, help="dialogues")
     parser.add_argument("--turns", type=int, default=6, help="agent turns per dialogue")
     parser.add_argument("--reply-tokens", type=int, default=48, help="tokens per policy turn and user reply")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="alternating runs of each contender; each turn keeps its fastest")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="alternating runs of each contender; each turn keeps its fastest"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     load = os.getloadavg()[0]
-    print(f"machine: {cpu_model()}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"transformers {transformers.__version__}; load average {load:.1f} at the start")
-    print(f"model {args.model}; N = {args.n} dialogues, {args.turns} turns, at most {args.reply_tokens} "
-          f"tokens per policy turn and per user reply; built-in English personas\n")
+    print(
+        f"machine: {cpu_model()}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
+        f"transformers {transformers.__version__}; load average {load:.1f} at the start"
+    )
+    print(
+        f"model {args.model}; N = {args.n} dialogues, {args.turns} turns, at most {args.reply_tokens} "
+        f"tokens per policy turn and per user reply; built-in English personas\n"
+    )
     for part, play in (("policy", policy_part), ("user", user_part)):
         best: dict[bool, list[dict]] = {}
-        for _ in range(args.repeats):   # other processes only ever slow a run down: keep the fastest
+        for _ in range(args.repeats):  # other processes only ever slow a run down: keep the fastest
             for reuse in (False, True):
                 rows = play(args.model, args.n, args.turns, args.reply_tokens, reuse)
-                best[reuse] = rows if reuse not in best else [
-                    dict(row, seconds=min(row["seconds"], kept["seconds"])) for row, kept in zip(rows, best[reuse])]
+                best[reuse] = (
+                    rows
+                    if reuse not in best
+                    else [
+                        dict(row, seconds=min(row["seconds"], kept["seconds"])) for row, kept in zip(rows, best[reuse])
+                    ]
+                )
         plain, reused = best[False], best[True]
         print(f"{part}: tokens per dialogue and turn")
-        print(f"{'turn':>4} {'prompt tok':>10} {'prefilled, no reuse':>20} {'prefilled, reuse':>17} "
-              f"{'s, no reuse':>12} {'s, reuse':>9}")
+        print(
+            f"{'turn':>4} {'prompt tok':>10} {'prefilled, no reuse':>20} {'prefilled, reuse':>17} "
+            f"{'s, no reuse':>12} {'s, reuse':>9}"
+        )
         for turn, (a, b) in enumerate(zip(plain, reused), start=1):
-            print(f"{turn:>4} {a['prompt'] / a['dialogues']:10.0f} {a['prefilled'] / a['dialogues']:20.0f} "
-                  f"{b['prefilled'] / b['dialogues']:17.0f} {a['seconds']:12.2f} {b['seconds']:9.2f}")
+            print(
+                f"{turn:>4} {a['prompt'] / a['dialogues']:10.0f} {a['prefilled'] / a['dialogues']:20.0f} "
+                f"{b['prefilled'] / b['dialogues']:17.0f} {a['seconds']:12.2f} {b['seconds']:9.2f}"
+            )
         total_a, total_b = sum(r["seconds"] for r in plain), sum(r["seconds"] for r in reused)
         share = 1 - sum(r["prefilled"] for r in reused) / max(1, sum(r["prompt"] for r in reused))
-        print(f"     all turns: {total_a:.1f} s without reuse, {total_b:.1f} s with ({total_a / total_b:.1f}x); "
-              f"{share:.0%} of prompt tokens reused\n")
+        print(
+            f"     all turns: {total_a:.1f} s without reuse, {total_b:.1f} s with ({total_a / total_b:.1f}x); "
+            f"{share:.0%} of prompt tokens reused\n"
+        )
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

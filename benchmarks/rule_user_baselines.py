@@ -44,25 +44,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     started = time.time()
-    lines = ["# Baseline policies against the rule user, per bank (benchmarks/rule_user_baselines.py)",
-             f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-             f"benchmarks/rule_user_baselines.py --limit {args.limit}",
-             f"# code: {Path(empathy_gym.__file__).parent}",
-             f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-             "# score: mean final emotion (0-100, start 40); success: ended at 100; failure: ended below 10",
-             "",
-             f"{'bank':6s} {'policy':9s} {'dialogues':>9s} {'score':>6s} {'success':>7s} {'failure':>7s} "
-             f"{'turns':>5s} {'mean change':>11s}"]
+    lines = [
+        "# Baseline policies against the rule user, per bank (benchmarks/rule_user_baselines.py)",
+        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
+        f"benchmarks/rule_user_baselines.py --limit {args.limit}",
+        f"# code: {Path(empathy_gym.__file__).parent}",
+        f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        "# score: mean final emotion (0-100, start 40); success: ended at 100; failure: ended below 10",
+        "",
+        f"{'bank':6s} {'policy':9s} {'dialogues':>9s} {'score':>6s} {'success':>7s} {'failure':>7s} "
+        f"{'turns':>5s} {'mean change':>11s}",
+    ]
     for bank in BANKS:
         for policy in POLICIES:
             result = evaluate(f"baseline:{policy}", bank, limit=args.limit, n_resamples=10)
             records = result.records
             changes = [step["applied_change"] for record in records for step in record["steps"]]
             finals = [record["final_emotion"] for record in records]
-            lines.append(f"{bank:6s} {policy:9s} {len(records):9d} {sum(finals) / len(finals):6.1f} "
-                         f"{sum(f >= 100 for f in finals):7d} {sum(f < 10 for f in finals):7d} "
-                         f"{sum(r['turns'] for r in records) / len(records):5.1f} "
-                         f"{sum(changes) / max(len(changes), 1):+11.2f}")
+            lines.append(
+                f"{bank:6s} {policy:9s} {len(records):9d} {sum(finals) / len(finals):6.1f} "
+                f"{sum(f >= 100 for f in finals):7d} {sum(f < 10 for f in finals):7d} "
+                f"{sum(r['turns'] for r in records) / len(records):5.1f} "
+                f"{sum(changes) / max(len(changes), 1):+11.2f}"
+            )
     lines.append(f"\ntook {time.time() - started:.0f} s")
     text = "\n".join(lines) + "\n"
     print(text)

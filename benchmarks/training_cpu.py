@@ -33,18 +33,26 @@ def worker(recipe: str, steps: int) -> dict:
     from empathy_gym.agents import PPOTrainer, load_recipe
 
     with tempfile.TemporaryDirectory() as out:
-        config = load_recipe(ROOT / RECIPES[recipe], [f"total_steps={steps}", f"output_dir={out}",
-                                                       "report_to=none", "progress=false", "save_steps=0"],
-                             algorithm="ppo")
+        config = load_recipe(
+            ROOT / RECIPES[recipe],
+            [f"total_steps={steps}", f"output_dir={out}", "report_to=none", "progress=false", "save_steps=0"],
+            algorithm="ppo",
+        )
         metrics = PPOTrainer(config).train()
     timed = metrics[1:] or metrics
     mean = lambda key: sum(m[key] for m in timed) / len(timed)
     step = mean("time/step")
-    return {"recipe": recipe, "tokens_per_s": mean("tokens/generated_per_second"), "s_per_step": step,
-            "user_share": mean("time/user") / step, "generation_share": mean("time/generation") / step,
-            "update_share": mean("time/update") / step,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "steps_timed": len(timed), "dialogues_per_step": config.rollout_batch_size}
+    return {
+        "recipe": recipe,
+        "tokens_per_s": mean("tokens/generated_per_second"),
+        "s_per_step": step,
+        "user_share": mean("time/user") / step,
+        "generation_share": mean("time/generation") / step,
+        "update_share": mean("time/update") / step,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "steps_timed": len(timed),
+        "dialogues_per_step": config.rollout_batch_size,
+    }
 
 
 def main() -> None:
@@ -59,22 +67,32 @@ def main() -> None:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
     for recipe in args.recipes:
-        out = subprocess.run([sys.executable, __file__, "--worker", recipe, "--steps", str(args.steps)],
-                             capture_output=True, text=True, cwd=ROOT,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", recipe, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         if out.returncode != 0:
             raise SystemExit(f"{recipe} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"machine: {platform.machine()}, {cpu_model()}, Python {platform.python_version()}, torch threads "
-          f"{os.environ.get('OMP_NUM_THREADS', 'default')}; load average {load_before} before, "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
-    header = (f"{'recipe':10}{'dialogues':>10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}"
-              f"{'update':>8}{'peak MiB':>10}")
+    print(
+        f"machine: {platform.machine()}, {cpu_model()}, Python {platform.python_version()}, torch threads "
+        f"{os.environ.get('OMP_NUM_THREADS', 'default')}; load average {load_before} before, "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after"
+    )
+    header = (
+        f"{'recipe':10}{'dialogues':>10}{'tok/s':>9}{'s/step':>9}{'user':>8}{'generate':>10}"
+        f"{'update':>8}{'peak MiB':>10}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['recipe']:10}{r['dialogues_per_step']:>10}{r['tokens_per_s']:>9.1f}{r['s_per_step']:>9.2f}{r['user_share']:>8.1%}"
-              f"{r['generation_share']:>10.1%}{r['update_share']:>8.1%}{r['peak_rss_mib']:>10.0f}")
+        print(
+            f"{r['recipe']:10}{r['dialogues_per_step']:>10}{r['tokens_per_s']:>9.1f}{r['s_per_step']:>9.2f}{r['user_share']:>8.1%}"
+            f"{r['generation_share']:>10.1%}{r['update_share']:>8.1%}{r['peak_rss_mib']:>10.0f}"
+        )
     print(f"(means over steps 2..{args.steps}; dialogues per step; shares of the step's wall time)")
 
 

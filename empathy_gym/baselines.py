@@ -76,8 +76,7 @@ class ListenerAgent:
         "It sounds like {f}. That must be really hard. What has been weighing on you the most?",
         "It makes sense that you feel this way about {f}; anyone in your place would be hurt. "
         "I'm listening, tell me more.",
-        "You handled a lot here, and you kept trying. Looking back, what do you think you "
-        "learned about what you need?",
+        "You handled a lot here, and you kept trying. Looking back, what do you think you learned about what you need?",
         "On one hand, {f} was not fair to you; on the other hand, the others may have had "
         "their own reasons. How do you see it now?",
         "One small step you could try: write down what you want to say, then talk to them "
@@ -105,8 +104,13 @@ class ESConvAgent:
     reflection of feelings, question, restatement, affirmation and reassurance, providing
     suggestions, then again. The template variant rotates with the turn too."""
 
-    ORDER = ("reflection_of_feelings", "question", "restatement_or_paraphrasing",
-             "affirmation_and_reassurance", "providing_suggestions")
+    ORDER = (
+        "reflection_of_feelings",
+        "question",
+        "restatement_or_paraphrasing",
+        "affirmation_and_reassurance",
+        "providing_suggestions",
+    )
 
     def __call__(self, messages: Messages) -> str:
         from empathy_gym.strategies import load_templates, user_words

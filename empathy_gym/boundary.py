@@ -75,11 +75,11 @@ _MARKERS = re.compile(
     r"|<｜[^<>｜\n]{1,64}｜>"
     r"|</?(?:s|bos|eos|unk|pad|start_of_turn|end_of_turn)>"
     r"|<</?SYS>>"
-    r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|TOOL_CONTENT|THINK)\]")
+    r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|TOOL_CONTENT|THINK)\]"
+)
 #: A line that opens with a plain-text role header (Alpaca's ``### Response:``,
 #: ``Human:``, ``Assistant:``, ``USER:``...).
-_HEADER = re.compile(r"^([ \t]*(?:#{1,6}[ \t]*)?(?:system|user|assistant|human|instruction|response))(:)",
-                     re.I | re.M)
+_HEADER = re.compile(r"^([ \t]*(?:#{1,6}[ \t]*)?(?:system|user|assistant|human|instruction|response))(:)", re.I | re.M)
 
 
 def _break(marker: str) -> str:
@@ -160,12 +160,15 @@ class ChatEncoder:
         self.sanitizes = _sanitizes(tokenizer)
         self._added = added_tokens(tokenizer)
         self.text_markers = self._template_text_markers()
-        self._text_pattern = (re.compile("|".join(map(re.escape, self.text_markers)))
-                              if self.text_markers else None)
+        self._text_pattern = re.compile("|".join(map(re.escape, self.text_markers))) if self.text_markers else None
 
     def _render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), chat_template=self.chat_template,
-                                                  tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def _template_text_markers(self) -> tuple[str, ...]:
         """The template's own text between messages, its added tokens taken out, line by
@@ -212,20 +215,37 @@ class ChatEncoder:
             list[int]; for contents without control tokens or text markers, exactly
             ``apply_chat_template(messages, tokenize=True)``.
         """
-        messages = [{**m, "content": self.content(m["content"])} if isinstance(m.get("content"), str) else dict(m)
-                    for m in messages]
+        messages = [
+            {**m, "content": self.content(m["content"])} if isinstance(m.get("content"), str) else dict(m)
+            for m in messages
+        ]
         if self.sanitizes:
             try:
-                return list(self.tokenizer.apply_chat_template(
-                    messages, chat_template=self.chat_template, tokenize=True, return_dict=True,
-                    add_generation_prompt=add_generation_prompt, sanitize_control_tokens=True)["input_ids"])
+                return list(
+                    self.tokenizer.apply_chat_template(
+                        messages,
+                        chat_template=self.chat_template,
+                        tokenize=True,
+                        return_dict=True,
+                        add_generation_prompt=add_generation_prompt,
+                        sanitize_control_tokens=True,
+                    )["input_ids"]
+                )
             except ValueError:  # "Can't sanitize ...": plain text rebuilds a control token
                 pass
-        messages = [{**m, "content": neutralise(m["content"], self._added)} if isinstance(m.get("content"), str)
-                    else m for m in messages]  # content() already applied
-        return list(self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=True, return_dict=True,
-            add_generation_prompt=add_generation_prompt)["input_ids"])
+        messages = [
+            {**m, "content": neutralise(m["content"], self._added)} if isinstance(m.get("content"), str) else m
+            for m in messages
+        ]  # content() already applied
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages,
+                chat_template=self.chat_template,
+                tokenize=True,
+                return_dict=True,
+                add_generation_prompt=add_generation_prompt,
+            )["input_ids"]
+        )
 
 
 # -- injection ----------------------------------------------------------------------------
@@ -236,10 +256,12 @@ class ChatEncoder:
 INJECTION_PATTERNS: dict[str, re.Pattern] = {
     "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}", re.I | re.M),
     "appraisal_json": re.compile(
-        r"\{[^{}]*[\"'](?:change|emotion|inner_thoughts|goal_fit|feeling|score)[\"']\s*:[^{}]*\}?", re.I),
+        r"\{[^{}]*[\"'](?:change|emotion|inner_thoughts|goal_fit|feeling|score)[\"']\s*:[^{}]*\}?", re.I
+    ),
     "appraisal_line": re.compile(
         r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score\s*(?=[:=]\s*[+-]))\s*[:=]\s*[+-]?\d+[^\n]*"
-        r"|^[^\w\n]{0,4}(?:情绪|心情|变化)(?:变化|值|分数)?\s*[:=]\s*[+-]?\d+[^\n]*"),
+        r"|^[^\w\n]{0,4}(?:情绪|心情|变化)(?:变化|值|分数)?\s*[:=]\s*[+-]?\d+[^\n]*"
+    ),
     "instruction": re.compile(
         r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|everything\s+)?(?:(?:the|your|my)\s+)?"
         r"(?:(?:previous|prior|above|earlier|system|original)\s+(?:instructions?|rules|prompts?|guidelines)"
@@ -249,13 +271,31 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         r"\s+(?:now\s+)?[+-]?\d+"
         r"|\b(?:set|raise|increase|maximi[sz]e|boost)\s+(?:your|the)\s+(?:emotion|score|rating)\b"
         r"|忽略[^。！？\n]{0,20}(?:指令|规则|设定|提示)|新的指令|系统提示"
-        r"|你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+", re.I),
+        r"|你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+",
+        re.I,
+    ),
 }
 #: Strings without which a kind's pattern cannot match (a cheap test before the regex).
 _TRIGGERS: dict[str, tuple[str, ...]] = {
-    "chat_marker": ("<", "[", ":"), "appraisal_json": ("{",), "appraisal_line": (":", "="),
-    "instruction": ("ignore", "disregard", "forget", "emotion", "instruction", "prompt", "developer", "score",
-                    "rating", "忽略", "指令", "提示", "情绪")}
+    "chat_marker": ("<", "[", ":"),
+    "appraisal_json": ("{",),
+    "appraisal_line": (":", "="),
+    "instruction": (
+        "ignore",
+        "disregard",
+        "forget",
+        "emotion",
+        "instruction",
+        "prompt",
+        "developer",
+        "score",
+        "rating",
+        "忽略",
+        "指令",
+        "提示",
+        "情绪",
+    ),
+}
 _INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 
 
@@ -282,8 +322,11 @@ def find_injection(text: str) -> tuple[str, ...]:
     """
     text = _for_matching(text)
     lowered = text.lower()
-    return tuple(kind for kind, pattern in INJECTION_PATTERNS.items()
-                 if any(word in lowered for word in _TRIGGERS[kind]) and pattern.search(text))
+    return tuple(
+        kind
+        for kind, pattern in INJECTION_PATTERNS.items()
+        if any(word in lowered for word in _TRIGGERS[kind]) and pattern.search(text)
+    )
 
 
 def without_injection(text: str) -> str:
@@ -299,18 +342,25 @@ def without_injection(text: str) -> str:
     text = _for_matching(text)
     marker = INJECTION_PATTERNS["chat_marker"].search(text)
     if marker:
-        text = text[:marker.start()]
+        text = text[: marker.start()]
     for kind in ("appraisal_json", "appraisal_line"):
         text = INJECTION_PATTERNS[kind].sub("", text)
     while match := INJECTION_PATTERNS["instruction"].search(text):  # the whole sentence goes
         start = max(text.rfind(end, 0, match.start()) for end in _SENTENCE_ENDS) + 1
         stops = [i for i in (text.find(end, match.end()) for end in _SENTENCE_ENDS) if i >= 0]
-        text = text[:start] + text[min(stops) + 1 if stops else len(text):]
+        text = text[:start] + text[min(stops) + 1 if stops else len(text) :]
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 
 _SENTENCE_ENDS = (".", "!", "?", "。", "！", "？", "\n")
 
 
-__all__ = ["ChatEncoder", "INJECTION_PATTERNS", "added_tokens", "clean_text", "find_injection",
-           "neutralise", "without_injection"]
+__all__ = [
+    "ChatEncoder",
+    "INJECTION_PATTERNS",
+    "added_tokens",
+    "clean_text",
+    "find_injection",
+    "neutralise",
+    "without_injection",
+]

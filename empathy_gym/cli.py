@@ -17,53 +17,63 @@ from collections import Counter
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-EXIT_CODES = ("Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); "
-              "2 usage error; 130 interrupted (Ctrl-C).")
+EXIT_CODES = (
+    "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; 130 interrupted (Ctrl-C)."
+)
 
 app = typer.Typer(
-    name="empathy-gym", no_args_is_help=True, add_completion=False,
-    pretty_exceptions_show_locals=False, epilog=EXIT_CODES, rich_markup_mode="markdown",
-    help="Simulated users for training and evaluating empathetic LLM agents (RLVER, SAGE).")
-personas_app = typer.Typer(no_args_is_help=True, epilog=EXIT_CODES, rich_markup_mode="markdown",
-                           help="Validate, list and show persona banks.")
+    name="empathy-gym",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    epilog=EXIT_CODES,
+    rich_markup_mode="markdown",
+    help="Simulated users for training and evaluating empathetic LLM agents (RLVER, SAGE).",
+)
+personas_app = typer.Typer(
+    no_args_is_help=True, epilog=EXIT_CODES, rich_markup_mode="markdown", help="Validate, list and show persona banks."
+)
 app.add_typer(personas_app, name="personas")
 
 # Piped (no terminal, no COLUMNS), Rich would cut the tables to 80 columns ("gemi…"):
 # give them the width they need instead.
 PIPED_WIDTH = 200
-console = Console(highlight=False, soft_wrap=True,
-                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+console = Console(
+    highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH
+)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
-PERSONAS_HELP = ("persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
-                 "training profiles; rlver_minus_sage: those without the 47 players that also "
-                 "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
-                 "(first_talk is the opening line)")
+PERSONAS_HELP = (
+    "persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
+    "training profiles; rlver_minus_sage: those without the 47 players that also "
+    "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
+    "(first_talk is the opening line)"
+)
 #: Default new tokens per reply of local (``hf:``) policies: uncapped, a small model can
 #: ramble for minutes per reply on a CPU. ``--max-tokens 0`` lifts the cap (as SAGE).
 LOCAL_MAX_TOKENS = 128
 LOCAL_POLICY_KINDS = ("hf", "transformers")
-MAX_TOKENS_HELP = (f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
-                   f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap")
-USER_HELP = ("simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
-             "openai:MODEL@URL; options after commas: ,appraisal_mode=choice,temperature=0.3,"
-             "max_concurrency=16")
-APPRAISAL_HELP = ("LLM users: free (JSON with the analysis, SAGE) or choice (scored options); "
-                  "the same as ,appraisal_mode=... in --user")
+MAX_TOKENS_HELP = (
+    f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
+    f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap"
+)
+USER_HELP = (
+    "simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
+    "openai:MODEL@URL; options after commas: ,appraisal_mode=choice,temperature=0.3,"
+    "max_concurrency=16"
+)
+APPRAISAL_HELP = (
+    "LLM users: free (JSON with the analysis, SAGE) or choice (scored options); "
+    "the same as ,appraisal_mode=... in --user"
+)
 
 
 class AppraisalMode(str, Enum):
@@ -86,8 +96,10 @@ def user_with_appraisal_mode(user: str, mode: AppraisalMode | None) -> str:
         return user
     if "appraisal_mode=" in user.replace(" ", ""):
         if spec.appraisal_mode != mode.value:
-            raise ValueError(f"--user {user!r} says appraisal_mode={spec.appraisal_mode} but "
-                             f"--appraisal-mode is {mode.value}; give it once")
+            raise ValueError(
+                f"--user {user!r} says appraisal_mode={spec.appraisal_mode} but "
+                f"--appraisal-mode is {mode.value}; give it once"
+            )
         return user
     return user if mode is AppraisalMode.free else f"{user},appraisal_mode={mode.value}"
 
@@ -117,24 +129,38 @@ def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
 # -- eval ------------------------------------------------------------------------------
 @app.command("eval", epilog=EXIT_CODES)
 def eval_command(
-    policy: Annotated[str, typer.Option(
-        "--policy", "-p", help="the agent: baseline:generic|echo|listener|esconv | hf:PATH[,adapter=DIR]"
-        "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, "
-                                      "transcripts.jsonl, trajectories.png; rerun to resume")],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="the agent: baseline:generic|echo|listener|esconv | hf:PATH[,adapter=DIR]"
+            "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="run directory: report.json, transcripts.jsonl, trajectories.png; rerun to resume"
+        ),
+    ],
     personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
     appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
-    protocol: Annotated[ProtocolName, typer.Option(
-        help="sage: start 40, change in [-10, 10], ends at 100, below 10 or on a goodbye, at most 10 "
-             "agent replies of which the 10th is never scored (9 steps)")] = ProtocolName.sage,
+    protocol: Annotated[
+        ProtocolName,
+        typer.Option(
+            help="sage: start 40, change in [-10, 10], ends at 100, below 10 or on a goodbye, at most 10 "
+            "agent replies of which the 10th is never scored (9 steps)"
+        ),
+    ] = ProtocolName.sage,
     think: Annotated[bool, typer.Option(help="the policy writes `<think>...</think>` before each reply")] = False,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N personas")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="only the first N personas")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="dialogues per persona, each with its own seed")] = 1,
     seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
-    max_tokens: Annotated[Optional[int], typer.Option(min=0, help=MAX_TOKENS_HELP)] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=0, help=MAX_TOKENS_HELP)] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
 ) -> None:
@@ -148,7 +174,8 @@ def eval_command(
 
     A local model (with a LoRA adapter) against an LLM user on an OpenAI-compatible server:
 
-        empathy-gym eval --policy hf:Qwen/Qwen2.5-7B-Instruct,adapter=runs/ppo/checkpoints/step-000300/policy --user openai:Qwen/Qwen2.5-72B-Instruct@http://localhost:8000/v1 --out runs/ppo-eval
+        empathy-gym eval --policy hf:Qwen/Qwen2.5-7B-Instruct,adapter=runs/ppo/checkpoints/step-000300/policy \\
+            --user openai:Qwen/Qwen2.5-72B-Instruct@http://localhost:8000/v1 --out runs/ppo-eval
 
     Each finished dialogue is saved at once; rerunning the same command after a crash or
     Ctrl-C skips them and gives the same report.
@@ -159,22 +186,43 @@ def eval_command(
     with _exit_codes():
         console.print(escape(bank_language_line(personas, load_personas(personas))))
     if max_tokens is None and reply_token_cap(policy, None) is not None:
-        console.print(f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
-                      f"--max-tokens N to change, 0 for no cap)")
+        console.print(
+            f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
+            f"--max-tokens N to change, 0 for no cap)"
+        )
     max_tokens = reply_token_cap(policy, max_tokens)
-    with _exit_codes(f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; "
-                     f"rerun the same command to resume"), \
-            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                     TimeElapsedColumn(), console=errors, transient=True,
-                     disable=not errors.is_terminal) as progress:
+    with (
+        _exit_codes(
+            f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; rerun the same command to resume"
+        ),
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=errors,
+            transient=True,
+            disable=not errors.is_terminal,
+        ) as progress,
+    ):
         bar = progress.add_task("dialogues", total=None)
-        result = evaluate(policy, personas, user=user_with_appraisal_mode(user, appraisal_mode),
-                          difficulty=difficulty, protocol=protocol.value, think=think,
-                          repeats=repeats, limit=limit, seed=seed, out_dir=out,
-                          batch_size=batch_size, max_tokens=max_tokens, temperature=temperature,
-                          n_resamples=resamples,
-                          on_progress=lambda done, total: progress.update(bar, completed=done,
-                                                                          total=total))
+        result = evaluate(
+            policy,
+            personas,
+            user=user_with_appraisal_mode(user, appraisal_mode),
+            difficulty=difficulty,
+            protocol=protocol.value,
+            think=think,
+            repeats=repeats,
+            limit=limit,
+            seed=seed,
+            out_dir=out,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            n_resamples=resamples,
+            on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
+        )
     _print_report(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
 
@@ -217,32 +265,44 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
         f"{report['personas']} personas{f', {resumed} resumed' if resumed else ''})\n"
         f"success {report['successes']}/{n}, failure {report['failures']}/{n}, "
         f"goodbye {report['goodbyes']}/{n}, out of turns {report['max_turns']}/{n}, "
-        f"mean turns {report['mean_turns']:.1f}")
-    for title, key in (("hidden intention", "by_hidden_intention"),
-                       ("character type", "by_character_type")):
+        f"mean turns {report['mean_turns']:.1f}"
+    )
+    for title, key in (("hidden intention", "by_hidden_intention"), ("character type", "by_character_type")):
         table = Table(title=f"by {title}", title_justify="left")
         for column in (title, "dialogues", "score", "success", "failure", "turns"):
             table.add_column(column, justify="left" if column == title else "right")
         for group, stats in report[key].items():
-            table.add_row(escape(group[:40]), str(stats["dialogues"]), f"{stats['sentient_score']:.1f}",
-                          str(stats["successes"]), str(stats["failures"]), f"{stats['mean_turns']:.1f}")
+            table.add_row(
+                escape(group[:40]),
+                str(stats["dialogues"]),
+                f"{stats['sentient_score']:.1f}",
+                str(stats["successes"]),
+                str(stats["failures"]),
+                f"{stats['mean_turns']:.1f}",
+            )
         console.print(table)
 
 
 # -- replay ----------------------------------------------------------------------------
 @app.command("replay", epilog=EXIT_CODES)
 def replay_command(
-    logs: Annotated[list[Path], typer.Argument(
-        metavar="LOG...", help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl) "
-        "or folders of them")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, "
-                                      "scatter.png; rerun to resume")],
+    logs: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="LOG...",
+            help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl) or folders of them",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, scatter.png; rerun to resume")
+    ],
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
     appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
-    protocol: Annotated[ProtocolName, typer.Option(
-        help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")] = ProtocolName.sage,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N dialogues of each log")] = None,
+    protocol: Annotated[
+        ProtocolName, typer.Option(help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")
+    ] = ProtocolName.sage,
+    limit: Annotated[int | None, typer.Option(min=1, help="only the first N dialogues of each log")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,
 ) -> None:
@@ -259,17 +319,30 @@ def replay_command(
     """
     from empathy_gym.replay import TURNS, replay_logs
 
-    with _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; "
-                     f"rerun the same command to resume"), \
-            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                     TimeElapsedColumn(), console=errors, transient=True,
-                     disable=not errors.is_terminal) as progress:
+    with (
+        _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; rerun the same command to resume"),
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=errors,
+            transient=True,
+            disable=not errors.is_terminal,
+        ) as progress,
+    ):
         bar = progress.add_task("turns", total=None)
-        result = replay_logs(logs, user_with_appraisal_mode(user, appraisal_mode), difficulty=difficulty,
-                             protocol=protocol.value, seed=seed, batch_size=batch_size, limit=limit,
-                             out_dir=out,
-                             on_progress=lambda done, total: progress.update(bar, completed=done,
-                                                                             total=total))
+        result = replay_logs(
+            logs,
+            user_with_appraisal_mode(user, appraisal_mode),
+            difficulty=difficulty,
+            protocol=protocol.value,
+            seed=seed,
+            batch_size=batch_size,
+            limit=limit,
+            out_dir=out,
+            on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
+        )
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
 
@@ -279,35 +352,75 @@ def _number(value: Any, digits: int = 2) -> str:
 
 
 def _print_replay(report: dict[str, Any], resumed: int) -> None:
-    logs = Table(title="SAGE's logs: leaderboard numbers, and the same dialogues replayed through "
-                       "our protocol with the logged changes", title_justify="left")
-    for column in ("log", "dialogues", "score", "success", "failure", "replayed", "turns",
-                   "logged mean", "predicted mean", "sign agree"):
+    logs = Table(
+        title="SAGE's logs: leaderboard numbers, and the same dialogues replayed through "
+        "our protocol with the logged changes",
+        title_justify="left",
+    )
+    for column in (
+        "log",
+        "dialogues",
+        "score",
+        "success",
+        "failure",
+        "replayed",
+        "turns",
+        "logged mean",
+        "predicted mean",
+        "sign agree",
+    ):
         logs.add_column(column, justify="left" if column == "log" else "right")
     for row in report["logs"]:
-        logs.add_row(escape(row["name"]), str(row["dialogues"]), f"{row['score']:.2f}",
-                     str(row["success"]), str(row["failure"]),
-                     f"{row['protocol_matches']}/{row['dialogues']}", str(row["turns"]),
-                     _number(row["mean_logged"]), _number(row["mean_predicted"]),
-                     _number(row["sign_agreement"]))
+        logs.add_row(
+            escape(row["name"]),
+            str(row["dialogues"]),
+            f"{row['score']:.2f}",
+            str(row["success"]),
+            str(row["failure"]),
+            f"{row['protocol_matches']}/{row['dialogues']}",
+            str(row["turns"]),
+            _number(row["mean_logged"]),
+            _number(row["mean_predicted"]),
+            _number(row["sign_agreement"]),
+        )
     console.print(logs)
-    table = Table(title=f"agreement with SAGE's logged changes ({report['turns']} turns"
-                        f"{f', {resumed} resumed' if resumed else ''})", title_justify="left")
-    columns = ("turns", "sign agree", "sign agree (logged != 0)", "chance", "kappa", "Spearman",
-               "Pearson", "MAE", "Kendall tau (change)", "Kendall tau (score)")
+    table = Table(
+        title=f"agreement with SAGE's logged changes ({report['turns']} turns"
+        f"{f', {resumed} resumed' if resumed else ''})",
+        title_justify="left",
+    )
+    columns = (
+        "turns",
+        "sign agree",
+        "sign agree (logged != 0)",
+        "chance",
+        "kappa",
+        "Spearman",
+        "Pearson",
+        "MAE",
+        "Kendall tau (change)",
+        "Kendall tau (score)",
+    )
     table.add_column("simulator")
     for column in columns:
         table.add_column(column, justify="right")
     rows = [("all logs", report["agreement"])] + list(report["by_simulator"].items())
     for name, stats in rows:
-        table.add_row(escape(name), str(stats["turns"]), _number(stats["sign_agreement"]),
-                      _number(stats["sign_agreement_nonzero"]), _number(stats["chance_agreement"]),
-                      _number(stats["cohen_kappa"]), _number(stats["spearman"]),
-                      _number(stats["pearson"]), _number(stats["mae"]),
-                      _number(stats["kendall_tau"]), _number(stats["kendall_tau_score"]))
+        table.add_row(
+            escape(name),
+            str(stats["turns"]),
+            _number(stats["sign_agreement"]),
+            _number(stats["sign_agreement_nonzero"]),
+            _number(stats["chance_agreement"]),
+            _number(stats["cohen_kappa"]),
+            _number(stats["spearman"]),
+            _number(stats["pearson"]),
+            _number(stats["mae"]),
+            _number(stats["kendall_tau"]),
+            _number(stats["kendall_tau_score"]),
+        )
     console.print(table)
-    confusion = Table(title="signs: logged (rows) against predicted (columns), all logs",
-                      title_justify="left")
+    confusion = Table(title="signs: logged (rows) against predicted (columns), all logs", title_justify="left")
     confusion.add_column("logged")
     for sign in ("-", "0", "+"):
         confusion.add_column(sign, justify="right")
@@ -322,12 +435,20 @@ PLAY_HELP = "commands: /restart (a new dialogue), /quit (or Ctrl-D), /help"
 
 @app.command(epilog=EXIT_CODES)
 def play(
-    env_id: Annotated[str, typer.Option("--env", help="a registered id (see `empathy-gym envs`)")] = "EmpathyDialogue-v0",
-    persona: Annotated[Optional[str], typer.Option(help="a persona id of that env's bank "
-                                                   "(see `empathy-gym personas list`); default: drawn at random")] = None,
-    user: Annotated[Optional[str], typer.Option(help=USER_HELP + "; default: the env's own")] = None,
-    seed: Annotated[Optional[int], typer.Option(min=0, help="seed of the first dialogue (then +1 per /restart)")] = None,
-    thoughts: Annotated[bool, typer.Option(help="show the user's appraisal (inner thoughts, proposed change) each turn")] = False,
+    env_id: Annotated[
+        str, typer.Option("--env", help="a registered id (see `empathy-gym envs`)")
+    ] = "EmpathyDialogue-v0",
+    persona: Annotated[
+        str | None,
+        typer.Option(
+            help="a persona id of that env's bank (see `empathy-gym personas list`); default: drawn at random"
+        ),
+    ] = None,
+    user: Annotated[str | None, typer.Option(help=USER_HELP + "; default: the env's own")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="seed of the first dialogue (then +1 per /restart)")] = None,
+    thoughts: Annotated[
+        bool, typer.Option(help="show the user's appraisal (inner thoughts, proposed change) each turn")
+    ] = False,
 ) -> None:
     """Talk with the simulated user yourself: you are the agent. Type a reply and press
     Enter; the user answers and the emotion bar shows where you stand (0-100; the dialogue
@@ -349,8 +470,9 @@ def play(
             while True:
                 obs, info = env.reset(seed=None if seed is None else seed + episode, options=options)
                 chosen = env.dialogue.persona
-                console.rule(f"{escape(env_id)}: persona {escape(chosen.id)}"
-                             f"{f' ({escape(chosen.name)})' if chosen.name else ''}")
+                console.rule(
+                    f"{escape(env_id)}: persona {escape(chosen.id)}{f' ({escape(chosen.name)})' if chosen.name else ''}"
+                )
                 console.print(f"[dim]{PLAY_HELP}[/dim]")
                 _print_user(obs, info)
                 if _play_dialogue(env, thoughts) == "quit":
@@ -365,8 +487,7 @@ def _print_user(utterance: str, info: dict[str, Any], max_turns: int | None = No
     from empathy_gym.env import emotion_bar
 
     console.print(f"[bold cyan]USER[/]: {escape(utterance)}")
-    after_step = (f"  ({info['emotion_change']:+d}, turn {info['turn']}/{max_turns})"
-                  if "emotion_change" in info else "")
+    after_step = f"  ({info['emotion_change']:+d}, turn {info['turn']}/{max_turns})" if "emotion_change" in info else ""
     console.print(f"      {escape(emotion_bar(info['emotion']))}{after_step}")
 
 
@@ -408,24 +529,31 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
         obs, _, terminated, truncated, info = env.step(text)
         if thoughts:
             appraisal = info["appraisal"]
-            console.print(f"[dim]      (thinks: {escape(appraisal['thoughts'] or '-')}; "
-                          f"proposed {appraisal['change']:+d})[/dim]")
+            console.print(
+                f"[dim]      (thinks: {escape(appraisal['thoughts'] or '-')}; proposed {appraisal['change']:+d})[/dim]"
+            )
         _print_user(obs, info, env.protocol.max_turns)
         if terminated or truncated:
             ended = True
-            outcome = {"success": "success: the user feels better and says goodbye",
-                       "failure": "failure: the user gives up and leaves",
-                       "goodbye": "the user says goodbye",
-                       "max_turns": "out of turns"}[info["termination_reason"]]
-            console.print(f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "
-                          f"{escape(hidden_need_line(env.dialogue.persona))}")
+            outcome = {
+                "success": "success: the user feels better and says goodbye",
+                "failure": "failure: the user gives up and leaves",
+                "goodbye": "the user says goodbye",
+                "max_turns": "out of turns",
+            }[info["termination_reason"]]
+            console.print(
+                f"[bold]{outcome}[/bold] (final emotion {info['emotion']}). "
+                f"{escape(hidden_need_line(env.dialogue.persona))}"
+            )
             console.print("[dim]/restart for a new dialogue, /quit to leave[/dim]")
 
 
 # -- personas --------------------------------------------------------------------------
 @personas_app.command("validate", epilog=EXIT_CODES)
 def personas_validate(
-    paths: Annotated[list[Path], typer.Argument(metavar="PATH", help="JSONL persona files (our format or RLVER/SAGE's)")],
+    paths: Annotated[
+        list[Path], typer.Argument(metavar="PATH", help="JSONL persona files (our format or RLVER/SAGE's)")
+    ],
 ) -> None:
     """Check persona files: JSON on every line, every field against the schema, known
     labels, unique ids. Prints FILE:LINE: field 'NAME': problem for every invalid line
@@ -445,16 +573,20 @@ def personas_validate(
             invalid += 1
             continue
         languages = Counter(p.language for p in bank)
-        console.print(f"[green]ok:[/green] {escape(str(path))}: {len(bank)} persona{'s' if len(bank) != 1 else ''} ("
-                      + ", ".join(f"{n} {lang}" for lang, n in sorted(languages.items())) + ")")
+        console.print(
+            f"[green]ok:[/green] {escape(str(path))}: {len(bank)} persona{'s' if len(bank) != 1 else ''} ("
+            + ", ".join(f"{n} {lang}" for lang, n in sorted(languages.items()))
+            + ")"
+        )
     if invalid:
         raise typer.Exit(1)
 
 
 @personas_app.command("list", epilog=EXIT_CODES)
 def personas_list(
-    bank: Annotated[Optional[str], typer.Option(help=PERSONAS_HELP + "; default: the built-in "
-                                                "English and Chinese banks")] = None,
+    bank: Annotated[
+        str | None, typer.Option(help=PERSONAS_HELP + "; default: the built-in English and Chinese banks")
+    ] = None,
 ) -> None:
     """List a bank's personas: id, language, name, hidden intention, character type.
 
@@ -466,8 +598,12 @@ def personas_list(
         personas = load_personas(bank)
     if not console.is_terminal:
         lines = ["id\tlang\tname\thidden_intention\tcharacter"]
-        lines += ["\t".join(" ".join(str(v).split()) for v in (p.id, p.language, p.name or "", p.hidden_intention,
-                                                              p.character_type)) for p in personas]
+        lines += [
+            "\t".join(
+                " ".join(str(v).split()) for v in (p.id, p.language, p.name or "", p.hidden_intention, p.character_type)
+            )
+            for p in personas
+        ]
         typer.echo("\n".join(lines))
         return
     table = Table(title=f"{len(personas)} personas", title_justify="left")
@@ -475,16 +611,20 @@ def personas_list(
     for column in ("lang", "name", "hidden intention", "character"):
         table.add_column(column, overflow="fold")
     for p in personas:
-        table.add_row(escape(p.id), p.language, escape(p.name or ""),
-                      escape(p.hidden_intention if p.intention_is_standard else p.hidden_intention[:30]),
-                      p.character_type)
+        table.add_row(
+            escape(p.id),
+            p.language,
+            escape(p.name or ""),
+            escape(p.hidden_intention if p.intention_is_standard else p.hidden_intention[:30]),
+            p.character_type,
+        )
     console.print(table)
 
 
 @personas_app.command("show", epilog=EXIT_CODES)
 def personas_show(
     persona_id: Annotated[str, typer.Argument(metavar="ID", help="the persona's id")],
-    bank: Annotated[Optional[str], typer.Option(help=PERSONAS_HELP + "; default: search en, zh, rlver")] = None,
+    bank: Annotated[str | None, typer.Option(help=PERSONAS_HELP + "; default: search en, zh, rlver")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the persona as one JSON object (our format)")] = False,
 ) -> None:
     """Show one persona in full (profile, scenario, hidden intention, opening line)."""
@@ -497,8 +637,9 @@ def personas_show(
             if found:
                 break
         else:
-            raise KeyError(f"no persona {persona_id!r} in {', '.join(banks)}; "
-                           f"see `empathy-gym personas list --bank NAME`")
+            raise KeyError(
+                f"no persona {persona_id!r} in {', '.join(banks)}; see `empathy-gym personas list --bank NAME`"
+            )
     persona = found[0]
     if as_json:
         console.print_json(json.dumps(persona.to_dict(), ensure_ascii=False))
@@ -507,8 +648,11 @@ def personas_show(
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     record = persona.to_dict()
-    record["hidden_intention"] = (f"{persona.hidden_intention} ({persona.intention_text('en')})"
-                                  if persona.intention_is_standard else persona.hidden_intention)
+    record["hidden_intention"] = (
+        f"{persona.hidden_intention} ({persona.intention_text('en')})"
+        if persona.intention_is_standard
+        else persona.hidden_intention
+    )
     for key, value in record.items():
         table.add_row(key, escape(", ".join(value) if isinstance(value, list) else str(value)))
     console.print(table)
@@ -538,10 +682,17 @@ def envs() -> None:
             kwargs = spec.kwargs or {}
             bank = load_personas(kwargs.get("personas"))
             user = kwargs.get("user", "rule")
-            table.add_row(env_id, load_difficulty(kwargs.get("difficulty", "moderate")).name,
-                          str(len(bank)), language_counts(bank),
-                          user if isinstance(user, str) else type(user).__name__
-                          if isinstance(user, SimulatedUser) else str(as_user_spec(user)))
+            table.add_row(
+                env_id,
+                load_difficulty(kwargs.get("difficulty", "moderate")).name,
+                str(len(bank)),
+                language_counts(bank),
+                user
+                if isinstance(user, str)
+                else type(user).__name__
+                if isinstance(user, SimulatedUser)
+                else str(as_user_spec(user)),
+            )
     console.print(table)
     for env_id, spec in sorted(gym.registry.items()):  # the other kinds, e.g. EmpathyStrategy-v0
         if str(spec.entry_point).startswith("empathy_gym") and spec.entry_point != ENTRY_POINT:

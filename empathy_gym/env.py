@@ -50,12 +50,7 @@ from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.spaces import AnyText
 from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.think import split_think
-from empathy_gym.user import (
-    SimulatedUser,
-    UserRequest,
-    UserTurn,
-    resolve_protocol,
-)
+from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 
 #: Default longest utterance, in characters, in both spaces. Longer actions are accepted
@@ -64,8 +59,10 @@ from empathy_gym.user.difficulty import load_difficulty
 MAX_UTTERANCE_CHARS = 4096
 
 AGENT_SYSTEM_PROMPTS: dict[str, str] = {
-    "en": ("You are a warm, perceptive listener. The person you are talking with is going "
-           "through something difficult. Reply in English, in a few natural sentences."),
+    "en": (
+        "You are a warm, perceptive listener. The person you are talking with is going "
+        "through something difficult. Reply in English, in a few natural sentences."
+    ),
     "zh": "你是一位温暖、敏锐的倾听者。和你聊天的人正经历一些困难。请用中文回复，用几句自然的话。",
 }
 #: SAGE's agent system prompt (Tencent/digitalhuman ``SAGE/npc_response.py`` line 14) in
@@ -73,13 +70,17 @@ AGENT_SYSTEM_PROMPTS: dict[str, str] = {
 #: user comfortable, happier or helped. :func:`empathy_gym.evaluation.evaluate` uses it
 #: under ``protocol="sage"``. It asks for no particular length, as SAGE's does not.
 SAGE_AGENT_SYSTEM_PROMPTS: dict[str, str] = {
-    "en": ("You are a smart chat companion with high emotional intelligence: you talk with "
-           "the user so that they feel at ease and in good spirits, or get the help they need."),
+    "en": (
+        "You are a smart chat companion with high emotional intelligence: you talk with "
+        "the user so that they feel at ease and in good spirits, or get the help they need."
+    ),
     "zh": "你是一个聪明的聊天伙伴，情商很高：你和用户聊天，让对方觉得自在、心情变好，或者得到他需要的帮助。",
 }
 THINK_INSTRUCTIONS: dict[str, str] = {
-    "en": (" Before each reply, think privately inside <think>...</think>; only the text "
-           "after </think> is shown to the person."),
+    "en": (
+        " Before each reply, think privately inside <think>...</think>; only the text "
+        "after </think> is shown to the person."
+    ),
     "zh": " 每次回复前，先在 <think>...</think> 中私下思考；只有 </think> 之后的内容会被对方看到。",
 }
 
@@ -187,31 +188,38 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
 
-    def __init__(self, personas: PersonaSource | None = None, difficulty: Any = "moderate", *,
-                 user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
-                 protocol: Any = "sage",
-                 initial_emotion: int | None = None, max_turns: int | None = None,
-                 reward_mode: Literal["delta", "final"] = "delta", think: bool = False,
-                 format_penalty: float = 0.1, system_prompt: str | Mapping[str, str] | None = None,
-                 max_utterance_chars: int = MAX_UTTERANCE_CHARS,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        personas: PersonaSource | None = None,
+        difficulty: Any = "moderate",
+        *,
+        user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
+        protocol: Any = "sage",
+        initial_emotion: int | None = None,
+        max_turns: int | None = None,
+        reward_mode: Literal["delta", "final"] = "delta",
+        think: bool = False,
+        format_penalty: float = 0.1,
+        system_prompt: str | Mapping[str, str] | None = None,
+        max_utterance_chars: int = MAX_UTTERANCE_CHARS,
+        render_mode: str | None = None,
+    ):
         if reward_mode not in ("delta", "final"):
             raise ValueError(f"reward_mode must be 'delta' or 'final', got {reward_mode!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, "
-                             f"got {render_mode!r}")
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if format_penalty < 0:
             raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
         self.personas: tuple[Persona, ...] = load_personas(personas)
         self._by_id = {p.id: p for p in self.personas}
         self.difficulty = load_difficulty(difficulty)
-        self.protocol = resolve_protocol(protocol, initial_emotion=initial_emotion,
-                                         max_turns=max_turns)
+        self.protocol = resolve_protocol(protocol, initial_emotion=initial_emotion, max_turns=max_turns)
         self._owns_user = not isinstance(user, SimulatedUser)
         #: the spec the user was built from (``None`` for a ready user given as ``user=``).
         self.user_spec: UserSpec | None = None if not self._owns_user else as_user_spec(user)
-        self.user: SimulatedUser = (self.user_spec.build(self.difficulty, self.protocol)
-                                    if self.user_spec is not None else user)
+        self.user: SimulatedUser = (
+            self.user_spec.build(self.difficulty, self.protocol) if self.user_spec is not None else user
+        )
         self.reward_mode = reward_mode
         self.think = think
         self.format_penalty = float(format_penalty)
@@ -224,8 +232,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         self._spec: gym.envs.registration.EnvSpec | None = None
 
     # -- reset -------------------------------------------------------------------
-    def prepare_reset(self, *, seed: int | None = None,
-                      options: dict[str, Any] | None = None) -> tuple[Persona, int]:
+    def prepare_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Persona, int]:
         """First half of :meth:`reset`: seed, choose the persona, draw the user's seed.
 
         ``options["persona"]`` picks a persona by id or passes a :class:`Persona`;
@@ -247,34 +254,37 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         elif chosen in self._by_id:
             persona = self._by_id[chosen]
         else:
-            raise KeyError(f"options['persona']: unknown persona id {chosen!r} "
-                           f"(this env has {len(self.personas)} personas)")
+            raise KeyError(
+                f"options['persona']: unknown persona id {chosen!r} (this env has {len(self.personas)} personas)"
+            )
         return persona, self._draw_seed()
 
     def finish_reset(self, persona: Persona, opening: str) -> tuple[str, dict[str, Any]]:
         """Second half of :meth:`reset`, given the user's opening utterance."""
         opening, reply_flags = self._clean_reply(opening)
-        emotion = (persona.initial_emotion if persona.initial_emotion is not None
-                   else self.protocol.initial_emotion)
+        emotion = persona.initial_emotion if persona.initial_emotion is not None else self.protocol.initial_emotion
         if isinstance(self.system_prompt, str):
             system = self.system_prompt
         else:
             prompts = self.system_prompt or AGENT_SYSTEM_PROMPTS
             if persona.language not in prompts:
-                raise KeyError(f"system_prompt has no prompt for language {persona.language!r} "
-                               f"(persona {persona.id!r}); it has {sorted(prompts)}")
-            system = prompts[persona.language] + (
-                THINK_INSTRUCTIONS[persona.language] if self.think else "")
+                raise KeyError(
+                    f"system_prompt has no prompt for language {persona.language!r} "
+                    f"(persona {persona.id!r}); it has {sorted(prompts)}"
+                )
+            system = prompts[persona.language] + (THINK_INSTRUCTIONS[persona.language] if self.think else "")
         self.dialogue = Dialogue(
-            persona=persona, emotion=emotion, history=(("user", opening),),
+            persona=persona,
+            emotion=emotion,
+            history=(("user", opening),),
             messages=[{"role": "system", "content": system}, {"role": "user", "content": opening}],
-            emotions=[emotion])
+            emotions=[emotion],
+        )
         if self.render_mode == "human":
             self.render()
         return opening, {**self._info(), **reply_flags}
 
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start a dialogue. Returns the user's opening utterance and ``info``.
 
         The same ``seed`` gives the same persona, opening line and (with a deterministic
@@ -296,27 +306,31 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             RuntimeError: no episode is running.
         """
         if not isinstance(action, str):
-            raise TypeError(f"action must be a str (the agent's utterance), "
-                            f"got {type(action).__name__}")
+            raise TypeError(f"action must be a str (the agent's utterance), got {type(action).__name__}")
         dialogue = self.dialogue
         if dialogue is None:
             raise RuntimeError("call reset() before step()")
         if dialogue.done_reason is not None:
-            raise RuntimeError(f"the episode has ended ({dialogue.done_reason}); "
-                               f"call reset() before step()")
+            raise RuntimeError(f"the episode has ended ({dialogue.done_reason}); call reset() before step()")
         action, sanitized = clean_text(action)
         split = split_think(action)
         truncated = len(split.reply) > self.max_utterance_chars
         utterance = split.reply[: self.max_utterance_chars]
         injection = find_injection(utterance)
-        request = UserRequest(persona=dialogue.persona, history=dialogue.history,
-                              utterance=utterance, emotion=dialogue.emotion, turn=dialogue.turn + 1,
-                              seed=self._draw_seed(), injection=injection)
-        return PendingStep(request, action, split.error if self.think else None, truncated,
-                           sanitized, injection)
+        request = UserRequest(
+            persona=dialogue.persona,
+            history=dialogue.history,
+            utterance=utterance,
+            emotion=dialogue.emotion,
+            turn=dialogue.turn + 1,
+            seed=self._draw_seed(),
+            injection=injection,
+        )
+        return PendingStep(request, action, split.error if self.think else None, truncated, sanitized, injection)
 
-    def finish_step(self, pending: PendingStep, outcome: UserTurn
-                    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+    def finish_step(
+        self, pending: PendingStep, outcome: UserTurn
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Second half of :meth:`step`, given the simulated user's turn."""
         dialogue = self.dialogue
         assert dialogue is not None
@@ -327,10 +341,10 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         dialogue.turn = request.turn
         dialogue.emotions.append(outcome.emotion)
         dialogue.history = request.history + (("agent", request.utterance), ("user", reply))
-        dialogue.messages += [{"role": "assistant", "content": pending.action},
-                              {"role": "user", "content": reply}]
+        dialogue.messages += [{"role": "assistant", "content": pending.action}, {"role": "user", "content": reply}]
         terminated, truncated, reason = self.protocol.termination(
-            dialogue.emotion, dialogue.turn, reply, dialogue.persona.language)
+            dialogue.emotion, dialogue.turn, reply, dialogue.persona.language
+        )
         dialogue.done_reason = reason
         if self.reward_mode == "delta":
             reward = (dialogue.emotion - previous) / 100.0
@@ -340,12 +354,18 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             reward -= self.format_penalty
         info = self._info()
         info.update(
-            emotion_change=dialogue.emotion - previous, termination_reason=reason,
-            format_error=pending.format_error, action_truncated=pending.action_truncated,
-            action_sanitized=pending.action_sanitized, action_injection=pending.action_injection,
-            **reply_flags, utterance=request.utterance, appraisal=outcome.appraisal.as_dict(),
+            emotion_change=dialogue.emotion - previous,
+            termination_reason=reason,
+            format_error=pending.format_error,
+            action_truncated=pending.action_truncated,
+            action_sanitized=pending.action_sanitized,
+            action_injection=pending.action_injection,
+            **reply_flags,
+            utterance=request.utterance,
+            appraisal=outcome.appraisal.as_dict(),
             hidden_intention=dialogue.persona.hidden_intention,
-            character_type=dialogue.persona.character_type)
+            character_type=dialogue.persona.character_type,
+        )
         if self.render_mode == "human":
             self.render()
         return reply, float(reward), terminated, truncated, info
@@ -368,8 +388,9 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         return self.finish_step(pending, outcome)
 
     # -- asyncio twins -----------------------------------------------------------
-    async def areset(self, *, seed: int | None = None,
-                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """:meth:`reset` for asyncio: the same results for the same seed, awaiting the
         user's opening (:meth:`SimulatedUser.aopening <empathy_gym.user.SimulatedUser.aopening>`).
 
@@ -418,15 +439,18 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
     def _info(self) -> dict[str, Any]:
         dialogue = self.dialogue
         assert dialogue is not None
-        return {"messages": [dict(m) for m in dialogue.messages], "emotion": dialogue.emotion,
-                "turn": dialogue.turn, "persona_id": dialogue.persona.id,
-                "language": dialogue.persona.language}
+        return {
+            "messages": [dict(m) for m in dialogue.messages],
+            "emotion": dialogue.emotion,
+            "turn": dialogue.turn,
+            "persona_id": dialogue.persona.id,
+            "language": dialogue.persona.language,
+        }
 
     def render(self) -> str | None:
         """``"ansi"``: return the transcript with an emotion bar; ``"human"``: print it."""
         if self.render_mode is None:
-            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' "
-                            "or 'human' to gym.make")
+            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human' to gym.make")
             return None
         text = render_transcript(self.dialogue)
         if self.render_mode == "human":
@@ -471,8 +495,7 @@ def _grouped_by_user(envs: Sequence[EmpathyDialogueEnv]) -> dict[tuple[int, Any]
     return groups
 
 
-def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwargs: Any
-                     ) -> list[EmpathyDialogueEnv]:
+def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwargs: Any) -> list[EmpathyDialogueEnv]:
     """``count`` (>= 1) envs ``make(**kwargs)`` that share one simulated user: the first
     builds it from ``kwargs`` (and owns it: closing the first closes the user), the others
     get it as ``user=``, so :func:`step_many` batches their user turns in one call.
@@ -484,9 +507,11 @@ def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwar
     return [first] + [make(**{**kwargs, "user": first.user}) for _ in range(count - 1)]
 
 
-def reset_many(envs: Sequence[EmpathyDialogueEnv], seeds: Sequence[int | None],
-               options: Sequence[dict[str, Any] | None] | None = None
-               ) -> list[tuple[str, dict[str, Any]]]:
+def reset_many(
+    envs: Sequence[EmpathyDialogueEnv],
+    seeds: Sequence[int | None],
+    options: Sequence[dict[str, Any] | None] | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
     """Reset several envs, asking each simulated user for all its openings in one
     batched call. Equivalent to ``[env.reset(seed=s, options=o) ...]``, result for
     result, when the user is deterministic.
@@ -504,12 +529,12 @@ def reset_many(envs: Sequence[EmpathyDialogueEnv], seeds: Sequence[int | None],
         texts = user.opening([prepared[i][0] for i in indices], [prepared[i][1] for i in indices])
         for i, text in zip(indices, texts):
             openings[i] = text
-    return [env.finish_reset(persona, opening)
-            for env, (persona, _), opening in zip(envs, prepared, openings)]
+    return [env.finish_reset(persona, opening) for env, (persona, _), opening in zip(envs, prepared, openings)]
 
 
-def step_many(envs: Sequence[EmpathyDialogueEnv], actions: Sequence[str]
-              ) -> list[tuple[str, SupportsFloat, bool, bool, dict[str, Any]]]:
+def step_many(
+    envs: Sequence[EmpathyDialogueEnv], actions: Sequence[str]
+) -> list[tuple[str, SupportsFloat, bool, bool, dict[str, Any]]]:
     """Step several envs, sending all simulated-user turns that share a user to it as one
     batch (one batched generate per phase for LLM users). Each env keeps its own
     dialogue, seed and result: the i-th result always belongs to ``envs[i]``.
@@ -524,5 +549,7 @@ def step_many(envs: Sequence[EmpathyDialogueEnv], actions: Sequence[str]
         turns = user.respond([pendings[i].request for i in indices], protocol)
         for i, turn in zip(indices, turns):
             outcomes[i] = turn
-    return [env.finish_step(pending, outcome)  # type: ignore[arg-type]
-            for env, pending, outcome in zip(envs, pendings, outcomes)]
+    return [
+        env.finish_step(pending, outcome)  # type: ignore[arg-type]
+        for env, pending, outcome in zip(envs, pendings, outcomes)
+    ]

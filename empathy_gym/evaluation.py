@@ -48,19 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.env import (
-    SAGE_AGENT_SYSTEM_PROMPTS,
-    EmpathyDialogueEnv,
-    reset_many,
-    step_many,
-)
-from empathy_gym.personas import (
-    CHARACTER_TYPES,
-    INTENTIONS,
-    Persona,
-    PersonaSource,
-    load_personas,
-)
+from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.policies import Policy, make_policy
 from empathy_gym.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.seeding import derive_seed
@@ -76,8 +65,9 @@ PLOT = "trajectories.png"
 KEY_FIELDS: tuple[str, ...] = ("persona_id", "repeat", "seed")
 
 #: The bootstrap's reference (percentile interval).
-BOOTSTRAP_SOURCE = ("Efron & Tibshirani (1993), An Introduction to the Bootstrap, "
-                    "Chapman & Hall, ch. 13 (percentile intervals)")
+BOOTSTRAP_SOURCE = (
+    "Efron & Tibshirani (1993), An Introduction to the Bootstrap, Chapman & Hall, ch. 13 (percentile intervals)"
+)
 
 
 @dataclass(frozen=True)
@@ -101,8 +91,7 @@ def dialogue_seed(seed: int, persona_id: str, repeat: int) -> int:
     return derive_seed(seed, persona_id, repeat)
 
 
-def plan_tasks(personas: Sequence[Persona], *, repeats: int = 1, seed: int = 0,
-               limit: int | None = None) -> list[Task]:
+def plan_tasks(personas: Sequence[Persona], *, repeats: int = 1, seed: int = 0, limit: int | None = None) -> list[Task]:
     """The dialogues of a run, persona by persona, repeats together.
 
     Args:
@@ -130,8 +119,9 @@ class _Running:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
-def dialogue_record(task: Task, info: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
-                    emotions: Sequence[int]) -> dict[str, Any]:
+def dialogue_record(
+    task: Task, info: Mapping[str, Any], steps: Sequence[Mapping[str, Any]], emotions: Sequence[int]
+) -> dict[str, Any]:
     """One finished dialogue as a JSON-serialisable dict (a line of ``transcripts.jsonl``).
 
     Fields: ``persona_id``, ``repeat``, ``seed`` (the key); ``language``,
@@ -145,20 +135,26 @@ def dialogue_record(task: Task, info: Mapping[str, Any], steps: Sequence[Mapping
     """
     persona = task.persona
     return {
-        "persona_id": persona.id, "repeat": task.repeat, "seed": task.seed,
-        "language": persona.language, "hidden_intention": persona.hidden_intention,
+        "persona_id": persona.id,
+        "repeat": task.repeat,
+        "seed": task.seed,
+        "language": persona.language,
+        "hidden_intention": persona.hidden_intention,
         "character_type": persona.character_type,
-        "initial_emotion": int(emotions[0]), "final_emotion": int(emotions[-1]),
-        "emotions": [int(e) for e in emotions], "turns": len(steps),
+        "initial_emotion": int(emotions[0]),
+        "final_emotion": int(emotions[-1]),
+        "emotions": [int(e) for e in emotions],
+        "turns": len(steps),
         "termination": info["termination_reason"],
         "format_errors": sum(1 for s in steps if s["format_error"] is not None),
-        "steps": list(steps), "messages": info["messages"],
+        "steps": list(steps),
+        "messages": info["messages"],
     }
 
 
-def run_dialogues(tasks: Sequence[Task], policy: Policy,
-                  make_env: Callable[[], EmpathyDialogueEnv], *, batch_size: int = 32
-                  ) -> Iterator[dict[str, Any]]:
+def run_dialogues(
+    tasks: Sequence[Task], policy: Policy, make_env: Callable[[], EmpathyDialogueEnv], *, batch_size: int = 32
+) -> Iterator[dict[str, Any]]:
     """Run the dialogues of ``tasks`` and yield each record (:func:`dialogue_record`) as
     soon as its dialogue ends (so not in task order).
 
@@ -182,8 +178,11 @@ def run_dialogues(tasks: Sequence[Task], policy: Policy,
         while queue and free:
             starting.append((free.pop(), queue.popleft()))
         if starting:
-            resets = reset_many([slots[s] for s, _ in starting], [t.seed for _, t in starting],
-                                [{"persona": t.persona} for _, t in starting])
+            resets = reset_many(
+                [slots[s] for s, _ in starting],
+                [t.seed for _, t in starting],
+                [{"persona": t.persona} for _, t in starting],
+            )
             for (slot, task), (_, info) in zip(starting, resets):
                 running[slot] = _Running(task, info)
         order = sorted(running)
@@ -191,21 +190,25 @@ def run_dialogues(tasks: Sequence[Task], policy: Policy,
         seeds = [derive_seed(running[s].task.seed, running[s].info["turn"]) for s in order]
         actions = policy.act(conversations, seeds)
         if len(actions) != len(order):
-            raise TypeError(f"policy {policy.name!r} returned {len(actions)} utterances "
-                            f"for {len(order)} conversations")
+            raise TypeError(f"policy {policy.name!r} returned {len(actions)} utterances for {len(order)} conversations")
         results = step_many([slots[s] for s in order], actions)
         finished = []
         for slot, (_, _, terminated, truncated, info) in zip(order, results):
             run = running[slot]
             run.info = info
-            run.steps.append({
-                "utterance": info["utterance"], "change": info["appraisal"]["change"],
-                "applied_change": info["emotion_change"], "emotion": info["emotion"],
-                "thoughts": info["appraisal"]["thoughts"], "format_error": info["format_error"],
-                **({"features": info["appraisal"]["features"]} if info["appraisal"].get("features") else {})})
+            run.steps.append(
+                {
+                    "utterance": info["utterance"],
+                    "change": info["appraisal"]["change"],
+                    "applied_change": info["emotion_change"],
+                    "emotion": info["emotion"],
+                    "thoughts": info["appraisal"]["thoughts"],
+                    "format_error": info["format_error"],
+                    **({"features": info["appraisal"]["features"]} if info["appraisal"].get("features") else {}),
+                }
+            )
             if terminated or truncated:
-                finished.append(dialogue_record(run.task, info, run.steps,
-                                                slots[slot].dialogue.emotions))
+                finished.append(dialogue_record(run.task, info, run.steps, slots[slot].dialogue.emotions))
                 del running[slot]
                 free.append(slot)
         yield from finished
@@ -217,8 +220,7 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
     return (str(record["persona_id"]), int(record["repeat"]), int(record["seed"]))
 
 
-def read_transcripts(path: str | os.PathLike, *, repair: bool = False
-                     ) -> dict[tuple[str, int, int], dict[str, Any]]:
+def read_transcripts(path: str | os.PathLike, *, repair: bool = False) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The finished dialogues in a transcripts file, by ``(persona_id, repeat, seed)``
     (:func:`read_jsonl_records`: an unfinished last line is ignored, and cut off with
     ``repair=True``).
@@ -234,8 +236,9 @@ def read_transcripts(path: str | os.PathLike, *, repair: bool = False
 
 
 # -- statistics ------------------------------------------------------------------------
-def bootstrap_ci(values: Sequence[float] | np.ndarray, *, confidence: float = 0.95,
-                 n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean (Efron & Tibshirani 1993,
     ch. 13): resample ``values`` with replacement ``n_resamples`` times, take each
     resample's mean, and return the (1 - confidence)/2 and (1 + confidence)/2 quantiles
@@ -273,15 +276,17 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, confidence: float = 0.
 
 def _group_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     finals = [r["final_emotion"] for r in records]
-    return {"dialogues": len(records), "sentient_score": float(np.mean(finals)),
-            "successes": sum(r["termination"] == "success" for r in records),
-            "failures": sum(r["termination"] == "failure" for r in records),
-            "goodbyes": sum(r["termination"] == "goodbye" for r in records),
-            "mean_turns": float(np.mean([r["turns"] for r in records]))}
+    return {
+        "dialogues": len(records),
+        "sentient_score": float(np.mean(finals)),
+        "successes": sum(r["termination"] == "success" for r in records),
+        "failures": sum(r["termination"] == "failure" for r in records),
+        "goodbyes": sum(r["termination"] == "goodbye" for r in records),
+        "mean_turns": float(np.mean([r["turns"] for r in records])),
+    }
 
 
-def _breakdown(records: Sequence[Mapping[str, Any]], field_name: str,
-               order: Sequence[str]) -> dict[str, Any]:
+def _breakdown(records: Sequence[Mapping[str, Any]], field_name: str, order: Sequence[str]) -> dict[str, Any]:
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         groups.setdefault(record[field_name], []).append(record)
@@ -289,8 +294,9 @@ def _breakdown(records: Sequence[Mapping[str, Any]], field_name: str,
     return {key: _group_stats(groups[key]) for key in known}
 
 
-def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
-              n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def summarize(
+    records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any]:
     """The report of a run from its records (in task order, for a reproducible bootstrap).
 
     Returns a dict with:
@@ -316,20 +322,32 @@ def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
     per_persona: dict[str, list[int]] = {}
     for record in records:
         per_persona.setdefault(record["persona_id"], []).append(record["final_emotion"])
-    low, high = bootstrap_ci([np.mean(v) for v in per_persona.values()], confidence=confidence,
-                             n_resamples=n_resamples, seed=seed)
+    low, high = bootstrap_ci(
+        [np.mean(v) for v in per_persona.values()], confidence=confidence, n_resamples=n_resamples, seed=seed
+    )
     overall = _group_stats(records)
     n = overall["dialogues"]
     ended_max = sum(r["termination"] == "max_turns" for r in records)
     return {
         "sentient_score": overall["sentient_score"],
-        "ci": {"low": low, "high": high, "confidence": confidence, "method": "percentile bootstrap",
-               "resamples": n_resamples, "seed": seed, "unit": "persona",
-               "source": BOOTSTRAP_SOURCE},
-        "dialogues": n, "personas": len(per_persona),
-        "successes": overall["successes"], "failures": overall["failures"],
-        "goodbyes": overall["goodbyes"], "max_turns": ended_max,
-        "success_rate": overall["successes"] / n, "failure_rate": overall["failures"] / n,
+        "ci": {
+            "low": low,
+            "high": high,
+            "confidence": confidence,
+            "method": "percentile bootstrap",
+            "resamples": n_resamples,
+            "seed": seed,
+            "unit": "persona",
+            "source": BOOTSTRAP_SOURCE,
+        },
+        "dialogues": n,
+        "personas": len(per_persona),
+        "successes": overall["successes"],
+        "failures": overall["failures"],
+        "goodbyes": overall["goodbyes"],
+        "max_turns": ended_max,
+        "success_rate": overall["successes"] / n,
+        "failure_rate": overall["failures"] / n,
         "mean_turns": overall["mean_turns"],
         "by_hidden_intention": _breakdown(records, "hidden_intention", list(INTENTIONS)),
         "by_character_type": _breakdown(records, "character_type", list(CHARACTER_TYPES)),
@@ -337,9 +355,14 @@ def summarize(records: Sequence[Mapping[str, Any]], *, confidence: float = 0.95,
 
 
 # -- the plot --------------------------------------------------------------------------
-def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
-                      success_emotion: int | None = 100, failure_below: int = 10,
-                      title: str | None = None) -> None:
+def plot_trajectories(
+    records: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike,
+    *,
+    success_emotion: int | None = 100,
+    failure_below: int = 10,
+    title: str | None = None,
+) -> None:
     """Save a PNG of the emotion trajectories: one thin line per dialogue (green: success,
     red: failure, orange: goodbye, grey: ran out of turns), the mean trajectory in black
     (a dialogue that has ended keeps its final emotion in the mean), and the thresholds
@@ -351,27 +374,37 @@ def plot_trajectories(records: Sequence[Mapping[str, Any]], path: str | os.PathL
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    colours = {"success": "tab:green", "failure": "tab:red", "goodbye": "tab:orange",
-               "max_turns": "tab:gray"}
+    colours = {"success": "tab:green", "failure": "tab:red", "goodbye": "tab:orange", "max_turns": "tab:gray"}
     longest = max(len(r["emotions"]) for r in records)
-    padded = np.array([r["emotions"] + [r["emotions"][-1]] * (longest - len(r["emotions"]))
-                       for r in records], dtype=np.float64)
+    padded = np.array(
+        [r["emotions"] + [r["emotions"][-1]] * (longest - len(r["emotions"])) for r in records], dtype=np.float64
+    )
     figure = Figure(figsize=(8, 5.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     alpha = max(0.12, min(0.8, 8 / len(records)))  # a few dialogues stand out, many blend
     for record in records:
-        axes.plot(range(len(record["emotions"])), record["emotions"],
-                  color=colours.get(record["termination"], "tab:blue"), alpha=alpha, linewidth=0.8)
+        axes.plot(
+            range(len(record["emotions"])),
+            record["emotions"],
+            color=colours.get(record["termination"], "tab:blue"),
+            alpha=alpha,
+            linewidth=0.8,
+        )
     axes.plot(range(longest), padded.mean(axis=0), color="black", linewidth=2.5, label="mean")
     if success_emotion is not None:
-        axes.axhline(success_emotion, color="tab:green", linestyle="--", linewidth=1,
-                     label=f"success ({success_emotion})")
-    axes.axhline(failure_below, color="tab:red", linestyle="--", linewidth=1,
-                 label=f"failure (< {failure_below})")
+        axes.axhline(
+            success_emotion, color="tab:green", linestyle="--", linewidth=1, label=f"success ({success_emotion})"
+        )
+    axes.axhline(failure_below, color="tab:red", linestyle="--", linewidth=1, label=f"failure (< {failure_below})")
     axes.xaxis.get_major_locator().set_params(integer=True)
-    axes.set(xlabel="agent turn", ylabel="emotion", ylim=(-2, 102), xlim=(0, longest - 1),
-             title=title or f"emotion trajectories ({len(records)} dialogues)")
+    axes.set(
+        xlabel="agent turn",
+        ylabel="emotion",
+        ylim=(-2, 102),
+        xlim=(0, longest - 1),
+        title=title or f"emotion trajectories ({len(records)} dialogues)",
+    )
     figure.legend(loc="outside lower center", ncols=3)
     figure.savefig(path)
 
@@ -402,8 +435,11 @@ def _describe(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _describe(v) for k, v in value.items()}
     if isinstance(value, Sequence):
-        return f"<{len(value)} personas>" if all(isinstance(v, (Persona, Mapping)) for v in value) \
+        return (
+            f"<{len(value)} personas>"
+            if all(isinstance(v, (Persona, Mapping)) for v in value)
             else [_describe(v) for v in value]
+        )
     return getattr(value, "name", None) or type(value).__name__
 
 
@@ -469,21 +505,34 @@ class EvalConfig:
 def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy_name: str) -> dict[str, Any]:
     """What ``run.json`` records of a run (and checks on resume)."""
     user_name, appraisal_mode = describe_user(config.user)
-    system_prompt = config.system_prompt if config.system_prompt is not None else (
-        SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol) == "sage" else None)
+    system_prompt = (
+        config.system_prompt
+        if config.system_prompt is not None
+        else (SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol) == "sage" else None)
+    )
     return {
-        "personas": _describe(personas), "policy": policy_name, "user": user_name,
-        "appraisal_mode": appraisal_mode, "difficulty": _describe(config.difficulty),
-        "protocol": dataclasses.asdict(protocol), "think": config.think, "seed": config.seed,
-        "generation": {"max_tokens": config.max_tokens, "temperature": config.temperature,
-                       "top_p": config.top_p},
+        "personas": _describe(personas),
+        "policy": policy_name,
+        "user": user_name,
+        "appraisal_mode": appraisal_mode,
+        "difficulty": _describe(config.difficulty),
+        "protocol": dataclasses.asdict(protocol),
+        "think": config.think,
+        "seed": config.seed,
+        "generation": {"max_tokens": config.max_tokens, "temperature": config.temperature, "top_p": config.top_p},
         "system_prompt": _describe(system_prompt),
     }
 
 
-def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource | None = "sage", *,
-             config: EvalConfig | None = None, out_dir: str | os.PathLike | None = None,
-             on_progress: Callable[[int, int], None] | None = None, **options: Any) -> EvalResult:
+def evaluate(
+    policy: str | Policy | Callable[..., Any],
+    personas: PersonaSource | None = "sage",
+    *,
+    config: EvalConfig | None = None,
+    out_dir: str | os.PathLike | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    **options: Any,
+) -> EvalResult:
     """Run the benchmark: one dialogue per persona and repeat, then the report.
 
     Args:
@@ -528,40 +577,69 @@ def evaluate(policy: str | Policy | Callable[..., Any], personas: PersonaSource 
     if on_progress is not None:
         on_progress(len(tasks) - len(todo), len(tasks))
     if todo:
-        _play_tasks(todo, policy, policy_obj, bank, config, recorded, folder, done,
-                    lambda: on_progress(len(done), len(tasks)) if on_progress is not None else None)
+        _play_tasks(
+            todo,
+            policy,
+            policy_obj,
+            bank,
+            config,
+            recorded,
+            folder,
+            done,
+            lambda: on_progress(len(done), len(tasks)) if on_progress is not None else None,
+        )
     records = [json.loads(json.dumps(done[task.key])) for task in tasks]
     report = summarize(records, confidence=config.confidence, n_resamples=config.n_resamples, seed=config.seed)
     report["config"] = {**recorded, "repeats": config.repeats, "limit": config.limit}
     if folder is not None:
         folder.write_report(report)
-        plot_trajectories(records, folder.path / PLOT, success_emotion=protocol.success_emotion,
-                          failure_below=protocol.failure_below,
-                          title=f"{recorded['policy']} vs {recorded['user']}: Sentient score "
-                                f"{report['sentient_score']:.1f} "
-                                f"[{report['ci']['low']:.1f}, {report['ci']['high']:.1f}]")
+        plot_trajectories(
+            records,
+            folder.path / PLOT,
+            success_emotion=protocol.success_emotion,
+            failure_below=protocol.failure_below,
+            title=f"{recorded['policy']} vs {recorded['user']}: Sentient score "
+            f"{report['sentient_score']:.1f} "
+            f"[{report['ci']['low']:.1f}, {report['ci']['high']:.1f}]",
+        )
     return EvalResult(report, records, folder.path if folder is not None else None, len(tasks) - len(todo))
 
 
-def _play_tasks(todo: Sequence[Task], policy: Any, policy_obj: Policy | None, bank: Sequence[Persona],
-                config: EvalConfig, recorded: Mapping[str, Any], folder: RunFolder | None,
-                done: dict[tuple[Any, ...], dict[str, Any]], progress: Callable[[], None]) -> None:
+def _play_tasks(
+    todo: Sequence[Task],
+    policy: Any,
+    policy_obj: Policy | None,
+    bank: Sequence[Persona],
+    config: EvalConfig,
+    recorded: Mapping[str, Any],
+    folder: RunFolder | None,
+    done: dict[tuple[Any, ...], dict[str, Any]],
+    progress: Callable[[], None],
+) -> None:
     """Play ``todo``'s dialogues and add each record to ``done`` (and the folder) as it
     ends; the user and a policy loaded from its spec are closed at the end."""
     difficulty, protocol = load_difficulty(config.difficulty), resolve_protocol(config.protocol)
-    user = config.user if isinstance(config.user, SimulatedUser) else as_user_spec(config.user).build(
-        difficulty, protocol)
+    user = (
+        config.user if isinstance(config.user, SimulatedUser) else as_user_spec(config.user).build(difficulty, protocol)
+    )
     owns_policy = policy_obj is None
     try:
         if owns_policy:
-            policy_obj = make_policy(policy, max_tokens=config.max_tokens, temperature=config.temperature,
-                                     top_p=config.top_p)
+            policy_obj = make_policy(
+                policy, max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p
+            )
         if folder is not None:
             folder.start()  # once both have loaded
 
         def make_env() -> EmpathyDialogueEnv:
-            return EmpathyDialogueEnv(bank, difficulty, user=user, protocol=protocol, think=config.think,
-                                      system_prompt=recorded["system_prompt"])
+            return EmpathyDialogueEnv(
+                bank,
+                difficulty,
+                user=user,
+                protocol=protocol,
+                think=config.think,
+                system_prompt=recorded["system_prompt"],
+            )
 
         for record in run_dialogues(todo, policy_obj, make_env, batch_size=config.batch_size):
             if folder is not None:  # adds it to folder.done, which is done

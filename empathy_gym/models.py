@@ -53,12 +53,14 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     """
     if name == "tiny":
         from empathy_gym.tiny import build_tiny_chat_model
+
         return str(build_tiny_chat_model(cache_dir() / "tiny-chat-model")), None
     if name == "smollm2":
         converted = convert_smollm2()
         if converted is not None:
             return str(converted), None
         from empathy_gym.backends.smollm2 import smollm2_gguf_path
+
         gguf = smollm2_gguf_path()  # an unwritable cache: the GGUF file, converted at each load
         return str(gguf.parent), gguf.name
     require_existing_path(name)
@@ -68,8 +70,7 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu",
-                   **model_kwargs: Any) -> tuple[Any, Any]:
+def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu", **model_kwargs: Any) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` with transformers' Auto classes.
 
     Args:
@@ -90,8 +91,7 @@ def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu",
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=dtype,
-                                                 **model_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=dtype, **model_kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
@@ -125,6 +125,7 @@ def convert_smollm2() -> Path | None:
     if _is_converted(target):
         return target
     from empathy_gym.backends.smollm2 import smollm2_gguf_path
+
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

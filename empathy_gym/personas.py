@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import jsonschema
 import numpy as np
@@ -55,10 +55,7 @@ INTENTIONS: dict[str, tuple[str, str]] = {
         "wants deep empathy for their feelings, not simple comfort",
         "你希望对方深刻共情你的感受，而不是简单的安慰",
     ),
-    "venting_listened": (
-        "wants to be listened to attentively while venting",
-        "你希望对方用心倾听你的情绪宣泄",
-    ),
+    "venting_listened": ("wants to be listened to attentively while venting", "你希望对方用心倾听你的情绪宣泄"),
     "others_motives": (
         "wants to understand why the other people acted as they did",
         "你想分析事件中其他人物这么做的原因",
@@ -74,11 +71,7 @@ INTENTIONS: dict[str, tuple[str, str]] = {
 }
 
 #: The three character types of RLVER/SAGE: id -> Chinese label in the data.
-CHARACTER_TYPES: dict[str, str] = {
-    "negative": "负面型",
-    "passive": "被动型",
-    "avoidant": "回避型",
-}
+CHARACTER_TYPES: dict[str, str] = {"negative": "负面型", "passive": "被动型", "avoidant": "回避型"}
 
 _INTENTION_BY_ZH = {zh: key for key, (_, zh) in INTENTIONS.items()}
 _CHARACTER_BY_ZH = {zh: key for key, zh in CHARACTER_TYPES.items()}
@@ -95,8 +88,7 @@ class PersonaError(ValueError):
         field: the offending field (a JSON path such as ``"traits/0"``), or ``None``.
     """
 
-    def __init__(self, message: str, *, path: str = "<list>", line: int | None = None,
-                 field: str | None = None):
+    def __init__(self, message: str, *, path: str = "<list>", line: int | None = None, field: str | None = None):
         where = path if line is None else f"{path}:{line}"
         what = f"field {field!r}: " if field else ""
         super().__init__(f"{where}: {what}{message}")
@@ -178,8 +170,9 @@ def exact_initial_emotion(value: Any, *, path: str = "<Persona>", line: int | No
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 100:
-        raise PersonaError(f"expected an integer in [0, 100] or null, got {value!r}", path=path, line=line,
-                           field="initial_emotion")
+        raise PersonaError(
+            f"expected an integer in [0, 100] or null, got {value!r}", path=path, line=line, field="initial_emotion"
+        )
     return int(value)
 
 
@@ -205,8 +198,9 @@ def intention_near_miss(text: str) -> str | None:
     return _INTENTION_BY_ZH[close[0]] if close else None
 
 
-def check_intention(text: str, *, path: str = "<Persona>", line: int | None = None,
-                    field: str = "hidden_intention") -> None:
+def check_intention(
+    text: str, *, path: str = "<Persona>", line: int | None = None, field: str = "hidden_intention"
+) -> None:
     """Refuse a near miss of a standard hidden intention (:func:`intention_near_miss`):
     taken as free text, the rule user could never be pleased.
 
@@ -215,9 +209,13 @@ def check_intention(text: str, *, path: str = "<Persona>", line: int | None = No
     """
     near = intention_near_miss(text)
     if near is not None:
-        raise PersonaError(f"{text!r} is not a standard hidden intention; did you mean {near!r}? "
-                           f"(A free-text intention is a sentence, e.g. {INTENTIONS[near][0]!r}.)",
-                           path=path, line=line, field=field)
+        raise PersonaError(
+            f"{text!r} is not a standard hidden intention; did you mean {near!r}? "
+            f"(A free-text intention is a sentence, e.g. {INTENTIONS[near][0]!r}.)",
+            path=path,
+            line=line,
+            field=field,
+        )
 
 
 def _load_schema(name: str) -> dict:
@@ -234,8 +232,7 @@ _persona_validator = jsonschema.Draft202012Validator(PERSONA_SCHEMA)
 _rlver_validator = jsonschema.Draft202012Validator(RLVER_PROFILE_SCHEMA)
 
 
-def _check(validator: jsonschema.protocols.Validator, record: Any, path: str,
-           line: int | None) -> None:
+def _check(validator: jsonschema.protocols.Validator, record: Any, path: str, line: int | None) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(record))
     if error is None:
         return
@@ -247,16 +244,18 @@ def _check(validator: jsonschema.protocols.Validator, record: Any, path: str,
         field = match.group(1) if match else field
     if error.validator == "required" and isinstance(record, Mapping):
         # A misspelt key shows up as a missing one: name the key that was meant.
-        unexpected = [key for key in record if key not in PERSONA_SCHEMA.get("properties", {})
-                      and key not in RLVER_PROFILE_SCHEMA.get("properties", {})]
+        unexpected = [
+            key
+            for key in record
+            if key not in PERSONA_SCHEMA.get("properties", {}) and key not in RLVER_PROFILE_SCHEMA.get("properties", {})
+        ]
         close = difflib.get_close_matches(field or "", unexpected, n=1)
         if close:
             message += f" (the record has {close[0]!r}: a misspelling?)"
     raise PersonaError(message, path=path, line=line, field=field)
 
 
-def persona_from_dict(record: Mapping[str, Any], *, path: str = "<dict>",
-                      line: int | None = None) -> Persona:
+def persona_from_dict(record: Mapping[str, Any], *, path: str = "<dict>", line: int | None = None) -> Persona:
     """Validate one record of our bank format against :data:`PERSONA_SCHEMA`, then
     convert ``initial_emotion`` exactly to an int (:func:`exact_initial_emotion`) and
     refuse a near miss of a standard hidden intention (:func:`check_intention`).
@@ -272,8 +271,7 @@ def persona_from_dict(record: Mapping[str, Any], *, path: str = "<dict>",
     return Persona(**fields)
 
 
-def persona_from_rlver(record: Mapping[str, Any], *, path: str = "<dict>",
-                       line: int | None = None) -> Persona:
+def persona_from_rlver(record: Mapping[str, Any], *, path: str = "<dict>", line: int | None = None) -> Persona:
     """Convert one RLVER/SAGE profile to a :class:`Persona`.
 
     ``task`` maps to a standard intention id when it is one of the eight labels
@@ -292,8 +290,12 @@ def persona_from_rlver(record: Mapping[str, Any], *, path: str = "<dict>",
     _check(_rlver_validator, record, path, line)
     character = _CHARACTER_BY_ZH.get(record["main_cha"])
     if character is None:
-        raise PersonaError(f"unknown character type {record['main_cha']!r}; expected one of "
-                           f"{sorted(_CHARACTER_BY_ZH)}", path=path, line=line, field="main_cha")
+        raise PersonaError(
+            f"unknown character type {record['main_cha']!r}; expected one of {sorted(_CHARACTER_BY_ZH)}",
+            path=path,
+            line=line,
+            field="main_cha",
+        )
     task = record["task"].strip()
     check_intention(task, path=path, line=line, field="task")
     scenario = record["scene"].split("####隐藏主题")[0].strip()
@@ -323,8 +325,12 @@ MAX_RECORD_BYTES = 65_536
 
 
 def _oversized(size: int, path: str, line: int | None) -> PersonaError:
-    return PersonaError(f"the record is {size:,} bytes, more than the {MAX_RECORD_BYTES:,} a persona may "
-                        f"hold (empathy_gym.personas.MAX_RECORD_BYTES)", path=path, line=line)
+    return PersonaError(
+        f"the record is {size:,} bytes, more than the {MAX_RECORD_BYTES:,} a persona may "
+        f"hold (empathy_gym.personas.MAX_RECORD_BYTES)",
+        path=path,
+        line=line,
+    )
 
 
 def _check_size(record: Mapping[str, Any], path: str, line: int | None) -> None:
@@ -360,16 +366,25 @@ def _records(path: Path) -> Iterable[tuple[int, Any]]:
                 # utf-8-sig on the first line: editors on Windows start UTF-8 files with a byte-order mark
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
-                yield number, PersonaError(f"not valid UTF-8 (byte {raw[error.start]:#04x} at column "
-                                           f"{error.start + 1}); save the file as UTF-8", path=str(path), line=number)
+                yield (
+                    number,
+                    PersonaError(
+                        f"not valid UTF-8 (byte {raw[error.start]:#04x} at column "
+                        f"{error.start + 1}); save the file as UTF-8",
+                        path=str(path),
+                        line=number,
+                    ),
+                )
                 continue
             if not text.strip():
                 continue
             try:
                 yield number, json.loads(text)
             except json.JSONDecodeError as error:
-                yield number, PersonaError(f"not valid JSON: {error.msg} (column {error.colno})",
-                                           path=str(path), line=number)
+                yield (
+                    number,
+                    PersonaError(f"not valid JSON: {error.msg} (column {error.colno})", path=str(path), line=number),
+                )
 
 
 def _duplicates(personas: Sequence[Persona], lines: Sequence[int | None], path: str) -> list[PersonaError]:
@@ -377,8 +392,14 @@ def _duplicates(personas: Sequence[Persona], lines: Sequence[int | None], path: 
     found = []
     for persona, line in zip(personas, lines):
         if persona.id in seen:
-            found.append(PersonaError(f"duplicate persona id {persona.id!r} (first on line {seen[persona.id]})",
-                                      path=path, line=line, field="id"))
+            found.append(
+                PersonaError(
+                    f"duplicate persona id {persona.id!r} (first on line {seen[persona.id]})",
+                    path=path,
+                    line=line,
+                    field="id",
+                )
+            )
         else:
             seen[persona.id] = line
     return found
@@ -441,7 +462,7 @@ def _load_cached(path: str, _mtime_ns: int) -> tuple[Persona, ...]:
     return personas
 
 
-PersonaSource = Union[str, os.PathLike, Persona, Mapping[str, Any], Sequence[Any]]
+PersonaSource = str | os.PathLike | Persona | Mapping[str, Any] | Sequence[Any]
 
 
 def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
@@ -466,8 +487,10 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
         if isinstance(source, str) and (source in BUILTIN_BANKS or source in DERIVED_BANKS):
             return builtin_bank(source)
         if not Path(source).exists():
-            raise FileNotFoundError(f"no persona bank {str(source)!r}: not a file, and not a built-in bank "
-                                    f"({', '.join([*BUILTIN_BANKS, *DERIVED_BANKS])})")
+            raise FileNotFoundError(
+                f"no persona bank {str(source)!r}: not a file, and not a built-in bank "
+                f"({', '.join([*BUILTIN_BANKS, *DERIVED_BANKS])})"
+            )
         return load_personas_file(source)
     if isinstance(source, (Persona, Mapping)):
         source = [source]
@@ -480,8 +503,7 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
             convert = persona_from_rlver if _is_rlver(item) else persona_from_dict
             personas.append(convert(item, line=index, path="<list>"))
         else:
-            raise PersonaError(f"expected a Persona or a dict, got {type(item).__name__}",
-                               line=index)
+            raise PersonaError(f"expected a Persona or a dict, got {type(item).__name__}", line=index)
     if not personas:
         raise PersonaError("no personas given")
     _check_unique(personas, list(range(1, len(personas) + 1)), "<list>")
@@ -528,8 +550,9 @@ def write_personas(personas: Iterable[Persona], path: str | os.PathLike) -> None
             handle.write(json.dumps(persona.to_dict(), ensure_ascii=False) + "\n")
 
 
-def split_personas(personas: Sequence[Persona], test_fraction: float = 0.25, *, seed: int = 0,
-                   by: str = "hidden_intention") -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
+def split_personas(
+    personas: Sequence[Persona], test_fraction: float = 0.25, *, seed: int = 0, by: str = "hidden_intention"
+) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
     """Split a bank into training and held-out personas, stratified by one attribute.
 
     Within each group of equal ``by`` (e.g. each hidden intention) the personas are
@@ -569,6 +592,8 @@ def split_personas(personas: Sequence[Persona], test_fraction: float = 0.25, *, 
     train = tuple(p for i, p in enumerate(personas) if i not in held_out)
     test = tuple(p for i, p in enumerate(personas) if i in held_out)
     if not train or not test:
-        raise ValueError(f"split_personas: {len(personas)} personas with test_fraction="
-                         f"{test_fraction} leave an empty part ({len(train)} train, {len(test)} test)")
+        raise ValueError(
+            f"split_personas: {len(personas)} personas with test_fraction="
+            f"{test_fraction} leave an empty part ({len(train)} train, {len(test)} test)"
+        )
     return train, test

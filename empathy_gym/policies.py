@@ -73,12 +73,16 @@ class CallablePolicy:
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
         """See :meth:`Policy.act`."""
         out = self.fn(list(conversations)) if self.batched else [self.fn(c) for c in conversations]
-        if not isinstance(out, list) or len(out) != len(conversations) or not all(
-                isinstance(text, str) for text in out):
-            got = (f"{len(out)} items" if isinstance(out, list) else type(out).__name__)
-            raise TypeError(f"policy {self.name!r}: expected {len(conversations)} str "
-                            f"utterances, got {got}" + ("" if self.batched else
-                            f" ({sorted({type(t).__name__ for t in out})})"))
+        if (
+            not isinstance(out, list)
+            or len(out) != len(conversations)
+            or not all(isinstance(text, str) for text in out)
+        ):
+            got = f"{len(out)} items" if isinstance(out, list) else type(out).__name__
+            raise TypeError(
+                f"policy {self.name!r}: expected {len(conversations)} str "
+                f"utterances, got {got}" + ("" if self.batched else f" ({sorted({type(t).__name__ for t in out})})")
+            )
         return out
 
     def close(self) -> None:
@@ -99,8 +103,16 @@ class BackendPolicy:
         owns_backend: :meth:`close` closes the backend.
     """
 
-    def __init__(self, backend: ChatBackend, *, max_tokens: int | None = None, temperature: float = 0.7,
-                 top_p: float = 1.0, name: str | None = None, owns_backend: bool = True):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        name: str | None = None,
+        owns_backend: bool = True,
+    ):
         self.backend = backend
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
         self.name = name or repr(backend)
@@ -108,9 +120,9 @@ class BackendPolicy:
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
         """See :meth:`Policy.act`. Raises what the backend raises (``BackendError``...)."""
-        return self.backend.generate(conversations, max_tokens=self.max_tokens,
-                                     temperature=self.temperature, top_p=self.top_p,
-                                     seeds=list(seeds))
+        return self.backend.generate(
+            conversations, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seeds=list(seeds)
+        )
 
     def close(self) -> None:
         """Close the backend when this policy owns it."""
@@ -118,8 +130,9 @@ class BackendPolicy:
             self.backend.close()
 
 
-def load_transformers_policy(model: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
-                             **backend_kwargs: Any) -> ChatBackend:
+def load_transformers_policy(
+    model: str | os.PathLike, *, adapter: str | os.PathLike | None = None, **backend_kwargs: Any
+) -> ChatBackend:
     """A :class:`~empathy_gym.backends.transformers_backend.TransformersBackend` for a local
     model or hub id, with a LoRA adapter (a peft ``save_pretrained`` directory) merged in
     when ``adapter`` is given. The tokenizer comes from the adapter directory when it
@@ -140,19 +153,27 @@ def load_transformers_policy(model: str | os.PathLike, *, adapter: str | os.Path
         return TransformersBackend(model, **backend_kwargs)
     adapter = Path(adapter)
     if not (adapter / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"adapter={adapter}: no adapter_config.json there (expected a "
-                                f"peft adapter directory, as written by save_pretrained)")
+        raise FileNotFoundError(
+            f"adapter={adapter}: no adapter_config.json there (expected a "
+            f"peft adapter directory, as written by save_pretrained)"
+        )
     if (adapter / "tokenizer_config.json").is_file():
         backend_kwargs.setdefault("tokenizer", str(adapter))
     backend = TransformersBackend(model, **backend_kwargs)
     from peft import PeftModel
+
     merged = PeftModel.from_pretrained(backend.model, str(adapter)).merge_and_unload()
     backend.model = merged.eval()
     return backend
 
 
-def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int | None = None,
-                temperature: float = 0.7, top_p: float = 1.0) -> Policy:
+def make_policy(
+    policy: str | Policy | Callable[..., Any],
+    *,
+    max_tokens: int | None = None,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+) -> Policy:
     """A :class:`Policy` from a spec string, a ready policy or a callable.
 
     Specs (:mod:`empathy_gym.specs`):
@@ -181,24 +202,22 @@ def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int | 
     if callable(policy):
         return CallablePolicy(policy)
     if not isinstance(policy, str):
-        raise TypeError(f"make_policy: expected a spec string, a Policy or a callable, "
-                        f"got {type(policy).__name__}")
+        raise TypeError(f"make_policy: expected a spec string, a Policy or a callable, got {type(policy).__name__}")
     spec = parse_spec(policy)
     generation = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, name=policy)
     if spec.kind == "baseline":
         if spec.target not in BASELINES:
-            raise SpecError(f"{policy!r}: unknown baseline {spec.target!r}; known: "
-                            f"{', '.join(sorted(BASELINES))}")
+            raise SpecError(f"{policy!r}: unknown baseline {spec.target!r}; known: {', '.join(sorted(BASELINES))}")
         return CallablePolicy(BASELINES[spec.target](), name=policy)
     if spec.kind in ("hf", "transformers"):
         if not spec.target:
             raise SpecError(f"{policy!r}: expected hf:PATH[,adapter=DIR]")
         options = dict(spec.options)
         adapter = options.pop("adapter", None)
-        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **options),
-                             **generation)
+        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **options), **generation)
     if spec.kind == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
+
         model, url = split_openai_target(spec, policy)
         return BackendPolicy(OpenAIBackend(base_url=url, model=model, **spec.options), **generation)
     if spec.kind == "python":
@@ -208,5 +227,7 @@ def make_policy(policy: str | Policy | Callable[..., Any], *, max_tokens: int | 
         obj = getattr(importlib.import_module(module), attr)
         fn = obj() if isinstance(obj, type) else obj
         return CallablePolicy(fn, batched=bool(spec.options.get("batched", False)), name=policy)
-    raise SpecError(f"{policy!r}: unknown policy kind {spec.kind!r}; expected one of "
-                    f"baseline:NAME, hf:PATH[,adapter=DIR], openai:MODEL@URL, python:MODULE:ATTR")
+    raise SpecError(
+        f"{policy!r}: unknown policy kind {spec.kind!r}; expected one of "
+        f"baseline:NAME, hf:PATH[,adapter=DIR], openai:MODEL@URL, python:MODULE:ATTR"
+    )

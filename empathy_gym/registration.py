@@ -43,9 +43,14 @@ BUILTIN_IDS: dict[str, dict[str, Any]] = {
 }
 
 
-def register_persona_env(id: str, personas: PersonaSource | None = None,
-                         difficulty: Any = "moderate", *, override: bool = False,
-                         **kwargs: Any) -> gym.envs.registration.EnvSpec:
+def register_persona_env(
+    id: str,
+    personas: PersonaSource | None = None,
+    difficulty: Any = "moderate",
+    *,
+    override: bool = False,
+    **kwargs: Any,
+) -> gym.envs.registration.EnvSpec:
     """Register a dialogue environment with its own persona bank and difficulty.
 
     The bank and the difficulty are validated now, so a bad file fails at
@@ -74,15 +79,13 @@ def register_persona_env(id: str, personas: PersonaSource | None = None,
     bank = load_personas(personas)
     load_difficulty(difficulty)
     if id in gym.registry and not override:
-        raise gym.error.Error(f"environment id {id!r} is already registered; "
-                              f"pass override=True to replace it")
+        raise gym.error.Error(f"environment id {id!r} is already registered; pass override=True to replace it")
     if personas is not None and not isinstance(personas, (str, os.PathLike)):
         personas = bank  # keep validated Persona objects, not raw dicts
     elif isinstance(personas, os.PathLike):
         personas = os.fspath(personas)
     user = kwargs.get("user", "rule")
-    deterministic = (user.deterministic if isinstance(user, SimulatedUser)
-                     else as_user_spec(user).is_rule)
+    deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).is_rule
     gym.register(
         id=id,
         entry_point=ENTRY_POINT,
@@ -103,8 +106,12 @@ def register_builtin_envs() -> None:
     """Register :data:`BUILTIN_IDS` and :data:`STRATEGY_ENV_ID` (called on
     ``import empathy_gym``; idempotent)."""
     if STRATEGY_ENV_ID not in gym.registry:
-        gym.register(id=STRATEGY_ENV_ID, entry_point=STRATEGY_ENTRY_POINT, nondeterministic=False,
-                     kwargs={"personas": None, "difficulty": "moderate"})
+        gym.register(
+            id=STRATEGY_ENV_ID,
+            entry_point=STRATEGY_ENTRY_POINT,
+            nondeterministic=False,
+            kwargs={"personas": None, "difficulty": "moderate"},
+        )
     for env_id, kwargs in BUILTIN_IDS.items():
         if env_id in gym.registry:
             continue

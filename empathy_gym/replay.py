@@ -27,15 +27,9 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.personas import Persona
-from empathy_gym.sage_logs import (
-    LoggedDialogue,
-    LoggedTurn,
-    leaderboard,
-    log_names,
-    read_sage_log,
-)
-from empathy_gym.seeding import derive_seed
 from empathy_gym.run_folder import EvaluationError, RunFolder
+from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
+from empathy_gym.seeding import derive_seed
 from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
@@ -44,21 +38,33 @@ from empathy_gym.user.protocol import SAGE, EmotionProtocol
 def turn_request(turn: LoggedTurn, persona, seed: int = 0) -> UserRequest:
     """The :class:`~empathy_gym.user.base.UserRequest` our user gets for a logged turn:
     the logged history, reply and emotion before it."""
-    return UserRequest(persona=persona, history=turn.history, utterance=turn.utterance,
-                       emotion=turn.emotion_before, turn=turn.turn, seed=seed)
+    return UserRequest(
+        persona=persona,
+        history=turn.history,
+        utterance=turn.utterance,
+        emotion=turn.emotion_before,
+        turn=turn.turn,
+        seed=seed,
+    )
 
 
-def _appraise_in_batches(user: SimulatedUser, requests: Sequence[UserRequest], batch_size: int
-                         ) -> Iterator[list[Appraisal]]:
+def _appraise_in_batches(
+    user: SimulatedUser, requests: Sequence[UserRequest], batch_size: int
+) -> Iterator[list[Appraisal]]:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     for start in range(0, len(requests), batch_size):
-        yield user.appraise(requests[start:start + batch_size])
+        yield user.appraise(requests[start : start + batch_size])
 
 
-def reappraise(user: SimulatedUser, requests: Sequence[UserRequest], *,
-               protocol: EmotionProtocol = SAGE, batch_size: int = 64,
-               on_batch: Callable[[int], None] | None = None) -> list[int]:
+def reappraise(
+    user: SimulatedUser,
+    requests: Sequence[UserRequest],
+    *,
+    protocol: EmotionProtocol = SAGE,
+    batch_size: int = 64,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[int]:
     """Our user's change for each logged turn, clamped by ``protocol`` (SAGE: [-10, 10]).
 
     Args:
@@ -106,8 +112,7 @@ class Agreement:
         return dict(self.__dict__)
 
 
-def agreement(predicted: Sequence[float], logged: Sequence[float],
-              models: Sequence[str] | None = None) -> Agreement:
+def agreement(predicted: Sequence[float], logged: Sequence[float], models: Sequence[str] | None = None) -> Agreement:
     """Agreement of predicted and logged per-turn emotion changes.
 
     Args:
@@ -134,10 +139,15 @@ def agreement(predicted: Sequence[float], logged: Sequence[float],
 
     predicted_a = np.asarray(predicted, dtype=float)
     logged_a = np.asarray(logged, dtype=float)
-    if len(predicted_a) == 0 or len(predicted_a) != len(logged_a) or (
-            models is not None and len(models) != len(logged_a)):
-        raise ValueError(f"agreement needs equal, non-empty lengths: {len(predicted_a)} predicted, "
-                         f"{len(logged_a)} logged" + (f", {len(models)} models" if models is not None else ""))
+    if (
+        len(predicted_a) == 0
+        or len(predicted_a) != len(logged_a)
+        or (models is not None and len(models) != len(logged_a))
+    ):
+        raise ValueError(
+            f"agreement needs equal, non-empty lengths: {len(predicted_a)} predicted, "
+            f"{len(logged_a)} logged" + (f", {len(models)} models" if models is not None else "")
+        )
     p_sign, l_sign = _sign(predicted_a), _sign(logged_a)
     observed = float(np.mean(p_sign == l_sign))
     nonzero = l_sign != 0
@@ -148,26 +158,38 @@ def agreement(predicted: Sequence[float], logged: Sequence[float],
     spearman = float("nan") if constant else float(stats.spearmanr(predicted_a, logged_a).statistic)
     pearson = float("nan") if constant else float(stats.pearsonr(predicted_a, logged_a).statistic)
     names = {-1: "-", 0: "0", 1: "+"}
-    confusion = {names[a]: {names[b]: int(np.sum((l_sign == a) & (p_sign == b))) for b in labels}
-                 for a in labels}
+    confusion = {names[a]: {names[b]: int(np.sum((l_sign == a) & (p_sign == b))) for b in labels} for a in labels}
     per_model: dict[str, dict[str, float]] = {}
     tau = None
     if models is not None:
         models_a = np.asarray(models)
         for model in sorted(set(models_a.tolist())):
             rows = models_a == model
-            per_model[model] = {"turns": int(rows.sum()), "mean_predicted": float(predicted_a[rows].mean()),
-                                "mean_logged": float(logged_a[rows].mean()),
-                                "sign_agreement": float(np.mean(p_sign[rows] == l_sign[rows]))}
+            per_model[model] = {
+                "turns": int(rows.sum()),
+                "mean_predicted": float(predicted_a[rows].mean()),
+                "mean_logged": float(logged_a[rows].mean()),
+                "sign_agreement": float(np.mean(p_sign[rows] == l_sign[rows])),
+            }
         if len(per_model) >= 2:
-            tau = float(stats.kendalltau([m["mean_predicted"] for m in per_model.values()],
-                                         [m["mean_logged"] for m in per_model.values()]).statistic)
-    return Agreement(turns=len(predicted_a), sign_agreement=observed,
-                     sign_agreement_nonzero=float(np.mean(p_sign[nonzero] == l_sign[nonzero])) if nonzero.any()
-                     else float("nan"),
-                     chance_agreement=chance, cohen_kappa=float(kappa), spearman=spearman, pearson=pearson,
-                     mae=float(np.mean(np.abs(predicted_a - logged_a))), confusion=confusion,
-                     per_model=per_model, kendall_tau=tau)
+            tau = float(
+                stats.kendalltau(
+                    [m["mean_predicted"] for m in per_model.values()], [m["mean_logged"] for m in per_model.values()]
+                ).statistic
+            )
+    return Agreement(
+        turns=len(predicted_a),
+        sign_agreement=observed,
+        sign_agreement_nonzero=float(np.mean(p_sign[nonzero] == l_sign[nonzero])) if nonzero.any() else float("nan"),
+        chance_agreement=chance,
+        cohen_kappa=float(kappa),
+        spearman=spearman,
+        pearson=pearson,
+        mae=float(np.mean(np.abs(predicted_a - logged_a))),
+        confusion=confusion,
+        per_model=per_model,
+        kendall_tau=tau,
+    )
 
 
 class LoggedUser(SimulatedUser):
@@ -199,8 +221,10 @@ class LoggedUser(SimulatedUser):
     def _turn(self, request: UserRequest) -> LoggedTurn:
         turn = self.turns.get((request.persona.id, request.turn))
         if turn is None or not turn.scored:
-            raise SimulatorError(f"dialogue {request.persona.id!r}, turn {request.turn}: "
-                                 f"{'not in the logs' if turn is None else 'SAGE never appraised it'}")
+            raise SimulatorError(
+                f"dialogue {request.persona.id!r}, turn {request.turn}: "
+                f"{'not in the logs' if turn is None else 'SAGE never appraised it'}"
+            )
         return turn
 
     def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
@@ -214,8 +238,9 @@ class LoggedUser(SimulatedUser):
             out.append(Appraisal(change=int(change), thoughts=str((turn.appraisal or {}).get("activity", ""))))
         return out
 
-    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-              emotions: Sequence[int]) -> list[str]:
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
         return [self._turn(request).reply or "" for request in requests]
 
 
@@ -237,8 +262,7 @@ class ProtocolReplay:
     matches: bool
 
 
-def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtocol | str = "sage"
-                               ) -> ProtocolReplay:
+def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtocol | str = "sage") -> ProtocolReplay:
     """Play a logged dialogue through :class:`~empathy_gym.env.EmpathyDialogueEnv` under
     ``protocol``: the logged agent replies as actions, :class:`LoggedUser` proposing the
     logged changes and answering with the logged messages.
@@ -316,42 +340,69 @@ def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None) -> l
         simulator, model = log_names(path)
         name = f"{simulator}/{model}"
         if name in seen:
-            raise ValueError(f"{path} and {seen[name]} have the same simulator/model name {name!r}; "
-                             f"replay them separately")
+            raise ValueError(
+                f"{path} and {seen[name]} have the same simulator/model name {name!r}; replay them separately"
+            )
         seen[name] = path
         logs.append(LogFile(str(path), name, simulator, model, tuple(read_sage_log(path, limit=limit))))
     return logs
 
 
-def turn_record(log: LogFile, dialogue: LoggedDialogue, turn: LoggedTurn, request: UserRequest,
-                appraisal: Appraisal, protocol: EmotionProtocol) -> dict[str, Any]:
+def turn_record(
+    log: LogFile,
+    dialogue: LoggedDialogue,
+    turn: LoggedTurn,
+    request: UserRequest,
+    appraisal: Appraisal,
+    protocol: EmotionProtocol,
+) -> dict[str, Any]:
     """One line of ``turns.jsonl``: the turn's key (``log``, ``dialogue_id``, ``turn``),
     ``line`` (in the log), ``seed``, ``emotion_before``; ``logged_change`` (SAGE's
     applied change), ``logged_proposed`` (its appraisal's change field); ``predicted``
     (our user's change, clamped by the protocol), ``proposed`` (before clamping),
     ``thoughts``, ``analysis`` (an LLM user's analysis steps) and ``repairs`` of our
     user's appraisal."""
-    return {"log": log.name, "dialogue_id": dialogue.id, "turn": turn.turn, "line": dialogue.line,
-            "seed": request.seed, "emotion_before": turn.emotion_before,
-            "logged_change": turn.change, "logged_proposed": turn.proposed_change,
-            "predicted": protocol.clamp_change(appraisal.change), "proposed": appraisal.change,
-            "thoughts": appraisal.thoughts, "analysis": dict(appraisal.analysis),
-            "repairs": appraisal.repairs}
+    return {
+        "log": log.name,
+        "dialogue_id": dialogue.id,
+        "turn": turn.turn,
+        "line": dialogue.line,
+        "seed": request.seed,
+        "emotion_before": turn.emotion_before,
+        "logged_change": turn.change,
+        "logged_proposed": turn.proposed_change,
+        "predicted": protocol.clamp_change(appraisal.change),
+        "proposed": appraisal.change,
+        "thoughts": appraisal.thoughts,
+        "analysis": dict(appraisal.analysis),
+        "repairs": appraisal.repairs,
+    }
 
 
 def _agreement_dict(records: Sequence[Mapping[str, Any]], scores: Mapping[str, float]) -> dict[str, Any]:
-    result = agreement([r["predicted"] for r in records], [r["logged_change"] for r in records],
-                       models=[r["log"] for r in records]).as_dict()
+    result = agreement(
+        [r["predicted"] for r in records], [r["logged_change"] for r in records], models=[r["log"] for r in records]
+    ).as_dict()
     from scipy import stats
+
     per_model = result["per_model"]
-    result["kendall_tau_score"] = (float(stats.kendalltau(
-        [per_model[m]["mean_predicted"] for m in per_model], [scores[m] for m in per_model]).statistic)
-        if len(per_model) >= 2 else None)
+    result["kendall_tau_score"] = (
+        float(
+            stats.kendalltau(
+                [per_model[m]["mean_predicted"] for m in per_model], [scores[m] for m in per_model]
+            ).statistic
+        )
+        if len(per_model) >= 2
+        else None
+    )
     return result
 
 
-def summarize_replay(logs: Sequence[LogFile], records: Sequence[Mapping[str, Any]],
-                     protocol_checks: Mapping[str, Sequence[ProtocolReplay]]) -> dict[str, Any]:
+def summarize_replay(
+    logs: Sequence[LogFile],
+    records: Sequence[Mapping[str, Any]],
+    protocol_checks: Mapping[str, Sequence[ProtocolReplay]],
+) -> dict[str, Any]:
     """The report of a replay.
 
     Returns a dict with:
@@ -384,27 +435,39 @@ def summarize_replay(logs: Sequence[LogFile], records: Sequence[Mapping[str, Any
         scores[log.name] = board["score"]
         checks = protocol_checks[log.name]
         rows = by_log.get(log.name, [])
-        files.append({
-            "name": log.name, "path": log.path, "simulator": log.simulator, "model": log.model,
-            "dialogues": board["dialogues"], "score": board["score"], "success": board["success"],
-            "failure": board["failure"],
-            "replayed_score": float(np.mean([c.emotions[-1] for c in checks])),
-            "protocol_matches": sum(c.matches for c in checks), "turns": len(rows),
-            "mean_logged": float(np.mean([r["logged_change"] for r in rows])) if rows else float("nan"),
-            "mean_predicted": float(np.mean([r["predicted"] for r in rows])) if rows else float("nan"),
-            "sign_agreement": float(np.mean([np.sign(r["predicted"]) == np.sign(r["logged_change"])
-                                             for r in rows])) if rows else float("nan"),
-        })
+        files.append(
+            {
+                "name": log.name,
+                "path": log.path,
+                "simulator": log.simulator,
+                "model": log.model,
+                "dialogues": board["dialogues"],
+                "score": board["score"],
+                "success": board["success"],
+                "failure": board["failure"],
+                "replayed_score": float(np.mean([c.emotions[-1] for c in checks])),
+                "protocol_matches": sum(c.matches for c in checks),
+                "turns": len(rows),
+                "mean_logged": float(np.mean([r["logged_change"] for r in rows])) if rows else float("nan"),
+                "mean_predicted": float(np.mean([r["predicted"] for r in rows])) if rows else float("nan"),
+                "sign_agreement": float(np.mean([np.sign(r["predicted"]) == np.sign(r["logged_change"]) for r in rows]))
+                if rows
+                else float("nan"),
+            }
+        )
     simulators: dict[str, list[Mapping[str, Any]]] = {}
     names = {log.name: log.simulator for log in logs}
     for record in records:
         simulators.setdefault(names[record["log"]], []).append(record)
-    return {"logs": files, "turns": len(records), "agreement": _agreement_dict(records, scores),
-            "by_simulator": {sim: _agreement_dict(rows, scores) for sim, rows in simulators.items()}}
+    return {
+        "logs": files,
+        "turns": len(records),
+        "agreement": _agreement_dict(records, scores),
+        "by_simulator": {sim: _agreement_dict(rows, scores) for sim, rows in simulators.items()},
+    }
 
 
-def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
-                   title: str | None = None) -> None:
+def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> None:
     """Save a PNG: SAGE's logged change (x) against our user's predicted change (y), one
     circle per pair of values with its area proportional to the turn count (the changes
     are a few integers, so points would pile up), the diagonal dashed. Uses
@@ -420,8 +483,7 @@ def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     largest = max(ns)
-    axes.scatter(xs, ys, s=[1500 * n / largest for n in ns], alpha=0.5, color="tab:blue",
-                 edgecolors="tab:blue")
+    axes.scatter(xs, ys, s=[1500 * n / largest for n in ns], alpha=0.5, color="tab:blue", edgecolors="tab:blue")
     for x, y, n in zip(xs, ys, ns):
         axes.annotate(str(n), (x, y), ha="center", va="center", fontsize=8)
     low = min(min(xs), min(ys)) - 2
@@ -429,8 +491,13 @@ def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike
     axes.plot([low, high], [low, high], color="gray", linestyle="--", linewidth=1)
     axes.axhline(0, color="lightgray", linewidth=0.8)
     axes.axvline(0, color="lightgray", linewidth=0.8)
-    axes.set(xlim=(low, high), ylim=(low, high), xlabel="SAGE's logged change",
-             ylabel="predicted change", title=title or f"{len(records)} turns")
+    axes.set(
+        xlim=(low, high),
+        ylim=(low, high),
+        xlabel="SAGE's logged change",
+        ylabel="predicted change",
+        title=title or f"{len(records)} turns",
+    )
     figure.savefig(path)
 
 
@@ -453,12 +520,18 @@ class ReplayResult:
     resumed: int = 0
 
 
-def replay_logs(logs: Sequence[str | os.PathLike],
-                user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule", *,
-                difficulty: Any = "moderate",
-                protocol: Any = "sage", seed: int = 0, batch_size: int = 64,
-                limit: int | None = None, out_dir: str | os.PathLike | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+def replay_logs(
+    logs: Sequence[str | os.PathLike],
+    user: str | Mapping[str, Any] | UserSpec | SimulatedUser = "rule",
+    *,
+    difficulty: Any = "moderate",
+    protocol: Any = "sage",
+    seed: int = 0,
+    batch_size: int = 64,
+    limit: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
     """Measure a simulated user against SAGE's: re-appraise every scored turn of SAGE's
     result logs and compare with the logged changes.
 
@@ -502,8 +575,13 @@ def replay_logs(logs: Sequence[str | os.PathLike],
     difficulty_obj = load_difficulty(difficulty)
     files = read_logs(logs, limit=limit)
     user_name, appraisal_mode = describe_user(user)
-    config = {"user": user_name, "appraisal_mode": appraisal_mode, "difficulty": difficulty_obj.name,
-              "protocol": dataclasses.asdict(protocol_obj), "seed": seed}
+    config = {
+        "user": user_name,
+        "appraisal_mode": appraisal_mode,
+        "difficulty": difficulty_obj.name,
+        "protocol": dataclasses.asdict(protocol_obj),
+        "seed": seed,
+    }
     folder = RunFolder(out_dir, config, TURNS, TURN_KEY) if out_dir is not None else None
     todo = _scored_turns(files, seed)
     keys = [(log.name, dialogue.id, turn.turn) for log, dialogue, turn, _ in todo]
@@ -512,13 +590,21 @@ def replay_logs(logs: Sequence[str | os.PathLike],
     if on_progress is not None:
         on_progress(len(todo) - len(pending), len(todo))
     if pending:
-        shared_user = user if isinstance(user, SimulatedUser) else as_user_spec(user).build(
-            difficulty_obj, protocol_obj)
+        shared_user = (
+            user if isinstance(user, SimulatedUser) else as_user_spec(user).build(difficulty_obj, protocol_obj)
+        )
         try:
             if folder is not None:
                 folder.start()
-            _appraise_pending(shared_user, pending, protocol_obj, batch_size, folder, done,
-                              lambda: on_progress(len(done), len(todo)) if on_progress is not None else None)
+            _appraise_pending(
+                shared_user,
+                pending,
+                protocol_obj,
+                batch_size,
+                folder,
+                done,
+                lambda: on_progress(len(done), len(todo)) if on_progress is not None else None,
+            )
         finally:
             if shared_user is not user:
                 shared_user.close()
@@ -529,11 +615,15 @@ def replay_logs(logs: Sequence[str | os.PathLike],
     if folder is not None:
         folder.write_report(report)
         overall = report["agreement"]
-        plot_agreement(records, folder.path / PLOT, title=(
-            f"{config['user']} vs SAGE's logged appraisals ({len(records)} turns)\n"
-            f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"))
-    return ReplayResult(report, records, files, folder.path if folder is not None else None,
-                        len(todo) - len(pending))
+        plot_agreement(
+            records,
+            folder.path / PLOT,
+            title=(
+                f"{config['user']} vs SAGE's logged appraisals ({len(records)} turns)\n"
+                f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"
+            ),
+        )
+    return ReplayResult(report, records, files, folder.path if folder is not None else None, len(todo) - len(pending))
 
 
 _Pending = tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]
@@ -542,24 +632,43 @@ _Pending = tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]
 def _scored_turns(files: Sequence[LogFile], seed: int) -> list[_Pending]:
     """Every scored turn of ``files``, in log, dialogue and turn order, with its request
     (seeded by ``derive_seed(seed, log name, dialogue id, turn)``)."""
-    return [(log, dialogue, turn, turn_request(turn, dialogue.persona,
-                                               seed=derive_seed(seed, log.name, dialogue.id, turn.turn)))
-            for log in files for dialogue in log.dialogues for turn in dialogue.turns if turn.scored]
+    return [
+        (
+            log,
+            dialogue,
+            turn,
+            turn_request(turn, dialogue.persona, seed=derive_seed(seed, log.name, dialogue.id, turn.turn)),
+        )
+        for log in files
+        for dialogue in log.dialogues
+        for turn in dialogue.turns
+        if turn.scored
+    ]
 
 
-def _appraise_pending(user: SimulatedUser, pending: Sequence[_Pending], protocol: EmotionProtocol,
-                      batch_size: int, folder: RunFolder | None, done: dict[tuple[Any, ...], dict[str, Any]],
-                      progress: Callable[[], None]) -> None:
+def _appraise_pending(
+    user: SimulatedUser,
+    pending: Sequence[_Pending],
+    protocol: EmotionProtocol,
+    batch_size: int,
+    folder: RunFolder | None,
+    done: dict[tuple[Any, ...], dict[str, Any]],
+    progress: Callable[[], None],
+) -> None:
     """Appraise ``pending`` in batches; each batch's records go to ``done`` (and the
     folder) before the next batch starts."""
     batches = _appraise_in_batches(user, [item[3] for item in pending], batch_size)
     for start, appraisals in zip(range(0, len(pending), batch_size), batches):
-        batch = pending[start:start + len(appraisals)]
-        records = [turn_record(log, dialogue, turn, request, appraisal, protocol)
-                   for (log, dialogue, turn, request), appraisal in zip(batch, appraisals)]
+        batch = pending[start : start + len(appraisals)]
+        records = [
+            turn_record(log, dialogue, turn, request, appraisal, protocol)
+            for (log, dialogue, turn, request), appraisal in zip(batch, appraisals)
+        ]
         if folder is not None:  # adds them to folder.done, which is done
-            folder.append(records, where=[f"{log.name} dialogue {dialogue.id!r} turn {turn.turn}"
-                                          for log, dialogue, turn, _ in batch])
+            folder.append(
+                records,
+                where=[f"{log.name} dialogue {dialogue.id!r} turn {turn.turn}" for log, dialogue, turn, _ in batch],
+            )
         else:
             done.update({(r["log"], r["dialogue_id"], r["turn"]): r for r in records})
         progress()

@@ -31,8 +31,9 @@ class EvaluationError(ValueError):
     options."""
 
 
-def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
-                       ) -> dict[tuple[Any, ...], dict[str, Any]]:
+def read_jsonl_records(
+    path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The records of a JSON Lines file that is appended to as work finishes, by key
     (the values of ``key_fields``; the first record of a key wins).
 
@@ -63,8 +64,7 @@ def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, re
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} "
-                                  f"(column {error.colno})") from None
+            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
         if not isinstance(record, dict):
             raise EvaluationError(f"{path}:{number}: expected a JSON object")
         for name in key_fields:
@@ -74,8 +74,9 @@ def read_jsonl_records(path: str | os.PathLike, key_fields: Sequence[str], *, re
     return records
 
 
-def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *,
-                   where: Sequence[str] | None = None) -> None:
+def append_records(
+    path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *, where: Sequence[str] | None = None
+) -> None:
     """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
 
     Every line is encoded before the file is opened, so records that cannot be written
@@ -93,10 +94,9 @@ def append_records(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]
         try:
             lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         except UnicodeEncodeError as error:
-            snippet = error.object[max(0, error.start - 30):error.end + 30]
+            snippet = error.object[max(0, error.start - 30) : error.end + 30]
             what = where[index] if where is not None else f"record {index + 1}"
-            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} "
-                                  f"near {snippet!r}") from None
+            raise EvaluationError(f"{path}: cannot write {what}: {error.reason} near {snippet!r}") from None
     with open(path, "ab") as handle:
         handle.write(b"".join(lines))
         handle.flush()
@@ -125,12 +125,15 @@ def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
     except json.JSONDecodeError as error:
         raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
     new = json.loads(json.dumps(dict(config)))
-    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-               if old.get(k) != new.get(k)]
+    changed = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    ]
     if changed:
-        raise EvaluationError(f"{path}: this directory holds a run with another configuration "
-                              f"({'; '.join(changed)}); use another --out directory, or delete "
-                              f"it to start over")
+        raise EvaluationError(
+            f"{path}: this directory holds a run with another configuration "
+            f"({'; '.join(changed)}); use another --out directory, or delete "
+            f"it to start over"
+        )
 
 
 class RunFolder:
@@ -151,8 +154,7 @@ class RunFolder:
             is not JSON, or the records file is corrupt (file and line).
     """
 
-    def __init__(self, path: str | os.PathLike, config: Mapping[str, Any], records: str,
-                 key_fields: Sequence[str]):
+    def __init__(self, path: str | os.PathLike, config: Mapping[str, Any], records: str, key_fields: Sequence[str]):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise EvaluationError(f"out_dir {str(self.path)!r} is a file; give a folder (new, or a run to resume)")
@@ -161,7 +163,8 @@ class RunFolder:
         self.key_fields = tuple(key_fields)
         check_run_config(self.path, self.config)
         self.done: dict[tuple[Any, ...], dict[str, Any]] = read_jsonl_records(
-            self.records, self.key_fields, repair=True)
+            self.records, self.key_fields, repair=True
+        )
 
     def key(self, record: Mapping[str, Any]) -> tuple[Any, ...]:
         """The record's key: the values of ``key_fields``."""

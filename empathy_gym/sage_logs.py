@@ -155,10 +155,15 @@ def parse_dialogue(record: dict[str, Any], *, path: str = "<record>", line: int 
     messages = _history(record["history"], where)
     if messages[0].get("role") != "user":
         raise SageLogError(f"{where}: field 'history/0/role': the dialogue must open with the user")
-    profile = {"id": str(record["id"]), "player": record["player"], "scene": record["scene"],
-               "main_cha": record.get("character") or record.get("main_cha") or "",
-               "cha_group": list(record.get("cha_group") or []), "task": record["task"],
-               "first_talk": str(messages[0].get("content", ""))}
+    profile = {
+        "id": str(record["id"]),
+        "player": record["player"],
+        "scene": record["scene"],
+        "main_cha": record.get("character") or record.get("main_cha") or "",
+        "cha_group": list(record.get("cha_group") or []),
+        "task": record["task"],
+        "first_talk": str(messages[0].get("content", "")),
+    }
     try:
         persona = persona_from_rlver(profile, path=path, line=line)
     except PersonaError as error:
@@ -171,30 +176,47 @@ def parse_dialogue(record: dict[str, Any], *, path: str = "<record>", line: int 
     while index < len(messages):
         agent = messages[index]
         if agent.get("role") != "assistant":
-            raise SageLogError(f"{where}: field 'history/{index}/role': expected 'assistant', "
-                               f"got {agent.get('role')!r}")
+            raise SageLogError(
+                f"{where}: field 'history/{index}/role': expected 'assistant', got {agent.get('role')!r}"
+            )
         utterance = str(agent.get("content", ""))
         answer = messages[index + 1] if index + 1 < len(messages) else None
         after = reply = planning = None
         if answer is not None:
             if answer.get("role") != "user":
-                raise SageLogError(f"{where}: field 'history/{index + 1}/role': expected 'user', "
-                                   f"got {answer.get('role')!r}")
+                raise SageLogError(
+                    f"{where}: field 'history/{index + 1}/role': expected 'user', got {answer.get('role')!r}"
+                )
             after = _int(answer.get("emotion-point"), where, f"history/{index + 1}/emotion-point")
             reply, planning = str(answer.get("content", "")), answer.get("planning")
-        turns.append(LoggedTurn(dialogue_id=persona.id, turn=len(turns) + 1, history=tuple(history),
-                                utterance=utterance, emotion_before=emotion, emotion_after=after,
-                                proposed_change=_proposed_change(planning),
-                                appraisal=planning if isinstance(planning, dict) else None, reply=reply))
+        turns.append(
+            LoggedTurn(
+                dialogue_id=persona.id,
+                turn=len(turns) + 1,
+                history=tuple(history),
+                utterance=utterance,
+                emotion_before=emotion,
+                emotion_after=after,
+                proposed_change=_proposed_change(planning),
+                appraisal=planning if isinstance(planning, dict) else None,
+                reply=reply,
+            )
+        )
         history.append(("agent", utterance))
         if reply is not None:
             history.append(("user", reply))
             emotion = after
             emotions.append(after)
         index += 2
-    return LoggedDialogue(path=path, line=line, persona=persona,
-                          final_emotion=_int(record["emo_point"], where, "emo_point"),
-                          emotions=tuple(emotions), turns=tuple(turns), messages=tuple(messages))
+    return LoggedDialogue(
+        path=path,
+        line=line,
+        persona=persona,
+        final_emotion=_int(record["emo_point"], where, "emo_point"),
+        emotions=tuple(emotions),
+        turns=tuple(turns),
+        messages=tuple(messages),
+    )
 
 
 def read_sage_log(path: str | os.PathLike, limit: int | None = None) -> list[LoggedDialogue]:
@@ -236,5 +258,9 @@ def leaderboard(dialogues: Sequence[LoggedDialogue]) -> dict[str, float]:
     if not dialogues:
         raise ValueError("no dialogues")
     finals = [d.final_emotion for d in dialogues]
-    return {"score": sum(finals) / len(finals), "success": sum(e >= 100 for e in finals),
-            "failure": sum(e < 10 for e in finals), "dialogues": len(finals)}
+    return {
+        "score": sum(finals) / len(finals),
+        "success": sum(e >= 100 for e in finals),
+        "failure": sum(e < 10 for e in finals),
+        "dialogues": len(finals),
+    }

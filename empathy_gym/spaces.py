@@ -37,8 +37,9 @@ class AnyText(Text):
         return f"AnyText({self.min_length}, {self.max_length})"
 
     def __eq__(self, other: Any) -> bool:
-        return (isinstance(other, AnyText) and self.min_length == other.min_length
-                and self.max_length == other.max_length)
+        return (
+            isinstance(other, AnyText) and self.min_length == other.min_length and self.max_length == other.max_length
+        )
 
 
 @create_shared_memory.register(AnyText)
@@ -48,4 +49,5 @@ def _refuse_shared_memory(space: AnyText, n: int = 1, ctx: Any = None) -> Any:
         "which encodes text as charset indices. Use gym.make_vec(id, num_envs=N) with the default "
         "vectorization_mode (one process, the N user turns batched into one call: "
         "empathy_gym.vector.EmpathyDialogueVectorEnv), or, for one process per env, "
-        "vectorization_mode='async' with vector_kwargs={'shared_memory': False}.")
+        "vectorization_mode='async' with vector_kwargs={'shared_memory': False}."
+    )

@@ -17,8 +17,8 @@ when they parse (``8`` is an int, ``true`` a bool) and as strings otherwise.
 
 Examples::
 
-    >>> parse_spec("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,max_concurrency=16")
-    ModelSpec(kind='openai', target='Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1', options={'max_concurrency': 16})
+    >>> parse_spec("openai:Qwen/Qwen2.5-7B@http://localhost:8000/v1,max_concurrency=16")
+    ModelSpec(kind='openai', target='Qwen/Qwen2.5-7B@http://localhost:8000/v1', options={'max_concurrency': 16})
     >>> spec = UserSpec.parse("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,appraisal_mode=choice")
     >>> spec.backend, spec.model, spec.base_url, spec.appraisal_mode
     ('openai', 'Qwen/Qwen2.5-7B-Instruct', 'http://localhost:8000/v1', 'choice')
@@ -97,20 +97,25 @@ def split_openai_target(spec: ModelSpec, text: str) -> tuple[str, str]:
     """
     match = _OPENAI_TARGET.match(spec.target)
     if match is None:
-        raise SpecError(f"{text!r}: expected openai:MODEL@URL, e.g. "
-                        f"openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1")
+        raise SpecError(
+            f"{text!r}: expected openai:MODEL@URL, e.g. openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1"
+        )
     return match["model"], match["url"]
 
 
 def _llm_user_keywords() -> set[str]:
     from empathy_gym.user.llm_user import LLMUser
-    return {name for name in inspect.signature(LLMUser.__init__).parameters
-            if name not in ("self", "backend", "difficulty", "protocol", "appraisal_mode",
-                            "owns_backend")}
+
+    return {
+        name
+        for name in inspect.signature(LLMUser.__init__).parameters
+        if name not in ("self", "backend", "difficulty", "protocol", "appraisal_mode", "owns_backend")
+    }
 
 
 def _is_chat_backend(value: Any) -> bool:
     from empathy_gym.backends.base import ChatBackend
+
     return isinstance(value, ChatBackend)
 
 
@@ -172,11 +177,15 @@ class UserSpec:
         if isinstance(backend, str):
             backend = "transformers" if backend.strip().lower() == "hf" else backend.strip().lower()
             if backend not in USER_BACKENDS:
-                raise SpecError(f"user.backend: unknown backend {self.backend!r}; expected one of "
-                                f"{', '.join(map(repr, USER_BACKENDS))} or a ChatBackend object")
+                raise SpecError(
+                    f"user.backend: unknown backend {self.backend!r}; expected one of "
+                    f"{', '.join(map(repr, USER_BACKENDS))} or a ChatBackend object"
+                )
         elif not _is_chat_backend(backend):
-            raise SpecError(f"user.backend: expected a backend name ({', '.join(map(repr, USER_BACKENDS))}) "
-                            f"or a ChatBackend object, got {type(backend).__name__}")
+            raise SpecError(
+                f"user.backend: expected a backend name ({', '.join(map(repr, USER_BACKENDS))}) "
+                f"or a ChatBackend object, got {type(backend).__name__}"
+            )
         object.__setattr__(self, "backend", backend)
         if self.appraisal_mode not in APPRAISAL_MODES:
             raise SpecError(f"user.appraisal_mode must be 'free' or 'choice', got {self.appraisal_mode!r}")
@@ -185,8 +194,7 @@ class UserSpec:
             if value is None:
                 value = {}
             if not isinstance(value, Mapping):
-                raise SpecError(f"user.{name}: expected a mapping of keyword arguments, "
-                                f"got {type(value).__name__}")
+                raise SpecError(f"user.{name}: expected a mapping of keyword arguments, got {type(value).__name__}")
             object.__setattr__(self, name, {str(k): v for k, v in value.items()})
         if self.base_url is not None and not isinstance(self.base_url, str):
             raise SpecError(f"user.base_url: expected a URL string, got {type(self.base_url).__name__}")
@@ -194,41 +202,46 @@ class UserSpec:
 
     def _check_fields(self) -> None:
         backend = self.backend
-        set_fields = [name for name in ("model", "base_url", "backend_kwargs")
-                      if getattr(self, name)]
+        set_fields = [name for name in ("model", "base_url", "backend_kwargs") if getattr(self, name)]
         if backend == "rule":
             if set_fields:
-                raise SpecError(f"user: {', '.join(set_fields)} given, but backend='rule' (the rule-based "
-                                "user uses no LLM); set backend='openai', 'transformers' or 'vllm'")
+                raise SpecError(
+                    f"user: {', '.join(set_fields)} given, but backend='rule' (the rule-based "
+                    "user uses no LLM); set backend='openai', 'transformers' or 'vllm'"
+                )
             unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
             if unknown:
-                raise SpecError(f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
-                                "(an appraisal model artefact), 'rules_dir' and 'difficulty' (its own, over "
-                                "the env's); the others are LLM-user "
-                                "options: set backend='openai', 'transformers' or 'vllm'")
+                raise SpecError(
+                    f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
+                    "(an appraisal model artefact), 'rules_dir' and 'difficulty' (its own, over "
+                    "the env's); the others are LLM-user "
+                    "options: set backend='openai', 'transformers' or 'vllm'"
+                )
             return
         unknown = sorted(set(self.user_kwargs) - _llm_user_keywords())
         if unknown:
-            raise SpecError(f"user.user_kwargs: {unknown} are not LLMUser options; known: "
-                            f"{sorted(_llm_user_keywords())}")
+            raise SpecError(
+                f"user.user_kwargs: {unknown} are not LLMUser options; known: {sorted(_llm_user_keywords())}"
+            )
         if not isinstance(backend, str):
             if set_fields:
-                raise SpecError(f"user: {', '.join(set_fields)} given, but backend is a ready "
-                                f"{type(backend).__name__}, which is already configured; drop them")
+                raise SpecError(
+                    f"user: {', '.join(set_fields)} given, but backend is a ready "
+                    f"{type(backend).__name__}, which is already configured; drop them"
+                )
         elif backend == "policy":
             for name in ("model", "base_url"):
                 if getattr(self, name) is not None:
-                    raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own "
-                                    f"model; drop {name}")
+                    raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own model; drop {name}")
         elif self.model is None:
-            example = ("openai:MODEL@URL" if backend == "openai" else f"{backend}:PATH")
+            example = "openai:MODEL@URL" if backend == "openai" else f"{backend}:PATH"
             raise SpecError(f"user.model: the {backend} backend needs a model (e.g. {example})")
         elif backend == "openai" and self.base_url is None:
-            raise SpecError("user.base_url: the openai backend needs the server's URL, "
-                            "e.g. openai:MODEL@http://localhost:8000/v1")
+            raise SpecError(
+                "user.base_url: the openai backend needs the server's URL, e.g. openai:MODEL@http://localhost:8000/v1"
+            )
         elif backend != "openai" and self.base_url is not None:
-            raise SpecError(f"user.base_url: only the openai backend takes a URL, "
-                            f"not backend={backend!r}")
+            raise SpecError(f"user.base_url: only the openai backend takes a URL, not backend={backend!r}")
 
     @classmethod
     def parse(cls, text: str) -> UserSpec:
@@ -247,15 +260,16 @@ class UserSpec:
         head, comma, rest = (text or "").partition(",")
         spec = parse_spec(text if ":" in head else f"{head}:{comma}{rest}")  # "rule,key=value"
         if spec.kind not in USER_KINDS:
-            raise SpecError(f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
-                            f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL, policy")
+            raise SpecError(
+                f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
+                f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL, policy"
+            )
         options = dict(spec.options)
         appraisal_mode = options.pop("appraisal_mode", "free")
         values: dict[str, Any] = {"appraisal_mode": appraisal_mode}
         if spec.kind in ("rule", "policy"):
             if spec.target:
-                raise SpecError(f"{text!r}: the {spec.kind} user takes no target; "
-                                f"write just '{spec.kind}'")
+                raise SpecError(f"{text!r}: the {spec.kind} user takes no target; write just '{spec.kind}'")
         elif not spec.target:
             raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
         elif spec.kind == "openai":
@@ -283,10 +297,14 @@ class UserSpec:
             text = f"openai:{self.model}@{self.base_url}"
         elif self.model is not None:
             text = f"{kind}:{self.model}"
-        options = {**({"appraisal_mode": self.appraisal_mode} if self.appraisal_mode != "free" else {}),
-                   **self.backend_kwargs, **self.user_kwargs}
-        return text + "".join(f",{key}={value if isinstance(value, str) else json.dumps(value)}"
-                              for key, value in options.items())
+        options = {
+            **({"appraisal_mode": self.appraisal_mode} if self.appraisal_mode != "free" else {}),
+            **self.backend_kwargs,
+            **self.user_kwargs,
+        }
+        return text + "".join(
+            f",{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in options.items()
+        )
 
     @property
     def is_rule(self) -> bool:
@@ -312,23 +330,34 @@ class UserSpec:
             ValueError, ImportError: from the backend (a bad URL, a missing library).
         """
         from empathy_gym.user import resolve_protocol
+
         protocol = resolve_protocol(protocol)
         if self.backend == "rule":
             from empathy_gym.user.rule_user import RuleUser
+
             return RuleUser(**{"difficulty": difficulty, **self.user_kwargs})  # rule,difficulty=... wins
         if self.backend == "policy":
-            raise SpecError("user.backend 'policy' is the policy's own base model with its LoRA adapters "
-                            "off: a trainer builds it from its policy (recipe env.kwargs.user: policy); "
-                            "elsewhere pass user={'backend': PolicyUserBackend(peft_model, tokenizer)} "
-                            "(empathy_gym.backends.policy_backend)")
+            raise SpecError(
+                "user.backend 'policy' is the policy's own base model with its LoRA adapters "
+                "off: a trainer builds it from its policy (recipe env.kwargs.user: policy); "
+                "elsewhere pass user={'backend': PolicyUserBackend(peft_model, tokenizer)} "
+                "(empathy_gym.backends.policy_backend)"
+            )
         from empathy_gym.user.llm_user import LLMUser
+
         backend, owns = self.backend, isinstance(self.backend, str)
         if owns:
             from empathy_gym.backends import make_backend
-            backend = make_backend(backend, model=self.model, base_url=self.base_url,
-                                   **self.backend_kwargs)
-        return LLMUser(backend, difficulty, protocol=protocol, appraisal_mode=self.appraisal_mode,
-                       owns_backend=owns, **self.user_kwargs)
+
+            backend = make_backend(backend, model=self.model, base_url=self.base_url, **self.backend_kwargs)
+        return LLMUser(
+            backend,
+            difficulty,
+            protocol=protocol,
+            appraisal_mode=self.appraisal_mode,
+            owns_backend=owns,
+            **self.user_kwargs,
+        )
 
 
 #: The removed ``EmpathyDialogueEnv`` keywords that :class:`UserSpec` fields replaced.
@@ -356,8 +385,9 @@ def as_user_spec(value: str | Mapping[str, Any] | UserSpec | None) -> UserSpec:
     if isinstance(value, Mapping):
         unknown = sorted(set(map(str, value)) - set(USER_FIELDS))
         if unknown:
-            raise SpecError(f"user: unknown field(s) {unknown}; a user mapping takes "
-                            f"{', '.join(USER_FIELDS)}")
+            raise SpecError(f"user: unknown field(s) {unknown}; a user mapping takes {', '.join(USER_FIELDS)}")
         return UserSpec(**{str(k): v for k, v in value.items()})
-    raise TypeError(f"user: expected a spec string ('rule', 'openai:MODEL@URL', ...), a mapping of "
-                    f"UserSpec fields, a UserSpec or a SimulatedUser, got {type(value).__name__}")
+    raise TypeError(
+        f"user: expected a spec string ('rule', 'openai:MODEL@URL', ...), a mapping of "
+        f"UserSpec fields, a UserSpec or a SimulatedUser, got {type(value).__name__}"
+    )

@@ -42,8 +42,15 @@ from pathlib import Path
 
 #: The ESConv strategies, in the order of the action index (``Discrete(8)``).
 STRATEGIES: tuple[str, ...] = (
-    "question", "restatement_or_paraphrasing", "reflection_of_feelings", "self_disclosure",
-    "affirmation_and_reassurance", "providing_suggestions", "information", "others")
+    "question",
+    "restatement_or_paraphrasing",
+    "reflection_of_feelings",
+    "self_disclosure",
+    "affirmation_and_reassurance",
+    "providing_suggestions",
+    "information",
+    "others",
+)
 
 #: id -> the strategy's name in ESConv.
 STRATEGY_NAMES: dict[str, str] = {
@@ -62,13 +69,13 @@ STRATEGY_NAMES: dict[str, str] = {
 STRATEGY_DEFINITIONS: dict[str, str] = {
     "question": "ask one open question that helps them put into words what they are facing",
     "restatement_or_paraphrasing": "briefly restate what they said in your own words, so they "
-                                   "see their situation more clearly",
+    "see their situation more clearly",
     "reflection_of_feelings": "name and describe the feelings they seem to have",
     "self_disclosure": "share a similar experience or feeling of your own, to show you understand",
     "affirmation_and_reassurance": "affirm their strengths, effort and worth, and reassure them",
     "providing_suggestions": "suggest a possible way forward, without telling them what they must do",
     "information": "offer useful information or another perspective on the situation, e.g. how "
-                   "the other people involved may see it",
+    "the other people involved may see it",
     "others": "a short pleasantry, such as thanking them for sharing",
 }
 
@@ -162,8 +169,7 @@ def load_templates(language: str, directory: str | None = None) -> StrategyTempl
             except ValueError as error:
                 raise fail(field, f"bad placeholder syntax: {error}") from None
             if unknown:
-                raise fail(field, f"unknown placeholder {{{sorted(unknown)[0]}}}; "
-                                  f"use {sorted(PLACEHOLDERS)}")
+                raise fail(field, f"unknown placeholder {{{sorted(unknown)[0]}}}; use {sorted(PLACEHOLDERS)}")
         if all(_placeholders(t) for t in variants):
             raise fail(f"strategies/{strategy}", "needs at least one template without placeholders")
         templates[strategy] = tuple(variants)

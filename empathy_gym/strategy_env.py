@@ -66,19 +66,31 @@ from empathy_gym.strategies import (
 
 #: Names of the observation features, in order (see the module docstring).
 FEATURES: tuple[str, ...] = (
-    "emotion", "emotion_change", "turn", "user_length", "user_question", "user_negative_cues",
-    "user_positive_cues", "language_zh", *(f"last_action={s}" for s in STRATEGIES))
+    "emotion",
+    "emotion_change",
+    "turn",
+    "user_length",
+    "user_question",
+    "user_negative_cues",
+    "user_positive_cues",
+    "language_zh",
+    *(f"last_action={s}" for s in STRATEGIES),
+)
 #: Words (en) that make the length feature 1.0.
 LENGTH_SCALE = 40.0
 #: Cue counts that make the cue features 1.0.
 CUE_SCALE = 3.0
 
 WRITER_PROMPTS: dict[str, str] = {
-    "en": ("You are a supportive listener in a conversation with someone going through a hard "
-           "time. Write your next reply using this support strategy: {name}: {definition}. "
-           "Reply in English, in one to three natural sentences, without naming the strategy."),
-    "zh": ("你是一位倾听者，正在和一个遇到困难的人聊天。请用下面的支持策略写出你的下一句回复："
-           "{name}：{definition}。用中文回复，一到三句自然的话，不要说出策略的名字。"),
+    "en": (
+        "You are a supportive listener in a conversation with someone going through a hard "
+        "time. Write your next reply using this support strategy: {name}: {definition}. "
+        "Reply in English, in one to three natural sentences, without naming the strategy."
+    ),
+    "zh": (
+        "你是一位倾听者，正在和一个遇到困难的人聊天。请用下面的支持策略写出你的下一句回复："
+        "{name}：{definition}。用中文回复，一到三句自然的话，不要说出策略的名字。"
+    ),
 }
 
 
@@ -91,11 +103,15 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
     else:
         words = len(text.split())
     low = text.lower()
-    return np.array([min(1.0, words / LENGTH_SCALE),
-                     1.0 if ("?" in text or "？" in text) else 0.0,
-                     min(1.0, len(templates.negative_cues.findall(low)) / CUE_SCALE),
-                     min(1.0, len(templates.positive_cues.findall(low)) / CUE_SCALE)],
-                    dtype=np.float32)
+    return np.array(
+        [
+            min(1.0, words / LENGTH_SCALE),
+            1.0 if ("?" in text or "？" in text) else 0.0,
+            min(1.0, len(templates.negative_cues.findall(low)) / CUE_SCALE),
+            min(1.0, len(templates.positive_cues.findall(low)) / CUE_SCALE),
+        ],
+        dtype=np.float32,
+    )
 
 
 class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
@@ -134,16 +150,25 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
 
-    def __init__(self, personas: PersonaSource | None = None, difficulty: Any = "moderate", *,
-                 writer: str = "templates", writer_backend: str | ChatBackend | None = None,
-                 writer_model: Any = None, writer_base_url: str | None = None,
-                 writer_kwargs: Mapping[str, Any] | None = None, writer_temperature: float = 0.7,
-                 writer_max_tokens: int = 128, templates_dir: str | None = None,
-                 render_mode: str | None = None, **dialogue_kwargs: Any):
+    def __init__(
+        self,
+        personas: PersonaSource | None = None,
+        difficulty: Any = "moderate",
+        *,
+        writer: str = "templates",
+        writer_backend: str | ChatBackend | None = None,
+        writer_model: Any = None,
+        writer_base_url: str | None = None,
+        writer_kwargs: Mapping[str, Any] | None = None,
+        writer_temperature: float = 0.7,
+        writer_max_tokens: int = 128,
+        templates_dir: str | None = None,
+        render_mode: str | None = None,
+        **dialogue_kwargs: Any,
+    ):
         if writer not in ("templates", "llm"):
             raise ValueError(f"writer must be 'templates' or 'llm', got {writer!r}")
-        self.dialogue_env = EmpathyDialogueEnv(personas, difficulty, render_mode=render_mode,
-                                               **dialogue_kwargs)
+        self.dialogue_env = EmpathyDialogueEnv(personas, difficulty, render_mode=render_mode, **dialogue_kwargs)
         self.render_mode = render_mode
         self.writer = writer
         self._owns_writer = False
@@ -155,8 +180,10 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
                 self.writer_backend = writer_backend
             else:
                 from empathy_gym.backends import make_backend
-                self.writer_backend = make_backend(writer_backend, model=writer_model,
-                                                   base_url=writer_base_url, **dict(writer_kwargs or {}))
+
+                self.writer_backend = make_backend(
+                    writer_backend, model=writer_model, base_url=writer_base_url, **dict(writer_kwargs or {})
+                )
                 self._owns_writer = True
         self.writer_temperature = float(writer_temperature)
         self.writer_max_tokens = int(writer_max_tokens)
@@ -174,8 +201,9 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         self._used: dict[str, set[str]] = {}  # strategy -> utterances said this episode
 
     # -- gym API -------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         """Start a dialogue (``options["persona"]`` picks a persona by id, as in the inner
         env). Returns the observation (float32 (16,)) and the inner env's ``info``."""
         super().reset(seed=seed)
@@ -184,8 +212,7 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         self._last_user_text = text
         return self._observation(text), info
 
-    def step(self, action: int | np.integer | np.ndarray
-             ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: int | np.integer | np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Say an utterance with strategy ``STRATEGIES[action]``.
 
         Returns:
@@ -199,8 +226,11 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         index = self._action_index(action)
         dialogue = self.dialogue_env.dialogue
         if dialogue is None or dialogue.done_reason is not None:
-            raise RuntimeError("call reset() before step()" if dialogue is None else
-                               f"the episode has ended ({dialogue.done_reason}); call reset() before step()")
+            raise RuntimeError(
+                "call reset() before step()"
+                if dialogue is None
+                else f"the episode has ended ({dialogue.done_reason}); call reset() before step()"
+            )
         strategy = STRATEGIES[index]
         utterance = self.utterance(strategy)
         text, reward, terminated, truncated, info = self.dialogue_env.step(utterance)
@@ -229,31 +259,32 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         if self.writer == "llm":
             return self._write_with_llm(strategy, persona, dialogue.messages)
         templates = load_templates(persona.language, self.templates_dir)
-        variants = templates.variants(strategy, words=user_words(self._last_user_text),
-                                      name=persona.name)
+        variants = templates.variants(strategy, words=user_words(self._last_user_text), name=persona.name)
         used = self._used.setdefault(strategy, set())
         fresh = [v for v in variants if v not in used] or variants
         choice = fresh[int(self.np_random.integers(len(fresh)))]
         used.add(choice)
         return choice
 
-    def _write_with_llm(self, strategy: str, persona: Persona,
-                        messages: Sequence[dict[str, str]]) -> str:
+    def _write_with_llm(self, strategy: str, persona: Persona, messages: Sequence[dict[str, str]]) -> str:
         assert self.writer_backend is not None
         system = WRITER_PROMPTS[persona.language].format(
-            name=STRATEGY_NAMES[strategy], definition=STRATEGY_DEFINITIONS[strategy])
+            name=STRATEGY_NAMES[strategy], definition=STRATEGY_DEFINITIONS[strategy]
+        )
         chat = [{"role": "system", "content": system}] + [dict(m) for m in messages if m["role"] != "system"]
-        (text,) = self.writer_backend.generate([chat], max_tokens=self.writer_max_tokens,
-                                               temperature=self.writer_temperature,
-                                               seeds=[int(self.np_random.integers(2**31 - 1))])
+        (text,) = self.writer_backend.generate(
+            [chat],
+            max_tokens=self.writer_max_tokens,
+            temperature=self.writer_temperature,
+            seeds=[int(self.np_random.integers(2**31 - 1))],
+        )
         return text.strip()
 
     # -- helpers ---------------------------------------------------------------------
     def _action_index(self, action: Any) -> int:
         value = np.asarray(action)
         if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-            raise ValueError(f"action must be an integer in [0, {len(STRATEGIES)}) (a strategy index), "
-                             f"got {action!r}")
+            raise ValueError(f"action must be an integer in [0, {len(STRATEGIES)}) (a strategy index), got {action!r}")
         index = int(value.reshape(()))
         if not 0 <= index < len(STRATEGIES):
             raise ValueError(f"action must be in [0, {len(STRATEGIES)}), got {index}")
@@ -274,9 +305,14 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         return obs
 
 
-def final_emotions(policy: Callable[[np.ndarray], int], personas: Sequence[Persona], *,
-                   episodes_per_persona: int = 1, seed: int = 0,
-                   **env_kwargs: Any) -> np.ndarray:
+def final_emotions(
+    policy: Callable[[np.ndarray], int],
+    personas: Sequence[Persona],
+    *,
+    episodes_per_persona: int = 1,
+    seed: int = 0,
+    **env_kwargs: Any,
+) -> np.ndarray:
     """Play ``policy`` once per persona and repeat, and return the final emotions.
 
     Args:

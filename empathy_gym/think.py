@@ -55,8 +55,8 @@ def split_think(text: str) -> ThinkSplit:
     stripped = text.lstrip()
     if not stripped.startswith(OPEN):
         return ThinkSplit("", _clean(text), "missing_think")
-    body = stripped[len(OPEN):]
+    body = stripped[len(OPEN) :]
     end = body.find(CLOSE)
     if end < 0:
         return ThinkSplit(body.strip(), "", "unclosed_think")
-    return ThinkSplit(body[:end].strip(), _clean(body[end + len(CLOSE):]), None)
+    return ThinkSplit(body[:end].strip(), _clean(body[end + len(CLOSE) :]), None)

@@ -52,7 +52,8 @@ CHAT_TEMPLATE: str = (
 #: split; training with it makes ``AutoTokenizer`` and ``tokenizer.json`` agree.
 QWEN2_PRETOKENIZE_REGEX: str = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 #: Version of what a build writes; bump it when the build changes, so old builds are redone.
 BUILD_FORMAT = 2
@@ -60,12 +61,30 @@ BUILD_FORMAT = 2
 #: The file written last: its presence (with matching settings) marks a complete build.
 MARKER = "empathy_gym_tiny.json"
 
-_EN_FEELINGS = ("sad", "anxious", "angry", "lonely", "tired", "hurt", "confused", "ashamed",
-                "overwhelmed", "frustrated", "hopeful", "relieved")
-_EN_EVENTS = ("my boss criticised me in front of everyone", "my best friend stopped answering",
-              "I failed the exam I studied for", "my parents keep comparing me to my cousin",
-              "my partner forgot our anniversary", "I lost my job last week",
-              "my roommate never cleans up", "nobody came to my birthday dinner")
+_EN_FEELINGS = (
+    "sad",
+    "anxious",
+    "angry",
+    "lonely",
+    "tired",
+    "hurt",
+    "confused",
+    "ashamed",
+    "overwhelmed",
+    "frustrated",
+    "hopeful",
+    "relieved",
+)
+_EN_EVENTS = (
+    "my boss criticised me in front of everyone",
+    "my best friend stopped answering",
+    "I failed the exam I studied for",
+    "my parents keep comparing me to my cousin",
+    "my partner forgot our anniversary",
+    "I lost my job last week",
+    "my roommate never cleans up",
+    "nobody came to my birthday dinner",
+)
 _EN_REPLIES = (
     "That sounds really hard, and it makes sense that you feel this way.",
     "Thank you for telling me. I am here and I am listening.",
@@ -79,8 +98,14 @@ _EN_REPLIES = (
     "I am glad you reached out instead of keeping it all inside.",
 )
 _ZH_FEELINGS = ("难过", "焦虑", "生气", "孤独", "疲惫", "委屈", "迷茫", "羞愧", "崩溃", "失望")
-_ZH_EVENTS = ("领导当着大家的面批评了我", "最好的朋友不回我消息了", "我考试没及格",
-              "父母总拿我和表哥比较", "男朋友忘了我们的纪念日", "我上周被裁员了")
+_ZH_EVENTS = (
+    "领导当着大家的面批评了我",
+    "最好的朋友不回我消息了",
+    "我考试没及格",
+    "父母总拿我和表哥比较",
+    "男朋友忘了我们的纪念日",
+    "我上周被裁员了",
+)
 _ZH_REPLIES = (
     "听起来真的很不容易，你有这样的感受很正常。",
     "谢谢你愿意告诉我，我在这里，认真听你说。",
@@ -118,61 +143,101 @@ def tiny_corpus() -> list[str]:
     """
     corpus = list(_builtin_sentences())
     from empathy_gym.personas import load_personas
+
     for source, limit in ((None, None), ("rlver", 50)):
         try:
             personas = load_personas(source)[:limit]
         except (OSError, ValueError, KeyError):
             continue
         for persona in personas:
-            corpus.extend(text for text in (persona.profile, persona.scenario,
-                                            persona.opening_line) if text)
+            corpus.extend(text for text in (persona.profile, persona.scenario, persona.opening_line) if text)
     return corpus
 
 
 def _train_tokenizer(corpus: list[str], vocab_size: int):
     """Train a byte-level BPE ``tokenizers.Tokenizer`` with the ChatML tokens added."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False)
-                          for token in THINK_TOKENS])
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in THINK_TOKENS])
     return tokenizer
 
 
-def _settings(seed: int, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
-              num_kv_heads: int, intermediate_size: int, max_position_embeddings: int,
-              initializer_range: float, corpus: list[str]) -> dict:
+def _settings(
+    seed: int,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    initializer_range: float,
+    corpus: list[str],
+) -> dict:
     digest = hashlib.sha256("\n\x00".join(corpus).encode("utf-8")).hexdigest()
-    return {"format": BUILD_FORMAT, "seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size,
-            "num_layers": num_layers, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
-            "intermediate_size": intermediate_size,
-            "max_position_embeddings": max_position_embeddings,
-            "initializer_range": initializer_range, "corpus_sha256": digest}
+    return {
+        "format": BUILD_FORMAT,
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "initializer_range": initializer_range,
+        "corpus_sha256": digest,
+    }
 
 
-def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_size: int = 2048,
-                          hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
-                          num_kv_heads: int = 1, intermediate_size: int = 128,
-                          max_position_embeddings: int = 4096,
-                          initializer_range: float = 0.1) -> Path:
+def _check_shape(**shape: int) -> None:
+    """Refuse a shape Qwen2 cannot take (see :func:`build_tiny_chat_model`'s ValueError)."""
+    for name, value in shape.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"build_tiny_chat_model: {name} must be a positive int, got {value!r}")
+    hidden_size, num_heads, num_kv_heads = shape["hidden_size"], shape["num_heads"], shape["num_kv_heads"]
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(
+            f"build_tiny_chat_model: hidden_size ({hidden_size}) must be divisible by "
+            f"num_heads ({num_heads}), and num_heads by num_kv_heads ({num_kv_heads})"
+        )
+    if shape["vocab_size"] < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"build_tiny_chat_model: vocab_size must be >= {256 + len(SPECIAL_TOKENS)} "
+            f"(256 bytes + special tokens), got {shape['vocab_size']}"
+        )
+
+
+def build_tiny_chat_model(
+    directory: str | os.PathLike,
+    *,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    initializer_range: float = 0.1,
+) -> Path:
     """Build (or reuse) a tiny random ChatML causal LM and its tokenizer in ``directory``.
 
     The model is a ``transformers.Qwen2ForCausalLM`` with tied embeddings, float32
@@ -212,23 +277,29 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
         ValueError: a shape argument that Qwen2 cannot take (non-positive, or heads that
             do not divide).
     """
-    for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
-                        ("num_layers", num_layers), ("num_heads", num_heads),
-                        ("num_kv_heads", num_kv_heads), ("intermediate_size", intermediate_size),
-                        ("max_position_embeddings", max_position_embeddings)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"build_tiny_chat_model: {name} must be a positive int, got {value!r}")
-    if hidden_size % num_heads or num_heads % num_kv_heads:
-        raise ValueError(f"build_tiny_chat_model: hidden_size ({hidden_size}) must be divisible by "
-                         f"num_heads ({num_heads}), and num_heads by num_kv_heads ({num_kv_heads})")
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"build_tiny_chat_model: vocab_size must be >= {256 + len(SPECIAL_TOKENS)} "
-                         f"(256 bytes + special tokens), got {vocab_size}")
-
+    _check_shape(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
     directory = Path(directory)
     corpus = tiny_corpus()
-    settings = _settings(seed, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                         intermediate_size, max_position_embeddings, initializer_range, corpus)
+    settings = _settings(
+        seed,
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size,
+        max_position_embeddings,
+        initializer_range,
+        corpus,
+    )
     marker = directory / MARKER
     if marker.is_file():
         try:
@@ -239,33 +310,42 @@ def build_tiny_chat_model(directory: str | os.PathLike, *, seed: int = 0, vocab_
         marker.unlink()
 
     import torch
-    from transformers import (
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     backend = _train_tokenizer(corpus, vocab_size)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        extra_special_tokens=["<|im_start|>"], model_max_length=max_position_embeddings,
-        chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=["<|im_start|>"],
+        model_max_length=max_position_embeddings,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
     pad_id, eos_id = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
-        initializer_range=initializer_range, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # Sampling by default, as in instruct checkpoints (Qwen2.5's own config samples too):
     # servers such as `transformers serve` sample only when the model's config says so.
-    model.generation_config = GenerationConfig(do_sample=True, bos_token_id=None,
-                                               eos_token_id=eos_id, pad_token_id=pad_id)
+    model.generation_config = GenerationConfig(
+        do_sample=True, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)

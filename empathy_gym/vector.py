@@ -93,12 +93,14 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         ((4,), (4,))
     """
 
-    def __init__(self, num_envs: int = 1, *,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any):
+    def __init__(
+        self, num_envs: int = 1, *, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any
+    ):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.autoreset_mode = (autoreset_mode if isinstance(autoreset_mode, AutoresetMode)
-                               else AutoresetMode(autoreset_mode))
+        self.autoreset_mode = (
+            autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        )
         self.num_envs = int(num_envs)
         self.envs: list[EmpathyDialogueEnv] = sharing_one_user(EmpathyDialogueEnv, self.num_envs, **kwargs)
         first = self.envs[0]
@@ -113,8 +115,9 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
 
     # -- reset ---------------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[tuple[str, ...], dict[str, Any]]:
         """Reset the sub-envs (all, or those in ``options["reset_mask"]``), asking the user
         for all their openings in one batch.
 
@@ -138,8 +141,7 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         mask = self._reset_mask(options.pop("reset_mask", None))
         indices = np.flatnonzero(mask)
         infos: dict[str, Any] = {}
-        for i, (obs, info) in zip(indices, self._reset(indices, [seeds[i] for i in indices],
-                                                       options or None)):
+        for i, (obs, info) in zip(indices, self._reset(indices, [seeds[i] for i in indices], options or None)):
             self._observations[i] = obs
             infos = self._add_info(infos, info, i)
         self._autoreset[indices] = False
@@ -167,15 +169,17 @@ class EmpathyDialogueVectorEnv(VectorEnv):
             raise ValueError("options['reset_mask'] has no True value: nothing to reset")
         return mask
 
-    def _reset(self, indices: Sequence[int], seeds: Sequence[int | None],
-               options: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    def _reset(
+        self, indices: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
+    ) -> list[tuple[str, dict[str, Any]]]:
         if len(indices) == 0:
             return []
         return reset_many([self.envs[i] for i in indices], seeds, [options] * len(indices))
 
     # -- step ----------------------------------------------------------------------
-    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray,
-                                                   np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Send one utterance per sub-env to the simulated user, as one batch.
 
         Args:
@@ -239,8 +243,7 @@ class EmpathyDialogueVectorEnv(VectorEnv):
             raise ValueError(f"expected {self.num_envs} actions (one per sub-env), got {len(actions)}")
         for i in stepping:
             if not isinstance(actions[i], str):
-                raise TypeError(f"actions[{i}] must be a str (the agent's utterance), "
-                                f"got {type(actions[i]).__name__}")
+                raise TypeError(f"actions[{i}] must be a str (the agent's utterance), got {type(actions[i]).__name__}")
         return actions
 
     # -- the rest of the VectorEnv API ------------------------------------------------

@@ -35,13 +35,17 @@ def language_note(personas) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="EmpathyDialogue-RLVER-v0", help="environment id")
-    parser.add_argument("--personas", default=None,
-                        help="persona bank (JSONL path or bank name); default: the id's own")
+    parser.add_argument(
+        "--personas", default=None, help="persona bank (JSONL path or bank name); default: the id's own"
+    )
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--agent", choices=sorted(BASELINES), default="listener")
-    parser.add_argument("--user", default="rule",
-                        help="the simulated user: rule | transformers:PATH | vllm:PATH | openai:MODEL@URL, "
-                             "options after commas (,appraisal_mode=choice,temperature=0.3)")
+    parser.add_argument(
+        "--user",
+        default="rule",
+        help="the simulated user: rule | transformers:PATH | vllm:PATH | openai:MODEL@URL, "
+        "options after commas (,appraisal_mode=choice,temperature=0.3)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args()
@@ -67,13 +71,17 @@ def main() -> None:
         if not args.quiet:
             print(f"\n=== episode {episode + 1}/{args.episodes} ===")
             print(env.render())
-            print("rewards:", " ".join(f"{r:+.2f}" for r in rewards),
-                  f"| return {sum(rewards):+.2f} | final emotion {info['emotion']}"
-                  f" ({info['termination_reason']})")
+            print(
+                "rewards:",
+                " ".join(f"{r:+.2f}" for r in rewards),
+                f"| return {sum(rewards):+.2f} | final emotion {info['emotion']} ({info['termination_reason']})",
+            )
     env.close()
-    print(f"\n{args.episodes} dialogues, agent={args.agent}, user={args.user}: "
-          f"mean final emotion {np.mean(finals):.1f} (sd {np.std(finals):.1f}), "
-          f"mean return {np.mean(returns):+.3f}")
+    print(
+        f"\n{args.episodes} dialogues, agent={args.agent}, user={args.user}: "
+        f"mean final emotion {np.mean(finals):.1f} (sd {np.std(finals):.1f}), "
+        f"mean return {np.mean(returns):+.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,12 @@ from empathy_gym.strategy_env import EmpathyStrategyEnv, final_emotions
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--personas", default=None,
-                        help="persona bank: a name (en, zh, rlver) or a JSONL path (default: built-in)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--personas", default=None, help="persona bank: a name (en, zh, rlver) or a JSONL path (default: built-in)"
+    )
     parser.add_argument("--difficulty", default="moderate")
     parser.add_argument("--test-fraction", type=float, default=0.25, help="held-out share of the bank")
     parser.add_argument("--timesteps", type=int, default=300_000, help="PPO environment steps")
@@ -46,10 +48,24 @@ def train(personas: Sequence, args: argparse.Namespace) -> PPO:
     """PPO with SB3's defaults except: gamma = 1 (the per-turn rewards telescope to the
     final emotion change, the quantity we score), learning rate 1e-3, 256-step rollouts
     per env, batch 256 and an entropy bonus of 0.01."""
-    envs = make_vec_env(EmpathyStrategyEnv, n_envs=args.n_envs, seed=args.seed,
-                        env_kwargs={"personas": list(personas), "difficulty": args.difficulty})
-    model = PPO("MlpPolicy", envs, n_steps=256, batch_size=256, gamma=1.0, learning_rate=1e-3,
-                ent_coef=0.01, seed=args.seed, device="cpu", verbose=0)
+    envs = make_vec_env(
+        EmpathyStrategyEnv,
+        n_envs=args.n_envs,
+        seed=args.seed,
+        env_kwargs={"personas": list(personas), "difficulty": args.difficulty},
+    )
+    model = PPO(
+        "MlpPolicy",
+        envs,
+        n_steps=256,
+        batch_size=256,
+        gamma=1.0,
+        learning_rate=1e-3,
+        ent_coef=0.01,
+        seed=args.seed,
+        device="cpu",
+        verbose=0,
+    )
     return model.learn(total_timesteps=args.timesteps)
 
 
@@ -71,23 +87,36 @@ def main(argv: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     args = parse_args(argv)
     bank = load_personas(args.personas)
     train_personas, test_personas = split_personas(bank, args.test_fraction, seed=args.seed)
-    print(f"{len(train_personas)} training personas, {len(test_personas)} held out "
-          f"(stratified by hidden intention, seed {args.seed})")
+    print(
+        f"{len(train_personas)} training personas, {len(test_personas)} held out "
+        f"(stratified by hidden intention, seed {args.seed})"
+    )
     started = time.perf_counter()
     model = train(train_personas, args)
     print(f"PPO: {args.timesteps} steps in {time.perf_counter() - started:.0f} s")
 
-    results = {name: final_emotions(policy, test_personas, episodes_per_persona=args.episodes,
-                                    seed=100_000 + args.seed, difficulty=args.difficulty)
-               for name, policy in policies(model, args.seed).items()}
+    results = {
+        name: final_emotions(
+            policy,
+            test_personas,
+            episodes_per_persona=args.episodes,
+            seed=100_000 + args.seed,
+            difficulty=args.difficulty,
+        )
+        for name, policy in policies(model, args.seed).items()
+    }
     width = max(len(name) for name in results)
-    print(f"\nHeld-out personas: mean final emotion over {len(test_personas)} personas x "
-          f"{args.episodes} episodes (rule-based user, {args.difficulty})")
+    print(
+        f"\nHeld-out personas: mean final emotion over {len(test_personas)} personas x "
+        f"{args.episodes} episodes (rule-based user, {args.difficulty})"
+    )
     print(f"{'policy'.ljust(width)}  mean   s.e.  success  failure")
     for name, emotions in sorted(results.items(), key=lambda item: -item[1].mean()):
         se = emotions.std(ddof=1) / np.sqrt(len(emotions))
-        print(f"{name.ljust(width)}  {emotions.mean():5.1f}  {se:4.1f}  "
-              f"{(emotions >= 100).mean():7.0%}  {(emotions < 10).mean():7.0%}")
+        print(
+            f"{name.ljust(width)}  {emotions.mean():5.1f}  {se:4.1f}  "
+            f"{(emotions >= 100).mean():7.0%}  {(emotions < 10).mean():7.0%}"
+        )
     return results
 
 

@@ -49,23 +49,38 @@ def main(argv: Sequence[str] | None = None) -> GRPOTrainer:
     the logged rewards)."""
     args = parse_args(argv)
     model, tokenizer = load_causal_lm(args.model)
-    rollout = EmpathyRollout(args.env, env_kwargs={"max_turns": args.max_turns},
-                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+    rollout = EmpathyRollout(
+        args.env, env_kwargs={"max_turns": args.max_turns}, max_new_tokens=args.max_new_tokens, seed=args.seed
+    )
     config = GRPOConfig(
         output_dir=args.output_dir or tempfile.mkdtemp(prefix="empathy-gym-trl-"),
-        max_steps=args.steps, per_device_train_batch_size=args.generations,
-        num_generations=args.generations, learning_rate=1e-5, logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=True, seed=args.seed,
-        temperature=1.0, max_completion_length=args.max_turns * (args.max_new_tokens + 64))
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config,
-                          reward_funcs=[episode_return_reward],
-                          train_dataset=rollout.dataset(args.prompts, seed=args.seed),
-                          rollout_func=rollout)
+        max_steps=args.steps,
+        per_device_train_batch_size=args.generations,
+        num_generations=args.generations,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=args.seed,
+        temperature=1.0,
+        max_completion_length=args.max_turns * (args.max_new_tokens + 64),
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=config,
+        reward_funcs=[episode_return_reward],
+        train_dataset=rollout.dataset(args.prompts, seed=args.seed),
+        rollout_func=rollout,
+    )
     trainer.train()
     for record in trainer.state.log_history:
         if "reward" in record:
-            print(f"step {record['step']}: mean reward {record['reward']:+.3f} "
-                  f"(std {record.get('reward_std', float('nan')):.3f})")
+            print(
+                f"step {record['step']}: mean reward {record['reward']:+.3f} "
+                f"(std {record.get('reward_std', float('nan')):.3f})"
+            )
     return trainer
 
 

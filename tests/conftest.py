@@ -52,8 +52,9 @@ def vllm_python():
 def llama_cpp_python():
     """A python with ``llama-cpp-python[server]`` (``$EMPATHY_GYM_LLAMA_CPP_PYTHON``, or a
     layer that compiles it from PyPI's source: minutes)."""
-    return layer_python("EMPATHY_GYM_LLAMA_CPP_PYTHON", "llama-cpp-server", "LLAMA_CPP_SERVER", "llama-cpp-python",
-                        2400)
+    return layer_python(
+        "EMPATHY_GYM_LLAMA_CPP_PYTHON", "llama-cpp-server", "LLAMA_CPP_SERVER", "llama-cpp-python", 2400
+    )
 
 
 def vllm_env(**extra: str) -> dict[str, str]:
@@ -61,9 +62,14 @@ def vllm_env(**extra: str) -> dict[str, str]:
     1 GiB KV cache on the CPU."""
     from pathlib import Path
 
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **extra,
+    }
 
 
 @pytest.fixture

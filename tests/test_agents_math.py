@@ -32,8 +32,9 @@ def test_gae_skips_masked_positions_gamma_lambda_one():
 def test_gae_with_discount():
     # t=2: delta = 2 + 0 - 1 = 1, A = 1.
     # t=0 (t=1 is masked): delta = 1 + 0.5 * V_2 - V_0 = 1 + 0.5 - 0.5 = 1; A = 1 + 0.5*0.5*1 = 1.25.
-    advantages, returns = masked_gae(torch.tensor([[1.0, 7.0, 2.0]]), torch.tensor([[0.5, 3.0, 1.0]]),
-                                     torch.tensor([[1, 0, 1]]), gamma=0.5, lam=0.5)
+    advantages, returns = masked_gae(
+        torch.tensor([[1.0, 7.0, 2.0]]), torch.tensor([[0.5, 3.0, 1.0]]), torch.tensor([[1, 0, 1]]), gamma=0.5, lam=0.5
+    )
     assert advantages.tolist()[0] == pytest.approx([1.25, 0.0, 1.0])
     assert returns.tolist()[0] == pytest.approx([1.75, 0.0, 2.0])
 
@@ -82,8 +83,9 @@ def test_ppo_loss_gradient_is_zero_where_clipped():
 
 
 def test_ppo_value_loss_by_hand():
-    loss, clipfrac = ppo_value_loss(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]),
-                                    torch.tensor([1.0, 1.0]), cliprange_value=0.2)
+    loss, clipfrac = ppo_value_loss(
+        torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), torch.tensor([1.0, 1.0]), cliprange_value=0.2
+    )
     # clipped values 0.7 and 0.3; errors max((0, 0.09), (1.0, 0.49)) = (0.09, 1.0)
     assert loss.tolist() == pytest.approx([0.5 * 0.09, 0.5 * 1.0])
     assert clipfrac.tolist() == [1.0, 0.0]
@@ -141,14 +143,17 @@ def test_returns_equal_up_to_float_noise_are_a_degenerate_group():
     for dtype in (torch.float32, torch.float64):
         advantages, degenerate = group_advantages(torch.tensor(returns, dtype=dtype), torch.tensor([0, 0, 0, 0]))
         assert degenerate.tolist() == [True] * 4 and advantages.tolist() == [0.0] * 4
-    advantages, degenerate = group_advantages(torch.tensor([0.1 + 0.2, 0.3, 0.3], dtype=torch.float64),
-                                              torch.tensor([0, 0, 0]))
+    advantages, degenerate = group_advantages(
+        torch.tensor([0.1 + 0.2, 0.3, 0.3], dtype=torch.float64), torch.tensor([0, 0, 0])
+    )
     assert degenerate.tolist() == [True] * 3
-    _, degenerate = reward_to_go_advantages([torch.tensor([0.1, 0.2], dtype=torch.float64),
-                                             torch.tensor([0.3, 0.0], dtype=torch.float64)], [0, 0])
+    _, degenerate = reward_to_go_advantages(
+        [torch.tensor([0.1, 0.2], dtype=torch.float64), torch.tensor([0.3, 0.0], dtype=torch.float64)], [0, 0]
+    )
     assert degenerate.tolist() == [False, False]  # turn 0's returns-to-go are equal, turn 1's are not (0.2, 0)
-    _, degenerate = reward_to_go_advantages([torch.tensor([0.1, 0.2], dtype=torch.float64),
-                                             torch.tensor([0.3], dtype=torch.float64)], [0, 0])
+    _, degenerate = reward_to_go_advantages(
+        [torch.tensor([0.1, 0.2], dtype=torch.float64), torch.tensor([0.3], dtype=torch.float64)], [0, 0]
+    )
     assert degenerate.tolist() == [True, True]
 
 
@@ -159,7 +164,7 @@ def test_grpo_loss_token_versus_sequence_mean():
     segments = torch.tensor([0, 0, 0, 1])
     per_token, _ = grpo_loss(logprobs, logprobs, advantages, 0.2)
     assert per_token.tolist() == [-1.0, -1.0, -1.0, 2.0]
-    assert float(aggregate(per_token, segments, "token_mean", 4, 2)) == pytest.approx(-0.25)   # (-3 + 2) / 4
+    assert float(aggregate(per_token, segments, "token_mean", 4, 2)) == pytest.approx(-0.25)  # (-3 + 2) / 4
     assert float(aggregate(per_token, segments, "sequence_mean", 4, 2)) == pytest.approx(0.5)  # mean(-1, 2)
     # a micro-batch's share: the same two rollouts inside a mini-batch of 10 tokens, 5 rollouts
     assert float(aggregate(per_token, segments, "token_mean", 10, 5)) == pytest.approx(-0.1)
@@ -210,23 +215,38 @@ def test_dr_grpo_divides_by_a_constant_not_by_lengths():
     assert float(aggregate(per_token, segments, "dr_grpo", 5, 2, max_tokens=10)) == pytest.approx(0.25)
     # the longer rollout now weighs 4 times the shorter: its tokens are not averaged away
     long_only = aggregate(per_token[:4], segments[:4], "dr_grpo", 5, 2, max_tokens=10)
-    assert float(long_only) == pytest.approx(4 * float(aggregate(per_token[4:], segments[4:] * 0, "dr_grpo", 5, 2,
-                                                                   max_tokens=10)))
+    assert float(long_only) == pytest.approx(
+        4 * float(aggregate(per_token[4:], segments[4:] * 0, "dr_grpo", 5, 2, max_tokens=10))
+    )
     with pytest.raises(ValueError, match="needs max_tokens"):
         aggregate(per_token, segments, "dr_grpo", 5, 2)
 
 
 def rollout(group, total):
     from empathy_gym.agents.rollout import Trajectory
-    t = Trajectory(key=0, group=group, env_seed=0, persona_id="p", language="en", hidden_intention="x",
-                   character_type="passive", emotions=[40])
+
+    t = Trajectory(
+        key=0,
+        group=group,
+        env_seed=0,
+        persona_id="p",
+        language="en",
+        hidden_intention="x",
+        character_type="passive",
+        emotions=[40],
+    )
     t.rewards = [total]
     return t
 
 
 def refill_host(budget, groups=2, size=2, envs=4):
-    config = SimpleNamespace(dynamic_sampling_budget=budget, num_generations=size, rollout_batch_size=groups * size,
-                             seed=0, advantage="episode")
+    config = SimpleNamespace(
+        dynamic_sampling_budget=budget,
+        num_generations=size,
+        rollout_batch_size=groups * size,
+        seed=0,
+        advantage="episode",
+    )
     return SimpleNamespace(config=config, processes=SimpleNamespace(world=1, rank=0), envs=[None] * envs)
 
 
@@ -247,8 +267,8 @@ def test_dynamic_sampling_refills_skipped_groups_until_they_are_replaced():
     assert metrics == {"grpo/refill_groups": 2.0, "grpo/refill_rounds": 2.0}
     assert len(played) == 8 and played[:4] == first
     (seeds1, groups1), (seeds2, groups2) = calls
-    assert seeds1[0] == seeds1[1] and seeds2[0] == seeds2[1] and seeds1[0] != seeds2[0]   # a group shares its seed
-    assert len({*groups1, *groups2, 0, 1}) == 4                                           # new group ids
+    assert seeds1[0] == seeds1[1] and seeds2[0] == seeds2[1] and seeds1[0] != seeds2[0]  # a group shares its seed
+    assert len({*groups1, *groups2, 0, 1}) == 4  # new group ids
     assert degenerate_groups(played) == {0, groups1[0]}
 
 
@@ -258,7 +278,7 @@ def test_dynamic_sampling_stops_at_its_budget_and_is_off_at_zero():
 
     def collect(seeds, groups):
         calls.append(len(seeds))
-        return [rollout(g, 0.0) for g in groups]          # never any spread
+        return [rollout(g, 0.0) for g in groups]  # never any spread
 
     played, metrics = GRPOTrainer.refill(refill_host(budget=3), first, 1, collect)
     # two groups missing; rounds of min(missing 2, budget, 2 groups of envs): 2, then 1

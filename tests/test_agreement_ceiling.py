@@ -31,7 +31,7 @@ def _module(name: str):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module     # dataclasses look their module up there
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -49,19 +49,31 @@ def rows(ceiling):
 def test_first_replies_are_the_first_scored_reply_of_each_log(ceiling, rows):
     first = ceiling.first_replies(rows)
     assert sorted(profile[:8] for profile in first) == ["66aaf749", "cf31b2b2", "d3c386e4"]
-    changes = {profile[:8]: {model: int(rows.change[i]) for (sim, model), i in found.items() if sim == GPT}
-               for profile, found in first.items()}
-    assert changes["66aaf749"] == {"claude3.7": 5, "claude3.7-think": 10, "deepseek-v3-1227": 5,
-                                   "gpt-4o-0806": 5, "llama3.3-70b": 10, "openai-o1": -10}
-    assert {profile[:8]: int(rows.change[found[(GEMINI, "openai-o1")]]) for profile, found in first.items()} \
-        == {"d3c386e4": 5, "66aaf749": 10, "cf31b2b2": 5}
+    changes = {
+        profile[:8]: {model: int(rows.change[i]) for (sim, model), i in found.items() if sim == GPT}
+        for profile, found in first.items()
+    }
+    assert changes["66aaf749"] == {
+        "claude3.7": 5,
+        "claude3.7-think": 10,
+        "deepseek-v3-1227": 5,
+        "gpt-4o-0806": 5,
+        "llama3.3-70b": 10,
+        "openai-o1": -10,
+    }
+    assert {profile[:8]: int(rows.change[found[(GEMINI, "openai-o1")]]) for profile, found in first.items()} == {
+        "d3c386e4": 5,
+        "66aaf749": 10,
+        "cf31b2b2": 5,
+    }
     assert all(rows.requests[i].turn == 1 for found in first.values() for i in found.values())
 
 
 def test_judge_pairs_agree_as_counted_by_hand(ceiling, rows):
     pairs = ceiling.judge_pairs(rows)
-    sign = {name: agreement(rows.change[left], rows.change[right]).sign_agreement
-            for name, (left, right) in pairs.items()}
+    sign = {
+        name: agreement(rows.change[left], rows.change[right]).sign_agreement for name, (left, right) in pairs.items()
+    }
     # same judge: 15 pairs of models per profile; equal signs: 3+3 of d3c386e4's (three -,
     # three +), 10 of 66aaf749's (five +, one -), 10 of cf31b2b2's (five -, one +)
     assert len(pairs["same_judge"][0]) == 45
@@ -78,9 +90,13 @@ def test_a_first_reply_with_another_opening_is_left_out(ceiling, rows):
     profile = next(iter(first))
     moved = first[profile][(GPT, "claude3.7")]
     request = rows.requests[moved]
-    changed = dataclasses.replace(rows, requests=[
-        dataclasses.replace(request, history=(("user", "another opening line"),)) if i == moved else r
-        for i, r in enumerate(rows.requests)])
+    changed = dataclasses.replace(
+        rows,
+        requests=[
+            dataclasses.replace(request, history=(("user", "another opening line"),)) if i == moved else r
+            for i, r in enumerate(rows.requests)
+        ],
+    )
     assert (GPT, "claude3.7") not in ceiling.first_replies(changed)[profile]
     assert len(ceiling.first_replies(changed)[profile]) == len(first[profile]) - 1
 
@@ -89,16 +105,13 @@ def test_the_learners_fit_one_family_and_score_the_other(ceiling, rows):
     pytest.importorskip("sklearn")
     gpt, gem = rows.simulator == GPT, rows.simulator == GEMINI
     for learner in ("logistic", "ridge"):
-        values = ceiling.ngram_learner(rows, gpt, gem, learner=learner, reply=True, named=True,
-                                       last_user=True, C=0.3)
+        values = ceiling.ngram_learner(rows, gpt, gem, learner=learner, reply=True, named=True, last_user=True, C=0.3)
         assert values.shape == (int(gem.sum()),) and np.all(np.isfinite(values))
         assert np.ptp(values) > 0
-        again = ceiling.ngram_learner(rows, gpt, gem, learner=learner, reply=True, named=True,
-                                      last_user=True, C=0.3)
+        again = ceiling.ngram_learner(rows, gpt, gem, learner=learner, reply=True, named=True, last_user=True, C=0.3)
         assert np.array_equal(values, again)
     # the learner sees the training labels: on its own rows it beats the majority sign
-    values = ceiling.ngram_learner(rows, gpt, gpt, learner="logistic", reply=True, named=False,
-                                   last_user=False, C=10.0)
+    values = ceiling.ngram_learner(rows, gpt, gpt, learner="logistic", reply=True, named=False, last_user=False, C=10.0)
     signs = np.sign(rows.change[gpt])
     assert np.mean(np.sign(values) == signs) > max(np.mean(signs > 0), np.mean(signs < 0)) + 0.1
 

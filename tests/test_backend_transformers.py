@@ -13,10 +13,12 @@ from empathy_gym.backends.transformers_backend import TransformersBackend
 
 SHORT = [{"role": "user", "content": "Hi"}]
 MEDIUM = [{"role": "user", "content": "I feel sad because my best friend stopped answering."}]
-LONG = [{"role": "system", "content": "You are a kind listener."},
-        {"role": "user", "content": "我觉得很难过，因为领导当着大家的面批评了我。"},
-        {"role": "assistant", "content": "听起来真的很不容易。"},
-        {"role": "user", "content": "是的，我一整天都很委屈，不知道该怎么办。"}]
+LONG = [
+    {"role": "system", "content": "You are a kind listener."},
+    {"role": "user", "content": "我觉得很难过，因为领导当着大家的面批评了我。"},
+    {"role": "assistant", "content": "听起来真的很不容易。"},
+    {"role": "user", "content": "是的，我一整天都很委屈，不知道该怎么办。"},
+]
 BATCH = [MEDIUM, LONG, SHORT]
 
 
@@ -44,8 +46,7 @@ def test_greedy_is_the_same_alone_and_in_a_left_padded_batch(backend):
     # position ids from the mask leaves the real tokens' logits unchanged up to float
     # noise far below the gap between the top two tokens.
     in_batch = backend.generate(BATCH, max_tokens=12, temperature=0)
-    alone = [backend.generate([conversation], max_tokens=12, temperature=0)[0]
-             for conversation in BATCH]
+    alone = [backend.generate([conversation], max_tokens=12, temperature=0)[0] for conversation in BATCH]
     assert in_batch == alone
 
 
@@ -91,8 +92,9 @@ def test_choice_logprobs_equal_a_plain_forward_pass(backend):
     tokenizer = backend.tokenizer
     option_ids = [tokenizer.convert_tokens_to_ids(letter) for letter in options]
     for row, conversation in enumerate(BATCH):  # unpadded, one at a time
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         assert tokenizer.decode(ids[0]).endswith("<|im_end|>\n<|im_start|>assistant\n")
         with torch.no_grad():
             logits = backend.model(input_ids=ids).logits[0, -1]
@@ -113,8 +115,9 @@ def test_seeds_must_match_the_batch(backend):
 def test_a_loaded_model_object_is_accepted(backend):
     wrapped = TransformersBackend(backend.model, backend.tokenizer)
     assert wrapped.device == backend.device
-    assert wrapped.generate([MEDIUM], max_tokens=8, temperature=0) == \
-        backend.generate([MEDIUM], max_tokens=8, temperature=0)
+    assert wrapped.generate([MEDIUM], max_tokens=8, temperature=0) == backend.generate(
+        [MEDIUM], max_tokens=8, temperature=0
+    )
     with pytest.raises(ValueError, match="tokenizer="):
         TransformersBackend(backend.model)
 
@@ -135,9 +138,11 @@ def test_a_gguf_path_loads_from_its_directory(monkeypatch, backend, tmp_path):
         def load(source, **kwargs):
             calls.append((source, kwargs.get("gguf_file")))
             return returned
+
         return load
 
     from empathy_gym.backends import transformers_backend as module
+
     monkeypatch.setattr(module.AutoTokenizer, "from_pretrained", fake_from_pretrained(backend.tokenizer))
     monkeypatch.setattr(module.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained(backend.model))
     TransformersBackend(str(gguf), device="cpu")

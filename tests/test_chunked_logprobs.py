@@ -24,8 +24,17 @@ VOCAB = 300
 
 def model(lora: bool = False):
     torch.manual_seed(0)
-    lm = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=False))
+    lm = Qwen2ForCausalLM(
+        Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            tie_word_embeddings=False,
+        )
+    )
     if not lora:
         return lm
     peft_model = get_peft_model(lm, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -66,8 +75,9 @@ def test_chunked_log_probs_entropy_and_gradients_equal_the_plain_computation(lor
     assert len(out.logprobs) == sum(d.num_trainable for d in data) > 20
     assert torch.allclose(out.logprobs, logprobs, atol=1e-5)
     assert torch.allclose(out.entropy, entropy, atol=1e-5)
-    assert chunked and all(torch.allclose(p.grad, chunked[n], atol=1e-5) for n, p in m.named_parameters()
-                           if p.grad is not None)
+    assert chunked and all(
+        torch.allclose(p.grad, chunked[n], atol=1e-5) for n, p in m.named_parameters() if p.grad is not None
+    )
 
 
 def test_the_head_sees_one_chunk_of_trainable_positions_and_the_full_logits_are_never_built(monkeypatch):
@@ -78,7 +88,7 @@ def test_the_head_sees_one_chunk_of_trainable_positions_and_the_full_logits_are_
     lm = m.get_base_model()
     monkeypatch.setattr(type(lm), "forward", lambda *a, **k: pytest.fail("the causal LM's own forward ran"))
     out = forward_tokens(m, data, 0, torch.device("cpu"), 1.0, chunk_tokens=8)
-    out.logprobs.sum().backward()                   # the backward pass recomputes each chunk once more
+    out.logprobs.sum().backward()  # the backward pass recomputes each chunk once more
     n = sum(d.num_trainable for d in data)
     assert max(rows) == 8 and sum(rows) == 2 * n
 
@@ -97,11 +107,23 @@ def test_the_trainer_asks_for_entropy_only_where_gradients_flow(tmp_path, tiny_m
     from empathy_gym.agents import GRPOTrainer, load_recipe
     from empathy_gym.agents.rollout import Trajectory
     from empathy_gym.agents.tokens import to_token_data
-    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "rollout_batch_size=4", "progress=false",
-                                                  "entropy_coef=0.0"], algorithm="grpo")
+
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [f"output_dir={tmp_path}", "rollout_batch_size=4", "progress=false", "entropy_coef=0.0"],
+        algorithm="grpo",
+    )
     trainer = GRPOTrainer(config)
-    t = Trajectory(key=0, group=0, env_seed=0, persona_id="p", language="en", hidden_intention="x",
-                   character_type="passive", emotions=[40])
+    t = Trajectory(
+        key=0,
+        group=0,
+        env_seed=0,
+        persona_id="p",
+        language="en",
+        hidden_intention="x",
+        character_type="passive",
+        emotions=[40],
+    )
     t.extend([5, 6, 7], trainable=False)
     t.extend([8, 9, 10], trainable=True, logprobs=[-1.0] * 3)
     t.turn_ends.append(5)
@@ -110,7 +132,7 @@ def test_the_trainer_asks_for_entropy_only_where_gradients_flow(tmp_path, tiny_m
     with torch.no_grad():
         assert trainer.forward(trainer.model, data).entropy is None
     out = trainer.forward(trainer.model, data)
-    assert out.entropy is not None and not out.entropy.requires_grad   # entropy_coef 0: a statistic only
+    assert out.entropy is not None and not out.entropy.requires_grad  # entropy_coef 0: a statistic only
     assert out.logprobs.requires_grad
 
 

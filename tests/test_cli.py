@@ -21,17 +21,32 @@ from empathy_gym.evaluation import evaluate
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
-GOOD = {"id": "g1", "language": "en", "name": "Ana", "profile": "Ana, 30, nurse.",
-        "scenario": "Ana was blamed for a colleague's error.", "hidden_intention": "not_at_fault",
-        "character_type": "negative", "opening_line": "So it's my fault now."}
-RLVER = {"id": "r1", "player": "* 姓名：王丽娜", "scene": "她被误会了。", "main_cha": "负面型",
-         "cha_group": ["敏感"], "task": "你希望对方深刻共情你的感受，而不是简单的安慰",
-         "first_talk": "我真的受够了。"}
+GOOD = {
+    "id": "g1",
+    "language": "en",
+    "name": "Ana",
+    "profile": "Ana, 30, nurse.",
+    "scenario": "Ana was blamed for a colleague's error.",
+    "hidden_intention": "not_at_fault",
+    "character_type": "negative",
+    "opening_line": "So it's my fault now.",
+}
+RLVER = {
+    "id": "r1",
+    "player": "* 姓名：王丽娜",
+    "scene": "她被误会了。",
+    "main_cha": "负面型",
+    "cha_group": ["敏感"],
+    "task": "你希望对方深刻共情你的感受，而不是简单的安慰",
+    "first_talk": "我真的受够了。",
+}
 
 
 def write_jsonl(path, *lines):
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line, ensure_ascii=False))
-                            + "\n" for line in lines), encoding="utf-8")
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line, ensure_ascii=False)) + "\n" for line in lines),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -44,8 +59,20 @@ def test_the_console_script_points_at_main():
     assert name == "empathy-gym" and callable(getattr(importlib.import_module(module), attr))
 
 
-@pytest.mark.parametrize("args", [[], ["eval"], ["replay"], ["play"], ["envs"], ["personas"],
-                                  ["personas", "validate"], ["personas", "list"], ["personas", "show"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["eval"],
+        ["replay"],
+        ["play"],
+        ["envs"],
+        ["personas"],
+        ["personas", "validate"],
+        ["personas", "list"],
+        ["personas", "show"],
+    ],
+)
 def test_every_command_has_help(args):
     result = runner.invoke(app, [*args, "--help"])
     assert result.exit_code == 0, result.output
@@ -60,14 +87,22 @@ def test_validate_accepts_both_formats(tmp_path):
     assert f"ok: {path}: 2 personas (1 en, 1 zh)" in result.stdout
 
 
-@pytest.mark.parametrize("lines, where", [
-    ([GOOD, {**GOOD, "id": "g2", "character_type": "cheerful"}],
-     ":2: field 'character_type': 'cheerful' is not one of"),
-    ([GOOD, GOOD], ":2: field 'id': duplicate persona id 'g1' (first on line 1)"),
-    ([GOOD, "", '{"id": "g3", "language": "en"'], ":3: not valid JSON"),
-    ([{k: v for k, v in GOOD.items() if k != "scenario"}], ":1: field 'scenario': 'scenario' is a required property"),
-    ([{**RLVER, "main_cha": "乐观型"}], ":1: field 'main_cha': unknown character type '乐观型'"),
-])
+@pytest.mark.parametrize(
+    "lines, where",
+    [
+        (
+            [GOOD, {**GOOD, "id": "g2", "character_type": "cheerful"}],
+            ":2: field 'character_type': 'cheerful' is not one of",
+        ),
+        ([GOOD, GOOD], ":2: field 'id': duplicate persona id 'g1' (first on line 1)"),
+        ([GOOD, "", '{"id": "g3", "language": "en"'], ":3: not valid JSON"),
+        (
+            [{k: v for k, v in GOOD.items() if k != "scenario"}],
+            ":1: field 'scenario': 'scenario' is a required property",
+        ),
+        ([{**RLVER, "main_cha": "乐观型"}], ":1: field 'main_cha': unknown character type '乐观型'"),
+    ],
+)
 def test_validate_names_file_line_and_field(tmp_path, lines, where):
     path = write_jsonl(tmp_path / "bad.jsonl", *lines)
     result = runner.invoke(app, ["personas", "validate", str(path)])
@@ -76,8 +111,9 @@ def test_validate_names_file_line_and_field(tmp_path, lines, where):
 
 
 def test_validate_reports_every_invalid_line_not_just_the_first(tmp_path):
-    path = write_jsonl(tmp_path / "bad.jsonl", GOOD, '{"id": ', {**GOOD, "id": "g2", "language": "fr"}, GOOD,
-                       {**GOOD, "id": "g3"})
+    path = write_jsonl(
+        tmp_path / "bad.jsonl", GOOD, '{"id": ', {**GOOD, "id": "g2", "language": "fr"}, GOOD, {**GOOD, "id": "g3"}
+    )
     result = runner.invoke(app, ["personas", "validate", str(path)])
     assert result.exit_code == 1
     reported = [line.split(": ", 1)[1] for line in result.stderr.splitlines() if line.startswith("invalid: ")]
@@ -113,8 +149,23 @@ def test_replay_piped_prints_whole_tables(tmp_path):
     """Piped, without COLUMNS, rich cut the replay tables to 80 columns ("gemi…", "logg…")."""
     logs = Path(__file__).parent / "data" / "sage_logs" / "gemini-2.5-flash-nothink_based_simulator"
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    result = subprocess.run([sys.executable, "-m", "empathy_gym.cli", "replay", str(logs), "--user", "rule",
-                             "--out", str(tmp_path / "replay")], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "empathy_gym.cli",
+            "replay",
+            str(logs),
+            "--user",
+            "rule",
+            "--out",
+            str(tmp_path / "replay"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "gemini-2.5-flash-nothink/openai-o1" in result.stdout and "predicted mean" in result.stdout
     assert "…" not in result.stdout
@@ -139,8 +190,11 @@ def test_personas_list_and_show():
 def test_envs_lists_the_builtin_ids():
     result = runner.invoke(app, ["envs"])
     assert result.exit_code == 0, result.output
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-            for line in result.stdout.splitlines() if line.startswith("│")}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in result.stdout.splitlines()
+        if line.startswith("│")
+    }
     assert rows["EmpathyDialogue-RLVER-v0"] == ["moderate", "500", "zh 500", "rule"]
     assert rows["EmpathyDialogue-Hard-v0"] == ["challenging", "56", "en 48, zh 8", "rule"]
     assert {"EmpathyDialogue-v0", "EmpathyDialogue-Easy-v0"} <= set(rows)
@@ -149,8 +203,21 @@ def test_envs_lists_the_builtin_ids():
 
 def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
     out = tmp_path / "run"
-    args = ["eval", "--personas", "rlver", "--policy", "baseline:listener", "--user", "rule",
-            "--limit", "4", "--resamples", "500", "--out", str(out)]
+    args = [
+        "eval",
+        "--personas",
+        "rlver",
+        "--policy",
+        "baseline:listener",
+        "--user",
+        "rule",
+        "--limit",
+        "4",
+        "--resamples",
+        "500",
+        "--out",
+        str(out),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -195,11 +262,23 @@ def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
         "    calls += 1\n"
         "    if calls == 5:\n"
         "        raise KeyboardInterrupt\n"
-        "    return 'That sounds hard. What happened?'\n")
+        "    return 'That sounds hard. What happened?'\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
-    args = ["eval", "--personas", "en", "--policy", "python:flaky_agent:reply", "--limit", "3",
-            "--batch-size", "1", "--out", str(out)]
+    args = [
+        "eval",
+        "--personas",
+        "en",
+        "--policy",
+        "python:flaky_agent:reply",
+        "--limit",
+        "3",
+        "--batch-size",
+        "1",
+        "--out",
+        str(out),
+    ]
     interrupted = runner.invoke(app, args)
     assert interrupted.exit_code == 130
     assert "rerun the same command to resume" in interrupted.stderr
@@ -211,8 +290,22 @@ def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
 
 def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
     bank = write_jsonl(tmp_path / "bank.jsonl", GOOD, {**GOOD, "id": "g2"})
-    result = runner.invoke(app, ["eval", "--personas", str(bank), "--policy", f"hf:{tiny_model_dir},device=cpu",
-                                 "--max-tokens", "6", "--resamples", "100", "--out", str(tmp_path / "run")])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--personas",
+            str(bank),
+            "--policy",
+            f"hf:{tiny_model_dir},device=cpu",
+            "--max-tokens",
+            "6",
+            "--resamples",
+            "100",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()]
     assert sorted(r["persona_id"] for r in records) == ["g1", "g2"]
@@ -231,11 +324,16 @@ class Terminal:
 
     def __init__(self, *args):
         self.fd, child = pty.openpty()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "200",
-               "TERM": "xterm"}
-        self.process = subprocess.Popen([sys.executable, "-m", "empathy_gym.cli", "play", *args],
-                                        stdin=child, stdout=child, stderr=child, env=env,
-                                        cwd=ROOT, close_fds=True)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "200", "TERM": "xterm"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "empathy_gym.cli", "play", *args],
+            stdin=child,
+            stdout=child,
+            stderr=child,
+            env=env,
+            cwd=ROOT,
+            close_fds=True,
+        )
         os.close(child)
         self.transcript = ""
 
@@ -293,13 +391,40 @@ def test_play_in_a_pseudo_terminal():
 
 # -- a newcomer's first runs: languages, reply caps, the hidden need -------------------
 def test_eval_says_which_persona_bank_and_language_it_runs(tmp_path):
-    result = runner.invoke(app, ["eval", "--policy", "baseline:listener", "--limit", "1", "--resamples", "100",
-                                 "--out", str(tmp_path / "sage")])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--policy",
+            "baseline:listener",
+            "--limit",
+            "1",
+            "--resamples",
+            "100",
+            "--out",
+            str(tmp_path / "sage"),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[0] == ("personas: sage (100 personas, zh 100): the dialogues are in "
-                                             "Chinese; --personas en for English ones")
-    english = runner.invoke(app, ["eval", "--policy", "baseline:listener", "--personas", "en", "--limit", "1",
-                                  "--resamples", "100", "--out", str(tmp_path / "en")])
+    assert result.stdout.splitlines()[0] == (
+        "personas: sage (100 personas, zh 100): the dialogues are in Chinese; --personas en for English ones"
+    )
+    english = runner.invoke(
+        app,
+        [
+            "eval",
+            "--policy",
+            "baseline:listener",
+            "--personas",
+            "en",
+            "--limit",
+            "1",
+            "--resamples",
+            "100",
+            "--out",
+            str(tmp_path / "en"),
+        ],
+    )
     assert english.stdout.splitlines()[0] == "personas: en (48 personas, en 48): the dialogues are in English"
 
 
@@ -309,7 +434,8 @@ def test_bank_language_line_for_a_mixed_bank():
 
     assert bank_language_line("default", load_personas(None)) == (
         "personas: default (56 personas, en 48, zh 8): some dialogues are in Chinese; "
-        "--personas en for English ones only")
+        "--personas en for English ones only"
+    )
 
 
 class RecordingBackend:
@@ -326,22 +452,34 @@ class RecordingBackend:
         pass
 
 
-@pytest.mark.parametrize(("option", "expected"), [([], 128), (["--max-tokens", "6"], 6),
-                                                  (["--max-tokens", "0"], None)])
+@pytest.mark.parametrize(("option", "expected"), [([], 128), (["--max-tokens", "6"], 6), (["--max-tokens", "0"], None)])
 def test_local_policies_get_a_default_reply_cap(tmp_path, monkeypatch, option, expected):
     import empathy_gym.policies
 
     backend = RecordingBackend()
-    monkeypatch.setattr(empathy_gym.policies, "load_transformers_policy",
-                        lambda model, adapter=None, **kwargs: backend)
+    monkeypatch.setattr(empathy_gym.policies, "load_transformers_policy", lambda model, adapter=None, **kwargs: backend)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["eval", "--policy", "hf:some/model", "--personas", "en", "--limit", "2",
-                                 "--resamples", "100", "--out", str(out), *option])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--policy",
+            "hf:some/model",
+            "--personas",
+            "en",
+            "--limit",
+            "2",
+            "--resamples",
+            "100",
+            "--out",
+            str(out),
+            *option,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert backend.calls and set(backend.calls) == {expected}
     assert json.loads((out / "report.json").read_text())["config"]["generation"]["max_tokens"] == expected
-    notice = ("replies: at most 128 new tokens (the default for local policies; --max-tokens N to change, "
-              "0 for no cap)")
+    notice = "replies: at most 128 new tokens (the default for local policies; --max-tokens N to change, 0 for no cap)"
     assert (notice in result.stdout.splitlines()) == (option == [])
 
 
@@ -358,8 +496,10 @@ def test_reply_token_cap():
 
 def test_eval_help_names_the_default_reply_cap():
     shown = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"}).stdout
-    assert ("model policies: new tokens per reply; default: 128 for local (hf:) policies, no cap for "
-            "openai: ones (as SAGE); 0: no cap") in shown
+    assert (
+        "model policies: new tokens per reply; default: 128 for local (hf:) policies, no cap for "
+        "openai: ones (as SAGE); 0: no cap"
+    ) in shown
 
 
 PLAY = ["play", "--persona", "en-001-warehouse-warning", "--seed", "0"]

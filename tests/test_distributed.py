@@ -49,16 +49,32 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     out = tmp_path / "run"
     # an empty model cache: both processes need the tiny model, the first one builds it
     fresh_cache = {**os.environ, "EMPATHY_GYM_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(script), algorithm, str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=fresh_cache)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            algorithm,
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=fresh_cache,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = {}
     for path in tmp_path.glob("run.rank*.txt"):
         world, before, after = path.read_text().split()
-        ranks[int(path.name[len("run.rank"):-len(".txt")])] = (int(world), float(before), float(after))
+        ranks[int(path.name[len("run.rank") : -len(".txt")])] = (int(world), float(before), float(after))
     assert sorted(ranks) == [0, 1] and ranks[0][0] == ranks[1][0] == 2
-    assert ranks[0][2] == ranks[1][2] != ranks[0][1]   # trained, and identically in both
+    assert ranks[0][2] == ranks[1][2] != ranks[0][1]  # trained, and identically in both
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert [(e["step"], e["key"]) for e in episodes] == [(s, k) for s in (1, 2) for k in range(4)]
     # GRPO: whole groups per process (group 0 on rank 0, group 1 on rank 1)
@@ -73,6 +89,7 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
 
 def test_each_process_plays_whole_groups():
     from empathy_gym.agents.distributed import Processes
+
     processes = Processes(cpu=True)
     assert (processes.rank, processes.world) == (0, 1) and processes.mine([0, 0, 1, 1]) == [0, 1, 2, 3]
     processes.rank, processes.world = 1, 2
@@ -85,10 +102,19 @@ def test_pooled_metrics_are_those_of_all_the_tokens():
     means weigh by their counts; counts and summed keys add up; other keys are means."""
     from empathy_gym.agents.distributed import pool_metrics
     from empathy_gym.agents.trainer import describe
-    first = describe("advantage", [torch.tensor([1.0, 2.0, 3.0])]) | {"sampler/kl": 0.1, "sampler/count": 3.0,
-                                                                       "grpo/groups": 1.0, "reward": 0.25}
-    second = describe("advantage", [torch.tensor([5.0, 7.0])]) | {"sampler/kl": 0.6, "sampler/count": 2.0,
-                                                                   "grpo/groups": 2.0, "reward": float("nan")}
+
+    first = describe("advantage", [torch.tensor([1.0, 2.0, 3.0])]) | {
+        "sampler/kl": 0.1,
+        "sampler/count": 3.0,
+        "grpo/groups": 1.0,
+        "reward": 0.25,
+    }
+    second = describe("advantage", [torch.tensor([5.0, 7.0])]) | {
+        "sampler/kl": 0.6,
+        "sampler/count": 2.0,
+        "grpo/groups": 2.0,
+        "reward": float("nan"),
+    }
     pooled = pool_metrics([first, second], summed=["grpo/groups"])
     everything = describe("advantage", [torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0])])
     assert pooled["advantage/max"] == 7.0 and pooled["advantage/min"] == 1.0
@@ -119,9 +145,23 @@ def test_gradients_are_summed_over_the_processes(tmp_path):
     without signal adds nothing and dilutes nothing.)"""
     script = tmp_path / "grad.py"
     script.write_text(GRADIENTS)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
-                           "--master_port", str(free_port()), str(script), str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "3",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     grads = [(tmp_path / f"grad{rank}.txt").read_text() for rank in range(3)]
     assert grads == ["[4.0, 4.0, 4.0]"] * 3
@@ -146,12 +186,27 @@ def test_one_process_and_two_give_the_same_step(tmp_path):
     were means of the processes' values: -0.18375 against -0.17375 for the mean return)."""
     script = tmp_path / "step.py"
     script.write_text(STEP)
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    single = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "one")], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                             str(free_port()), str(script), str(tmp_path / "two")], cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    double = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            str(tmp_path / "two"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert double.returncode == 0, double.stderr[-3000:]
 
     def read(name, file):
@@ -159,8 +214,9 @@ def test_one_process_and_two_give_the_same_step(tmp_path):
 
     (one,), (two,) = read("one", "metrics.jsonl"), read("two", "metrics.jsonl")
     episodes = [{k: e[k] for k in ("key", "persona_id", "messages", "rewards")} for e in read("one", "episodes.jsonl")]
-    assert episodes == [{k: e[k] for k in ("key", "persona_id", "messages", "rewards")}
-                        for e in read("two", "episodes.jsonl")]
+    assert episodes == [
+        {k: e[k] for k in ("key", "persona_id", "messages", "rewards")} for e in read("two", "episodes.jsonl")
+    ]
     timing = ("time/", "tokens/generated_per_second")
     keys = [k for k in one if not k.startswith(timing)]
     assert set(keys) == {k for k in two if not k.startswith(timing)}
@@ -174,7 +230,11 @@ def test_one_process_and_two_give_the_same_step(tmp_path):
 
 def test_a_dynamic_sampling_budget_that_does_not_split_over_the_processes_is_refused(monkeypatch):
     from empathy_gym.agents import RecipeError, load_recipe
+
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(RecipeError, match=r"dynamic_sampling_budget 2 does not split evenly over 4 processes"):
-        load_recipe("agents/tiny-cpu.yaml", ["num_generations=2", "rollout_batch_size=8",
-                                             "dynamic_sampling_budget=2"], algorithm="grpo")
+        load_recipe(
+            "agents/tiny-cpu.yaml",
+            ["num_generations=2", "rollout_batch_size=8", "dynamic_sampling_budget=2"],
+            algorithm="grpo",
+        )

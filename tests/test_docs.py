@@ -3,6 +3,7 @@ every fenced code block is either run here or marked ``<!-- not run: REASON -->`
 line above it (other marker comments, such as ``<!-- test-command -->``, may sit in
 between), every unmarked Python block runs, and the README stays short. Each check is
 also shown to fail on a small bad example."""
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,8 @@ NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    where: str          # "README.md:21", the line of the opening fence
-    lang: str           # the info string's first word, "" for none
+    where: str  # "README.md:21", the line of the opening fence
+    lang: str  # the info string's first word, "" for none
     code: str
     not_run: str | None  # the marker's reason ("" for an empty one), None when unmarked
 
@@ -43,8 +44,7 @@ def code_blocks(text: str, name: str) -> list[Block]:
             continue
         fence = opening["fence"]
         end = i + 1
-        while end < len(lines) and not re.fullmatch(rf"\s*{re.escape(fence[0])}{{{len(fence)},}}\s*",
-                                                    lines[end]):
+        while end < len(lines) and not re.fullmatch(rf"\s*{re.escape(fence[0])}{{{len(fence)},}}\s*", lines[end]):
             end += 1
         if end == len(lines):
             raise ValueError(f"{name}:{i + 1}: a code fence that is never closed")
@@ -55,8 +55,7 @@ def code_blocks(text: str, name: str) -> list[Block]:
                 reason = marker["reason"].strip()
                 break
             above -= 1
-        blocks.append(Block(f"{name}:{i + 1}", opening["info"].lower(), "\n".join(lines[i + 1:end]),
-                            reason))
+        blocks.append(Block(f"{name}:{i + 1}", opening["info"].lower(), "\n".join(lines[i + 1 : end]), reason))
         i = end + 1
     return blocks
 
@@ -68,8 +67,10 @@ def marker_problems(blocks: list[Block]) -> list[str]:
         if block.not_run == "":
             problems.append(f"{block.where}: `<!-- not run: REASON -->` without a reason")
         elif block.not_run is None and block.lang != "python":
-            problems.append(f"{block.where}: a {block.lang or 'plain'} block that is not run needs "
-                            "`<!-- not run: REASON -->` on the line above it")
+            problems.append(
+                f"{block.where}: a {block.lang or 'plain'} block that is not run needs "
+                "`<!-- not run: REASON -->` on the line above it"
+            )
     return problems
 
 
@@ -78,8 +79,11 @@ def doc_files() -> list[Path]:
 
 
 def all_blocks() -> list[Block]:
-    return [block for path in doc_files()
-            for block in code_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    return [
+        block
+        for path in doc_files()
+        for block in code_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    ]
 
 
 def python_blocks_to_run() -> list[Block]:
@@ -87,8 +91,9 @@ def python_blocks_to_run() -> list[Block]:
 
 
 def run_block(code: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def too_long(text: str, limit: int = MAX_README_LINES) -> str | None:
@@ -97,9 +102,13 @@ def too_long(text: str, limit: int = MAX_README_LINES) -> str | None:
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                           str(config), "--site-dir", str(site)], capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 RESULTS = re.compile(r"benchmarks/results/[\w.\-]+\.(?:txt|json)")
@@ -125,13 +134,16 @@ def missing_files(text: str, base: Path) -> list[str]:
     not exist."""
     text = prose(text)
     missing = [name for name in RESULTS.findall(text) if not (ROOT / name).exists()]
-    missing += [target for target in LINK.findall(text)
-                if "://" not in target and not target.startswith("mailto:")
-                and not (base / target).exists()]
+    missing += [
+        target
+        for target in LINK.findall(text)
+        if "://" not in target and not target.startswith("mailto:") and not (base / target).exists()
+    ]
     return missing
 
 
 # -- the site builds, warnings as errors --------------------------------------------------
+
 
 def test_the_docs_build_with_warnings_as_errors(tmp_path):
     result = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
@@ -154,6 +166,7 @@ def test_every_docs_page_is_in_the_nav():
 
 # -- every code block is run or marked -----------------------------------------------------
 
+
 def test_every_code_block_is_run_or_marked_not_run():
     blocks = all_blocks()
     assert len({block.where.split(":")[0] for block in blocks}) >= 5, "too few files with code blocks"
@@ -162,18 +175,36 @@ def test_every_code_block_is_run_or_marked_not_run():
 
 def test_the_marker_check_finds_unmarked_and_unexplained_blocks():
     lines = (
-        "Run this:", "", "```bash", "rm -rf /", "```",                            # 3: unmarked
-        "<!-- not run: -->", "```", "train", "```",                                # 7: no reason
-        "<!-- not run: starts a server -->", "", "```bash", "serve", "```",       # 12: blank between
-        "<!-- not run: trains for minutes -->", "<!-- main-command -->", "```", "train", "```",  # ok
-        "```python", "print(1)", "```",                                           # run, ok
-        "<!-- not run: needs a GPU -->", "~~~python", "import torch", "~~~",      # ok
+        "Run this:",
+        "",
+        "```bash",
+        "rm -rf /",
+        "```",  # 3: unmarked
+        "<!-- not run: -->",
+        "```",
+        "train",
+        "```",  # 7: no reason
+        "<!-- not run: starts a server -->",
+        "",
+        "```bash",
+        "serve",
+        "```",  # 12: blank between
+        "<!-- not run: trains for minutes -->",
+        "<!-- main-command -->",
+        "```",
+        "train",
+        "```",  # ok
+        "```python",
+        "print(1)",
+        "```",  # run, ok
+        "<!-- not run: needs a GPU -->",
+        "~~~python",
+        "import torch",
+        "~~~",  # ok
     )
     blocks = code_blocks("\n".join(lines), "t.md")
-    assert [block.where for block in blocks] == ["t.md:3", "t.md:7", "t.md:12", "t.md:17", "t.md:20",
-                                                 "t.md:24"]
-    assert [block.not_run for block in blocks] == [None, "", None, "trains for minutes", None,
-                                                   "needs a GPU"]
+    assert [block.where for block in blocks] == ["t.md:3", "t.md:7", "t.md:12", "t.md:17", "t.md:20", "t.md:24"]
+    assert [block.not_run for block in blocks] == [None, "", None, "trains for minutes", None, "needs a GPU"]
     problems = marker_problems(blocks)
     assert [problem.split(":", 2)[1] for problem in problems] == ["3", "7", "12"]
     with pytest.raises(ValueError, match="never closed"):
@@ -198,6 +229,7 @@ def test_the_docs_have_python_blocks_to_run():
 
 # -- the README ----------------------------------------------------------------------------
 
+
 def test_the_readme_is_short():
     assert too_long(README.read_text(encoding="utf-8")) is None
 
@@ -212,8 +244,9 @@ def test_the_readme_keeps_one_test_command_between_its_markers():
     text = README.read_text(encoding="utf-8")
     section = re.search(r"<!-- test-command -->\n(.*?)<!-- /test-command -->", text, re.DOTALL)
     assert section, "README.md lost its <!-- test-command --> markers"
-    command = [line for line in section[1].splitlines()
-               if line and not line.startswith("<!--") and not line.startswith("```")]
+    command = [
+        line for line in section[1].splitlines() if line and not line.startswith("<!--") and not line.startswith("```")
+    ]
     assert len(command) == 1 and "pytest" in command[0], command
 
 
@@ -224,7 +257,9 @@ def test_linked_files_and_results_files_exist():
 
 
 def test_the_file_check_fails_on_a_missing_file():
-    text = ("[results](benchmarks/results/heldout_seeds.txt), `benchmarks/results/nothing_here.txt`, "
-            "[docs](docs/no_such_page.md#part), [paper](https://arxiv.org/abs/2507.03112)\n"
-            "```bash\npython bench.py --out benchmarks/results/written_by_the_command.txt\n```")
+    text = (
+        "[results](benchmarks/results/heldout_seeds.txt), `benchmarks/results/nothing_here.txt`, "
+        "[docs](docs/no_such_page.md#part), [paper](https://arxiv.org/abs/2507.03112)\n"
+        "```bash\npython bench.py --out benchmarks/results/written_by_the_command.txt\n```"
+    )
     assert missing_files(text, ROOT) == ["benchmarks/results/nothing_here.txt", "docs/no_such_page.md"]

@@ -29,25 +29,42 @@ def test_check_env_passes_with_think_mode_and_final_reward():
 
 
 def test_quickstart_runs_20_dialogues_on_the_rlver_profiles():
-    out = subprocess.run([sys.executable, "examples/quickstart.py", "--quiet"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert "20 dialogues, agent=listener, user=rule: mean final emotion" in out.stdout
-    shown = subprocess.run([sys.executable, "examples/quickstart.py", "--episodes", "1"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+    shown = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--episodes", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "=== episode 1/1 ===" in shown.stdout and "rewards:" in shown.stdout
     assert "emotion [" in shown.stdout  # the emotion bar of the transcript
 
 
 def test_quickstart_says_its_default_personas_are_chinese_and_how_to_pick_english():
     note = "note: all 500 personas speak Chinese, and so do their dialogues; for English ones: --personas en"
-    default = subprocess.run([sys.executable, "examples/quickstart.py", "--quiet", "--episodes", "1"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300, check=False)
+    default = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--quiet", "--episodes", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert default.returncode == 0, default.stderr
     assert default.stdout.splitlines()[0] == note
-    english = subprocess.run([sys.executable, "examples/quickstart.py", "--quiet", "--episodes", "1",
-                              "--personas", "en"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                             check=False)
+    english = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--quiet", "--episodes", "1", "--personas", "en"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert english.returncode == 0, english.stderr
     assert "speak Chinese" not in english.stdout and "1 dialogues, agent=listener" in english.stdout
 
@@ -60,6 +77,7 @@ def test_quickstart_language_note_for_a_mixed_bank():
         sys.path.remove(str(ROOT / "examples"))
     from empathy_gym.personas import load_personas
 
-    assert language_note(load_personas(None)) == ("note: 8 of the 56 personas speak Chinese, and so do their "
-                                                   "dialogues; for English ones: --personas en")
+    assert language_note(load_personas(None)) == (
+        "note: 8 of the 56 personas speak Chinese, and so do their dialogues; for English ones: --personas en"
+    )
     assert language_note(load_personas("en")) is None

@@ -6,14 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from empathy_gym.evaluation import (
-    EvaluationError,
-    bootstrap_ci,
-    dialogue_seed,
-    evaluate,
-    plan_tasks,
-    read_transcripts,
-)
+from empathy_gym.evaluation import EvaluationError, bootstrap_ci, dialogue_seed, evaluate, plan_tasks, read_transcripts
 from empathy_gym.personas import Persona, load_personas
 from empathy_gym.policies import CallablePolicy, make_policy
 from empathy_gym.specs import SpecError, UserSpec, parse_spec
@@ -21,8 +14,15 @@ from empathy_gym.user.scripted import ScriptedUser
 
 
 def persona(pid, intention, character):
-    return Persona(id=pid, language="en", profile=f"Profile {pid}.", scenario=f"Scenario {pid}.",
-                   hidden_intention=intention, character_type=character, opening_line=f"Opening {pid}.")
+    return Persona(
+        id=pid,
+        language="en",
+        profile=f"Profile {pid}.",
+        scenario=f"Scenario {pid}.",
+        hidden_intention=intention,
+        character_type=character,
+        opening_line=f"Opening {pid}.",
+    )
 
 
 PERSONAS = [
@@ -36,11 +36,11 @@ PERSONAS = [
 def script(request):
     """Proposed change per persona and turn (SAGE clamps to [-10, 10]; start 40)."""
     if request.persona.id == "a":
-        return 10    # 40 50 60 70 80 90 100: success at turn 6, final 100
+        return 10  # 40 50 60 70 80 90 100: success at turn 6, final 100
     if request.persona.id == "b":
-        return -10   # 40 30 20 10 0: failure at turn 4 (0 < 10), final 0
+        return -10  # 40 30 20 10 0: failure at turn 4 (0 < 10), final 0
     if request.persona.id == "c":
-        return 3     # 40 + 3 * 9 = 67 after 9 turns (SAGE never appraises a 10th reply): final 67
+        return 3  # 40 + 3 * 9 = 67 after 9 turns (SAGE never appraises a 10th reply): final 67
     return 25 if request.turn == 1 else -5  # 25 -> +10: 50, then 45 ... 10 at turn 9 (alive: failure is < 10): final 10
 
 
@@ -65,14 +65,56 @@ def test_scores_success_and_failure_worked_out_by_hand():
     assert report["success_rate"] == pytest.approx(0.25) and report["failure_rate"] == pytest.approx(0.25)
     assert report["mean_turns"] == pytest.approx((6 + 4 + 9 + 9) / 4)  # 7.0
     assert report["by_hidden_intention"] == {
-        "deep_empathy": {"dialogues": 2, "sentient_score": 83.5, "successes": 1, "failures": 0, "goodbyes": 0, "mean_turns": 7.5},
-        "practical_advice": {"dialogues": 1, "sentient_score": 0.0, "successes": 0, "failures": 1, "goodbyes": 0, "mean_turns": 4.0},
-        "specific_praise": {"dialogues": 1, "sentient_score": 10.0, "successes": 0, "failures": 0, "goodbyes": 0, "mean_turns": 9.0},
+        "deep_empathy": {
+            "dialogues": 2,
+            "sentient_score": 83.5,
+            "successes": 1,
+            "failures": 0,
+            "goodbyes": 0,
+            "mean_turns": 7.5,
+        },
+        "practical_advice": {
+            "dialogues": 1,
+            "sentient_score": 0.0,
+            "successes": 0,
+            "failures": 1,
+            "goodbyes": 0,
+            "mean_turns": 4.0,
+        },
+        "specific_praise": {
+            "dialogues": 1,
+            "sentient_score": 10.0,
+            "successes": 0,
+            "failures": 0,
+            "goodbyes": 0,
+            "mean_turns": 9.0,
+        },
     }
     assert report["by_character_type"] == {
-        "negative": {"dialogues": 2, "sentient_score": 5.0, "successes": 0, "failures": 1, "goodbyes": 0, "mean_turns": 6.5},
-        "passive": {"dialogues": 1, "sentient_score": 100.0, "successes": 1, "failures": 0, "goodbyes": 0, "mean_turns": 6.0},
-        "avoidant": {"dialogues": 1, "sentient_score": 67.0, "successes": 0, "failures": 0, "goodbyes": 0, "mean_turns": 9.0},
+        "negative": {
+            "dialogues": 2,
+            "sentient_score": 5.0,
+            "successes": 0,
+            "failures": 1,
+            "goodbyes": 0,
+            "mean_turns": 6.5,
+        },
+        "passive": {
+            "dialogues": 1,
+            "sentient_score": 100.0,
+            "successes": 1,
+            "failures": 0,
+            "goodbyes": 0,
+            "mean_turns": 6.0,
+        },
+        "avoidant": {
+            "dialogues": 1,
+            "sentient_score": 67.0,
+            "successes": 0,
+            "failures": 0,
+            "goodbyes": 0,
+            "mean_turns": 9.0,
+        },
     }
     assert list(report["by_character_type"]) == ["negative", "passive", "avoidant"]  # the papers' order
     low, high = report["ci"]["low"], report["ci"]["high"]
@@ -87,7 +129,7 @@ def test_records_hold_the_trajectory_and_the_transcript():
     assert by_id["b"]["termination"] == "failure" and by_id["b"]["turns"] == 4
     assert by_id["d"]["emotions"][:3] == [40, 50, 45] and by_id["d"]["emotions"][-2:] == [15, 10]
     assert by_id["d"]["termination"] == "max_turns" and by_id["d"]["turns"] == 9
-    assert [s["change"] for s in by_id["d"]["steps"][:2]] == [25, -5]          # proposed
+    assert [s["change"] for s in by_id["d"]["steps"][:2]] == [25, -5]  # proposed
     assert [s["applied_change"] for s in by_id["d"]["steps"][:2]] == [10, -5]  # clamped
     assert by_id["a"]["messages"][1] == {"role": "user", "content": "Opening a."}  # the opening line
     assert by_id["a"]["messages"][2] == {"role": "assistant", "content": "I hear you."}
@@ -177,8 +219,9 @@ def test_resume_after_a_crash_gives_the_same_report(tmp_path):
     assert resumed.resumed == 1
     assert resumed.report == clean.report
     assert resumed.records == clean.records
-    assert (json.loads((tmp_path / "crashed" / "report.json").read_text())
-            == json.loads((tmp_path / "clean" / "report.json").read_text()))
+    assert json.loads((tmp_path / "crashed" / "report.json").read_text()) == json.loads(
+        (tmp_path / "clean" / "report.json").read_text()
+    )
     assert (tmp_path / "crashed" / "trajectories.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -233,11 +276,14 @@ def test_policy_specs():
 def test_user_specs_route_options_to_the_user_or_the_backend():
     assert UserSpec.parse("rule") == UserSpec(backend="rule")
     assert UserSpec.parse("hf:/models/tiny,max_tokens=8,device=cpu") == UserSpec(
-        backend="transformers", model="/models/tiny",
-        user_kwargs={"max_tokens": 8}, backend_kwargs={"device": "cpu"})
+        backend="transformers", model="/models/tiny", user_kwargs={"max_tokens": 8}, backend_kwargs={"device": "cpu"}
+    )
     assert UserSpec.parse("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,temperature=0.3") == UserSpec(
-        backend="openai", model="Qwen/Qwen2.5-7B-Instruct", base_url="http://localhost:8000/v1",
-        user_kwargs={"temperature": 0.3})
+        backend="openai",
+        model="Qwen/Qwen2.5-7B-Instruct",
+        base_url="http://localhost:8000/v1",
+        user_kwargs={"temperature": 0.3},
+    )
     assert parse_spec("python:mod:fn,batched=true").options == {"batched": True}
     with pytest.raises(SpecError, match="unknown user kind 'gpt'"):
         UserSpec.parse("gpt:4")
@@ -252,13 +298,13 @@ def test_a_transformers_policy_with_and_without_a_lora_adapter(tiny_model_dir, t
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     adapter = tmp_path / "adapter"
     # init_lora_weights=False: random A and B, so the adapter really changes the model.
-    get_peft_model(model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
-                                     init_lora_weights=False)).save_pretrained(adapter)
+    get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    ).save_pretrained(adapter)
     two = PERSONAS[:2]
 
     def evaluate_with(spec, out):
-        return evaluate(spec, two, user=ScriptedUser(change_fn=script), out_dir=out,
-                        max_tokens=6, n_resamples=100)
+        return evaluate(spec, two, user=ScriptedUser(change_fn=script), out_dir=out, max_tokens=6, n_resamples=100)
 
     base = evaluate_with(f"hf:{tiny_model_dir}", tmp_path / "base")
     again = evaluate_with(f"hf:{tiny_model_dir}", tmp_path / "again")
@@ -270,8 +316,8 @@ def test_a_transformers_policy_with_and_without_a_lora_adapter(tiny_model_dir, t
     # the scripted user ignores the words: a: 6 turns, b: 4 turns
     assert len(agent_turns(base)) == 6 + 4
     assert all(isinstance(text, str) for text in agent_turns(base))
-    assert agent_turns(again) == agent_turns(base)        # seeded sampling reproduces
-    assert agent_turns(tuned) != agent_turns(base)        # the adapter was merged in
+    assert agent_turns(again) == agent_turns(base)  # seeded sampling reproduces
+    assert agent_turns(tuned) != agent_turns(base)  # the adapter was merged in
     assert base.report["sentient_score"] == pytest.approx((100 + 0) / 2)
 
 
@@ -283,6 +329,7 @@ def test_an_out_dir_that_is_a_file_is_refused(tmp_path):
 
 def test_sage_defaults_bank_system_prompt_and_no_length_cap():
     from empathy_gym.env import AGENT_SYSTEM_PROMPTS, SAGE_AGENT_SYSTEM_PROMPTS
+
     seen = []
 
     def agent(messages):
@@ -291,10 +338,10 @@ def test_sage_defaults_bank_system_prompt_and_no_length_cap():
 
     result = evaluate(agent, user=ScriptedUser([0]), limit=2, n_resamples=100)
     sage_ids = [p.id for p in load_personas("sage")]
-    assert [r["persona_id"] for r in result.records] == sage_ids[:2]      # SAGE's bank by default
-    assert set(seen) == {SAGE_AGENT_SYSTEM_PROMPTS["zh"]}                 # SAGE's agent prompt
-    assert result.report["config"]["generation"]["max_tokens"] is None   # no cap on replies
-    assert all(r["turns"] == 9 for r in result.records)                  # the 10th reply is never asked for
+    assert [r["persona_id"] for r in result.records] == sage_ids[:2]  # SAGE's bank by default
+    assert set(seen) == {SAGE_AGENT_SYSTEM_PROMPTS["zh"]}  # SAGE's agent prompt
+    assert result.report["config"]["generation"]["max_tokens"] is None  # no cap on replies
+    assert all(r["turns"] == 9 for r in result.records)  # the 10th reply is never asked for
     seen.clear()
     evaluate(agent, user=ScriptedUser([0]), limit=1, protocol="rlver_training", n_resamples=100)
     assert set(seen) == {AGENT_SYSTEM_PROMPTS["zh"]}
@@ -306,8 +353,9 @@ def test_sage_defaults_bank_system_prompt_and_no_length_cap():
 
 def test_a_lone_surrogate_from_the_policy_does_not_break_the_transcripts(tmp_path):
     # before: UnicodeEncodeError when writing transcripts.jsonl, on every rerun
-    result = evaluate(lambda messages: "I hear you \ud800", PERSONAS[:1], user=ScriptedUser([0]),
-                      out_dir=tmp_path, n_resamples=100)
+    result = evaluate(
+        lambda messages: "I hear you \ud800", PERSONAS[:1], user=ScriptedUser([0]), out_dir=tmp_path, n_resamples=100
+    )
     line = (tmp_path / "transcripts.jsonl").read_text(encoding="utf-8")
     assert "I hear you \ufffd" in line and result.records[0]["steps"][0]["utterance"] == "I hear you \ufffd"
 
@@ -318,7 +366,7 @@ def test_no_max_tokens_generates_up_to_the_context(tiny_model_dir):
     backend = TransformersBackend(str(tiny_model_dir), device="cpu")
     chat = [{"role": "user", "content": "hello there"}]
     (length,) = backend.prompt_lengths([chat])
-    backend.model.config.max_position_embeddings = length + 5   # a context with room for 5 tokens
+    backend.model.config.max_position_embeddings = length + 5  # a context with room for 5 tokens
     assert backend.context_length == length + 5
     (text,) = backend.generate([chat], max_tokens=None, temperature=0.0)
     assert 0 < len(backend.tokenizer.encode(text, add_special_tokens=False)) <= 5

@@ -37,7 +37,7 @@ def requirement_closure(roots: tuple[str, ...]) -> set[str]:
             continue
         try:
             dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:     # e.g. CUDA-only requirements of torch
+        except metadata.PackageNotFoundError:  # e.g. CUDA-only requirements of torch
             continue
         seen.add(name)
         for line in dist.requires or []:
@@ -70,31 +70,85 @@ def test_the_check_runs_at_a_tiny_shape_with_only_what_the_gpu_machine_has(tmp_p
     assert not allowed & {"matplotlib", "scipy", "tensorboard", "stable-baselines3", "gguf", "tenacity"}
     site = restricted_site(tmp_path / "site", allowed)
     out = tmp_path / "report.txt"
-    runner = (f"import sys; sys.path.insert(0, {str(site)!r}); sys.argv[0] = 'gpu_check.py'; "
-              "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
+    runner = (
+        f"import sys; sys.path.insert(0, {str(site)!r}); sys.argv[0] = 'gpu_check.py'; "
+        "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     completed = subprocess.run(
-        [sys.executable, "-S", "-c", runner, "--tiny", "--device", "cpu", "--steps", "2", "--dialogues", "2",
-         "--turns", "2", "--reply-tokens", "6", "--user-tokens", "6", "--context", "384", "--out", str(out)],
-        cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            runner,
+            "--tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--dialogues",
+            "2",
+            "--turns",
+            "2",
+            "--reply-tokens",
+            "6",
+            "--user-tokens",
+            "6",
+            "--context",
+            "384",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO / "benchmarks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     report = out.read_text()
     assert report.strip() in completed.stdout
-    for part in ("policy weights (frozen)", "LoRA adapters + grads + AdamW", "critic (separate)",
-                 "activations (checkpointed)", "log-prob pass over the vocabulary", "generation KV cache",
-                 "simulated user (policy's base weights)", "total", "headroom"):
+    for part in (
+        "policy weights (frozen)",
+        "LoRA adapters + grads + AdamW",
+        "critic (separate)",
+        "activations (checkpointed)",
+        "log-prob pass over the vocabulary",
+        "generation KV cache",
+        "simulated user (policy's base weights)",
+        "total",
+        "headroom",
+    ):
         assert re.search(rf"^  {re.escape(part)}\s+\d+\.\d\d", report, re.M), part
     header = next(line for line in report.splitlines() if line.lstrip().startswith("step"))
-    assert header.split() == ["step", "gen", "s", "user", "s", "update", "s", "step", "s", "gen", "tok/s", "turns",
-                              "peak", "alloc", "GiB", "peak", "reserved", "GiB"]
+    assert header.split() == [
+        "step",
+        "gen",
+        "s",
+        "user",
+        "s",
+        "update",
+        "s",
+        "step",
+        "s",
+        "gen",
+        "tok/s",
+        "turns",
+        "peak",
+        "alloc",
+        "GiB",
+        "peak",
+        "reserved",
+        "GiB",
+    ]
     rows = [line.split() for line in report.splitlines() if re.match(r"^\s+[12]\s+\d", line)]
     assert [row[0] for row in rows] == ["1", "2"]
     for row in rows:
         generation, user, update, step = map(float, row[1:5])
         assert generation > 0 and user > 0 and update > 0 and step >= generation + user + update - 0.2
-        assert float(row[5]) > 0 and float(row[6]) == 2.0         # tokens/s; both turns played
-        assert row[7:] == ["-", "-"]                                # no CUDA peak on CPU
+        assert float(row[5]) > 0 and float(row[6]) == 2.0  # tokens/s; both turns played
+        assert row[7:] == ["-", "-"]  # no CUDA peak on CPU
     assert "user: policy (adapters off)" in report and "2 dialogues x 2 turns" in report
     assert "plan total" in report
 
@@ -111,9 +165,10 @@ def test_only_the_wheels_that_fit_this_python_are_unpacked(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "purepkg", "py3-none-any", "purepkg")
-    wheel(folder, "binpkg", "cp27-cp27m-manylinux1_x86_64", "binpkg_old")     # no Python 2.7 here
+    wheel(folder, "binpkg", "cp27-cp27m-manylinux1_x86_64", "binpkg_old")  # no Python 2.7 here
     version = f"cp{sys.version_info.major}{sys.version_info.minor}"
     from packaging.tags import sys_tags
+
     platform_tag = next(t.platform for t in sys_tags() if t.interpreter == version and t.abi == version)
     wheel(folder, "binpkg", f"{version}-{version}-{platform_tag}", "binpkg_new")
     target = tmp_path / "site"

@@ -12,21 +12,25 @@ import pytest
 
 from empathy_gym.agents import load_recipe
 from empathy_gym.agents.config import RecipeError
-from empathy_gym.agents.heldout import (
-    HeldoutEvaluation,
-    feature_shift,
-    judges_gap,
-    paired_difference,
-    prepare,
-    report,
-)
+from empathy_gym.agents.heldout import HeldoutEvaluation, feature_shift, judges_gap, paired_difference, prepare, report
 from empathy_gym.personas import load_personas
 
 
 def records(finals: dict[str, list[int]]) -> list[dict]:
-    return [{"persona_id": p, "repeat": r, "final_emotion": e, "initial_emotion": 40, "turns": 1,
-             "termination": "max_turns", "hidden_intention": "deep_empathy", "character_type": "negative"}
-            for p, values in finals.items() for r, e in enumerate(values)]
+    return [
+        {
+            "persona_id": p,
+            "repeat": r,
+            "final_emotion": e,
+            "initial_emotion": 40,
+            "turns": 1,
+            "termination": "max_turns",
+            "hidden_intention": "deep_empathy",
+            "character_type": "negative",
+        }
+        for p, values in finals.items()
+        for r, e in enumerate(values)
+    ]
 
 
 def test_paired_difference_by_hand():
@@ -69,17 +73,27 @@ def test_the_report_says_which_features_moved():
     assert feature_shift(before, after) == {"echo": 2.5, "step": 1.0, "grounding": 0.25, "mood": 0.0}
     config = load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en"], algorithm="grpo")
     assert "echo +2.50, step +1.00, grounding +0.25, mood +0.00" in report(config, before, after, steps=1)["text"]
-    assert feature_shift(records({"a": [40]}), records({"a": [41]})) == {}   # an LLM user: no line
+    assert feature_shift(records({"a": [40]}), records({"a": [41]})) == {}  # an LLM user: no line
     assert "Where the change came from" not in report(config, records({"a": [40]}), records({"a": [41]}), 1)["text"]
 
 
 def test_before_and_after_are_paired_and_held_out(tmp_path):
     from empathy_gym.agents import GRPOTrainer
 
-    config = load_recipe("agents/tiny-cpu.yaml", [
-        f"output_dir={tmp_path}", "progress=false", "total_steps=1", "rollout_batch_size=4",
-        "heldout.bank=en", "heldout.repeats=2", "heldout.test_fraction=0.2",
-        "env.kwargs.max_turns=2"], algorithm="grpo")
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "progress=false",
+            "total_steps=1",
+            "rollout_batch_size=4",
+            "heldout.bank=en",
+            "heldout.repeats=2",
+            "heldout.test_fraction=0.2",
+            "env.kwargs.max_turns=2",
+        ],
+        algorithm="grpo",
+    )
     held_out = prepare(config)
     assert config.env.personas == str(tmp_path / "heldout" / "train_personas.jsonl")
     trained_on = {p.id for p in load_personas(config.env.personas)}
@@ -114,10 +128,23 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
 
     caplog.set_level(logging.INFO, logger="empathy_gym.agents.heldout")
     out = tmp_path / "run"
-    code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={out}", "progress=false",
-                               "total_steps=1", "rollout_batch_size=4", "num_generations=4", "save_steps=0",
-                               "env.kwargs.max_turns=1", "heldout.bank=en", "heldout.repeats=1",
-                               "report_to=tensorboard"])
+    code = train_main(
+        "grpo",
+        [
+            "--recipe",
+            "agents/tiny-cpu.yaml",
+            f"output_dir={out}",
+            "progress=false",
+            "total_steps=1",
+            "rollout_batch_size=4",
+            "num_generations=4",
+            "save_steps=0",
+            "env.kwargs.max_turns=1",
+            "heldout.bank=en",
+            "heldout.repeats=1",
+            "report_to=tensorboard",
+        ],
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "held-out evaluation before training: 16 dialogues" in caplog.text
@@ -127,11 +154,25 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
     continue_line = next(line for line in printed.splitlines() if "--resume" in line)
     assert f"output_dir={out}" in continue_line and "heldout.bank=en" in continue_line
     assert continue_line.count("total_steps=") == 1 and "total_steps=2" in continue_line
-    for where in ("curves.png", "metrics.jsonl", "tb", "episodes.jsonl", "checkpoints/", "step-000001", "heldout/",
-                  f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy", "--max-tokens 64"):
+    for where in (
+        "curves.png",
+        "metrics.jsonl",
+        "tb",
+        "episodes.jsonl",
+        "checkpoints/",
+        "step-000001",
+        "heldout/",
+        f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy",
+        "--max-tokens 64",
+    ):
         assert where in printed, where
-    for path in ("heldout/before.jsonl", "heldout/after.jsonl", "heldout/report.json", "curves.png",
-                 "checkpoints/step-000001/policy"):
+    for path in (
+        "heldout/before.jsonl",
+        "heldout/after.jsonl",
+        "heldout/report.json",
+        "curves.png",
+        "checkpoints/step-000001/policy",
+    ):
         assert (out / path).exists(), path
     # small metrics are not printed as 0.0000
     assert number(1.2e-6) == "1.20e-06" and number(0.0) == "0.0000" and number(0.25) == "0.2500"
@@ -140,17 +181,17 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
 def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
     """It used to log a warning and train from step 0 (after the held-out evaluation)."""
     from empathy_gym.agents import cli
+
     monkeypatch.setattr(cli, "_train", lambda *args, **kwargs: pytest.fail("a model was loaded"))
     code = cli.train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path / 'none'}", "--resume"])
     assert code == 1 and "holds no run to continue" in capsys.readouterr().err
-
 
 
 def test_the_gap_between_judges_by_hand():
     training = {"difference": 3.0, "low": 1.0, "high": 5.0, "per_persona": {"a": 2.0, "b": 4.0}}
     falling = {"difference": -0.5, "low": -1.0, "high": 0.0, "per_persona": {"a": -1.0, "b": 0.0}}
     gap = judges_gap(training, falling, n_resamples=200)
-    assert gap["gap"] == 3.5 and gap["diverge"]   # (2 - -1 + 4 - 0) / 2; rose while the judge fell
+    assert gap["gap"] == 3.5 and gap["diverge"]  # (2 - -1 + 4 - 0) / 2; rose while the judge fell
     agreeing = judges_gap(training, training, n_resamples=200)
     assert agreeing == {"gap": 0.0, "low": 0.0, "high": 0.0, "confidence": 0.95, "diverge": False}
     unsure = {**training, "low": -1.0}  # the training user's gain is not clear: no warning
@@ -162,19 +203,35 @@ def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
     scores and a gap of exactly 0, and no warning."""
     from empathy_gym.agents import GRPOTrainer
 
-    config = load_recipe("agents/tiny-cpu.yaml", [
-        f"output_dir={tmp_path}", "progress=false", "total_steps=1", "rollout_batch_size=4", "save_steps=0",
-        "heldout.bank=en", "heldout.repeats=1", "heldout.user=rule", "env.kwargs.max_turns=2"], algorithm="grpo")
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "progress=false",
+            "total_steps=1",
+            "rollout_batch_size=4",
+            "save_steps=0",
+            "heldout.bank=en",
+            "heldout.repeats=1",
+            "heldout.user=rule",
+            "env.kwargs.max_turns=2",
+        ],
+        algorithm="grpo",
+    )
     trainer = GRPOTrainer(config)
     trainer.train()
     result = trainer.heldout_report
-    assert (tmp_path / "heldout" / "before_judge.jsonl").exists() and (tmp_path / "heldout" / "after_judge.jsonl").exists()
+    assert (tmp_path / "heldout" / "before_judge.jsonl").exists() and (
+        tmp_path / "heldout" / "after_judge.jsonl"
+    ).exists()
     assert result["judge"]["user"] == "rule"
     assert result["judge"]["difference"]["difference"] == result["difference"]["difference"]
     assert result["judges_gap"]["gap"] == 0.0 and not result["judges_gap"]["diverge"]
     assert "Second judge (heldout.user = rule" in result["text"] and "WARNING" not in result["text"]
     assert "The held-out replies (reward-hacking monitors" in result["text"]
-    assert set(result["monitors"]) == {"before", "after"} and 0 <= result["monitors"]["after"]["monitor/distinct_2"] <= 1
+    assert (
+        set(result["monitors"]) == {"before", "after"} and 0 <= result["monitors"]["after"]["monitor/distinct_2"] <= 1
+    )
 
 
 def test_a_bad_second_judge_is_refused_before_training():

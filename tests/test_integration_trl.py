@@ -9,11 +9,7 @@ import pytest
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import ChatTokens
 from empathy_gym.boundary import clean_text
-from empathy_gym.integrations.trl import (
-    EmpathyRollout,
-    episode_return_reward,
-    final_emotion_reward,
-)
+from empathy_gym.integrations.trl import EmpathyRollout, episode_return_reward, final_emotion_reward
 from empathy_gym.models import load_causal_lm
 from empathy_gym.user.scripted import ScriptedUser
 
@@ -54,8 +50,9 @@ def test_masked_tokens_are_exactly_what_the_policy_sampled(tiny):
     40, 45, 35, 45, return 0.05 - 0.10 + 0.10 = 0.05, three turns (max_turns=3)."""
     model, tokenizer = tiny
     recorder = Recorder(TransformersGenerator(model, tokenizer, max_new_tokens=12, temperature=1.0))
-    rollout = EmpathyRollout(env_kwargs={"user": ScriptedUser([5, -20, 10]), "max_turns": 3},
-                             generator=recorder, seed=1)
+    rollout = EmpathyRollout(
+        env_kwargs={"user": ScriptedUser([5, -20, 10]), "max_turns": 3}, generator=recorder, seed=1
+    )
     dataset = rollout.dataset(2, seed=0)
     prompts = [dataset[0]["prompt"]] * 2 + [dataset[1]["prompt"]] * 2  # two GRPO groups of 2
     trainer = SimpleNamespace(processing_class=tokenizer, state=SimpleNamespace(global_step=0))
@@ -100,8 +97,22 @@ def test_grpo_trainer_runs_the_example_for_one_step(tiny_model_dir):
     spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    trainer = example.main(["--model", str(tiny_model_dir), "--steps", "1", "--prompts", "2",
-                            "--generations", "2", "--max-turns", "2", "--max-new-tokens", "8"])
+    trainer = example.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "1",
+            "--prompts",
+            "2",
+            "--generations",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
     (logged,) = [r for r in trainer.state.log_history if "reward" in r]
     # Two turns of eight sampled tokens each: with these seeds the tiny random model never
     # samples its end-of-turn token early.

@@ -18,13 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from layered_venv import (
-    VERIFIERS_0_4,
-    LayerUnavailable,
-    check_passed,
-    layered_venv,
-    run_pytest,
-)
+from layered_venv import VERIFIERS_0_4, LayerUnavailable, check_passed, layered_venv, run_pytest
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "verifiers_checks.py"
 
@@ -37,8 +31,10 @@ def test_environment_against_verifiers_0_4_0(measured):
     expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
     start = time.monotonic()
     check_passed(run_pytest(python, CHECKS), expected)
-    measured(f"verifiers 0.4.0 layer: built in {build_s:.0f} s (0 = cached); "
-             f"{expected} environment checks ran in {time.monotonic() - start:.0f} s")
+    measured(
+        f"verifiers 0.4.0 layer: built in {build_s:.0f} s (0 = cached); "
+        f"{expected} environment checks ran in {time.monotonic() - start:.0f} s"
+    )
 
 
 def test_the_modules_say_what_to_install_without_verifiers():

@@ -14,12 +14,7 @@ import pytest
 import empathy_gym  # noqa: F401
 from empathy_gym.integrations import verl as ev
 from empathy_gym.integrations.batching import MicroBatcher
-from empathy_gym.integrations.dialogues import (
-    SharedUser,
-    close_shared,
-    shared,
-    start_env,
-)
+from empathy_gym.integrations.dialogues import SharedUser, close_shared, shared, start_env
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
 
@@ -37,8 +32,14 @@ def run(coro):
 
 
 def scripted_config(user, **extra):
-    return {"name": "empathy", "env_id": "EmpathyDialogue-v0", "personas": "en",
-            "protocol": "rlver_training", "user": user, **extra}
+    return {
+        "name": "empathy",
+        "env_id": "EmpathyDialogue-v0",
+        "personas": "en",
+        "protocol": "rlver_training",
+        "user": user,
+        **extra,
+    }
 
 
 def started(session, persona_id, seed=0, opening="Hi."):
@@ -49,9 +50,11 @@ def started(session, persona_id, seed=0, opening="Hi."):
 
 
 # -- equivalence with gym.make ---------------------------------------------------------
-ACTIONS = ["That sounds exhausting. What happened?",
-           "It makes sense that you feel hurt; you did your part and still got blamed.",
-           "You're not at fault here. What would help most right now?"]
+ACTIONS = [
+    "That sounds exhausting. What happened?",
+    "It makes sense that you feel hurt; you did your part and still got blamed.",
+    "You're not at fault here. What would help most right now?",
+]
 
 
 def test_three_turns_match_gym_make_with_the_rule_user():
@@ -60,16 +63,14 @@ def test_three_turns_match_gym_make_with_the_rule_user():
     opening, info = reference.reset(seed=seed, options={"persona": persona})
     expected = [reference.step(action) for action in ACTIONS]
 
-    session = shared(SharedUser, {"name": "empathy", "env_id": "EmpathyDialogue-v0",
-                                  "protocol": "rlver_training"})
+    session = shared(SharedUser, {"name": "empathy", "env_id": "EmpathyDialogue-v0", "protocol": "rlver_training"})
     env = started(session, persona, seed=seed, opening=opening)
     assert env.dialogue.messages == info["messages"]
 
     async def dialogue():
         return [await session.step(env, action) for action in ACTIONS]
 
-    for (obs, reward, term, trunc, step_info), (r_obs, r, r_term, r_trunc, r_info) in zip(
-            run(dialogue()), expected):
+    for (obs, reward, term, trunc, step_info), (r_obs, r, r_term, r_trunc, r_info) in zip(run(dialogue()), expected):
         assert obs == r_obs
         assert reward == pytest.approx(r)
         assert (term, trunc) == (r_term, r_trunc)
@@ -97,15 +98,13 @@ def test_concurrent_dialogues_never_mix():
         return await asyncio.gather(dialogue("up", EN[0], 3), dialogue("down", EN[1], 3))
 
     (up_env, up), (down_env, down) = run(both())
-    assert [o[0] for o in up] == ["reply 1 (emotion 40)", "reply 2 (emotion 50)",
-                                  "reply 3 (emotion 60)"]
+    assert [o[0] for o in up] == ["reply 1 (emotion 40)", "reply 2 (emotion 50)", "reply 3 (emotion 60)"]
     assert [o[0] for o in down] == ["reply 1 (emotion 10)", "reply 2 (emotion 0)"]
     assert down[-1][2] is True and not (up[-1][2] or up[-1][3])
     for name, env, turns in (("up", up_env, 3), ("down", down_env, 2)):
         history = env.dialogue.history
         assert history[0] == ("user", f"opening of {name}")
-        assert [text for role, text in history if role == "agent"] == [
-            f"{name} says {t}" for t in range(turns)]
+        assert [text for role, text in history if role == "agent"] == [f"{name} says {t}" for t in range(turns)]
 
 
 def _four_concurrent_turns(**options):
@@ -142,8 +141,7 @@ def test_batcher_hands_a_failure_to_every_caller_and_survives_a_new_loop():
     batcher = MicroBatcher(fail_on_three, window_s=0.002, max_batch=2)
 
     async def main():
-        return await asyncio.gather(*(batcher.submit(i) for i in (1, 2, 3, 4)),
-                                    return_exceptions=True)
+        return await asyncio.gather(*(batcher.submit(i) for i in (1, 2, 3, 4)), return_exceptions=True)
 
     first, second, third, fourth = run(main())
     assert (first, second) == (10, 20)
@@ -176,8 +174,7 @@ def test_bad_dialogue_starts_raise_errors_that_name_the_field():
 
 
 def test_compute_score_sums_the_turn_scores():
-    assert ev.compute_score("empathy_gym/x", "...", EN[0],
-                            {"turn_scores": [0.1, -0.05, 0.2]}) == pytest.approx(0.25)
+    assert ev.compute_score("empathy_gym/x", "...", EN[0], {"turn_scores": [0.1, -0.05, 0.2]}) == pytest.approx(0.25)
     assert ev.compute_score("s", "", "", {"turn_scores": []}) == 0.0
     with pytest.raises(KeyError, match="turn_scores"):
         ev.compute_score("s", "", "", {"index": 0})
@@ -185,19 +182,20 @@ def test_compute_score_sums_the_turn_scores():
 
 # -- the dataset -----------------------------------------------------------------------
 def test_rows_reproduce_the_env_reset_and_start_env_recreates_them():
-    config = {"name": "empathy", "env_id": "EmpathyDialogue-v0", "protocol": "rlver_training",
-              "think": True}
+    config = {"name": "empathy", "env_id": "EmpathyDialogue-v0", "protocol": "rlver_training", "think": True}
     rows = ev.build_rows(config, persona_ids=[EN[3], EN[4]], seed=10)
     assert len(rows) == 2
     for index, row in enumerate(rows):
         reference = gym.make("EmpathyDialogue-v0", protocol="rlver_training", think=True)
-        opening, info = reference.reset(seed=10 + index, options={"persona": row["extra_info"]
-                                                                  ["persona_id"]})
+        opening, info = reference.reset(seed=10 + index, options={"persona": row["extra_info"]["persona_id"]})
         assert row["prompt"] == info["messages"]
         assert row["prompt"][0]["role"] == "system" and "<think>" in row["prompt"][0]["content"]
         assert row["extra_info"]["interaction_kwargs"] == {
-            "name": "empathy", "persona_id": [EN[3], EN[4]][index], "seed": 10 + index,
-            "opening": opening}
+            "name": "empathy",
+            "persona_id": [EN[3], EN[4]][index],
+            "seed": 10 + index,
+            "opening": opening,
+        }
         assert row["extra_info"]["index"] == index and row["extra_info"]["split"] == "train"
         assert row["reward_model"] == {"style": "rule", "ground_truth": [EN[3], EN[4]][index]}
         assert row["data_source"] == "empathy_gym/EmpathyDialogue-v0"
@@ -219,10 +217,22 @@ def test_parquet_files_round_trip_and_the_cli_writes_them(tmp_path):
     assert train == ev.build_rows(config, persona_ids=train_ids, seed=1)
     assert {r["extra_info"]["split"] for r in val} == {"val"}
 
-    ev.main(["prepare", "--personas", "en", "--env-id", "EmpathyDialogue-v0",
-             "--out", str(tmp_path / "b"), "--seed", "1", "--val-size", "0"])
+    ev.main(
+        [
+            "prepare",
+            "--personas",
+            "en",
+            "--env-id",
+            "EmpathyDialogue-v0",
+            "--out",
+            str(tmp_path / "b"),
+            "--seed",
+            "1",
+            "--val-size",
+            "0",
+        ]
+    )
     assert not (tmp_path / "b" / "val.parquet").exists()
     assert len(pq.read_table(tmp_path / "b" / "train.parquet").to_pylist()) == 48
     with pytest.raises(ValueError, match="val_size"):
         ev.prepare_dataset(tmp_path / "c", config, val_size=48)
-

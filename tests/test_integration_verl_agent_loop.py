@@ -18,13 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from layered_venv import (
-    VERL_0_9,
-    LayerUnavailable,
-    check_passed,
-    layered_venv,
-    run_pytest,
-)
+from layered_venv import VERL_0_9, LayerUnavailable, check_passed, layered_venv, run_pytest
 
 from empathy_gym.integrations import verl as ev
 
@@ -46,8 +40,10 @@ def test_agent_loop_against_verl_0_9_1(verl_layer, measured):
     expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
     start = time.monotonic()
     check_passed(run_pytest(python, CHECKS), expected)
-    measured(f"verl 0.9.1 layer: built in {build_s:.0f} s (0 = cached); "
-             f"{expected} agent-loop checks ran in {time.monotonic() - start:.0f} s")
+    measured(
+        f"verl 0.9.1 layer: built in {build_s:.0f} s (0 = cached); "
+        f"{expected} agent-loop checks ran in {time.monotonic() - start:.0f} s"
+    )
 
 
 # -- without verl ------------------------------------------------------------------------------
@@ -63,10 +59,15 @@ def test_the_agent_loop_module_says_what_to_install_without_verl():
 
 
 RLVER_SETTINGS = {  # DESIGN.md section 1 (RLVER's training facts)
-    "data.train_batch_size": 32, "actor_rollout_ref.actor.optim.lr": 1e-6,
-    "critic.optim.lr": 5e-6, "actor_rollout_ref.actor.use_kl_loss": False,
-    "algorithm.use_kl_in_reward": False, "actor_rollout_ref.actor.entropy_coeff": 0.001,
-    "actor_rollout_ref.actor.clip_ratio": 0.2, "algorithm.gamma": 1.0, "algorithm.lam": 1.0,
+    "data.train_batch_size": 32,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "critic.optim.lr": 5e-6,
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "algorithm.use_kl_in_reward": False,
+    "actor_rollout_ref.actor.entropy_coeff": 0.001,
+    "actor_rollout_ref.actor.clip_ratio": 0.2,
+    "algorithm.gamma": 1.0,
+    "algorithm.lam": 1.0,
     "actor_rollout_ref.rollout.temperature": 1.0,
 }
 
@@ -97,8 +98,21 @@ def test_shipped_agent_loop_entries_and_the_cli_builds_rows_from_them(tmp_path):
     with pytest.raises(KeyError, match="'nobody'"):
         ev.load_agent_loop_config(path, "nobody")
 
-    ev.main(["prepare", "--config", str(path), "--name", "empathy_dialogue_inprocess",
-             "--out", str(tmp_path), "--val-size", "0", "--personas", "en"])
+    ev.main(
+        [
+            "prepare",
+            "--config",
+            str(path),
+            "--name",
+            "empathy_dialogue_inprocess",
+            "--out",
+            str(tmp_path),
+            "--val-size",
+            "0",
+            "--personas",
+            "en",
+        ]
+    )
     rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
     ids = [row["extra_info"]["persona_id"] for row in rows]
     assert len(rows) == 48

@@ -50,8 +50,9 @@ def window_units(episodes: list[dict], steps: range, algorithm: str) -> np.ndarr
 
 def run(tmp_path, algorithm: str, control: bool) -> list[dict]:
     out = tmp_path / ("control" if control else "real")
-    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={out}", "progress=false", "save_steps=0"],
-                         algorithm=algorithm)
+    config = load_recipe(
+        "agents/tiny-cpu.yaml", [f"output_dir={out}", "progress=false", "save_steps=0"], algorithm=algorithm
+    )
     assert config.total_steps == 100 and config.rollout_batch_size == 16
     cls = shuffled_reward_trainer(TRAINERS[algorithm]) if control else TRAINERS[algorithm]
     cls(config).train()
@@ -69,6 +70,8 @@ def test_tiny_recipe_learns_more_than_with_shuffled_rewards(tmp_path, algorithm,
         gains[control] = after.mean() - before.mean()
         variances += before.var(ddof=1) / len(before) + after.var(ddof=1) / len(after)
     difference, standard_error = gains[False] - gains[True], float(np.sqrt(variances))
-    measured(f"tiny recipe, {algorithm}: gain {gains[False]:+.4f}, with shuffled rewards {gains[True]:+.4f}, "
-             f"difference {difference:+.4f} = {difference / standard_error:.2f} standard errors")
+    measured(
+        f"tiny recipe, {algorithm}: gain {gains[False]:+.4f}, with shuffled rewards {gains[True]:+.4f}, "
+        f"difference {difference:+.4f} = {difference / standard_error:.2f} standard errors"
+    )
     assert difference > MARGIN_SE * standard_error

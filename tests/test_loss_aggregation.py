@@ -25,8 +25,16 @@ from empathy_gym.agents import TRAINERS, load_recipe
 from empathy_gym.agents.rollout import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
-OVERRIDES = ["rollout_batch_size=16", "num_mini_batches=1", "num_ppo_epochs=1", "progress=false",
-             "report_to=none", "save_steps=0", "entropy_coef=0.01", "generation.max_new_tokens=4"]
+OVERRIDES = [
+    "rollout_batch_size=16",
+    "num_mini_batches=1",
+    "num_ppo_epochs=1",
+    "progress=false",
+    "report_to=none",
+    "save_steps=0",
+    "entropy_coef=0.01",
+    "generation.max_new_tokens=4",
+]
 
 
 class Captured(Exception):
@@ -43,14 +51,21 @@ def mixed_length_dialogues(indices, vocab: int, seed: int = 0) -> list[Trajector
     g = torch.Generator().manual_seed(seed)
     everything = []
     for key in range(16):
-        t = Trajectory(key=key, group=key // 4, env_seed=key // 4, persona_id=f"p{key}", language="en",
-                       hidden_intention="deep_empathy", character_type="passive", emotions=[40])
+        t = Trajectory(
+            key=key,
+            group=key // 4,
+            env_seed=key // 4,
+            persona_id=f"p{key}",
+            language="en",
+            hidden_intention="deep_empathy",
+            character_type="passive",
+            emotions=[40],
+        )
         t.extend(torch.randint(5, vocab, (12,), generator=g).tolist(), trainable=False)
         turns = 1 + key % 3
         for turn in range(turns):
             length = [1, 60, 7, 33, 2, 45, 15, 3][(key + turn) % 8]
-            t.extend(torch.randint(5, vocab, (length,), generator=g).tolist(), trainable=True,
-                     logprobs=[-1.0] * length)
+            t.extend(torch.randint(5, vocab, (length,), generator=g).tolist(), trainable=True, logprobs=[-1.0] * length)
             t.turn_ends.append(len(t.token_ids) - 1)
             t.rewards.append(((key * 7 + turn * 3) % 11 - 5) / 100)
             t.emotions.append(t.emotions[-1] + round(t.rewards[-1] * 100))
@@ -69,8 +84,9 @@ def first_minibatch_gradient(trainer, trajectories) -> torch.Tensor:
         reduce = getattr(trainer.processes, "sum_gradients", None)
         if reduce is not None:
             reduce(parameters)
-        raise Captured(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().double()
-                                  for p in parameters]))
+        raise Captured(
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().double() for p in parameters])
+        )
 
     trainer.clip_and_step = capture
     try:
@@ -82,9 +98,11 @@ def first_minibatch_gradient(trainer, trajectories) -> torch.Tensor:
 
 def trainer_for(algorithm: str, tmp_path: Path, accumulation: int, extra=()):
     extra = list(extra) + (["num_generations=4"] if algorithm == "grpo" else [])
-    config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path}",
-                                                               f"gradient_accumulation_steps={accumulation}",
-                                                               *extra], algorithm=algorithm)
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        OVERRIDES + [f"output_dir={tmp_path}", f"gradient_accumulation_steps={accumulation}", *extra],
+        algorithm=algorithm,
+    )
     return TRAINERS[algorithm](config, envs=[object()] * 16)
 
 
@@ -140,13 +158,29 @@ def test_two_processes_give_the_gradient_of_one(tmp_path):
     for algorithm in ("ppo", "grpo"):
         single = trainer_for(algorithm, tmp_path / "single", 1)
         expected[algorithm] = first_minibatch_gradient(
-            single, mixed_length_dialogues(range(16), single.model.config.vocab_size))
+            single, mixed_length_dialogues(range(16), single.model.config.vocab_size)
+        )
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.format(tests=str(REPO / "tests")))
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(script), str(tmp_path / "two")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=environment)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            str(tmp_path / "two"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "two" / "gradients.json").read_text())
     for key, gradient in results.items():

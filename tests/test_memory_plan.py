@@ -11,25 +11,40 @@ from empathy_gym.agents.memory import GIB, DecoderShape, MemoryPlanError, plan_m
 
 # Qwen2.5-7B-Instruct's config.json: hidden 3584, intermediate 18944, 28 layers, 28 heads,
 # 4 key/value heads, vocab 152064, untied embeddings, q/k/v biases.
-QWEN7B = SimpleNamespace(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                         num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                         tie_word_embeddings=False)
-SMOLLM2 = SimpleNamespace(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
+QWEN7B = SimpleNamespace(
+    model_type="qwen2",
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
+SMOLLM2 = SimpleNamespace(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+)
 H200 = 141 * GIB
 
 
 def test_parameter_counts_by_hand():
     qwen = DecoderShape.from_config(QWEN7B)
     # per layer: q 3584^2+3584, k and v 3584*512+512 each, o 3584^2, MLP 3*3584*18944, 2 norms
-    per_layer = (3584 ** 2 + 3584) + 2 * (3584 * 512 + 512) + 3584 ** 2 + 3 * 3584 * 18944 + 2 * 3584
+    per_layer = (3584**2 + 3584) + 2 * (3584 * 512 + 512) + 3584**2 + 3 * 3584 * 18944 + 2 * 3584
     assert per_layer == 233_057_792
-    assert qwen.parameters() == 28 * per_layer + 2 * 152064 * 3584 + 3584 == 7_615_616_512   # the published 7.62 B
+    assert qwen.parameters() == 28 * per_layer + 2 * 152064 * 3584 + 3584 == 7_615_616_512  # the published 7.62 B
     # LoRA r=64 on every projection: 64 * (in + out) summed over q,k,v,o,gate,up,down = 64 * 90112 per layer
-    assert qwen.lora_parameters(64) == 28 * 64 * 90112 == 161_480_704          # 0.65 GB in float32
+    assert qwen.lora_parameters(64) == 28 * 64 * 90112 == 161_480_704  # 0.65 GB in float32
     assert qwen.kv_bytes_per_token(2) == 2 * 28 * 4 * 128 * 2 == 57_344
     smol = DecoderShape.from_config(SMOLLM2)
-    assert smol.parameters() == 134_515_008                                     # SmolLM2-135M
+    assert smol.parameters() == 134_515_008  # SmolLM2-135M
     assert smol.kv_bytes_per_token(4) == 46_080
     assert smol.lora_parameters(8, ["q_proj", "v_proj"]) == 30 * 8 * ((576 + 576) + (576 + 192))
 
@@ -75,8 +90,10 @@ def saved_bytes_per_token_and_layer(checkpointing: bool) -> float:
             storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
             return tensor
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-                torch.autocast("cpu", dtype=torch.bfloat16):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+            torch.autocast("cpu", dtype=torch.bfloat16),
+        ):
             model.get_base_model().model(input_ids=torch.randint(0, 512, (1, TOKENS)), use_cache=False)
         weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
         return sum(size for pointer, size in storages.items() if pointer not in weights)
@@ -86,8 +103,14 @@ def saved_bytes_per_token_and_layer(checkpointing: bool) -> float:
 
 # Qwen2.5-7B's proportions at a small width: head_dim 64, 8:1 query to key/value heads'
 # ratio kept at 4:2 here, intermediate / hidden = 5.29 as 18944 / 3584
-SMALL = dict(hidden_size=256, intermediate_size=1354, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-             attn_implementation="sdpa")
+SMALL = dict(
+    hidden_size=256,
+    intermediate_size=1354,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    attn_implementation="sdpa",
+)
 TOKENS = 256
 
 
@@ -96,6 +119,7 @@ def test_the_activation_count_matches_what_autograd_saves():
     keeps, measured on a small Qwen2 in bfloat16 with LoRA (the old plan used a GPT
     layer's 34h bytes, 8,704 here, about half of what is measured)."""
     from empathy_gym.agents.memory import activation_bytes_per_token
+
     shape = DecoderShape.from_config(SimpleNamespace(model_type="qwen2", num_hidden_layers=1, **SMALL))
     planned = activation_bytes_per_token(shape, 2)
     measured = saved_bytes_per_token_and_layer(checkpointing=False)
@@ -108,11 +132,20 @@ def test_the_activation_count_matches_what_autograd_saves():
 def test_the_transformers_engine_rows_by_hand():
     """16 dialogues x 4 turns, 128-token replies on the transformers engine with the
     user on the policy's weights (the GPU check's recipe)."""
-    config = load_recipe("agents/qwen2.5-7b-ppo.yaml", [
-        "rollout_batch_size=16", "generation.engine=transformers", "generation.max_new_tokens=128",
-        "generation.max_context_tokens=4096", "env.kwargs.user.backend=policy", "env.kwargs.user.model=null",
-        "env.kwargs.user.base_url=null",
-        "env.kwargs.user.backend_kwargs={prefix_cache_tokens: 8192, max_batch_size: 16}"], algorithm="ppo")
+    config = load_recipe(
+        "agents/qwen2.5-7b-ppo.yaml",
+        [
+            "rollout_batch_size=16",
+            "generation.engine=transformers",
+            "generation.max_new_tokens=128",
+            "generation.max_context_tokens=4096",
+            "env.kwargs.user.backend=policy",
+            "env.kwargs.user.model=null",
+            "env.kwargs.user.base_url=null",
+            "env.kwargs.user.backend_kwargs={prefix_cache_tokens: 8192, max_batch_size: 16}",
+        ],
+        algorithm="ppo",
+    )
     rows = {name: size for name, size, _ in plan_memory(config, DecoderShape.from_config(QWEN7B)).rows}
     assert rows["generation KV cache"] == 16 * 4096 * 57_344
     assert rows["generation logits kept"] == 16 * 128 * 152064 * 4 * 2
@@ -128,16 +161,21 @@ def test_the_trainer_prints_the_plan_and_refuses_before_loading(tmp_path, monkey
     def no_loading(*args, **kwargs):
         raise AssertionError("the weights were loaded before the plan was checked")
 
-    monkeypatch.setattr(trainer_module, "device_capacity", lambda device, processes=1: (50 * 2 ** 20, "small"))
+    monkeypatch.setattr(trainer_module, "device_capacity", lambda device, processes=1: (50 * 2**20, "small"))
     monkeypatch.setattr(empathy_gym.models, "load_causal_lm", no_loading)
     config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}"], algorithm="ppo")
     with caplog.at_level("INFO"), pytest.raises(MemoryPlanError, match=r"needs about .* GiB but small has 0.0 GiB"):
         PPOTrainer(config)
     assert "memory plan (small)" in caplog.text and "generation KV cache" in caplog.text
     monkeypatch.undo()
-    monkeypatch.setattr(trainer_module, "device_capacity", lambda device, processes=1: (50 * 2 ** 20, "small"))
-    run = PPOTrainer(load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "policy.check_memory=false",
-                                                          "total_steps=0"], algorithm="ppo"))
+    monkeypatch.setattr(trainer_module, "device_capacity", lambda device, processes=1: (50 * 2**20, "small"))
+    run = PPOTrainer(
+        load_recipe(
+            "agents/tiny-cpu.yaml",
+            [f"output_dir={tmp_path}", "policy.check_memory=false", "total_steps=0"],
+            algorithm="ppo",
+        )
+    )
     run.train()
     assert "memory plan (small)" in (tmp_path / "memory_plan.txt").read_text()
 
@@ -145,10 +183,12 @@ def test_the_trainer_prints_the_plan_and_refuses_before_loading(tmp_path, monkey
 def test_the_cli_reports_a_plan_that_does_not_fit(tmp_path, monkeypatch, capsys):
     import empathy_gym.agents.memory as memory
     from empathy_gym.agents.cli import train_main
+
     real = memory.device_capacity
-    monkeypatch.setattr(memory, "device_capacity", lambda device, processes=1: (2 ** 20, "tiny device"))
+    monkeypatch.setattr(memory, "device_capacity", lambda device, processes=1: (2**20, "tiny device"))
     import empathy_gym.agents.trainer as trainer_module
+
     monkeypatch.setattr(trainer_module, "device_capacity", memory.device_capacity)
     assert train_main("ppo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path}"]) == 1
     assert "tiny device" in capsys.readouterr().err
-    assert real("cpu")[0] > 2 ** 30
+    assert real("cpu")[0] > 2**30

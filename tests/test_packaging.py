@@ -17,25 +17,38 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True, cwd=tmp_path_factory.mktemp("build"))
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path_factory.mktemp("build"),
+    )
     (path,) = out.glob("empathy_gym-*.whl")
     return path
 
 
 def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ["empathy_gym/_envs/personas/en.jsonl", "empathy_gym/_envs/personas/zh.jsonl",
-                     "empathy_gym/_envs/rlver/train_profile.jsonl", "empathy_gym/_envs/rlver/LICENSE.txt",
-                     "empathy_gym/_envs/sage/profiles.jsonl", "empathy_gym/_envs/sage/LICENSE.txt",
-                     "empathy_gym/_envs/difficulty/challenging.json", "empathy_gym/user/persona.schema.json",
-                     "empathy_gym/user/prompts/zh/appraisal.txt", "empathy_gym/user/prompts/en/bands.json",
-                     "empathy_gym/user/rules/en.json", "empathy_gym/strategy_templates/en.json",
-                     "empathy_gym/strategy_templates/zh.json"]:
+    for expected in [
+        "empathy_gym/_envs/personas/en.jsonl",
+        "empathy_gym/_envs/personas/zh.jsonl",
+        "empathy_gym/_envs/rlver/train_profile.jsonl",
+        "empathy_gym/_envs/rlver/LICENSE.txt",
+        "empathy_gym/_envs/sage/profiles.jsonl",
+        "empathy_gym/_envs/sage/LICENSE.txt",
+        "empathy_gym/_envs/difficulty/challenging.json",
+        "empathy_gym/user/persona.schema.json",
+        "empathy_gym/user/prompts/zh/appraisal.txt",
+        "empathy_gym/user/prompts/en/bands.json",
+        "empathy_gym/user/rules/en.json",
+        "empathy_gym/strategy_templates/en.json",
+        "empathy_gym/strategy_templates/zh.json",
+    ]:
         assert expected in names, expected
     # empathy_dialogue.py: the verifiers plugin module (taskset id "empathy-dialogue")
-    assert not [n for n in names if n.split("/")[0] not in ("empathy_gym", "empathy_dialogue.py")
-                and ".dist-info" not in n]
+    assert not [
+        n for n in names if n.split("/")[0] not in ("empathy_gym", "empathy_dialogue.py") and ".dist-info" not in n
+    ]
 
 
 def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
@@ -45,11 +58,18 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
     # Without PYTHONPATH: pointing at the source tree, where the build leaves an egg-info, it
     # makes pip believe the package is installed already, and pip skips the wheel.
     clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, env=clean_env)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        env=clean_env,
+    )
     # Dependencies come from this interpreter's site-packages, added after the new venv's own.
-    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     script = (
         "import sys, gymnasium as gym, empathy_gym\n"
@@ -72,10 +92,12 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
 
 def test_the_training_configs_and_cli_import_without_torch():
     """Recipes load and ``train_*.py --help`` answers before torch is imported (seconds)."""
-    script = ("import sys\n"
-              "from empathy_gym.agents import load_recipe\n"
-              "from empathy_gym.agents.cli import train_main\n"
-              "load_recipe('agents/tiny-cpu.yaml', algorithm='ppo')\n"
-              "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n")
+    script = (
+        "import sys\n"
+        "from empathy_gym.agents import load_recipe\n"
+        "from empathy_gym.agents.cli import train_main\n"
+        "load_recipe('agents/tiny-cpu.yaml', algorithm='ppo')\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr

@@ -96,8 +96,7 @@ def test_fields_are_filled(en, zh):
 
 def test_initial_emotion_is_rare_and_in_range():
     given = {p.id: p.initial_emotion for p in load_personas(None) if p.initial_emotion is not None}
-    assert given == {"en-022-wife-memory-care": 30, "en-037-rent-increase": 40,
-                     "zh-004-widow-grief": 35}
+    assert given == {"en-022-wife-memory-care": 30, "en-037-rent-increase": 40, "zh-004-widow-grief": 35}
 
 
 def test_the_sage_bank_and_the_rlver_bank_without_sages_players():
@@ -108,5 +107,5 @@ def test_the_sage_bank_and_the_rlver_bank_without_sages_players():
     assert len(shared) == 47
     assert sum(p.profile in shared for p in sage) == 54 and sum(p.profile in shared for p in rlver) == 71
     assert not shared & {p.profile for p in clean}
-    assert [p.id for p in clean] == [p.id for p in rlver if p.profile not in shared]   # order kept
-    assert all(p.opening_line for p in sage)   # SAGE's first_talk
+    assert [p.id for p in clean] == [p.id for p in rlver if p.profile not in shared]  # order kept
+    assert all(p.opening_line for p in sage)  # SAGE's first_talk

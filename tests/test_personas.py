@@ -17,9 +17,15 @@ from empathy_gym.personas import (
 from empathy_gym.resources import envs_dir
 
 SHARED_RLVER = Path(__file__).resolve().parents[2] / "shared" / "data" / "rlver" / "train_profile.jsonl"
-GOOD = {"id": "p1", "language": "en", "profile": "Ana, 30, nurse. Speaks fast.",
-        "scenario": "Ana was blamed for a colleague's mistake.", "hidden_intention": "not_at_fault",
-        "character_type": "negative", "traits": ["proud", "tired"]}
+GOOD = {
+    "id": "p1",
+    "language": "en",
+    "profile": "Ana, 30, nurse. Speaks fast.",
+    "scenario": "Ana was blamed for a colleague's mistake.",
+    "hidden_intention": "not_at_fault",
+    "character_type": "negative",
+    "traits": ["proud", "tired"],
+}
 
 
 def write_jsonl(path, records):
@@ -32,13 +38,18 @@ def test_all_500_rlver_profiles_load_and_map_to_standard_ids():
     assert len(personas) == 500
     # Counts from the data's README (envs/rlver/README.md).
     assert collections.Counter(p.hidden_intention for p in personas) == {
-        "not_at_fault": 66, "guided_reflection": 66, "dialectical_analysis": 66, "deep_empathy": 64,
-        "venting_listened": 63, "others_motives": 60, "practical_advice": 58, "specific_praise": 57}
-    assert collections.Counter(p.character_type for p in personas) == {
-        "negative": 183, "passive": 174, "avoidant": 143}
+        "not_at_fault": 66,
+        "guided_reflection": 66,
+        "dialectical_analysis": 66,
+        "deep_empathy": 64,
+        "venting_listened": 63,
+        "others_motives": 60,
+        "practical_advice": 58,
+        "specific_praise": 57,
+    }
+    assert collections.Counter(p.character_type for p in personas) == {"negative": 183, "passive": 174, "avoidant": 143}
     assert all(p.language == "zh" and len(p.traits) == 3 and p.opening_line is None for p in personas)
-    assert all("####隐藏主题" not in p.scenario and p.intention_text() not in p.scenario
-               for p in personas)
+    assert all("####隐藏主题" not in p.scenario and p.intention_text() not in p.scenario for p in personas)
     first = personas[0]
     assert first.id == "6186ad54-5996-4b91-9402-6a5e4c2ae9ad"
     assert (first.name, first.hidden_intention, first.character_type) == ("王丽娜", "practical_advice", "passive")
@@ -94,15 +105,18 @@ def test_our_format_round_trip(tmp_path):
     assert personas[0].intention_text("zh") == INTENTIONS["not_at_fault"][1]
 
 
-@pytest.mark.parametrize("change,field,message", [
-    ({"character_type": "cheerful"}, "character_type", "is not one of"),
-    ({"language": "fr"}, "language", "is not one of"),
-    ({"initial_emotion": 140}, "initial_emotion", "140 is greater than the maximum of 100"),
-    ({"traits": "proud"}, "traits", "is not of type 'array'"),
-    ({"topic": "work"}, "topic", "Additional properties are not allowed"),
-    ({"profile": ""}, "profile", "does not match"),
-    ({"opening_line": "   "}, "opening_line", "does not match"),
-])
+@pytest.mark.parametrize(
+    "change,field,message",
+    [
+        ({"character_type": "cheerful"}, "character_type", "is not one of"),
+        ({"language": "fr"}, "language", "is not one of"),
+        ({"initial_emotion": 140}, "initial_emotion", "140 is greater than the maximum of 100"),
+        ({"traits": "proud"}, "traits", "is not of type 'array'"),
+        ({"topic": "work"}, "topic", "Additional properties are not allowed"),
+        ({"profile": ""}, "profile", "does not match"),
+        ({"opening_line": "   "}, "opening_line", "does not match"),
+    ],
+)
 def test_schema_errors_name_file_line_field(tmp_path, change, field, message):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2"), dict(GOOD, id="p3", **change)])
     with pytest.raises(PersonaError) as info:
@@ -138,7 +152,7 @@ def test_a_line_that_is_not_utf8(tmp_path):
 
 def test_a_utf8_file_with_a_byte_order_mark(tmp_path):
     path = tmp_path / "bank.jsonl"
-    path.write_text(json.dumps(GOOD) + "\n", encoding="utf-8-sig")   # was refused: "Unexpected UTF-8 BOM"
+    path.write_text(json.dumps(GOOD) + "\n", encoding="utf-8-sig")  # was refused: "Unexpected UTF-8 BOM"
     assert [p.id for p in load_personas_file(path)] == [GOOD["id"]]
 
 
@@ -167,18 +181,23 @@ def test_edited_file_is_reloaded(tmp_path):
     assert len(load_personas_file(path)) == 1
     import os
     import time
+
     write_jsonl(path, [GOOD, dict(GOOD, id="p2")])
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert len(load_personas_file(path)) == 2
 
 
 def test_an_unknown_bank_name_lists_the_built_in_ones():
-    with pytest.raises(FileNotFoundError, match=r"no persona bank 'nosuch': not a file, and not a built-in "
-                                                r"bank \(en, zh, rlver, sage, rlver_minus_sage\)"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no persona bank 'nosuch': not a file, and not a built-in "
+        r"bank \(en, zh, rlver, sage, rlver_minus_sage\)",
+    ):
         load_personas("nosuch")
 
 
 # -- issue 10: values the schema lets through but the rest of the package cannot use ----
+
 
 def test_initial_emotion_float_is_converted_exactly_and_renders(tmp_path):
     import gymnasium as gym
@@ -191,7 +210,7 @@ def test_initial_emotion_float_is_converted_exactly_and_renders(tmp_path):
     assert Persona(**dict(GOOD, traits=(), initial_emotion=35.0)).initial_emotion == 35
     env = gym.make("EmpathyDialogue-v0", personas=[dict(GOOD, initial_emotion=40.0)], render_mode="ansi")
     env.reset(seed=0)
-    assert " 40/100" in env.render()      # used to raise "Unknown format code 'd' for object of type 'float'"
+    assert " 40/100" in env.render()  # used to raise "Unknown format code 'd' for object of type 'float'"
 
 
 @pytest.mark.parametrize("value", [40.5, True, "40"])
@@ -204,8 +223,9 @@ def test_initial_emotion_that_is_not_an_integer_is_refused(tmp_path, value):
         Persona(**dict(GOOD, traits=(), initial_emotion=value))
 
 
-@pytest.mark.parametrize("typo", ["deep_empathyy", "Deep_Empathy", " deep_empathy", "deep empathy",
-                                  "deep-empathy", "DEEP_EMPATHY "])
+@pytest.mark.parametrize(
+    "typo", ["deep_empathyy", "Deep_Empathy", " deep_empathy", "deep empathy", "deep-empathy", "DEEP_EMPATHY "]
+)
 def test_a_near_miss_of_a_standard_intention_is_refused_with_did_you_mean(tmp_path, typo):
     path = write_jsonl(tmp_path / "bank.jsonl", [GOOD, dict(GOOD, id="p2", hidden_intention=typo)])
     with pytest.raises(PersonaError, match=r"did you mean 'deep_empathy'\?") as info:
@@ -217,10 +237,10 @@ def test_a_near_miss_of_a_standard_intention_is_refused_with_did_you_mean(tmp_pa
 
 
 def test_free_text_intentions_that_are_sentences_still_load(tmp_path):
-    texts = ["wants someone to notice the extra shifts she covered", "wants deep empathy, not advice",
-             "reassurance"]
-    path = write_jsonl(tmp_path / "bank.jsonl", [dict(GOOD, id=f"p{i}", hidden_intention=text)
-                                                 for i, text in enumerate(texts)])
+    texts = ["wants someone to notice the extra shifts she covered", "wants deep empathy, not advice", "reassurance"]
+    path = write_jsonl(
+        tmp_path / "bank.jsonl", [dict(GOOD, id=f"p{i}", hidden_intention=text) for i, text in enumerate(texts)]
+    )
     assert [p.hidden_intention for p in load_personas_file(path)] == texts
 
 
@@ -234,8 +254,17 @@ def test_rlver_near_miss_of_a_task_label_is_refused(tmp_path):
 
 
 def test_a_misspelt_key_is_named_next_to_the_missing_one():
-    record = {"id": "x", "language": "en", "profile": "p", "scenario": "s", "hidden_intention": "deep_empathy",
-              "charcter_type": "negative"}
-    with pytest.raises(PersonaError, match=r"f\.jsonl:3: field 'character_type': .*required.*"
-                                           r"the record has 'charcter_type': a misspelling\?"):
+    record = {
+        "id": "x",
+        "language": "en",
+        "profile": "p",
+        "scenario": "s",
+        "hidden_intention": "deep_empathy",
+        "charcter_type": "negative",
+    }
+    with pytest.raises(
+        PersonaError,
+        match=r"f\.jsonl:3: field 'character_type': .*required.*"
+        r"the record has 'charcter_type': a misspelling\?",
+    ):
         persona_from_dict(record, path="f.jsonl", line=3)

@@ -6,11 +6,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from empathy_gym.backends.prefix_cache import (
-    PrefixKVCache,
-    next_token_logits,
-    sample_batch,
-)
+from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.models import load_causal_lm
 
 
@@ -21,15 +17,27 @@ def tiny(tiny_model_dir):
 
 
 def chat(tokenizer, text):
-    return list(tokenizer.apply_chat_template(
-        [{"role": "system", "content": "You listen."}, {"role": "user", "content": text}],
-        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": "You listen."}, {"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
 
 
 def run(model, tokenizer, prompts, cache, temperature=1.0, limit=10):
-    return sample_batch(model, prompts, max_new_tokens=limit, eos_ids=[tokenizer.eos_token_id],
-                        pad_id=tokenizer.pad_token_id, temperature=temperature,
-                        seeds=list(range(11, 11 + len(prompts))), cache=cache)
+    return sample_batch(
+        model,
+        prompts,
+        max_new_tokens=limit,
+        eos_ids=[tokenizer.eos_token_id],
+        pad_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        seeds=list(range(11, 11 + len(prompts))),
+        cache=cache,
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
@@ -38,8 +46,11 @@ def test_reuse_gives_the_same_samples_over_turns_with_left_padding(tiny, tempera
     them ending after the first: with the cache the ids are identical and the log-probs
     equal to float noise, and from the second turn on most of each prompt is reused."""
     model, tokenizer = tiny
-    texts = ["I lost my job.", "My sister stopped calling me and I do not know why at all.",
-             "Work is fine I guess, but my manager blamed me in front of everyone yesterday."]
+    texts = [
+        "I lost my job.",
+        "My sister stopped calling me and I do not know why at all.",
+        "Work is fine I guess, but my manager blamed me in front of everyone yesterday.",
+    ]
     plain, cached = [[chat(tokenizer, t) for t in texts] for _ in range(2)]
     cache = PrefixKVCache()
     for turn in range(3):
@@ -51,12 +62,12 @@ def test_reuse_gives_the_same_samples_over_turns_with_left_padding(tiny, tempera
         answer = tokenizer.encode(f"\nuser: tell me more ({turn})\nassistant:", add_special_tokens=False)
         plain = [p + r.token_ids + answer for p, r in zip(plain, a)]
         cached = [p + r.token_ids + answer for p, r in zip(cached, b)]
-        if turn == 0:   # the second dialogue ends here; the others go on
+        if turn == 0:  # the second dialogue ends here; the others go on
             plain, cached = [plain[0], plain[2]], [cached[0], cached[2]]
             first_turn_tokens = cache.stats.prompt_tokens
             assert cache.stats.reused_tokens == 0
     later = cache.stats.prompt_tokens - first_turn_tokens
-    assert cache.stats.reused_tokens > 0.7 * later   # only the new answer (+ one token) is prefilled
+    assert cache.stats.reused_tokens > 0.7 * later  # only the new answer (+ one token) is prefilled
 
 
 def test_reused_tokens_counted_exactly(tiny):
@@ -78,11 +89,17 @@ def test_greedy_equals_transformers_generate(tiny):
     prompts = [chat(tokenizer, "Hello there."), chat(tokenizer, "I feel awful about what happened at work today.")]
     rows = run(model, tokenizer, prompts, PrefixKVCache(), temperature=0.0, limit=8)
     for prompt, row in zip(prompts, rows):
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             generation_config=GenerationConfig(max_new_tokens=8, do_sample=False,
-                                                                eos_token_id=[tokenizer.eos_token_id],
-                                                                pad_token_id=tokenizer.pad_token_id))
-        assert out[0, len(prompt):].tolist()[:len(row.token_ids)] == row.token_ids
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            generation_config=GenerationConfig(
+                max_new_tokens=8,
+                do_sample=False,
+                eos_token_id=[tokenizer.eos_token_id],
+                pad_token_id=tokenizer.pad_token_id,
+            ),
+        )
+        assert out[0, len(prompt) :].tolist()[: len(row.token_ids)] == row.token_ids
 
 
 def test_next_token_logits_with_and_without_reuse(tiny):
@@ -104,13 +121,13 @@ def test_cache_keeps_the_most_recent_within_its_budget():
 
     cache = PrefixKVCache(max_tokens=10)
     cache.add([1, 2, 3], layers(3))
-    cache.add([1, 2, 3, 4, 5], layers(5))    # covers [1, 2, 3]: that entry goes
+    cache.add([1, 2, 3, 4, 5], layers(5))  # covers [1, 2, 3]: that entry goes
     assert cache.tokens == 5 and len(cache.entries) == 1
     cache.add([7, 8, 9, 10], layers(4))
     assert cache.lookup([1, 2, 3, 4, 9])[0] == 4
-    cache.add([20, 21, 22], layers(3))       # 12 tokens > 10: the least recently used goes ([7..10])
+    cache.add([20, 21, 22], layers(3))  # 12 tokens > 10: the least recently used goes ([7..10])
     assert cache.tokens == 8 and cache.lookup([7, 8, 9, 10, 11])[0] == 0
-    assert cache.lookup([1, 2])[0] == 1      # the last prompt token is always computed
+    assert cache.lookup([1, 2])[0] == 1  # the last prompt token is always computed
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixKVCache(max_tokens=-1)
 

@@ -30,19 +30,22 @@ def test_rlver_training_numbers():
     assert RLVER_TRAINING.termination(60, 9) == (False, True, "max_turns")
 
 
-@pytest.mark.parametrize("text,language,expected", [
-    ("好的，谢谢你，再见。", "zh", True),
-    ("那我先走了，拜拜~", "zh", True),
-    ("我们下周再见面吧", "zh", True),        # SAGE's substring rule fires here too
-    ("谢谢你听我说", "zh", False),
-    ("Thanks. Goodbye.", "en", True),
-    ("ok, bye for now", "en", True),
-    ("Good-bye, then.", "en", True),
-    ("I waved bye-bye to him", "en", True),
-    ("He stood by the byelaw", "en", False),   # "bye" only as a word
-    ("Maybe. I'm not sure.", "en", False),
-    ("Goodbye", "zh", False),                # the rule of the persona's language
-])
+@pytest.mark.parametrize(
+    "text,language,expected",
+    [
+        ("好的，谢谢你，再见。", "zh", True),
+        ("那我先走了，拜拜~", "zh", True),
+        ("我们下周再见面吧", "zh", True),  # SAGE's substring rule fires here too
+        ("谢谢你听我说", "zh", False),
+        ("Thanks. Goodbye.", "en", True),
+        ("ok, bye for now", "en", True),
+        ("Good-bye, then.", "en", True),
+        ("I waved bye-bye to him", "en", True),
+        ("He stood by the byelaw", "en", False),  # "bye" only as a word
+        ("Maybe. I'm not sure.", "en", False),
+        ("Goodbye", "zh", False),  # the rule of the persona's language
+    ],
+)
 def test_goodbye_rule(text, language, expected):
     assert says_goodbye(text, language) is expected
 
@@ -60,33 +63,48 @@ def test_protocol_name():
     assert protocol_name(resolve_protocol("sage", max_turns=3)) is None
 
 
-@pytest.mark.parametrize("emotion,change,expected", [
-    (40, 25, 50),    # clamped to +10
-    (40, -25, 30),   # clamped to -10
-    (95, 10, 100),   # clipped at 100
-    (5, -10, 0),     # clipped at 0
-    (40, 5, 45),
-])
+@pytest.mark.parametrize(
+    "emotion,change,expected",
+    [
+        (40, 25, 50),  # clamped to +10
+        (40, -25, 30),  # clamped to -10
+        (95, 10, 100),  # clipped at 100
+        (5, -10, 0),  # clipped at 0
+        (40, 5, 45),
+    ],
+)
 def test_apply_clamps_then_clips(emotion, change, expected):
     assert SAGE.apply(emotion, change) == expected
 
 
-@pytest.mark.parametrize("emotion,turn,expected", [
-    (100, 3, (True, False, "success")),
-    (99, 3, (False, False, None)),
-    (10, 3, (False, False, None)),   # failure is strictly below 10
-    (9, 3, (True, False, "failure")),
-    (50, 9, (False, True, "max_turns")),
-    (50, 8, (False, False, None)),
-    (100, 9, (True, False, "success")),  # success wins over the turn limit
-])
+@pytest.mark.parametrize(
+    "emotion,turn,expected",
+    [
+        (100, 3, (True, False, "success")),
+        (99, 3, (False, False, None)),
+        (10, 3, (False, False, None)),  # failure is strictly below 10
+        (9, 3, (True, False, "failure")),
+        (50, 9, (False, True, "max_turns")),
+        (50, 8, (False, False, None)),
+        (100, 9, (True, False, "success")),  # success wins over the turn limit
+    ],
+)
 def test_termination_thresholds(emotion, turn, expected):
     assert SAGE.termination(emotion, turn) == expected
 
 
 def test_bands():
-    assert [emotion_band(e) for e in (100, 99, 70, 69, 40, 39, 10, 9, 0)] == \
-        ["S", "A", "A", "B", "B", "C", "C", "F", "F"]
+    assert [emotion_band(e) for e in (100, 99, 70, 69, 40, 39, 10, 9, 0)] == [
+        "S",
+        "A",
+        "A",
+        "B",
+        "B",
+        "C",
+        "C",
+        "F",
+        "F",
+    ]
 
 
 def test_resolve_protocol():

@@ -36,8 +36,13 @@ from empathy_gym.user.base import SimulatorError
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
-SERVERS = [("vllm", "tiny"), ("vllm", "smollm2"), ("transformers", "tiny"), ("transformers", "smollm2"),
-           ("llama.cpp", "smollm2")]
+SERVERS = [
+    ("vllm", "tiny"),
+    ("vllm", "smollm2"),
+    ("transformers", "tiny"),
+    ("transformers", "smollm2"),
+    ("llama.cpp", "smollm2"),
+]
 #: Small limits, so that a CPU server answers within seconds.
 USER_OPTIONS = "max_tokens=16,reply_plan=false,max_repairs=1"
 SAD = [{"role": "user", "content": "I feel sad because my best friend stopped answering."}]
@@ -50,6 +55,7 @@ def server(request, tiny_model_dir, tmp_path_factory):
         folder = tiny_model_dir
     else:
         from empathy_gym.models import convert_smollm2
+
         folder = convert_smollm2()
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
@@ -60,6 +66,7 @@ def server(request, tiny_model_dir, tmp_path_factory):
         env, name = vllm_env(), model
     elif engine == "llama.cpp":
         from empathy_gym.backends.smollm2 import smollm2_gguf_path
+
         python = request.getfixturevalue("llama_cpp_python")
         command, env, name = llama_cpp_command(python, smollm2_gguf_path(), model, port, 8192), vllm_env(), model
         ready = "/v1/models"
@@ -76,21 +83,29 @@ def user_spec(running, options=USER_OPTIONS):
 
 
 def cli(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "empathy_gym.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "empathy_gym.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def env_for(running, mode):
-    return EmpathyDialogueEnv("en", user={"backend": "openai", "base_url": running.url, "model": running.model,
-                                          "appraisal_mode": mode,
-                                          "user_kwargs": {"max_tokens": 16, "reply_plan": False, "max_repairs": 1}})
+    return EmpathyDialogueEnv(
+        "en",
+        user={
+            "backend": "openai",
+            "base_url": running.url,
+            "model": running.model,
+            "appraisal_mode": mode,
+            "user_kwargs": {"max_tokens": 16, "reply_plan": False, "max_repairs": 1},
+        },
+    )
 
 
 def test_choice_mode_is_scored_or_fails_naming_persona_and_turn(server):
     (engine, model), running = server
     env = env_for(running, "choice")
     _, info = env.reset(seed=0)
-    if (engine, model) == ("transformers", "tiny"):   # no log-probs, and no letter from a random model
+    if (engine, model) == ("transformers", "tiny"):  # no log-probs, and no letter from a random model
         with pytest.raises(SimulatorError, match=rf"persona {info['persona_id']!r}, turn 1\): expected one of A"):
             env.step("That sounds really hard. What happened?")
         return
@@ -106,8 +121,11 @@ def test_a_model_too_weak_for_the_json_fails_naming_persona_and_turn(server):
     _, running = server
     env = env_for(running, "free")
     _, info = env.reset(seed=1)
-    with pytest.raises(SimulatorError, match=rf"no valid appraisal after 2 attempts \(persona "
-                                             rf"{info['persona_id']!r}, turn 1\)"):
+    with pytest.raises(
+        SimulatorError,
+        match=rf"no valid appraisal after 2 attempts \(persona "
+        rf"{info['persona_id']!r}, turn 1\)",
+    ):
         env.step("That sounds really hard.")
 
 
@@ -127,18 +145,34 @@ def test_greedy_text_matches_transformers_on_the_same_folder(server):
     if engine == "llama.cpp":
         pytest.skip("llama.cpp serves the quantised GGUF file")
     from empathy_gym.backends.transformers_backend import TransformersBackend
+
     folder = running.command[running.command.index("--model") + 1] if engine == "vllm" else running.model
-    local = TransformersBackend(folder, device="cpu").generate([SAD, [{"role": "user", "content": "Hi!"}]],
-                                                               max_tokens=12, temperature=0)
-    served = OpenAIBackend(running.url, running.model).generate([SAD, [{"role": "user", "content": "Hi!"}]],
-                                                                 max_tokens=12, temperature=0)
+    local = TransformersBackend(folder, device="cpu").generate(
+        [SAD, [{"role": "user", "content": "Hi!"}]], max_tokens=12, temperature=0
+    )
+    served = OpenAIBackend(running.url, running.model).generate(
+        [SAD, [{"role": "user", "content": "Hi!"}]], max_tokens=12, temperature=0
+    )
     assert [t.rstrip("\ufffd") for t in served] == [t.rstrip("\ufffd") for t in local]
 
 
 def test_eval_end_to_end(server, tmp_path):
     (engine, model), running = server
-    done = cli("eval", "--policy", "baseline:listener", "--user", user_spec(running), "--appraisal-mode", "choice",
-               "--personas", "en", "--limit", "2", "--out", str(tmp_path / "eval"))
+    done = cli(
+        "eval",
+        "--policy",
+        "baseline:listener",
+        "--user",
+        user_spec(running),
+        "--appraisal-mode",
+        "choice",
+        "--personas",
+        "en",
+        "--limit",
+        "2",
+        "--out",
+        str(tmp_path / "eval"),
+    )
     if (engine, model) == ("transformers", "tiny"):
         assert done.returncode == 1 and "expected one of A, B, C, D, E" in done.stderr
         return
@@ -161,19 +195,35 @@ def test_replay_end_to_end(server, tmp_path):
     options = "max_repairs=1"
     if engine == "llama.cpp":  # no /tokenize: the tokenizer of the converted folder counts here
         from empathy_gym.models import convert_smollm2
+
         options += f",tokenizer={convert_smollm2()},context_length=8192"
-    done = cli("replay", str(LOG), "--user", user_spec(running, options), "--appraisal-mode", "choice",
-               "--limit", "1", "--batch-size", "1", "--out", str(out))
+    done = cli(
+        "replay",
+        str(LOG),
+        "--user",
+        user_spec(running, options),
+        "--appraisal-mode",
+        "choice",
+        "--limit",
+        "1",
+        "--batch-size",
+        "1",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     if engine == "transformers":
         assert re.search(r"persona '[0-9a-f-]+', turn 1\): expected one of A, B, C, D, E", done.stderr)
         return
     context = "8,192" if model == "smollm2" else "4,096"
-    found = re.search(rf"dialogue with persona '[0-9a-f-]+', turn (\d+): the appraisal prompt is [\d,]+ tokens "
-                      rf"and \d+ new tokens are reserved .* context is {context} tokens", done.stderr)
+    found = re.search(
+        rf"dialogue with persona '[0-9a-f-]+', turn (\d+): the appraisal prompt is [\d,]+ tokens "
+        rf"and \d+ new tokens are reserved .* context is {context} tokens",
+        done.stderr,
+    )
     assert found, done.stderr[-3000:]
     saved = (out / "turns.jsonl").read_text().splitlines() if (out / "turns.jsonl").exists() else []
-    assert len(saved) == int(found.group(1)) - 1            # every turn that fitted was appraised and kept
+    assert len(saved) == int(found.group(1)) - 1  # every turn that fitted was appraised and kept
     assert model == "tiny" or len(saved) >= 3
 
 
@@ -185,8 +235,23 @@ def test_a_server_killed_mid_run_keeps_finished_dialogues_and_a_rerun_resumes(se
     if (engine, model) == ("transformers", "tiny"):
         pytest.skip("no dialogue finishes with this server (see test_eval_end_to_end)")
     out = tmp_path / "eval"
-    args = ["eval", "--policy", "baseline:listener", "--user", user_spec(running, USER_OPTIONS + ",max_retries=1"),
-            "--appraisal-mode", "choice", "--personas", "en", "--limit", "3", "--batch-size", "1", "--out", str(out)]
+    args = [
+        "eval",
+        "--policy",
+        "baseline:listener",
+        "--user",
+        user_spec(running, USER_OPTIONS + ",max_retries=1"),
+        "--appraisal-mode",
+        "choice",
+        "--personas",
+        "en",
+        "--limit",
+        "3",
+        "--batch-size",
+        "1",
+        "--out",
+        str(out),
+    ]
     transcripts = out / "transcripts.jsonl"
 
     def kill_after_the_first_dialogue():
@@ -209,5 +274,5 @@ def test_a_server_killed_mid_run_keeps_finished_dialogues_and_a_rerun_resumes(se
     second = cli(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     lines = transcripts.read_text().splitlines()
-    assert len(lines) == 3 and lines[:len(kept)] == kept            # kept, then resumed
+    assert len(lines) == 3 and lines[: len(kept)] == kept  # kept, then resumed
     assert json.loads((out / "report.json").read_text())["dialogues"] == 3

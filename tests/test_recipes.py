@@ -53,9 +53,10 @@ def recipe_table() -> list[tuple[str, str, str]]:
 
 def cell_value(cell: str):
     import yaml
+
     value = yaml.safe_load(cell.replace("`", "").split(" (")[0].split(" each")[0])
     try:
-        return float(value) if isinstance(value, str) else value   # YAML 1.1 reads 1e-5 as text
+        return float(value) if isinstance(value, str) else value  # YAML 1.1 reads 1e-5 as text
     except ValueError:
         return value
 
@@ -63,6 +64,7 @@ def cell_value(cell: str):
 @pytest.mark.parametrize("name,column", [("qwen2.5-7b-ppo.yaml", 1), ("qwen2.5-7b-grpo.yaml", 2)])
 def test_the_rlver_table_says_what_the_recipes_hold(name, column):
     from empathy_gym.agents.config import to_dict
+
     config = to_dict(load_recipe(Path("agents") / name))
     rows = recipe_table()
     assert len(rows) >= 15
@@ -81,35 +83,58 @@ def write(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize("text,message", [
-    ("algorithm: ppo\nseed: 0\npolicy:\n  model: tiny\n  lora_rr: 3\n",
-     r"recipe.yaml:5: field 'policy.lora_rr': Key 'lora_rr' not in 'PolicyConfig'"),
-    ("algorithm: ppo\nseed: zero\n", r"recipe.yaml:2: field 'seed': Value 'zero'"),
-    ("algorithm: ppo\nseed: [0\n", r"recipe.yaml:3: not valid YAML"),
-    ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
-    ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
-    ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16' or 'auto'"),
-    ("algorithm: ppo\npolicy:\n  dtype: float16\n", r"float16 would need loss scaling"),
-    ("algorithm: ppo\nmax_grad_norm: -1\nnum_ppo_epochs: 0\nseed: -5\n",
-     r"max_grad_norm must be > 0, got -1.0; num_ppo_epochs must be > 0, got 0; seed must be >= 0, got -5"),
-    ("algorithm: grpo\nnum_generations: 0\nnum_mini_batches: 0\n",
-     r"num_mini_batches must be > 0, got 0; num_generations must be > 0, got 0"),
-    ("algorithm: ppo\ngeneration:\n  temperature: -1\n  top_p: 5\n  max_new_tokens: 0\n",
-     r"max_new_tokens must be >= 1, got 0; generation.temperature must be >= 0 \(0: greedy\), got -1.0; "
-     r"generation.top_p must be in \(0, 1\], got 5.0"),
-    ("algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
-     r"recipe.yaml:3: field 'env.id': Environment `EmpathyDialog` doesn't exist. Did you mean: `EmpathyDialogue`\?"),
-    ("algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    max_turn: 2\n",
-     r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
-     r"did you mean 'max_turns'\?"),
-    ("algorithm: ppo\nlearning_rate: -1\n", r"learning_rate must be > 0, got -1.0"),
-    ("algorithm: grpo\nseed: 1\nloss_type: mean\n",
-     r"recipe.yaml:3: field 'loss_type': Invalid value 'mean', expected one of \[token_mean, sequence_mean, dr_grpo\]"),
-    ("algorithm: ppo\ngeneration:\n  engine: sglang\n",
-     r"recipe.yaml:3: field 'generation.engine': Invalid value 'sglang', expected one of \[transformers, vllm\]"),
-    ("algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
-     r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            "algorithm: ppo\nseed: 0\npolicy:\n  model: tiny\n  lora_rr: 3\n",
+            r"recipe.yaml:5: field 'policy.lora_rr': Key 'lora_rr' not in 'PolicyConfig'",
+        ),
+        ("algorithm: ppo\nseed: zero\n", r"recipe.yaml:2: field 'seed': Value 'zero'"),
+        ("algorithm: ppo\nseed: [0\n", r"recipe.yaml:3: not valid YAML"),
+        ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
+        ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
+        ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16' or 'auto'"),
+        ("algorithm: ppo\npolicy:\n  dtype: float16\n", r"float16 would need loss scaling"),
+        (
+            "algorithm: ppo\nmax_grad_norm: -1\nnum_ppo_epochs: 0\nseed: -5\n",
+            r"max_grad_norm must be > 0, got -1.0; num_ppo_epochs must be > 0, got 0; seed must be >= 0, got -5",
+        ),
+        (
+            "algorithm: grpo\nnum_generations: 0\nnum_mini_batches: 0\n",
+            r"num_mini_batches must be > 0, got 0; num_generations must be > 0, got 0",
+        ),
+        (
+            "algorithm: ppo\ngeneration:\n  temperature: -1\n  top_p: 5\n  max_new_tokens: 0\n",
+            r"max_new_tokens must be >= 1, got 0; generation.temperature must be >= 0 \(0: greedy\), got -1.0; "
+            r"generation.top_p must be in \(0, 1\], got 5.0",
+        ),
+        (
+            "algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
+            r"recipe.yaml:3: field 'env.id': Environment `EmpathyDialog` doesn't exist. "
+            r"Did you mean: `EmpathyDialogue`\?",
+        ),
+        (
+            "algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    max_turn: 2\n",
+            r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
+            r"did you mean 'max_turns'\?",
+        ),
+        ("algorithm: ppo\nlearning_rate: -1\n", r"learning_rate must be > 0, got -1.0"),
+        (
+            "algorithm: grpo\nseed: 1\nloss_type: mean\n",
+            r"recipe.yaml:3: field 'loss_type': Invalid value 'mean', "
+            r"expected one of \[token_mean, sequence_mean, dr_grpo\]",
+        ),
+        (
+            "algorithm: ppo\ngeneration:\n  engine: sglang\n",
+            r"recipe.yaml:3: field 'generation.engine': Invalid value 'sglang', expected one of \[transformers, vllm\]",
+        ),
+        (
+            "algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
+            r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)",
+        ),
+    ],
+)
 def test_a_bad_recipe_names_the_file_line_and_field(tmp_path, text, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe(write(tmp_path, text))
@@ -118,17 +143,24 @@ def test_a_bad_recipe_names_the_file_line_and_field(tmp_path, text, message):
 def test_a_bad_override_or_algorithm_is_named():
     with pytest.raises(RecipeError, match=r"command-line override 'policy.lora_r': Value 'x'"):
         load_recipe("agents/tiny-cpu.yaml", ["policy.lora_r=x"], algorithm="ppo")
-    with pytest.raises(RecipeError, match=r"qwen2.5-7b-ppo.yaml:\d+: field 'algorithm': the recipe is for 'ppo', "
-                                          r"this script trains 'grpo'"):
+    with pytest.raises(
+        RecipeError,
+        match=r"qwen2.5-7b-ppo.yaml:\d+: field 'algorithm': the recipe is for 'ppo', "
+        r"this script trains 'grpo'",
+    ):
         load_recipe("agents/qwen2.5-7b-ppo.yaml", algorithm="grpo")
 
 
 def test_changed_settings_lists_every_differing_dotted_key():
     from empathy_gym.agents.trainer import changed_settings
+
     saved = {"learning_rate": 0.01, "policy": {"lora_r": 8, "dtype": "float32"}, "seed": 0}
     now = {"learning_rate": 0.3, "policy": {"lora_r": 8, "dtype": "bfloat16"}, "seed": 0, "new": 1}
-    assert changed_settings(saved, now) == ["learning_rate: 0.01 -> 0.3", "new: None -> 1",
-                                            "policy.dtype: 'float32' -> 'bfloat16'"]
+    assert changed_settings(saved, now) == [
+        "learning_rate: 0.01 -> 0.3",
+        "new: None -> 1",
+        "policy.dtype: 'float32' -> 'bfloat16'",
+    ]
 
 
 def test_a_recipe_that_is_not_utf8(tmp_path):
@@ -142,16 +174,25 @@ def test_several_processes_need_even_groups_and_transformers(tmp_path, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RecipeError, match=r"5 dialogue groups per step do not split evenly over 2 processes"):
         load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=5"], algorithm="ppo")
-    with pytest.raises(RecipeError, match=r"3 dialogue groups per step do not split evenly over 2 processes; .*"
-                                          r"several processes need generation.engine='transformers'"):
-        load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=6", "num_generations=2",
-                                             "generation.engine=vllm"], algorithm="grpo")
+    with pytest.raises(
+        RecipeError,
+        match=r"3 dialogue groups per step do not split evenly over 2 processes; .*"
+        r"several processes need generation.engine='transformers'",
+    ):
+        load_recipe(
+            "agents/tiny-cpu.yaml",
+            ["rollout_batch_size=6", "num_generations=2", "generation.engine=vllm"],
+            algorithm="grpo",
+        )
     assert load_recipe("agents/tiny-cpu.yaml", ["rollout_batch_size=8", "num_generations=2"], algorithm="grpo")
 
 
 def test_an_override_is_named_as_the_override():
-    with pytest.raises(RecipeError, match=r"^command-line override: field 'env.id': Environment version `v9` "
-                                          r"for environment `EmpathyDialogue` doesn't exist"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^command-line override: field 'env.id': Environment version `v9` "
+        r"for environment `EmpathyDialogue` doesn't exist",
+    ):
         load_recipe("agents/tiny-cpu.yaml", ["env.id=EmpathyDialogue-v9"], algorithm="ppo")
 
 
@@ -159,6 +200,7 @@ def test_the_main_recipe_trains_and_evaluates_on_english_personas():
     """The README's main command: SmolLM2 (English) on the built-in English bank, with
     the held-out before/after evaluation on personas split off it."""
     from empathy_gym.personas import load_personas
+
     config = load_recipe("agents/smollm2-cpu-grpo.yaml")
     assert isinstance(config, GRPOConfig) and config.policy.model == "smollm2"
     assert config.heldout.bank == "en" and config.env.personas is None
@@ -176,8 +218,11 @@ def test_a_shipped_recipe_is_found_by_name_from_any_folder(tmp_path, monkeypatch
 
 
 def test_a_config_built_in_python_refuses_a_value_outside_its_choices():
-    with pytest.raises(RecipeError, match=r"field 'loss_type': expected one of \['token_mean', 'sequence_mean', "
-                                          r"'dr_grpo'\], got 'mean'"):
+    with pytest.raises(
+        RecipeError,
+        match=r"field 'loss_type': expected one of \['token_mean', 'sequence_mean', "
+        r"'dr_grpo'\], got 'mean'",
+    ):
         GRPOConfig(loss_type="mean")
     config = GRPOConfig(loss_type="dr_grpo")  # a member that is its string
     assert config.loss_type == "dr_grpo" and f"{config.loss_type}" == "dr_grpo"

@@ -7,13 +7,24 @@ import empathy_gym
 from empathy_gym.personas import PersonaError
 from empathy_gym.user.scripted import ScriptedUser
 
-GOOD = {"id": "c1", "language": "en", "profile": "Maya, 34, ER nurse.", "scenario": "Maya was blamed.",
-        "hidden_intention": "not_at_fault", "character_type": "negative", "opening_line": "So it's my fault now."}
+GOOD = {
+    "id": "c1",
+    "language": "en",
+    "profile": "Maya, 34, ER nurse.",
+    "scenario": "Maya was blamed.",
+    "hidden_intention": "not_at_fault",
+    "character_type": "negative",
+    "opening_line": "So it's my fault now.",
+}
 
 
 def test_builtin_ids_registered_on_import():
-    for env_id, difficulty in [("EmpathyDialogue-v0", "moderate"), ("EmpathyDialogue-Hard-v0", "challenging"),
-                               ("EmpathyDialogue-Easy-v0", "easy"), ("EmpathyDialogue-RLVER-v0", "moderate")]:
+    for env_id, difficulty in [
+        ("EmpathyDialogue-v0", "moderate"),
+        ("EmpathyDialogue-Hard-v0", "challenging"),
+        ("EmpathyDialogue-Easy-v0", "easy"),
+        ("EmpathyDialogue-RLVER-v0", "moderate"),
+    ]:
         spec = gym.spec(env_id)
         assert spec.kwargs["difficulty"] == difficulty and spec.nondeterministic is False
 
@@ -21,8 +32,9 @@ def test_builtin_ids_registered_on_import():
 def test_register_from_a_path_and_make(tmp_path):
     path = tmp_path / "clinic.jsonl"
     path.write_text(json.dumps(GOOD) + "\n" + json.dumps(dict(GOOD, id="c2")) + "\n")
-    spec = empathy_gym.register_persona_env("Clinic-Hard-v0", personas=path, difficulty="challenging",
-                                            max_turns=3, override=True)
+    spec = empathy_gym.register_persona_env(
+        "Clinic-Hard-v0", personas=path, difficulty="challenging", max_turns=3, override=True
+    )
     assert spec.kwargs["personas"] == str(path) and spec.kwargs["max_turns"] == 3
     env = gym.make("Clinic-Hard-v0", user=ScriptedUser([1]))
     obs, info = env.reset(seed=0)
@@ -48,8 +60,11 @@ def test_bad_difficulty_fails_at_registration():
     with pytest.raises(KeyError, match="unknown difficulty 'brutal'"):
         empathy_gym.register_persona_env("Brutal-v0", personas=[GOOD], difficulty="brutal")
     with pytest.raises(ValueError, match=r"field 'rule/gain_scale'"):
-        empathy_gym.register_persona_env("Brutal-v0", personas=[GOOD], difficulty={
-            "name": "x", "description": "", "prompt": {"en": "", "zh": ""}, "rule": {"gain_scale": -1}})
+        empathy_gym.register_persona_env(
+            "Brutal-v0",
+            personas=[GOOD],
+            difficulty={"name": "x", "description": "", "prompt": {"en": "", "zh": ""}, "rule": {"gain_scale": -1}},
+        )
 
 
 def test_duplicate_id_needs_override():
@@ -59,6 +74,7 @@ def test_duplicate_id_needs_override():
 
 
 def test_llm_backed_id_is_nondeterministic():
-    spec = empathy_gym.register_persona_env("ClinicLLM-v0", personas=[GOOD],
-                                            user="openai:m@http://127.0.0.1:9/v1", override=True)
+    spec = empathy_gym.register_persona_env(
+        "ClinicLLM-v0", personas=[GOOD], user="openai:m@http://127.0.0.1:9/v1", override=True
+    )
     assert spec.nondeterministic is True

@@ -12,13 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from empathy_gym.cli import app
-from empathy_gym.replay import (
-    LoggedUser,
-    agreement,
-    read_logs,
-    replay_logs,
-    replay_with_logged_changes,
-)
+from empathy_gym.replay import LoggedUser, agreement, read_logs, replay_logs, replay_with_logged_changes
 from empathy_gym.sage_logs import leaderboard, read_sage_log
 from empathy_gym.seeding import derive_seed
 from empathy_gym.user import SimulatorError, resolve_protocol
@@ -57,27 +51,33 @@ def test_the_first_gpt4o_dialogue_by_hand():
 
 def _request(dialogue, number):
     from empathy_gym.replay import turn_request
+
     return turn_request(dialogue.turns[number - 1], dialogue.persona)
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="no ../shared checkout beside the repo")
 def test_every_released_log_is_reproduced_by_the_sage_protocol():
     # SAGE's leaderboard numbers of the released logs (mean emo_point, >= 100, < 10)
-    expected = {"gemini-2.5-flash-nothink/openai-o1": (30.54, 2, 43),
-                "gpt-4o-2024-0806/claude3.7-think": (72.93, 36, 9),
-                "gpt-4o-2024-0806/claude3.7": (70.34, 32, 10),
-                "gpt-4o-2024-0806/deepseek-v3-1227": (65.6, 26, 17),
-                "gpt-4o-2024-0806/gpt-4o-0806": (52.13, 14, 18),
-                "gpt-4o-2024-0806/llama3.3-70b": (49.43, 15, 25),
-                "gpt-4o-2024-0806/openai-o1": (40.81, 12, 33)}
+    expected = {
+        "gemini-2.5-flash-nothink/openai-o1": (30.54, 2, 43),
+        "gpt-4o-2024-0806/claude3.7-think": (72.93, 36, 9),
+        "gpt-4o-2024-0806/claude3.7": (70.34, 32, 10),
+        "gpt-4o-2024-0806/deepseek-v3-1227": (65.6, 26, 17),
+        "gpt-4o-2024-0806/gpt-4o-0806": (52.13, 14, 18),
+        "gpt-4o-2024-0806/llama3.3-70b": (49.43, 15, 25),
+        "gpt-4o-2024-0806/openai-o1": (40.81, 12, 33),
+    }
     logs = read_logs([SHARED])
     assert sorted(log.name for log in logs) == sorted(expected)
     for log in logs:
         replays = [replay_with_logged_changes(d) for d in log.dialogues]
         assert all(r.matches for r in replays), log.name
         finals = [r.emotions[-1] for r in replays]
-        assert (round(sum(finals) / len(finals), 2), sum(f >= 100 for f in finals),
-                sum(f < 10 for f in finals)) == expected[log.name]
+        assert (
+            round(sum(finals) / len(finals), 2),
+            sum(f >= 100 for f in finals),
+            sum(f < 10 for f in finals),
+        ) == expected[log.name]
 
 
 class Counting(SimulatedUser):
@@ -116,10 +116,11 @@ def test_replay_report_and_files(tmp_path):
     first = records[0]
     assert (first["log"], first["turn"], first["emotion_before"]) == ("gemini-2.5-flash-nothink/openai-o1", 1, 40)
     assert first["predicted"] == -3 and first["proposed"] == -3
-    assert records[1]["proposed"] == 25 and records[1]["predicted"] == 10     # clamped by SAGE
+    assert records[1]["proposed"] == 25 and records[1]["predicted"] == 10  # clamped by SAGE
     assert first["seed"] == derive_seed(3, first["log"], first["dialogue_id"], 1)
-    expected = agreement([r["predicted"] for r in records], [r["logged_change"] for r in records],
-                         models=[r["log"] for r in records])
+    expected = agreement(
+        [r["predicted"] for r in records], [r["logged_change"] for r in records], models=[r["log"] for r in records]
+    )
     assert report["agreement"]["sign_agreement"] == expected.sign_agreement
     assert report["agreement"]["kendall_tau"] == expected.kendall_tau
     gpt4o = report["by_simulator"]["gpt-4o-2024-0806"]
@@ -153,12 +154,11 @@ def test_same_seed_same_requests_whatever_the_batching():
 
 def test_the_replay_command_with_the_rule_user(tmp_path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["replay", str(LOGS), "--user", "rule", "--out", str(out)],
-                           env={"COLUMNS": "220"})
+    result = runner.invoke(app, ["replay", str(LOGS), "--user", "rule", "--out", str(out)], env={"COLUMNS": "220"})
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     row = next(r for r in report["logs"] if r["name"] == "gpt-4o-2024-0806/gpt-4o-0806")
-    assert (row["score"], row["success"], row["failure"]) == (40 / 3, 0, 1)   # 15, 20, 5
+    assert (row["score"], row["success"], row["failure"]) == (40 / 3, 0, 1)  # 15, 20, 5
     assert "gpt-4o-2024-0806/gpt-4o-0806" in result.stdout and "13.33" in result.stdout
     assert "sign agree" in result.stdout and "Kendall tau" in result.stdout and "3/3" in result.stdout
     assert f"{report['agreement']['sign_agreement']:.2f}" in result.stdout
@@ -166,4 +166,4 @@ def test_the_replay_command_with_the_rule_user(tmp_path):
     assert again.exit_code == 0 and "180 resumed" in again.stdout
     missing = runner.invoke(app, ["replay", str(tmp_path / "nope.jsonl"), "--out", str(out)])
     assert missing.exit_code == 1 and "no such log file" in missing.stderr
-    assert runner.invoke(app, ["replay", str(LOGS)]).exit_code == 2   # no --out
+    assert runner.invoke(app, ["replay", str(LOGS)]).exit_code == 2  # no --out

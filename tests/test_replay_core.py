@@ -59,10 +59,9 @@ def test_reappraise_sends_the_logged_state_and_clamps():
     turns = [t for t in dialogue.turns if t.scored]
     user = Recorder()
     done = []
-    changes = reappraise(user, [turn_request(t, dialogue.persona) for t in turns], batch_size=4,
-                         on_batch=done.append)
-    assert changes == [10] * len(turns)        # +25 clamped to SAGE's [-10, 10]
-    assert done == [4, 4, 1]                    # 9 scored turns in batches of 4
+    changes = reappraise(user, [turn_request(t, dialogue.persona) for t in turns], batch_size=4, on_batch=done.append)
+    assert changes == [10] * len(turns)  # +25 clamped to SAGE's [-10, 10]
+    assert done == [4, 4, 1]  # 9 scored turns in batches of 4
     third = user.seen[2]
     assert third.emotion == 55 and third.turn == 3 and len(third.history) == 5
     assert third.utterance == turns[2].utterance

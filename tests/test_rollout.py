@@ -11,8 +11,18 @@ from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.personas import Persona
 from empathy_gym.user.scripted import ScriptedUser
 
-PERSONAS = [Persona(id=f"p{i}", language="en", profile="p", scenario="s", hidden_intention="deep_empathy",
-                    character_type="passive", opening_line=f"I feel lost ({i}).") for i in range(3)]
+PERSONAS = [
+    Persona(
+        id=f"p{i}",
+        language="en",
+        profile="p",
+        scenario="s",
+        hidden_intention="deep_empathy",
+        character_type="passive",
+        opening_line=f"I feel lost ({i}).",
+    )
+    for i in range(3)
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +50,11 @@ class ScriptedPolicy:
 
 def test_loss_mask_is_exactly_the_policy_tokens_over_three_turns(tiny):
     _, tokenizer = tiny
-    outputs = ["<think>She feels lost.</think> That sounds so heavy.",
-               "<think>Ask gently.</think> What happened today?",
-               "<think>Validate.</think> It makes sense you feel this way."]
+    outputs = [
+        "<think>She feels lost.</think> That sounds so heavy.",
+        "<think>Ask gently.</think> What happened today?",
+        "<think>Validate.</think> It makes sense you feel this way.",
+    ]
     seen = []
     user = ScriptedUser(change_fn=lambda r: seen.append(r.utterance) or 5)
     env = EmpathyDialogueEnv(PERSONAS, user=user, max_turns=3, think=True)
@@ -80,15 +92,19 @@ def test_a_turn_cut_at_max_new_tokens_gets_an_untrained_end_token(tiny):
     (trajectory,) = engine.collect([0])
     end = trajectory.turn_ends[0]
     assert trajectory.token_ids[end + 1] == tokenizer.eos_token_id and trajectory.loss_mask[end + 1] == 0
-    assert tokenizer.decode([t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]) == \
-        "I hear" + "you" + tokenizer.eos_token
+    assert (
+        tokenizer.decode([t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m])
+        == "I hear" + "you" + tokenizer.eos_token
+    )
 
 
 def test_user_turn_tokens_come_from_the_template(tiny):
     _, tokenizer = tiny
     chat = ChatTokens(tokenizer)
     assert chat.after_eos_text == "\n"
-    assert tokenizer.decode(chat.user_turn("Thanks.")) == "\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(chat.user_turn("Thanks.")) == "\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_an_ended_dialogue_never_shifts_the_others(tiny):
@@ -109,8 +125,10 @@ def test_an_ended_dialogue_never_shifts_the_others(tiny):
     assert trajectories[0].termination == "failure" and trajectories[1].termination == "max_turns"
     # after dialogue 0 ended, the generate calls carried the two others only, in order
     assert [len(p) for p in policy.prompts] == [3, 3, 3, 3, 2, 2]
-    assert policy.prompts[4] == [trajectories[1].token_ids[:len(policy.prompts[4][0])],
-                                 trajectories[2].token_ids[:len(policy.prompts[4][1])]]
+    assert policy.prompts[4] == [
+        trajectories[1].token_ids[: len(policy.prompts[4][0])],
+        trajectories[2].token_ids[: len(policy.prompts[4][1])],
+    ]
 
 
 def test_generator_logprobs_match_a_training_forward_pass(tiny):
@@ -142,6 +160,7 @@ def test_vllm_full_weight_sync_loads_every_tensor_then_drops_the_prefix_cache(ti
     from types import SimpleNamespace
 
     from empathy_gym.agents.generation import VLLMGenerator
+
     model, _ = tiny
     events = []
 
@@ -154,7 +173,8 @@ def test_vllm_full_weight_sync_loads_every_tensor_then_drops_the_prefix_cache(ti
     generator.lora_rank = 0
     generator.llm = SimpleNamespace(
         llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))),
-        reset_prefix_cache=lambda: events.append(("reset", None)))
+        reset_prefix_cache=lambda: events.append(("reset", None)),
+    )
     generator.sync(model, step=1)
     assert events == [("load", list(model.state_dict())), ("reset", None)]
 
@@ -167,11 +187,14 @@ def test_a_stop_request_ends_generation_at_once_and_skips_the_user_turn(tiny):
     """Ctrl-C in the trainer: generation stops at the next token (the stopping criterion is
     polled once per token) and the user is not asked for the turn."""
     from empathy_gym.agents.rollout import RolloutInterrupted
+
     model, tokenizer = tiny
     polls, user_calls = [], []
+
     def should_stop():
         polls.append(1)
         return len(polls) > 3
+
     generator = TransformersGenerator(model, tokenizer, max_new_tokens=40, should_stop=should_stop)
     prompt = ChatTokens(tokenizer).prompt([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
     (sample,) = generator.generate([prompt], [1])
@@ -198,8 +221,12 @@ def test_a_dialogue_is_cut_before_a_turn_that_would_pass_the_context_limit(tiny)
     texts = ["I hear you and I am here for you tonight."] * 8
     per_turn = len(tokenizer(texts[0], add_special_tokens=False)["input_ids"]) + 1
     user = ScriptedUser(change_fn=lambda r: 5)
-    probe = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=user, max_turns=8)],
-                          LongTurnPolicy(tokenizer, texts, 16), tokenizer, max_context_tokens=4096)
+    probe = RolloutEngine(
+        [EmpathyDialogueEnv(PERSONAS, user=user, max_turns=8)],
+        LongTurnPolicy(tokenizer, texts, 16),
+        tokenizer,
+        max_context_tokens=4096,
+    )
     (uncut,) = probe.collect([0])
     # room for the prompt and three turns with the user's replies, not for a fourth turn (16 + 1)
     three_turns = uncut.turn_ends[3] - per_turn + 1
@@ -208,18 +235,20 @@ def test_a_dialogue_is_cut_before_a_turn_that_would_pass_the_context_limit(tiny)
     engine = RolloutEngine([env], LongTurnPolicy(tokenizer, texts, 16), tokenizer, max_context_tokens=limit)
     (cut,) = engine.collect([0])
     assert len(cut.rewards) == 3 and cut.termination == "context_limit" and cut.cut
-    assert len(cut.token_ids) == three_turns <= limit      # the user's last reply is in: it fit
+    assert len(cut.token_ids) == three_turns <= limit  # the user's last reply is in: it fit
     assert cut.token_ids == uncut.token_ids[:three_turns]
     # final mode paid nothing (the env never ended the dialogue); scored as ended at e_T = 55
     assert cut.rewards == [0.0, 0.0, 0.0] and cut.emotions[-1] == 55
     assert cut.outcome_rewards() == [0.0, 0.0, 0.55]
     assert to_token_data(cut).bootstrap and not to_token_data(uncut).bootstrap
     from empathy_gym.agents.trainer import rollout_metrics
+
     metrics = rollout_metrics([cut, uncut])
     assert metrics["episode/context_limit"] == 1.0 and metrics["episode/context_limit_rate"] == 0.5
     # one token less and the reply no longer fits: the dialogue ends at the agent's turn
-    (short,) = RolloutEngine([env], LongTurnPolicy(tokenizer, texts, 16), tokenizer,
-                             max_context_tokens=three_turns - 1).collect([0])
+    (short,) = RolloutEngine(
+        [env], LongTurnPolicy(tokenizer, texts, 16), tokenizer, max_context_tokens=three_turns - 1
+    ).collect([0])
     assert short.termination == "context_limit" and len(short.token_ids) == uncut.turn_ends[2] + 1
 
 
@@ -227,20 +256,28 @@ def test_a_generator_that_samples_more_than_fits_is_cut_to_the_limit(tiny):
     _, tokenizer = tiny
     texts = ["word " * 40] * 4
     user = ScriptedUser(change_fn=lambda r: 1)
-    policy = LongTurnPolicy(tokenizer, texts, 4)          # declares 4, returns 40+
+    policy = LongTurnPolicy(tokenizer, texts, 4)  # declares 4, returns 40+
     limit = 120
-    engine = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=user, max_turns=4)], policy, tokenizer,
-                           max_context_tokens=limit)
+    engine = RolloutEngine(
+        [EmpathyDialogueEnv(PERSONAS, user=user, max_turns=4)], policy, tokenizer, max_context_tokens=limit
+    )
     (trajectory,) = engine.collect([0])
     assert len(trajectory.token_ids) <= limit and trajectory.termination == "context_limit"
 
 
 def test_an_opening_that_leaves_no_room_for_a_turn_is_a_clear_error(tiny):
     _, tokenizer = tiny
-    engine = RolloutEngine([EmpathyDialogueEnv(PERSONAS, user=ScriptedUser([0]), max_turns=2)],
-                           LongTurnPolicy(tokenizer, ["hi"], 64), tokenizer, max_context_tokens=40)
-    with pytest.raises(ValueError, match=r"persona 'p\d': its opening prompt has \d+ tokens, so a turn of "
-                                         r"max_new_tokens=64 does not fit in max_context_tokens=40"):
+    engine = RolloutEngine(
+        [EmpathyDialogueEnv(PERSONAS, user=ScriptedUser([0]), max_turns=2)],
+        LongTurnPolicy(tokenizer, ["hi"], 64),
+        tokenizer,
+        max_context_tokens=40,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"persona 'p\d': its opening prompt has \d+ tokens, so a turn of "
+        r"max_new_tokens=64 does not fit in max_context_tokens=40",
+    ):
         engine.collect([0])
 
 
@@ -252,16 +289,19 @@ def test_thinking_and_reply_tokens_and_turns_cut_by_length_are_counted(tiny):
     (trajectory,) = engine.collect([0])
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     thinking = [len(encode("<think>She feels lost.</think>")), len(encode("<think>Ask gently</think>"))]
-    sampled = [len(encode(outputs[0])) + 1, len(encode(outputs[1]))]     # the second turn was cut: no eos
-    assert tokenizer.decode(encode(outputs[0])[:thinking[0]]) == "<think>She feels lost.</think>"
+    sampled = [len(encode(outputs[0])) + 1, len(encode(outputs[1]))]  # the second turn was cut: no eos
+    assert tokenizer.decode(encode(outputs[0])[: thinking[0]]) == "<think>She feels lost.</think>"
     assert trajectory.thinking_tokens == sum(thinking)
     assert trajectory.reply_tokens == sum(sampled) - sum(thinking)
     assert trajectory.cut_turns == 1
     # outside think mode every sampled token is reply
     plain = EmpathyDialogueEnv(PERSONAS, user=ScriptedUser(change_fn=lambda r: 5), max_turns=1)
     (trajectory,) = RolloutEngine([plain], ScriptedPolicy(tokenizer, ["Hello there."]), tokenizer).collect([0])
-    assert (trajectory.thinking_tokens, trajectory.reply_tokens, trajectory.cut_turns) == \
-        (0, len(encode("Hello there.")) + 1, 0)
+    assert (trajectory.thinking_tokens, trajectory.reply_tokens, trajectory.cut_turns) == (
+        0,
+        len(encode("Hello there.")) + 1,
+        0,
+    )
 
 
 @pytest.mark.parametrize("think", [False, True])
@@ -273,13 +313,25 @@ def test_kept_key_value_states_change_no_token_and_no_log_prob(tiny, think):
     are the same token for token, log-probs equal to float noise, and from the second turn
     on nearly every prompt token is reused."""
     model, tokenizer = tiny
-    personas = [Persona(id=f"q{i}", language="en", profile="p", scenario="s", hidden_intention="deep_empathy",
-                        character_type="passive", opening_line="I feel lost. " * (1 + 3 * i)) for i in range(3)]
+    personas = [
+        Persona(
+            id=f"q{i}",
+            language="en",
+            profile="p",
+            scenario="s",
+            hidden_intention="deep_empathy",
+            character_type="passive",
+            opening_line="I feel lost. " * (1 + 3 * i),
+        )
+        for i in range(3)
+    ]
 
     def play(reuse_kv):
         user = ScriptedUser(change_fn=lambda r: -35 if r.persona.id == "q1" else 5)
-        envs = [EmpathyDialogueEnv([persona], user=user, protocol="rlver_training", max_turns=4, think=think)
-                for persona in personas]   # unclamped: -35 from 30 ends at once
+        envs = [
+            EmpathyDialogueEnv([persona], user=user, protocol="rlver_training", max_turns=4, think=think)
+            for persona in personas
+        ]  # unclamped: -35 from 30 ends at once
         generator = TransformersGenerator(model, tokenizer, max_new_tokens=6, temperature=1.0, reuse_kv=reuse_kv)
         return RolloutEngine(envs, generator, tokenizer).collect([0, 1, 2]), generator
 

@@ -57,7 +57,7 @@ def test_english_rewriting_cases_from_the_issue():
     told = " ".join(ravi.details + (ravi.state,))
     # "writing in his farewell email that Ravi 'hasn't really listened'": his is Arjun's
     assert "my farewell email" not in told and "I 'hasn't" not in told and "Ravi" not in told
-    _, mei_lin = _story("en", "en-003-grandson-wrist")      # "Tan Mei Lin": family name first
+    _, mei_lin = _story("en", "en-003-grandson-wrist")  # "Tan Mei Lin": family name first
     assert not any("Mei Lin" in sentence for sentence in mei_lin.details)
 
 
@@ -89,7 +89,7 @@ def test_a_user_never_repeats_itself_while_it_has_something_new_to_say():
     history, said = (("user", opening),), set(sentences_of("zh", opening))
     for turn in range(1, 9):
         request = UserRequest(persona, history, "嗯。", 55, turn, seed=turn)
-        (reply,) = user.reply([request], [Appraisal(change=0)], [55])     # band B every turn
+        (reply,) = user.reply([request], [Appraisal(change=0)], [55])  # band B every turn
         new = sentences_of("zh", reply)
         assert reply and not said & set(new), (turn, reply)
         said.update(new)

@@ -8,13 +8,7 @@ from pathlib import Path
 import pytest
 
 from empathy_gym.personas import load_personas
-from empathy_gym.sage_logs import (
-    SageLogError,
-    leaderboard,
-    log_names,
-    parse_dialogue,
-    read_sage_log,
-)
+from empathy_gym.sage_logs import SageLogError, leaderboard, log_names, parse_dialogue, read_sage_log
 
 LOGS = Path(__file__).parent / "data" / "sage_logs"
 GPT4O = LOGS / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
@@ -72,21 +66,24 @@ def test_bad_lines_name_file_line_and_field(tmp_path):
     record = json.loads(GPT4O.read_text(encoding="utf-8").splitlines()[0])
     broken = dict(record, history=record["history"][:1] + [{"role": "user", "content": "?", "emotion-point": 5}])
     path = tmp_path / "x_result.jsonl"
-    path.write_text(json.dumps(record, ensure_ascii=False) + "\n" + json.dumps(broken, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps(record, ensure_ascii=False) + "\n" + json.dumps(broken, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     with pytest.raises(SageLogError, match=r"x_result.jsonl:2: field 'history/1/role'"):
         read_sage_log(path)
     with pytest.raises(SageLogError, match=r"<record>:1: field 'emo_point': missing"):
         parse_dialogue({k: v for k, v in record.items() if k != "emo_point"})
     # history given as a JSON string reads the same as a list
-    assert parse_dialogue(dict(record, history=json.dumps(record["history"]))).emotions == \
-        parse_dialogue(record).emotions
+    assert (
+        parse_dialogue(dict(record, history=json.dumps(record["history"]))).emotions == parse_dialogue(record).emotions
+    )
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="no ../shared checkout beside the repo")
 def test_full_logs_and_vendored_copies_match_shared_data():
-    assert (Path(__file__).parents[1] / "envs" / "sage" / "profiles.jsonl").read_bytes() == \
-        (SHARED / "profiles.jsonl").read_bytes()
+    assert (Path(__file__).parents[1] / "envs" / "sage" / "profiles.jsonl").read_bytes() == (
+        SHARED / "profiles.jsonl"
+    ).read_bytes()
     for path in sorted(LOGS.glob("*/*.jsonl")):
         full = SHARED / "logs" / path.parent.name / path.name
         assert full.read_text(encoding="utf-8").splitlines()[:3] == path.read_text(encoding="utf-8").splitlines()

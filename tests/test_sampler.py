@@ -74,7 +74,8 @@ def test_samples_come_from_the_policy_not_the_models_generation_config(sharp):
     assert p_repeat - p_penalised > 0.2, "the set-up must make the penalty matter"
     n = 600
     samples = TransformersGenerator(model, tokenizer, max_new_tokens=1, max_batch_size=n).generate(
-        [prompt] * n, list(range(n)))
+        [prompt] * n, list(range(n))
+    )
     share = np.mean([s.token_ids[0] in set(prompt) for s in samples])
     assert abs(share - p_repeat) < 4 * np.sqrt(p_repeat * (1 - p_repeat) / n)
     assert model.generation_config.repetition_penalty == 3.0  # restored after generate
@@ -87,7 +88,7 @@ def test_recorded_logprobs_equal_the_trainers(sharp):
     for sample in generator.generate([prompt, prompt], [3, 4]):
         ids = torch.tensor(prompt + sample.token_ids)
         mask = torch.zeros(len(ids) - 1, dtype=torch.bool)
-        mask[len(prompt) - 1:] = True
+        mask[len(prompt) - 1 :] = True
         data = TokenData(ids, mask, torch.zeros(int(mask.sum())), torch.zeros(int(mask.sum()), dtype=torch.long))
         with torch.no_grad():
             trainer = forward_tokens(model, [data], tokenizer.pad_token_id, torch.device("cpu"), 0.7).logprobs
@@ -99,6 +100,7 @@ def test_a_peft_wrapped_policy_ignores_the_generation_config_too(sharp):
     is its own decoding loop, so a peft policy over the sharp model with its
     repetition_penalty=3.0 still records the trainer's log-probs, and the config is untouched."""
     from peft import LoraConfig, get_peft_model
+
     model, tokenizer = sharp
     policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
     try:
@@ -106,7 +108,7 @@ def test_a_peft_wrapped_policy_ignores_the_generation_config_too(sharp):
         (sample,) = TransformersGenerator(policy, tokenizer, max_new_tokens=6, temperature=0.7).generate([prompt], [5])
         ids = torch.tensor(prompt + sample.token_ids)
         mask = torch.zeros(len(ids) - 1, dtype=torch.bool)
-        mask[len(prompt) - 1:] = True
+        mask[len(prompt) - 1 :] = True
         data = TokenData(ids, mask, torch.zeros(int(mask.sum())), torch.zeros(int(mask.sum()), dtype=torch.long))
         with torch.no_grad():
             trainer = forward_tokens(policy, [data], tokenizer.pad_token_id, torch.device("cpu"), 0.7).logprobs
@@ -118,6 +120,7 @@ def test_a_peft_wrapped_policy_ignores_the_generation_config_too(sharp):
 
 def test_training_refuses_samplers_that_are_not_the_policy(tmp_path):
     from empathy_gym.agents import RecipeError, load_recipe
+
     with pytest.raises(RecipeError, match=r"top_p 0.9 would sample from the truncated nucleus"):
         load_recipe("agents/tiny-cpu.yaml", ["generation.top_p=0.9"], algorithm="ppo")
     with pytest.raises(RecipeError, match=r"temperature 0 \(greedy\) does not sample from the policy"):
@@ -138,7 +141,7 @@ class FakeLLM:
     def generate(self, inputs, params, lora_request=None, use_tqdm=False):
         self.calls.append((inputs, params, lora_request))
         outputs = []
-        for ids in FakeLLM.replies[:len(inputs)]:
+        for ids in FakeLLM.replies[: len(inputs)]:
             logprobs = [{token: types.SimpleNamespace(logprob=-0.5)} for token in ids]
             outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids, logprobs=logprobs)]))
         return outputs
@@ -150,15 +153,15 @@ def fake_vllm(monkeypatch):
     vllm.LLM = FakeLLM
     vllm.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
     lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
-    request.LoRARequest = lambda name, int_id, path: types.SimpleNamespace(lora_name=name, lora_int_id=int_id,
-                                                                           lora_path=path)
+    request.LoRARequest = lambda name, int_id, path: types.SimpleNamespace(
+        lora_name=name, lora_int_id=int_id, lora_path=path
+    )
     for name, module in (("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request)):
         monkeypatch.setitem(sys.modules, name, module)
     return vllm
 
 
-def test_vllm_turns_that_end_on_any_eos_id_of_the_generation_config_are_finished(tmp_path, tiny_model_dir,
-                                                                                 fake_vllm):
+def test_vllm_turns_that_end_on_any_eos_id_of_the_generation_config_are_finished(tmp_path, tiny_model_dir, fake_vllm):
     """Qwen2.5's generation_config.json lists <|im_end|> and <|endoftext|>; vLLM stops at
     both, so a turn that ends on <|endoftext|> is finished (no end token appended)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -177,9 +180,12 @@ def test_vllm_turns_that_end_on_any_eos_id_of_the_generation_config_are_finished
 def test_vllm_lora_sync_keeps_one_adapter_on_disk_in_bfloat16(tmp_path, tiny_model_dir, fake_vllm):
     from peft import LoraConfig, PeftModel, get_peft_model
     from safetensors import safe_open
+
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                            LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    policy = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     generator = VLLMGenerator(str(tiny_model_dir), tokenizer, lora_rank=4, dtype="bfloat16")
     folder = Path(generator._adapter_dir)
 
@@ -228,4 +234,3 @@ def test_a_vllm_engine_that_returns_no_logprobs_is_an_error_not_zeros(tiny_model
             generator.generate([[1, 2]], [1])
     finally:
         FakeLLM.generate = original
-

@@ -28,8 +28,9 @@ def test_mismatch_statistics_by_hand():
 
 
 def test_truncated_weights_are_the_ratio_capped():
-    weights = tis_weights(torch.tensor([math.log(0.5), math.log(0.2)]),
-                          torch.tensor([math.log(0.25), math.log(0.4)]), cap=1.5)
+    weights = tis_weights(
+        torch.tensor([math.log(0.5), math.log(0.2)]), torch.tensor([math.log(0.25), math.log(0.4)]), cap=1.5
+    )
     assert weights.tolist() == pytest.approx([1.5, 0.5])
     with pytest.raises(ValueError, match="cap must be > 0"):
         tis_weights(torch.zeros(1), torch.zeros(1), cap=0)
@@ -62,8 +63,17 @@ def test_the_correction_multiplies_each_tokens_loss_by_its_weight():
 
 def _one_dialogue(tokenizer):
     from empathy_gym.agents.rollout import Trajectory
-    t = Trajectory(key=0, group=0, env_seed=0, persona_id="p", language="en", hidden_intention="x",
-                   character_type="passive", emotions=[40, 45])
+
+    t = Trajectory(
+        key=0,
+        group=0,
+        env_seed=0,
+        persona_id="p",
+        language="en",
+        hidden_intention="x",
+        character_type="passive",
+        emotions=[40, 45],
+    )
     t.extend([5, 6, 7], trainable=False)
     t.extend([8, 9, tokenizer.eos_token_id], trainable=True, logprobs=[0.0] * 3)
     t.turn_ends.append(len(t.token_ids) - 1)
@@ -75,8 +85,12 @@ def test_the_trainer_weights_the_gradient_by_the_capped_ratio(tmp_path):
     """A sampler that gave every token a quarter of the trainer's probability: the ratio is
     4, capped at 2, so the policy gradient is exactly twice the uncorrected one."""
     from empathy_gym.agents import GRPOTrainer, load_recipe
-    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "rollout_batch_size=4", "progress=false",
-                                                  "entropy_coef=0.0", "tis_cap=2.0"], algorithm="grpo")
+
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [f"output_dir={tmp_path}", "rollout_batch_size=4", "progress=false", "entropy_coef=0.0", "tis_cap=2.0"],
+        algorithm="grpo",
+    )
     run = GRPOTrainer(config)
     data = run.token_data([_one_dialogue(run.tokenizer)])
     old = run.policy_logprobs(data)
@@ -102,8 +116,12 @@ def test_the_transformers_engine_agrees_with_the_trainer(tmp_path):
     """The generator's recorded log-probs line up with the trainer's, token for token:
     KL near 0 and ratios near 1 (a misaligned token would give ratios far from 1)."""
     from empathy_gym.agents import PPOTrainer, load_recipe
-    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "rollout_batch_size=2", "progress=false",
-                                                  "total_steps=1", "report_to=tensorboard"], algorithm="ppo")
+
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [f"output_dir={tmp_path}", "rollout_batch_size=2", "progress=false", "total_steps=1", "report_to=tensorboard"],
+        algorithm="ppo",
+    )
     (metrics,) = PPOTrainer(config).train()
     assert metrics["sampler/kl"] < 1e-6
     assert abs(metrics["sampler/max_ratio"] - 1) < 1e-3 and abs(metrics["sampler/min_ratio"] - 1) < 1e-3
@@ -111,9 +129,22 @@ def test_the_transformers_engine_agrees_with_the_trainer(tmp_path):
     # value and advantage statistics, turns cut by length, thinking and reply tokens:
     # in metrics.jsonl and in TensorBoard
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    keys = ["value/mean", "value/std", "value/min", "value/max", "advantage/mean", "advantage/std",
-            "advantage/min", "advantage/max", "episode/turn_cut_rate", "tokens/thinking_per_turn",
-            "tokens/reply_per_turn", "sampler/kl", "sampler/max_ratio"]
+
+    keys = [
+        "value/mean",
+        "value/std",
+        "value/min",
+        "value/max",
+        "advantage/mean",
+        "advantage/std",
+        "advantage/min",
+        "advantage/max",
+        "episode/turn_cut_rate",
+        "tokens/thinking_per_turn",
+        "tokens/reply_per_turn",
+        "sampler/kl",
+        "sampler/max_ratio",
+    ]
     assert all(isinstance(metrics[k], float) for k in keys)
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
@@ -121,5 +152,5 @@ def test_the_transformers_engine_agrees_with_the_trainer(tmp_path):
     # tiny-cpu.yaml samples at most 4 tokens a turn, rarely an end-of-turn token among them
     assert 0.5 < metrics["episode/turn_cut_rate"] <= 1.0
     turns = metrics["episode/turns_mean"] * 2
-    assert metrics["tokens/thinking_per_turn"] == 0.0                     # think mode is off
+    assert metrics["tokens/thinking_per_turn"] == 0.0  # think mode is off
     assert metrics["tokens/reply_per_turn"] * turns == pytest.approx(metrics["tokens/generated"])

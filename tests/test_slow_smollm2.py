@@ -22,6 +22,7 @@ TURNS, DIALOGUES = 2, 2
 @pytest.fixture(scope="module")
 def backend():
     from empathy_gym.backends import make_backend
+
     try:
         return make_backend("transformers", model="smollm2", device="cpu")
     except FileNotFoundError as error:
@@ -31,9 +32,16 @@ def backend():
 def play(backend, mode):
     """Play DIALOGUES dialogues of up to TURNS turns; returns per-turn infos and errors."""
     # reply_plan=False: a 135M model cannot write the planned-reply JSON in 48 tokens
-    env = gym.make("EmpathyDialogue-v0", personas="en", max_turns=TURNS,
-                   user={"backend": backend, "appraisal_mode": mode,
-                         "user_kwargs": {"max_repairs": 2, "max_tokens": 48, "reply_plan": False}})
+    env = gym.make(
+        "EmpathyDialogue-v0",
+        personas="en",
+        max_turns=TURNS,
+        user={
+            "backend": backend,
+            "appraisal_mode": mode,
+            "user_kwargs": {"max_repairs": 2, "max_tokens": 48, "reply_plan": False},
+        },
+    )
     agent, infos, errors = ListenerAgent(), [], []
     for seed in range(DIALOGUES):
         _, info = env.reset(seed=seed)
@@ -66,8 +74,10 @@ def test_free_mode_repairs_or_raises_never_scores_silently(backend, measured):
     infos, errors = play(backend, "free")
     attempts = len(infos) + len(errors)
     repairs = sum(i["appraisal"]["repairs"] for i in infos)
-    measured(f"SmolLM2 user, free mode: {attempts} appraisals, {len(infos)} valid ({repairs} repair retries), "
-          f"{len(errors)} failed after 3 attempts")
+    measured(
+        f"SmolLM2 user, free mode: {attempts} appraisals, {len(infos)} valid ({repairs} repair retries), "
+        f"{len(errors)} failed after 3 attempts"
+    )
     assert attempts >= DIALOGUES
     for info in infos:
         assert 0 <= info["appraisal"]["repairs"] <= 2 and info["appraisal"]["raw"]
@@ -86,18 +96,18 @@ def test_a_chinese_sage_dialogue_outgrows_smollm2s_context_with_a_clear_error(ba
 
     log = Path(__file__).parent / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
     dialogue = read_sage_log(log)[0]
-    user = LLMUser(backend)                               # max_tokens 1024
+    user = LLMUser(backend)  # max_tokens 1024
     assert backend.context_length == 8192
     requests = [turn_request(turn, dialogue.persona) for turn in dialogue.turns if turn.scored]
-    lengths = [backend.prompt_lengths([prompts.appraisal_messages(r, user.difficulty, SAGE)])[0]
-               for r in requests]
+    lengths = [backend.prompt_lengths([prompts.appraisal_messages(r, user.difficulty, SAGE)])[0] for r in requests]
     measured(f"SmolLM2 tokens of the appraisal prompt of SAGE dialogue {dialogue.id}, turns 1-9: {lengths}")
-    assert lengths == sorted(lengths) and lengths[0] > 4000   # Chinese costs SmolLM2 many tokens
+    assert lengths == sorted(lengths) and lengths[0] > 4000  # Chinese costs SmolLM2 many tokens
     first_too_long = next(i for i, n in enumerate(lengths) if n + 1024 > 8192)
-    user.check_context([prompts.appraisal_messages(requests[0], user.difficulty, SAGE)],
-                       [dialogue.persona], [1], 1024, "appraisal")   # turn 1 fits
+    user.check_context(
+        [prompts.appraisal_messages(requests[0], user.difficulty, SAGE)], [dialogue.persona], [1], 1024, "appraisal"
+    )  # turn 1 fits
     with pytest.raises(PromptTooLongError) as info:
-        user.appraise([requests[first_too_long]])             # raised before any generation
+        user.appraise([requests[first_too_long]])  # raised before any generation
     error = info.value
     assert (error.persona_id, error.turn, error.context_length) == (dialogue.id, first_too_long + 1, 8192)
     assert error.prompt_tokens == lengths[first_too_long] and error.prompt_tokens + 1024 > 8192
@@ -117,6 +127,7 @@ def test_the_conversion_is_a_folder_every_engine_loads(tmp_path, monkeypatch):
 
     from empathy_gym.backends.smollm2 import smollm2_gguf_path
     from empathy_gym.models import convert_smollm2, load_causal_lm
+
     monkeypatch.setenv("EMPATHY_GYM_CACHE", str(tmp_path))
     folder = convert_smollm2()
     assert folder == tmp_path / "smollm2-135m-instruct"
@@ -157,17 +168,28 @@ def test_the_main_recipes_first_step_is_the_same_from_a_cold_and_a_warm_cache(tm
     import os
     import subprocess
     import sys
+
     script = tmp_path / "first_step.py"
     script.write_text(FIRST_STEP)
     env = {**os.environ, "EMPATHY_GYM_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     runs = []
     for name in ("cold", "warm"):
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / name)], env=env, capture_output=True,
-                              text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / name)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
         metrics = json.loads((tmp_path / name / "metrics.jsonl").read_text())
-        runs.append((json.loads(line[7:]), {k: v for k, v in metrics.items()
-                                             if not k.startswith(("time/", "tokens/generated_per_second"))}))
+        runs.append(
+            (
+                json.loads(line[7:]),
+                {k: v for k, v in metrics.items() if not k.startswith(("time/", "tokens/generated_per_second"))},
+            )
+        )
     assert (tmp_path / "cache" / "smollm2-135m-instruct").is_dir()
     assert runs[0] == runs[1]

@@ -16,12 +16,26 @@ from empathy_gym.strategies import STRATEGIES, TemplateError, load_templates, us
 from empathy_gym.strategy_env import FEATURES, EmpathyStrategyEnv
 from empathy_gym.user.scripted import ScriptedUser
 
-ANA = Persona(id="ana", language="en", name="Ana", profile="Ana, 30, nurse.", scenario="Ana was blamed.",
-              hidden_intention="not_at_fault", character_type="negative",
-              opening_line="They blamed me. Why?")
-LIN = Persona(id="lin", language="zh", name="小林", profile="小林，25岁，程序员。", scenario="小林的方案被组长否定了。",
-              hidden_intention="deep_empathy", character_type="avoidant",
-              opening_line="唉，我真的不知道该怎么办了？")
+ANA = Persona(
+    id="ana",
+    language="en",
+    name="Ana",
+    profile="Ana, 30, nurse.",
+    scenario="Ana was blamed.",
+    hidden_intention="not_at_fault",
+    character_type="negative",
+    opening_line="They blamed me. Why?",
+)
+LIN = Persona(
+    id="lin",
+    language="zh",
+    name="小林",
+    profile="小林，25岁，程序员。",
+    scenario="小林的方案被组长否定了。",
+    hidden_intention="deep_empathy",
+    character_type="avoidant",
+    opening_line="唉，我真的不知道该怎么办了？",
+)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sb3_ppo_strategy.py"
 
 
@@ -50,7 +64,7 @@ def test_observation_features_worked_out_by_hand():
     obs, reward, terminated, truncated, info = env.step(2)
     # reply "reply 1 (emotion 45)": 4 words, no question, no cue
     expected = np.zeros(16, np.float32)
-    expected[[0, 1, 2, 3, 8 + 2]] = [0.45, 0.5, 1 / 9, 0.1, 1.0]   # turn 1 of SAGE's 9
+    expected[[0, 1, 2, 3, 8 + 2]] = [0.45, 0.5, 1 / 9, 0.1, 1.0]  # turn 1 of SAGE's 9
     np.testing.assert_allclose(obs, expected, rtol=1e-6)
     assert reward == pytest.approx(0.05) and info["strategy"] == "reflection_of_feelings"
     obs, reward, *_ = env.step(np.int64(7))
@@ -59,7 +73,7 @@ def test_observation_features_worked_out_by_hand():
 
 
 def test_chinese_features_and_templates():
-    """"唉，我真的不知道该怎么办了？": 12 CJK characters -> 6 words -> 0.15; a question;
+    """ "唉，我真的不知道该怎么办了？": 12 CJK characters -> 6 words -> 0.15; a question;
     negative cues 唉 and 不 -> 2/3; Chinese -> feature 7 is 1."""
     env = EmpathyStrategyEnv([LIN], user=ScriptedUser([5]))
     obs, _ = env.reset(seed=0)
@@ -68,19 +82,26 @@ def test_chinese_features_and_templates():
     assert words == "我真的不知道该怎么办了"
     _, _, _, _, info = env.step(0)
     assert info["utterance"] in load_templates("zh").variants("question", words=words, name="小林")
-    assert load_templates("zh").variants("question", words="方案被否了", name=None)[0] == \
-        "你说“方案被否了”，你觉得这件事对你来说意味着什么？"
+    assert (
+        load_templates("zh").variants("question", words="方案被否了", name=None)[0]
+        == "你说“方案被否了”，你觉得这件事对你来说意味着什么？"
+    )
 
 
 def test_english_templates_fill_words_and_name_and_skip_what_cannot_be_filled():
     templates = load_templates("en")
     assert templates.variants("others", words="", name=None) == [
-        "Thank you for telling me all of this.", "I'm glad you reached out to talk today.",
-        "Thanks for sharing that with me, really.", "It means a lot that you'd talk to me about this.",
-        "I appreciate you taking the time to share this."]
+        "Thank you for telling me all of this.",
+        "I'm glad you reached out to talk today.",
+        "Thanks for sharing that with me, really.",
+        "It means a lot that you'd talk to me about this.",
+        "I appreciate you taking the time to share this.",
+    ]
     assert "Hi Ana, thank you for trusting me with this." in templates.variants("others", words="", name="Ana")
-    assert user_words("Ugh. Everyone acts like this is on me, and I don't think it is.") == \
-        "Everyone acts like this is on me"
+    assert (
+        user_words("Ugh. Everyone acts like this is on me, and I don't think it is.")
+        == "Everyone acts like this is on me"
+    )
     assert user_words("") == ""
     assert set(load_templates("en").templates) == set(load_templates("zh").templates) == set(STRATEGIES)
 

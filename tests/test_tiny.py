@@ -12,6 +12,7 @@ from empathy_gym.tiny import MARKER, build_tiny_chat_model
 @pytest.fixture(scope="module")
 def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
@@ -22,25 +23,27 @@ def test_special_tokens_have_fixed_ids(tiny_tokenizer):
 
 
 def test_chat_template_is_chatml(tiny_tokenizer):
-    conversation = [{"role": "system", "content": "Be kind."},
-                    {"role": "user", "content": "I feel sad."},
-                    {"role": "assistant", "content": "I hear you."},
-                    {"role": "user", "content": "我很难过"}]
-    text = tiny_tokenizer.apply_chat_template(conversation, tokenize=False,
-                                              add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nBe kind.<|im_end|>\n"
-                    "<|im_start|>user\nI feel sad.<|im_end|>\n"
-                    "<|im_start|>assistant\nI hear you.<|im_end|>\n"
-                    "<|im_start|>user\n我很难过<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    conversation = [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "I feel sad."},
+        {"role": "assistant", "content": "I hear you."},
+        {"role": "user", "content": "我很难过"},
+    ]
+    text = tiny_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nBe kind.<|im_end|>\n"
+        "<|im_start|>user\nI feel sad.<|im_end|>\n"
+        "<|im_start|>assistant\nI hear you.<|im_end|>\n"
+        "<|im_start|>user\n我很难过<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     without = tiny_tokenizer.apply_chat_template(conversation[:2], tokenize=False)
     assert without == "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nI feel sad.<|im_end|>\n"
 
 
 def test_assistant_mask_covers_the_reply_and_its_end_token(tiny_tokenizer):
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
-    encoded = tiny_tokenizer.apply_chat_template(conversation, return_assistant_tokens_mask=True,
-                                                 return_dict=True)
+    encoded = tiny_tokenizer.apply_chat_template(conversation, return_assistant_tokens_mask=True, return_dict=True)
     ids, mask = encoded["input_ids"], encoded["assistant_masks"]
     trained = [token for token, keep in zip(ids, mask) if keep]
     assert tiny_tokenizer.decode(trained) == "ok<|im_end|>"

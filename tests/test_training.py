@@ -12,17 +12,26 @@ from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
 
-OVERRIDES = ["rollout_batch_size=4", "generation.max_new_tokens=6", "progress=false", "save_steps=2",
-             "num_ppo_epochs=2", "num_mini_batches=2", "learning_rate=1e-2"]
+OVERRIDES = [
+    "rollout_batch_size=4",
+    "generation.max_new_tokens=6",
+    "progress=false",
+    "save_steps=2",
+    "num_ppo_epochs=2",
+    "num_mini_batches=2",
+    "learning_rate=1e-2",
+]
 
 
 def word_user(**hooks):
     """Change = (number of letters 'e' in the reply, at most 10) - 3: deterministic, varied
     across samples (so GRPO groups have variance) and learnable."""
+
     def change(request):
         for hook in hooks.values():
             hook(request)
         return min(10, request.utterance.count("e")) - 3
+
     return ScriptedUser(change_fn=change)
 
 
@@ -32,9 +41,11 @@ def envs(user, n=4):
 
 
 def trainer(tmp_path, algorithm, name, total, user=None, extra=()):
-    config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path / name}",
-                                                               f"total_steps={total}", *extra],
-                         algorithm=algorithm)
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        OVERRIDES + [f"output_dir={tmp_path / name}", f"total_steps={total}", *extra],
+        algorithm=algorithm,
+    )
     cls = PPOTrainer if algorithm == "ppo" else GRPOTrainer
     return cls(config, envs=envs(user or word_user()))
 
@@ -62,10 +73,12 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, algo
     # the run really trained: parameters moved away from the initial ones
     initial = parameters(trainer(tmp_path, algorithm, "fresh", 1, extra=extra))
     assert any(not torch.equal(a[k], initial[k]) for k in a)
-    read = lambda name: [(r["step"], r["persona_id"], r["rewards"]) for r in map(
-        json.loads, (tmp_path / name / "episodes.jsonl").read_text().splitlines())]
+    read = lambda name: [
+        (r["step"], r["persona_id"], r["rewards"])
+        for r in map(json.loads, (tmp_path / name / "episodes.jsonl").read_text().splitlines())
+    ]
     assert read("straight") == read("halves")
-    metrics = [json.loads(l) for l in (tmp_path / "halves" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (tmp_path / "halves" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert (tmp_path / "halves" / "curves.png").stat().st_size > 0
     assert len(list((tmp_path / "halves" / "transcripts").glob("step-*.txt"))) == 4
@@ -80,19 +93,18 @@ def test_ctrl_c_mid_rollout_keeps_finished_episodes_and_the_last_checkpoint(tmp_
         if calls["n"] == 17:
             os.kill(os.getpid(), signal.SIGINT)
 
-    run = trainer(tmp_path, "ppo", "run", 10, user=word_user(hook=interrupt_in_step_3),
-                  extra=("save_steps=0",))
+    run = trainer(tmp_path, "ppo", "run", 10, user=word_user(hook=interrupt_in_step_3), extra=("save_steps=0",))
     run.train()
     assert run.step == 2
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
-    steps = [json.loads(l)["step"] for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     # steps 1 and 2 complete; step 3's dialogues that had ended before the stop are on disk too
     assert steps.count(1) == 4 and steps.count(2) == 4 and set(steps) <= {1, 2, 3}
     resumed = trainer(tmp_path, "ppo", "run", 4)
     resumed.train(resume=True)
     assert resumed.step == 4
-    steps = [json.loads(l)["step"] for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
-    assert steps == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4   # step 3's partial episodes were replaced
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    assert steps == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4  # step 3's partial episodes were replaced
 
 
 def test_fresh_run_refuses_a_used_output_dir(tmp_path):
@@ -102,9 +114,20 @@ def test_fresh_run_refuses_a_used_output_dir(tmp_path):
 
 
 def test_separate_critic_lora_kl_and_gradient_checkpointing(tmp_path):
-    run = trainer(tmp_path, "ppo", "critic", 2, extra=(
-        "policy.use_lora=true", "policy.lora_r=4", "critic=separate", "kl_coef=0.1",
-        "policy.gradient_checkpointing=true", "critic_learning_rate=1e-2"))
+    run = trainer(
+        tmp_path,
+        "ppo",
+        "critic",
+        2,
+        extra=(
+            "policy.use_lora=true",
+            "policy.lora_r=4",
+            "critic=separate",
+            "kl_coef=0.1",
+            "policy.gradient_checkpointing=true",
+            "critic_learning_rate=1e-2",
+        ),
+    )
     critic_before = {k: v.clone() for k, v in run.critic_model.named_parameters() if v.requires_grad}
     base_before = {k: v.clone() for k, v in run.model.named_parameters() if not v.requires_grad}
     metrics = run.train()
@@ -115,15 +138,27 @@ def test_separate_critic_lora_kl_and_gradient_checkpointing(tmp_path):
     assert run.reference is None
     assert all(torch.equal(v, base_before[k]) for k, v in run.model.named_parameters() if not v.requires_grad)
     # The separate critic trained its own adapters.
-    assert any(not torch.equal(v, critic_before[k]) for k, v in run.critic_model.named_parameters()
-               if v.requires_grad)
+    assert any(not torch.equal(v, critic_before[k]) for k, v in run.critic_model.named_parameters() if v.requires_grad)
     # and the checkpoint holds them
-    resumed = trainer(tmp_path, "ppo", "critic", 2, extra=(
-        "policy.use_lora=true", "policy.lora_r=4", "critic=separate", "kl_coef=0.1",
-        "policy.gradient_checkpointing=true", "critic_learning_rate=1e-2"))
+    resumed = trainer(
+        tmp_path,
+        "ppo",
+        "critic",
+        2,
+        extra=(
+            "policy.use_lora=true",
+            "policy.lora_r=4",
+            "critic=separate",
+            "kl_coef=0.1",
+            "policy.gradient_checkpointing=true",
+            "critic_learning_rate=1e-2",
+        ),
+    )
     resumed.load(tmp_path / "critic" / "checkpoints" / "step-000002")
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(run.critic_model.named_parameters(),
-                                                           resumed.critic_model.named_parameters()))
+    assert all(
+        torch.equal(a, b)
+        for (_, a), (_, b) in zip(run.critic_model.named_parameters(), resumed.critic_model.named_parameters())
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
@@ -141,7 +176,7 @@ def test_full_fine_tuning_reference_is_a_frozen_copy(tmp_path):
     initial = {k: v.clone() for k, v in run.model.state_dict().items()}
     metrics = run.train()
     kls = [m["policy/kl_to_reference_k3"] for m in metrics if m["grpo/skipped_groups"] == 0]
-    assert kls and all(kl >= 0.0 for kl in kls) and max(kls) > 0.0   # k3 is never negative
+    assert kls and all(kl >= 0.0 for kl in kls) and max(kls) > 0.0  # k3 is never negative
     assert all(torch.equal(v, initial[k]) for k, v in run.reference.state_dict().items())
     assert any(not torch.equal(v, initial[k]) for k, v in run.model.state_dict().items())
     assert not any(p.requires_grad for p in run.reference.parameters())
@@ -152,9 +187,20 @@ def test_bfloat16_full_fine_tuning_trains_float32_master_weights(tmp_path):
     by lr = 1e-6 wherever |g| >> eps = 1e-8, never more. Stored in bfloat16 such a step
     rounds away (the spacing near 0.02 is 2^-13 ~ 1.2e-4); the trainer keeps float32
     master weights and computes in bfloat16 under autocast."""
-    run = trainer(tmp_path, "ppo", "bf16", 1, extra=(
-        "policy.dtype=bfloat16", "policy.use_lora=false", "learning_rate=1e-6",
-        "critic_learning_rate=1e-6", "num_ppo_epochs=1", "num_mini_batches=1"))
+    run = trainer(
+        tmp_path,
+        "ppo",
+        "bf16",
+        1,
+        extra=(
+            "policy.dtype=bfloat16",
+            "policy.use_lora=false",
+            "learning_rate=1e-6",
+            "critic_learning_rate=1e-6",
+            "num_ppo_epochs=1",
+            "num_mini_batches=1",
+        ),
+    )
     assert run.compute_dtype == torch.bfloat16
     assert {p.dtype for p in run.model.parameters()} == {torch.float32}
     before = {k: v.detach().clone() for k, v in run.model.named_parameters()}
@@ -166,8 +212,13 @@ def test_bfloat16_full_fine_tuning_trains_float32_master_weights(tmp_path):
 
 
 def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tmp_path):
-    run = trainer(tmp_path, "grpo", "bf16lora", 1, extra=(
-        "policy.dtype=bfloat16", "policy.use_lora=true", "policy.lora_r=4", "num_generations=2"))
+    run = trainer(
+        tmp_path,
+        "grpo",
+        "bf16lora",
+        1,
+        extra=("policy.dtype=bfloat16", "policy.use_lora=true", "policy.lora_r=4", "num_generations=2"),
+    )
     trainable = {p.dtype for p in run.model.parameters() if p.requires_grad}
     frozen = {p.dtype for p in run.model.parameters() if not p.requires_grad}
     assert trainable == {torch.float32} and frozen == {torch.bfloat16}
@@ -179,6 +230,7 @@ def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tm
 def test_configs_built_in_python_are_checked_too(tmp_path):
     from empathy_gym.agents import GRPOConfig, PPOConfig, RecipeError
     from empathy_gym.models import load_causal_lm
+
     model, tokenizer = load_causal_lm("tiny")
     with pytest.raises(RecipeError, match=r"learning_rate must be > 0, got -1.0"):
         GRPOTrainer(args=GRPOConfig(learning_rate=-1.0), model=model, processing_class=tokenizer)
@@ -188,10 +240,15 @@ def test_configs_built_in_python_are_checked_too(tmp_path):
 
 def test_a_bad_env_value_is_a_recipe_error(tmp_path):
     from empathy_gym.agents import RecipeError
-    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "env.kwargs.reward_mode=bogus"],
-                         algorithm="ppo")
-    with pytest.raises(RecipeError, match=r"field 'env' \(EmpathyDialogue-v0 with kwargs .*\): reward_mode must be "
-                                          r"'delta' or 'final', got 'bogus'"):
+
+    config = load_recipe(
+        "agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "env.kwargs.reward_mode=bogus"], algorithm="ppo"
+    )
+    with pytest.raises(
+        RecipeError,
+        match=r"field 'env' \(EmpathyDialogue-v0 with kwargs .*\): reward_mode must be "
+        r"'delta' or 'final', got 'bogus'",
+    ):
         PPOTrainer(config)
 
 
@@ -202,6 +259,7 @@ def test_float16_is_refused_with_the_reason(tmp_path):
 
 def test_trl_argument_names_work_too(tmp_path):
     from empathy_gym.models import load_causal_lm
+
     config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path}"], algorithm="grpo")
     model, tokenizer = load_causal_lm("tiny")
     run = GRPOTrainer(args=config, model=model, processing_class=tokenizer, envs=envs(word_user()))
@@ -215,6 +273,7 @@ def test_trl_argument_names_work_too(tmp_path):
 def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpoint(tmp_path, caplog, capsys):
     from empathy_gym.agents.checkpoint import CheckpointError
     from empathy_gym.agents.cli import train_main
+
     trainer(tmp_path, "ppo", "run", 2).train()
     again = trainer(tmp_path, "ppo", "run", 3, extra=("learning_rate=0.3",))
     with caplog.at_level("WARNING"):
@@ -222,8 +281,17 @@ def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpo
     assert "learning_rate: 0.01 -> 0.3" in caplog.text and "total_steps: 2 -> 3" in caplog.text
     with pytest.raises(CheckpointError, match="is a ppo checkpoint, this is grpo"):
         trainer(tmp_path, "grpo", "run", 4, extra=("num_generations=2",)).train(resume=True)
-    code = train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", "--resume", *OVERRIDES,
-                               f"output_dir={tmp_path / 'run'}", "num_generations=2"])
+    code = train_main(
+        "grpo",
+        [
+            "--recipe",
+            "agents/tiny-cpu.yaml",
+            "--resume",
+            *OVERRIDES,
+            f"output_dir={tmp_path / 'run'}",
+            "num_generations=2",
+        ],
+    )
     assert code == 1 and "is a ppo checkpoint, this is grpo" in capsys.readouterr().err
 
 
@@ -238,10 +306,20 @@ def cut_and_ended(tokenizer):
     """Two one-turn dialogues with a reward of 0.05 on the turn: one ended by the user,
     one cut at the context limit (with the user's reply after it)."""
     from empathy_gym.agents.rollout import Trajectory
+
     out = []
     for key, termination in enumerate(("max_turns", "context_limit")):
-        t = Trajectory(key=key, group=0, env_seed=0, persona_id="p", language="en", hidden_intention="deep_empathy",
-                       character_type="passive", emotions=[40, 45], reward_mode="final")
+        t = Trajectory(
+            key=key,
+            group=0,
+            env_seed=0,
+            persona_id="p",
+            language="en",
+            hidden_intention="deep_empathy",
+            character_type="passive",
+            emotions=[40, 45],
+            reward_mode="final",
+        )
         t.extend([5, 6, 7], trainable=False)
         t.extend([8 + key, 9, tokenizer.eos_token_id], trainable=True, logprobs=[-1.0] * 3)
         t.turn_ends.append(len(t.token_ids) - 1)
@@ -286,8 +364,8 @@ def test_actor_and_critic_gradients_are_clipped_apart(tmp_path):
     for params, norm in ((policy, 0.5), (critic, 100.0)):
         for p in params:
             p.grad = torch.full_like(p, norm / sizes(params) ** 0.5)
-    expected = {id(p): p.detach() - p.grad for p in policy}                     # untouched by clipping
-    expected.update({id(p): p.detach() - p.grad / 100.0 for p in critic})       # clipped to norm 1
+    expected = {id(p): p.detach() - p.grad for p in policy}  # untouched by clipping
+    expected.update({id(p): p.detach() - p.grad / 100.0 for p in critic})  # clipped to norm 1
     run.optimizer = torch.optim.SGD([{"params": policy}, {"params": critic}], lr=1.0)
     norms = run.clip_and_step()
     assert norms == pytest.approx({"policy/grad_norm": 0.5, "value/grad_norm": 100.0}, rel=1e-4)
@@ -295,11 +373,17 @@ def test_actor_and_critic_gradients_are_clipped_apart(tmp_path):
 
 
 def test_the_separate_critic_trains_in_train_mode_and_scores_in_eval_mode(tmp_path):
-    run = trainer(tmp_path, "ppo", "modes", 1, extra=(
-        "policy.use_lora=true", "policy.lora_r=4", "policy.lora_dropout=0.1", "critic=separate"))
+    run = trainer(
+        tmp_path,
+        "ppo",
+        "modes",
+        1,
+        extra=("policy.use_lora=true", "policy.lora_r=4", "policy.lora_dropout=0.1", "critic=separate"),
+    )
     seen = []
-    run.critic_model.register_forward_pre_hook(lambda module, args: seen.append(
-        (torch.is_grad_enabled(), module.training)))
+    run.critic_model.register_forward_pre_hook(
+        lambda module, args: seen.append((torch.is_grad_enabled(), module.training))
+    )
     run.train()
     assert {training for grad, training in seen if grad} == {True}
     assert {training for grad, training in seen if not grad} == {False}
@@ -308,12 +392,15 @@ def test_the_separate_critic_trains_in_train_mode_and_scores_in_eval_mode(tmp_pa
 def test_a_step_without_signal_writes_strict_json(tmp_path):
     """Every GRPO group without reward spread: no update, the loss statistics are
     undefined; metrics.jsonl says null (json.dumps would write NaN, which is not JSON)."""
-    run = trainer(tmp_path, "grpo", "flat", 1, user=ScriptedUser(change_fn=lambda request: 0),
-                  extra=("num_generations=2",))
+    run = trainer(
+        tmp_path, "grpo", "flat", 1, user=ScriptedUser(change_fn=lambda request: 0), extra=("num_generations=2",)
+    )
     run.train()
     line = (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()[0]
+
     def no_nan(token):
         raise ValueError(f"not JSON: {token}")
+
     record = json.loads(line, parse_constant=no_nan)
     assert record["grpo/skipped_groups"] == 2 and record["loss/policy"] is None
 
@@ -325,10 +412,11 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, damage):
     root = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in root.glob("step-*")) == ["step-000002", "step-000004"]
     if damage == "modules":
-        (root / "step-000004" / "modules.pt").write_bytes(b"")      # e.g. a power loss before the data hit the disk
+        (root / "step-000004" / "modules.pt").write_bytes(b"")  # e.g. a power loss before the data hit the disk
     else:
-        (root / "latest").write_text("step-000006\n")               # names a checkpoint that is not there
+        (root / "latest").write_text("step-000006\n")  # names a checkpoint that is not there
         import shutil
+
         shutil.rmtree(root / "step-000004")
     resumed = trainer(tmp_path, "ppo", "run", 4)
     resumed._resume(root)
@@ -336,16 +424,17 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, damage):
     resumed.train(resume=True)
     assert resumed.step == 4
     a, b = parameters(straight), parameters(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a)      # steps 3 and 4 done again, identically
-    metrics = [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics == [1, 2, 3, 4]                       # steps 1 and 2 kept: only later steps were redone
+    assert all(torch.equal(a[k], b[k]) for k in a)  # steps 3 and 4 done again, identically
+    metrics = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [1, 2, 3, 4]  # steps 1 and 2 kept: only later steps were redone
     superseded = (tmp_path / "run" / "metrics.superseded.jsonl").read_text().splitlines()
-    assert [json.loads(l)["step"] for l in superseded] == [3, 4]   # nothing lost
+    assert [json.loads(line)["step"] for line in superseded] == [3, 4]  # nothing lost
 
 
 def test_a_checkpoint_is_on_disk_before_it_is_named(tmp_path, monkeypatch):
     """Every file of a checkpoint is fsynced before the folder is renamed into place."""
     from empathy_gym.agents import checkpoint
+
     synced, checked = set(), []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -367,6 +456,7 @@ def test_a_checkpoint_is_on_disk_before_it_is_named(tmp_path, monkeypatch):
 
 def test_the_scripts_need_a_recipe(capsys):
     from empathy_gym.agents.cli import train_main
+
     for algorithm in ("ppo", "grpo"):
         with pytest.raises(SystemExit) as stopped:
             train_main(algorithm, ["total_steps=1"])
@@ -382,27 +472,40 @@ def test_ctrl_c_with_the_console_gone_still_saves_the_checkpoint(tmp_path):
     import subprocess
     import sys
     import time
+
     out = tmp_path / "piped"
-    child = subprocess.Popen([sys.executable, "examples/train_ppo.py", "--recipe", "agents/tiny-cpu.yaml",
-                              f"output_dir={out}", "total_steps=400", "save_steps=0", "rollout_batch_size=4",
-                              "generation.max_new_tokens=4", "progress=true"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "examples/train_ppo.py",
+            "--recipe",
+            "agents/tiny-cpu.yaml",
+            f"output_dir={out}",
+            "total_steps=400",
+            "save_steps=0",
+            "rollout_batch_size=4",
+            "generation.max_new_tokens=4",
+            "progress=true",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         deadline = time.monotonic() + 600
         metrics = out / "metrics.jsonl"
         while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
             assert child.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.5)
-        child.stdout.close()                     # tee is gone
-        child.send_signal(signal.SIGINT)         # and the Ctrl-C reaches the trainer
+        child.stdout.close()  # tee is gone
+        child.send_signal(signal.SIGINT)  # and the Ctrl-C reaches the trainer
         code = child.wait(timeout=600)
     finally:
         if child.poll() is None:
             child.kill()
     assert code == 130
     saved = (out / "checkpoints" / "latest").read_text().strip()
-    steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert saved == f"step-{steps[-1]:06d}"
     assert "Ctrl-C" in (out / "train.log").read_text()
 
@@ -418,6 +521,7 @@ def test_the_separate_critic_has_no_lm_head_and_loads_checkpoints_of_the_old_cau
 
     from empathy_gym.agents.checkpoint import CheckpointError
     from empathy_gym.models import resolve_model
+
     extra = ("policy.use_lora=true", "policy.lora_r=4") if lora else ()
     run = trainer(tmp_path, "ppo", "critic-head", 1, extra=(*extra, "critic=separate"))
     backbone = run.critic_model.get_base_model() if lora else run.critic_model
@@ -435,42 +539,48 @@ def test_the_separate_critic_has_no_lm_head_and_loads_checkpoints_of_the_old_cau
     for key, value in saved.items():
         if key.startswith("lm_head."):
             continue
-        new_key = key.replace("base_model.model.model.", "base_model.model.", 1) if lora else key[len("model."):]
+        new_key = key.replace("base_model.model.model.", "base_model.model.", 1) if lora else key[len("model.") :]
         assert torch.equal(now[new_key], value)
     with pytest.raises(CheckpointError, match="does not fit this critic"):
-        run.load_extra_state({"value_head": run.value_head.state_dict(),
-                              "critic": {"base_model.model.elsewhere.lora_A.default.weight": torch.zeros(1)}})
+        run.load_extra_state(
+            {
+                "value_head": run.value_head.state_dict(),
+                "critic": {"base_model.model.elsewhere.lora_A.default.weight": torch.zeros(1)},
+            }
+        )
 
 
-@pytest.mark.parametrize("algorithm,extra", [("ppo", ("critic=separate",)),
-                                             ("grpo", ("num_generations=2", "dynamic_sampling_budget=2"))])
+@pytest.mark.parametrize(
+    "algorithm,extra", [("ppo", ("critic=separate",)), ("grpo", ("num_generations=2", "dynamic_sampling_budget=2"))]
+)
 def test_the_step_statistics_are_in_metrics_jsonl_and_tensorboard(tmp_path, algorithm, extra):
     """Value and advantage statistics, the share of turns cut by length, thinking and
     reply tokens and the sampler mismatch: present, finite, consistent with the episodes
     (turns cut, tokens per turn) and written to TensorBoard too."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     varied = ScriptedUser(change_fn=lambda request: sum(map(ord, request.utterance)) % 11 - 5)  # groups vary
     trainer(tmp_path, algorithm, "run", 2, user=varied, extra=(*extra, "report_to=tensorboard")).train()
-    metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    episodes = [json.loads(l) for l in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     stats = ["advantage/mean", "advantage/std", "advantage/min", "advantage/max"]
     if algorithm == "ppo":
         stats += [f"value/{s}" for s in ("mean", "std", "min", "max")]
         stats += [f"value/target/{s}" for s in ("mean", "std", "min", "max")]
     always = ["episode/turn_cut_rate", "tokens/thinking_per_turn", "tokens/reply_per_turn"]
-    stats += ["sampler/kl", "sampler/max_ratio", "sampler/min_ratio"]     # GRPO: over the trained groups' tokens
+    stats += ["sampler/kl", "sampler/max_ratio", "sampler/min_ratio"]  # GRPO: over the trained groups' tokens
     for m in metrics:
         trained = algorithm == "ppo" or m["grpo/skipped_groups"] < m["grpo/groups"]
         for key in always + (stats if trained else []):
             assert isinstance(m[key], float) and m[key] == m[key] and abs(m[key]) < float("inf"), (key, m[key])
         if trained:
             assert m["advantage/min"] <= m["advantage/mean"] <= m["advantage/max"] and m["advantage/std"] >= 0
-        mine = [e for e in episodes if e["step"] == m["step"]][:4]        # the first round (GRPO refills after)
+        mine = [e for e in episodes if e["step"] == m["step"]][:4]  # the first round (GRPO refills after)
         turns = sum(e["turns"] for e in mine)
         assert m["episode/turn_cut_rate"] == pytest.approx(sum(e["cut_turns"] for e in mine) / turns)
-        assert m["tokens/thinking_per_turn"] == 0.0                       # not think mode: every token is reply
+        assert m["tokens/thinking_per_turn"] == 0.0  # not think mode: every token is reply
         assert m["tokens/reply_per_turn"] * turns == pytest.approx(m["tokens/generated"])
-        if trained:                                                         # the same model code: they agree
+        if trained:  # the same model code: they agree
             assert m["sampler/kl"] < 1e-6 and m["sampler/max_ratio"] == pytest.approx(1.0, abs=1e-3)
     assert any(algorithm == "ppo" or m["grpo/skipped_groups"] < m["grpo/groups"] for m in metrics)
     events = EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
@@ -483,6 +593,7 @@ def test_dr_grpo_divides_by_a_dialogues_budget_and_loss_policy_is_the_objective(
     computes for the policy term, summed over the mini-batch (num_mini_batches=1 here), not
     the token mean that was logged whatever the loss type."""
     from empathy_gym.agents import grpo
+
     shares = []
     real = grpo.aggregate
 
@@ -494,9 +605,19 @@ def test_dr_grpo_divides_by_a_dialogues_budget_and_loss_policy_is_the_objective(
         return value
 
     monkeypatch.setattr(grpo, "aggregate", recorded)
-    run = trainer(tmp_path, "grpo", "drgrpo", 1, extra=("num_generations=4", "loss_type=dr_grpo",
-                                                        "scale_rewards=false", "num_mini_batches=1",
-                                                        "num_ppo_epochs=1"))
+    run = trainer(
+        tmp_path,
+        "grpo",
+        "drgrpo",
+        1,
+        extra=(
+            "num_generations=4",
+            "loss_type=dr_grpo",
+            "scale_rewards=false",
+            "num_mini_batches=1",
+            "num_ppo_epochs=1",
+        ),
+    )
     assert run.dialogue_token_budget == 12
     (metrics,) = run.train()
     assert shares and metrics["loss/policy"] == pytest.approx(sum(shares))
@@ -512,7 +633,8 @@ def test_warm_up_then_constant_as_verl_and_resume_keeps_the_rates(tmp_path):
     assert [m["policy/lr"] for m in metrics] == pytest.approx([0.0, 5e-3, 1e-2, 1e-2])
     assert [m["value/lr"] for m in metrics] == pytest.approx([0.0, 1e-3, 1e-3, 1e-3])
     import shutil
-    checkpoints = tmp_path / "resumed" / "checkpoints"       # the same run, stopped after step 2
+
+    checkpoints = tmp_path / "resumed" / "checkpoints"  # the same run, stopped after step 2
     shutil.copytree(tmp_path / "warm" / "checkpoints" / "step-000002", checkpoints / "step-000002")
     (checkpoints / "latest").write_text("step-000002\n")
     resumed = trainer(tmp_path, "ppo", "resumed", 4, extra=extra).train(resume=True)
@@ -526,6 +648,7 @@ def test_the_cosine_schedule_after_the_warm_up():
     import math
 
     from empathy_gym.agents.schedule import multiplier
+
     factor = multiplier("cosine", 1, 5, 0.1)
     expected = [0.0] + [0.1 + 0.9 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)]
     assert [factor(step) for step in range(5)] == pytest.approx(expected)
@@ -539,8 +662,14 @@ def test_refill_rounds_are_counted_apart_and_marked_in_the_episodes(tmp_path):
     whole budget (3 groups, in rounds of at most 2 = 4 envs / 2). The first round's 2
     groups are grpo/groups and grpo/skipped_groups; the 3 refill groups are counted
     apart; each episode says its round."""
-    run = trainer(tmp_path, "grpo", "refill", 1, user=ScriptedUser(change_fn=lambda r: 1),
-                  extra=("num_generations=2", "dynamic_sampling_budget=3"))
+    run = trainer(
+        tmp_path,
+        "grpo",
+        "refill",
+        1,
+        user=ScriptedUser(change_fn=lambda r: 1),
+        extra=("num_generations=2", "dynamic_sampling_budget=3"),
+    )
     (metrics,) = run.train()
     assert (metrics["grpo/groups"], metrics["grpo/skipped_groups"]) == (2.0, 2.0)
     assert (metrics["grpo/refill_groups"], metrics["grpo/refill_skipped_groups"]) == (3.0, 3.0)

@@ -15,38 +15,83 @@ from empathy_gym.user import make_user
 from empathy_gym.user.llm_user import LLMUser
 from empathy_gym.user.rule_user import RuleUser
 
-URL = "http://127.0.0.1:9/v1"   # nothing listens; building an openai user does not connect
+URL = "http://127.0.0.1:9/v1"  # nothing listens; building an openai user does not connect
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("rule", UserSpec()),
-    ("rule,rules_dir=/tmp/rules", UserSpec("rule", user_kwargs={"rules_dir": "/tmp/rules"})),
-    ("transformers:/models/tiny", UserSpec("transformers", "/models/tiny")),
-    ("hf:smollm2,device=cpu,max_tokens=8,appraisal_mode=choice",
-     UserSpec("transformers", "smollm2", appraisal_mode="choice", backend_kwargs={"device": "cpu"},
-              user_kwargs={"max_tokens": 8})),
-    ("vllm:Qwen/Qwen2.5-7B-Instruct,gpu_memory_utilization=0.5,reply_plan=false",
-     UserSpec("vllm", "Qwen/Qwen2.5-7B-Instruct", backend_kwargs={"gpu_memory_utilization": 0.5},
-              user_kwargs={"reply_plan": False})),
-    (f"openai:Qwen/Qwen2.5-72B-Instruct@{URL},max_concurrency=16,temperature=0.3,api_key_env=MY_KEY",
-     UserSpec("openai", "Qwen/Qwen2.5-72B-Instruct", URL,
-              backend_kwargs={"max_concurrency": 16, "api_key_env": "MY_KEY"}, user_kwargs={"temperature": 0.3})),
-    ("policy", UserSpec("policy")),
-    ("policy,max_batch_size=8,prefix_cache_tokens=8192,appraisal_mode=choice,max_tokens=6",
-     UserSpec("policy", appraisal_mode="choice", backend_kwargs={"max_batch_size": 8, "prefix_cache_tokens": 8192},
-              user_kwargs={"max_tokens": 6})),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("rule", UserSpec()),
+        ("rule,rules_dir=/tmp/rules", UserSpec("rule", user_kwargs={"rules_dir": "/tmp/rules"})),
+        ("transformers:/models/tiny", UserSpec("transformers", "/models/tiny")),
+        (
+            "hf:smollm2,device=cpu,max_tokens=8,appraisal_mode=choice",
+            UserSpec(
+                "transformers",
+                "smollm2",
+                appraisal_mode="choice",
+                backend_kwargs={"device": "cpu"},
+                user_kwargs={"max_tokens": 8},
+            ),
+        ),
+        (
+            "vllm:Qwen/Qwen2.5-7B-Instruct,gpu_memory_utilization=0.5,reply_plan=false",
+            UserSpec(
+                "vllm",
+                "Qwen/Qwen2.5-7B-Instruct",
+                backend_kwargs={"gpu_memory_utilization": 0.5},
+                user_kwargs={"reply_plan": False},
+            ),
+        ),
+        (
+            f"openai:Qwen/Qwen2.5-72B-Instruct@{URL},max_concurrency=16,temperature=0.3,api_key_env=MY_KEY",
+            UserSpec(
+                "openai",
+                "Qwen/Qwen2.5-72B-Instruct",
+                URL,
+                backend_kwargs={"max_concurrency": 16, "api_key_env": "MY_KEY"},
+                user_kwargs={"temperature": 0.3},
+            ),
+        ),
+        ("policy", UserSpec("policy")),
+        (
+            "policy,max_batch_size=8,prefix_cache_tokens=8192,appraisal_mode=choice,max_tokens=6",
+            UserSpec(
+                "policy",
+                appraisal_mode="choice",
+                backend_kwargs={"max_batch_size": 8, "prefix_cache_tokens": 8192},
+                user_kwargs={"max_tokens": 6},
+            ),
+        ),
+    ],
+)
 def test_parse_gives_the_exact_spec_and_reads_back_its_own_text(text, expected):
     spec = UserSpec.parse(text)
     assert spec == expected
     assert (spec.backend, spec.model, spec.base_url, spec.appraisal_mode, spec.backend_kwargs, spec.user_kwargs) == (
-        expected.backend, expected.model, expected.base_url, expected.appraisal_mode, expected.backend_kwargs,
-        expected.user_kwargs)
+        expected.backend,
+        expected.model,
+        expected.base_url,
+        expected.appraisal_mode,
+        expected.backend_kwargs,
+        expected.user_kwargs,
+    )
     assert UserSpec.parse(str(spec)) == spec
-    assert as_user_spec(text) == as_user_spec(spec) == as_user_spec({
-        "backend": spec.backend, "model": spec.model, "base_url": spec.base_url,
-        "appraisal_mode": spec.appraisal_mode, "backend_kwargs": spec.backend_kwargs,
-        "user_kwargs": spec.user_kwargs}) == spec
+    assert (
+        as_user_spec(text)
+        == as_user_spec(spec)
+        == as_user_spec(
+            {
+                "backend": spec.backend,
+                "model": spec.model,
+                "base_url": spec.base_url,
+                "appraisal_mode": spec.appraisal_mode,
+                "backend_kwargs": spec.backend_kwargs,
+                "user_kwargs": spec.user_kwargs,
+            }
+        )
+        == spec
+    )
 
 
 def play(env, replies=("That sounds exhausting. What happened?", "I am here with you.")):
@@ -56,21 +101,36 @@ def play(env, replies=("That sounds exhausting. What happened?", "I am here with
 
 
 def test_a_string_a_mapping_and_a_userspec_give_the_same_user():
-    rule = [gym.make("EmpathyDialogue-v0", personas="en", user=user) for user in
-            ("rule", {"backend": "rule"}, UserSpec(), None)]
+    rule = [
+        gym.make("EmpathyDialogue-v0", personas="en", user=user)
+        for user in ("rule", {"backend": "rule"}, UserSpec(), None)
+    ]
     assert all(isinstance(env.unwrapped.user, RuleUser) for env in rule)
     assert play(rule[0]) == play(rule[1]) == play(rule[2]) == play(rule[3])
     text = f"openai:m@{URL},appraisal_mode=choice,temperature=0.3,max_concurrency=4"
-    mapping = {"backend": "openai", "model": "m", "base_url": URL, "appraisal_mode": "choice",
-               "user_kwargs": {"temperature": 0.3}, "backend_kwargs": {"max_concurrency": 4}}
+    mapping = {
+        "backend": "openai",
+        "model": "m",
+        "base_url": URL,
+        "appraisal_mode": "choice",
+        "user_kwargs": {"temperature": 0.3},
+        "backend_kwargs": {"max_concurrency": 4},
+    }
     users = [EmpathyDialogueEnv("en", user=spec).user for spec in (text, mapping, UserSpec.parse(text))]
-    users.append(make_user("openai", model="m", base_url=URL, appraisal_mode="choice",
-                           user_kwargs={"temperature": 0.3}, backend_kwargs={"max_concurrency": 4}))
+    users.append(
+        make_user(
+            "openai",
+            model="m",
+            base_url=URL,
+            appraisal_mode="choice",
+            user_kwargs={"temperature": 0.3},
+            backend_kwargs={"max_concurrency": 4},
+        )
+    )
     for user in users:
         assert isinstance(user, LLMUser) and user.owns_backend
         assert (user.appraisal_mode, user.temperature) == ("choice", 0.3)
-        assert (user.backend.model, user.backend.base_url.rstrip("/"), user.backend.max_concurrency) == (
-            "m", URL, 4)
+        assert (user.backend.model, user.backend.base_url.rstrip("/"), user.backend.max_concurrency) == ("m", URL, 4)
         user.close()
 
 
@@ -91,23 +151,33 @@ def test_a_ready_user_is_shared_and_not_closed():
     assert closed == []
 
 
-@pytest.mark.parametrize("user,error,message", [
-    ({"backend": "openai", "model": "m"}, SpecError, r"^user\.base_url: the openai backend needs the server's URL"),
-    ({"backend": "transformers"}, SpecError, r"^user\.model: the transformers backend needs a model"),
-    ({"backend": "gpt"}, SpecError, r"^user\.backend: unknown backend 'gpt'"),
-    ({"backend": 3}, SpecError, r"^user\.backend: expected a backend name"),
-    ({"appraisal_mode": "vibes"}, SpecError, r"^user\.appraisal_mode must be 'free' or 'choice', got 'vibes'"),
-    ({"backend_kwargs": [1]}, SpecError, r"^user\.backend_kwargs: expected a mapping"),
-    ({"backend": "hf", "model": "m", "user_kwargs": {"temprature": 1}}, SpecError,
-     r"^user\.user_kwargs: \['temprature'\] are not LLMUser options"),
-    ({"backend": "policy", "base_url": URL}, SpecError, r"^user\.base_url: backend 'policy' is served by the policy"),
-    ({"backend": "vllm", "model": "m", "base_url": URL}, SpecError, r"^user\.base_url: only the openai backend"),
-    ({"kind": "rule"}, SpecError, r"^user: unknown field\(s\) \['kind'\]; a user mapping takes backend, model"),
-    ("openai:m,temperature=0.3", SpecError, r"expected openai:MODEL@URL"),
-    ("rule:x", SpecError, r"the rule user takes no target"),
-    ("hf:m,appraisal_mode=x", SpecError, r"'hf:m,appraisal_mode=x': user\.appraisal_mode must be"),
-    (42, TypeError, r"^user: expected a spec string"),
-])
+@pytest.mark.parametrize(
+    "user,error,message",
+    [
+        ({"backend": "openai", "model": "m"}, SpecError, r"^user\.base_url: the openai backend needs the server's URL"),
+        ({"backend": "transformers"}, SpecError, r"^user\.model: the transformers backend needs a model"),
+        ({"backend": "gpt"}, SpecError, r"^user\.backend: unknown backend 'gpt'"),
+        ({"backend": 3}, SpecError, r"^user\.backend: expected a backend name"),
+        ({"appraisal_mode": "vibes"}, SpecError, r"^user\.appraisal_mode must be 'free' or 'choice', got 'vibes'"),
+        ({"backend_kwargs": [1]}, SpecError, r"^user\.backend_kwargs: expected a mapping"),
+        (
+            {"backend": "hf", "model": "m", "user_kwargs": {"temprature": 1}},
+            SpecError,
+            r"^user\.user_kwargs: \['temprature'\] are not LLMUser options",
+        ),
+        (
+            {"backend": "policy", "base_url": URL},
+            SpecError,
+            r"^user\.base_url: backend 'policy' is served by the policy",
+        ),
+        ({"backend": "vllm", "model": "m", "base_url": URL}, SpecError, r"^user\.base_url: only the openai backend"),
+        ({"kind": "rule"}, SpecError, r"^user: unknown field\(s\) \['kind'\]; a user mapping takes backend, model"),
+        ("openai:m,temperature=0.3", SpecError, r"expected openai:MODEL@URL"),
+        ("rule:x", SpecError, r"the rule user takes no target"),
+        ("hf:m,appraisal_mode=x", SpecError, r"'hf:m,appraisal_mode=x': user\.appraisal_mode must be"),
+        (42, TypeError, r"^user: expected a spec string"),
+    ],
+)
 def test_a_bad_spec_names_the_field(user, error, message):
     with pytest.raises(error, match=message):
         as_user_spec(user)
@@ -120,8 +190,17 @@ def test_policy_is_built_by_a_trainer_only():
         gym.make("EmpathyDialogue-v0", user="policy")
 
 
-@pytest.mark.parametrize("old", [{"backend": "openai"}, {"model": "m"}, {"base_url": URL},
-                                 {"appraisal_mode": "choice"}, {"backend_kwargs": {}}, {"user_kwargs": {}}])
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"backend": "openai"},
+        {"model": "m"},
+        {"base_url": URL},
+        {"appraisal_mode": "choice"},
+        {"backend_kwargs": {}},
+        {"user_kwargs": {}},
+    ],
+)
 def test_the_old_user_keywords_are_unknown_keywords(old):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(old))}'"):
         gym.make("EmpathyDialogue-v0", **old)
@@ -130,22 +209,32 @@ def test_the_old_user_keywords_are_unknown_keywords(old):
 def test_recipes_name_the_user_with_env_kwargs_user(tmp_path):
     from empathy_gym.agents import RecipeError, load_recipe
     from empathy_gym.agents.config import env_user_spec
+
     qwen = load_recipe(Path("agents") / "qwen2.5-7b-ppo.yaml")
-    assert env_user_spec(qwen) == UserSpec("openai", "Qwen/Qwen2.5-72B-Instruct", "http://localhost:8001/v1",
-                                           backend_kwargs={"max_concurrency": 64})
+    assert env_user_spec(qwen) == UserSpec(
+        "openai", "Qwen/Qwen2.5-72B-Instruct", "http://localhost:8001/v1", backend_kwargs={"max_concurrency": 64}
+    )
     assert env_user_spec(load_recipe(Path("agents") / "smollm2-cpu-ppo.yaml")) == UserSpec()
     tiny = load_recipe(Path("agents") / "tiny-cpu.yaml", algorithm="ppo")
-    assert env_user_spec(tiny) == UserSpec()   # no user: the rule user
+    assert env_user_spec(tiny) == UserSpec()  # no user: the rule user
     chosen = load_recipe(Path("agents") / "qwen2.5-7b-ppo.yaml", ["env.kwargs.user.appraisal_mode=choice"])
-    assert env_user_spec(chosen).appraisal_mode == "choice" and env_user_spec(chosen).model == qwen.env.kwargs[
-        "user"]["model"]
-    text = load_recipe(Path("agents") / "tiny-cpu.yaml", algorithm="ppo",
-                       overrides=[f"env.kwargs.user='openai:m@{URL},appraisal_mode=choice'"])
+    assert (
+        env_user_spec(chosen).appraisal_mode == "choice"
+        and env_user_spec(chosen).model == qwen.env.kwargs["user"]["model"]
+    )
+    text = load_recipe(
+        Path("agents") / "tiny-cpu.yaml",
+        algorithm="ppo",
+        overrides=[f"env.kwargs.user='openai:m@{URL},appraisal_mode=choice'"],
+    )
     assert env_user_spec(text) == UserSpec("openai", "m", URL, appraisal_mode="choice")
     path = tmp_path / "recipe.yaml"
     path.write_text("algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    backend: openai\n")
-    with pytest.raises(RecipeError, match=r"recipe.yaml:5: field 'env.kwargs.backend': EmpathyDialogue-v0 takes no "
-                                          r"argument 'backend'; the simulated user is named by env.kwargs.user"):
+    with pytest.raises(
+        RecipeError,
+        match=r"recipe.yaml:5: field 'env.kwargs.backend': EmpathyDialogue-v0 takes no "
+        r"argument 'backend'; the simulated user is named by env.kwargs.user",
+    ):
         load_recipe(path)
     with pytest.raises(RecipeError, match=r"env.kwargs.user.model: the transformers backend needs a model"):
         load_recipe(Path("agents") / "tiny-cpu.yaml", ["env.kwargs.user.backend=transformers"], algorithm="ppo")
@@ -153,12 +242,15 @@ def test_recipes_name_the_user_with_env_kwargs_user(tmp_path):
 
 def test_register_and_evaluate_take_any_form(tmp_path):
     from empathy_gym.evaluation import evaluate
+
     spec = empathy_gym.register_persona_env("SpecClinic-v0", personas="en", user={"backend": "rule"}, override=True)
     assert spec.nondeterministic is False
     with pytest.raises(SpecError, match=r"user\.model"):
         empathy_gym.register_persona_env("SpecClinic-v0", personas="en", user={"backend": "vllm"}, override=True)
-    results = [evaluate("baseline:listener", "en", user=user, limit=2, n_resamples=50).report
-               for user in ("rule", {"backend": "rule"}, UserSpec())]
+    results = [
+        evaluate("baseline:listener", "en", user=user, limit=2, n_resamples=50).report
+        for user in ("rule", {"backend": "rule"}, UserSpec())
+    ]
     assert results[0]["sentient_score"] == results[1]["sentient_score"] == results[2]["sentient_score"]
     assert {r["config"]["user"] for r in results} == {"rule"}
     assert {r["config"]["appraisal_mode"] for r in results} == {"free"}
@@ -166,6 +258,7 @@ def test_register_and_evaluate_take_any_form(tmp_path):
 
 def test_the_cli_folds_appraisal_mode_into_the_user_spec():
     from empathy_gym.cli import AppraisalMode, user_with_appraisal_mode
+
     assert user_with_appraisal_mode("rule", None) == "rule"
     assert user_with_appraisal_mode(f"openai:m@{URL}", AppraisalMode.free) == f"openai:m@{URL}"
     assert user_with_appraisal_mode(f"openai:m@{URL}", AppraisalMode.choice) == f"openai:m@{URL},appraisal_mode=choice"

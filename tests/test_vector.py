@@ -17,16 +17,32 @@ from empathy_gym.user.llm_user import LLMUser
 from empathy_gym.user.scripted import ScriptedUser
 from empathy_gym.vector import EmpathyDialogueVectorEnv
 
-ANA = Persona(id="ana", language="en", profile="Ana, 30, nurse.", scenario="Ana was blamed.",
-              hidden_intention="not_at_fault", character_type="negative", opening_line="They blamed me.")
-BO = Persona(id="bo", language="en", profile="Bo, 41, cook.", scenario="Bo lost his job.",
-             hidden_intention="venting_listened", character_type="passive", opening_line="I got fired.")
+ANA = Persona(
+    id="ana",
+    language="en",
+    profile="Ana, 30, nurse.",
+    scenario="Ana was blamed.",
+    hidden_intention="not_at_fault",
+    character_type="negative",
+    opening_line="They blamed me.",
+)
+BO = Persona(
+    id="bo",
+    language="en",
+    profile="Bo, 41, cook.",
+    scenario="Bo lost his job.",
+    hidden_intention="venting_listened",
+    character_type="passive",
+    opening_line="I got fired.",
+)
 
-ACTIONS = ["That sounds really hard. What happened?",
-           "It wasn't your fault; you did your best with what you had.",
-           "Calm down, it's not a big deal.",
-           "I hear you. Tell me more about how the meeting went?",
-           "You should have told them earlier."]
+ACTIONS = [
+    "That sounds really hard. What happened?",
+    "It wasn't your fault; you did your best with what you had.",
+    "Calm down, it's not a big deal.",
+    "I hear you. Tell me more about how the meeting went?",
+    "You should have told them earlier.",
+]
 
 
 def same(a, b, where="value"):
@@ -111,8 +127,9 @@ def test_an_ended_dialogue_never_shifts_another_ones_user():
         obs, rewards, terminations, truncations, infos = envs.step(["bad", "good"])
         history.append((obs, terminations.tolist(), infos["emotion"].tolist()))
     assert [h[2][1] for h in history] == [50, 60, 70, 80, 90, 100]
-    assert [h[0][1] for h in history] == [f"reply {t} (emotion {e})" for t, e in
-                                         zip(range(1, 7), [50, 60, 70, 80, 90, 100])]
+    assert [h[0][1] for h in history] == [
+        f"reply {t} (emotion {e})" for t, e in zip(range(1, 7), [50, 60, 70, 80, 90, 100])
+    ]
     assert [h[1] for h in history] == [[False, False]] * 3 + [[True, False], [False, False], [False, True]]
     assert [h[2][0] for h in history] == [30, 20, 10, 0, 40, 30]  # reset at step 5, -10 at step 6
     assert envs.envs[1].dialogue.persona.id == personas[1]
@@ -150,8 +167,7 @@ def test_bad_actions_name_the_problem():
 
 
 def test_disabled_autoreset_leaves_ended_dialogues_to_the_caller():
-    envs = EmpathyDialogueVectorEnv(2, personas=[ANA], user=ScriptedUser([1]), max_turns=1,
-                                    autoreset_mode="Disabled")
+    envs = EmpathyDialogueVectorEnv(2, personas=[ANA], user=ScriptedUser([1]), max_turns=1, autoreset_mode="Disabled")
     envs.reset(seed=0)
     _, _, _, truncations, _ = envs.step(["hi there", "hello there"])
     assert truncations.tolist() == [True, True]
@@ -194,12 +210,12 @@ class AsyncFakeBackend(ChatBackend):
 
     def _answer(self, conversation, seed):
         if '"inner_thoughts"' not in conversation[1]["content"]:  # the reply
-            return json.dumps({"attitude": "", "goal": "", "tone": "", "content": "", "draft": "",
-                               "response": f"ok {seed}"})
+            return json.dumps(
+                {"attitude": "", "goal": "", "tone": "", "content": "", "draft": "", "response": f"ok {seed}"}
+            )
         if len(conversation) < 4:  # the first appraisal attempt: not JSON
             return "I feel better."
-        return json.dumps({"content": "", "goal_fit": "", "inner_thoughts": "They listen.",
-                           "feeling": "", "change": 5})
+        return json.dumps({"content": "", "goal_fit": "", "inner_thoughts": "They listen.", "feeling": "", "change": 5})
 
     def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
         self.calls.append("generate")
@@ -217,8 +233,10 @@ class AsyncFakeBackend(ChatBackend):
 def test_llm_user_awaits_agenerate_and_matches_the_sync_path():
     backend = AsyncFakeBackend()
     user = LLMUser(backend)
-    requests = [UserRequest(persona=ANA, history=(("user", "They blamed me."),), utterance=u,
-                            emotion=40, turn=1, seed=seed) for u, seed in [("I hear you.", 7), ("Go on.", 9)]]
+    requests = [
+        UserRequest(persona=ANA, history=(("user", "They blamed me."),), utterance=u, emotion=40, turn=1, seed=seed)
+        for u, seed in [("I hear you.", 7), ("Go on.", 9)]
+    ]
     sync = user.respond(requests, SAGE)
     assert backend.calls == ["generate", "generate", "generate"]  # appraise, repair, reply
     backend.calls.clear()
@@ -235,8 +253,9 @@ def test_async_vectorization_with_shared_memory_is_refused_with_what_to_use():
     refuses at once and names the alternatives, and the pipe path (no shared memory) works."""
     with pytest.raises(TypeError, match=r"vector_kwargs=\{'shared_memory': False\}"):
         gym.make_vec("EmpathyDialogue-v0", num_envs=2, vectorization_mode="async")
-    envs = gym.make_vec("EmpathyDialogue-v0", num_envs=2, vectorization_mode="async",
-                        vector_kwargs={"shared_memory": False})
+    envs = gym.make_vec(
+        "EmpathyDialogue-v0", num_envs=2, vectorization_mode="async", vector_kwargs={"shared_memory": False}
+    )
     try:
         observations, _ = envs.reset(seed=0)
         assert all(isinstance(o, str) and " " in o for o in observations)

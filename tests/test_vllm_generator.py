@@ -79,8 +79,13 @@ def nll_step(policy, sequence):
 def sequence_logprobs(model, sequence):
     """The trainer's log-probs of ``sequence[1:]`` (``forward_tokens``, temperature 1)."""
     from empathy_gym.agents.tokens import TokenData, forward_tokens
-    data = TokenData(torch.tensor(sequence), torch.ones(len(sequence) - 1, dtype=torch.bool),
-                     torch.zeros(len(sequence) - 1), torch.zeros(len(sequence) - 1, dtype=torch.long))
+
+    data = TokenData(
+        torch.tensor(sequence),
+        torch.ones(len(sequence) - 1, dtype=torch.bool),
+        torch.zeros(len(sequence) - 1),
+        torch.zeros(len(sequence) - 1, dtype=torch.long),
+    )
     with torch.no_grad():
         return forward_tokens(model, [data], 0, torch.device("cpu"), 1.0, entropy=False).logprobs.tolist()
 
@@ -95,21 +100,27 @@ def setup(tiny_model_dir, tmp_path_factory, vllm_python):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                       task_type="CAUSAL_LM"))
+    policy = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     chat = ChatTokens(tokenizer)
     prompt = chat.prompt([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
     sequence = prompt + tokenizer.encode("That sounds really hard.", add_special_tokens=False) + [chat.eos_id]
     nll_step(policy, sequence)
     adapter = tmp_path_factory.mktemp("adapter") / "lora"
     policy.save_pretrained(adapter)
-    done = subprocess.run([str(vllm_python), "-c", SCRIPT, str(tiny_model_dir), str(adapter), json.dumps(prompt),
-                           json.dumps(sequence)], env=vllm_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [str(vllm_python), "-c", SCRIPT, str(tiny_model_dir), str(adapter), json.dumps(prompt), json.dumps(sequence)],
+        env=vllm_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"vLLM run failed ({done.returncode}):\n{done.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):]), prompt, sequence, base, policy, tokenizer
+    return json.loads(lines[-1][len("RESULT ") :]), prompt, sequence, base, policy, tokenizer
 
 
 def test_after_the_sync_the_engine_scores_a_sequence_as_the_trained_policy(setup):
@@ -117,12 +128,13 @@ def test_after_the_sync_the_engine_scores_a_sequence_as_the_trained_policy(setup
     trained, untrained = sequence_logprobs(policy, sequence), sequence_logprobs(base, sequence)
     assert result["before"] == pytest.approx(untrained, abs=1e-3)
     assert result["after"] == pytest.approx(trained, abs=1e-3)
-    assert max(abs(a - b) for a, b in zip(trained, untrained)) > 0.05   # the step moved the policy
+    assert max(abs(a - b) for a, b in zip(trained, untrained)) > 0.05  # the step moved the policy
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(setup):
     result, prompt, _, base, policy, tokenizer = setup
     from empathy_gym.agents.generation import TransformersGenerator
+
     for model, samples in ((base, result["base"]), (policy, result["tuned"])):
         (expected,) = TransformersGenerator(model, tokenizer, max_new_tokens=8, temperature=0.0).generate([prompt], [1])
         assert samples[0]["token_ids"] == expected.token_ids
@@ -143,8 +155,8 @@ def test_logprobs_follow_the_temperature(setup):
     (sample,) = result["warm"]
     ids = torch.tensor([prompt + sample["token_ids"]])
     with torch.no_grad():
-        logits = base(ids).logits[0, len(prompt) - 1:-1].float() / 0.7
-    expected = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        logits = base(ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
     assert sample["logprobs"] == pytest.approx(expected.tolist(), abs=1e-3)
 
 
@@ -157,10 +169,24 @@ def test_the_trainer_runs_with_vllm_generating_and_refuses_full_weights_first(vl
     """``examples/train_grpo.py`` in the vLLM venv: with LoRA, two steps whose sampler and
     trainer agree (sampler/kl ~ 0); with full weights, exit 1 and what to set, before any
     step (it crashed at the first weight sync with vLLM's AttributeError)."""
+
     def train(*overrides):
-        return subprocess.run([str(vllm_python), "examples/train_grpo.py", "--recipe", "agents/tiny-cpu.yaml",
-                               "generation.engine=vllm", *overrides], env=vllm_env(), cwd=REPO,
-                              capture_output=True, text=True, timeout=900)
+        return subprocess.run(
+            [
+                str(vllm_python),
+                "examples/train_grpo.py",
+                "--recipe",
+                "agents/tiny-cpu.yaml",
+                "generation.engine=vllm",
+                *overrides,
+            ],
+            env=vllm_env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
     full = train("total_steps=1", f"output_dir={tmp_path / 'full'}")
     assert full.returncode == 1 and "Set policy.use_lora=true" in full.stderr + full.stdout
     assert not (tmp_path / "full" / "metrics.jsonl").exists()

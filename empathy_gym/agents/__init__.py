@@ -19,8 +19,12 @@ from empathy_gym.agents.config import (
     load_recipe,
 )
 
-_HEAVY = {"GRPOTrainer": "empathy_gym.agents.grpo", "PPOTrainer": "empathy_gym.agents.ppo",
-          "RolloutEngine": "empathy_gym.agents.rollout", "Trajectory": "empathy_gym.agents.rollout"}
+_HEAVY = {
+    "GRPOTrainer": "empathy_gym.agents.grpo",
+    "PPOTrainer": "empathy_gym.agents.ppo",
+    "RolloutEngine": "empathy_gym.agents.rollout",
+    "Trajectory": "empathy_gym.agents.rollout",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,5 +36,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["EnvConfig", "GRPOConfig", "GRPOTrainer", "GenerationConfig", "PPOConfig", "PPOTrainer",
-           "PolicyConfig", "RecipeError", "RolloutEngine", "TRAINERS", "Trajectory", "load_recipe"]
+__all__ = [
+    "EnvConfig",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "GenerationConfig",
+    "PPOConfig",
+    "PPOTrainer",
+    "PolicyConfig",
+    "RecipeError",
+    "RolloutEngine",
+    "TRAINERS",
+    "Trajectory",
+    "load_recipe",
+]

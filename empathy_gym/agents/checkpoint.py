@@ -67,8 +67,9 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
-def save_checkpoint(root: Path, step: int, *, policy: Any, tokenizer: Any,
-                    modules: dict[str, Any], state: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(
+    root: Path, step: int, *, policy: Any, tokenizer: Any, modules: dict[str, Any], state: dict[str, Any], keep: int = 2
+) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
     Args:

@@ -32,13 +32,16 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
         prog=f"train_{algorithm}.py",
         description=f"Train an LLM policy with {algorithm.upper()} against the simulated user.",
         epilog="Overrides: any recipe field as key=value, e.g. total_steps=10 policy.lora_r=8 "
-               "env.kwargs.max_turns=4 generation.max_new_tokens=64."
-               f" Shipped recipes (by name or as agents/NAME.yaml): {', '.join(shipped)}.")
-    parser.add_argument("--recipe", required=True,
-                        help="a YAML recipe file, or a shipped recipe's name: e.g. smollm2-cpu-grpo (the "
-                             "README's quick start) or tiny-cpu (a tiny random model, for smoke runs)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from output_dir/checkpoints/latest")
+        "env.kwargs.max_turns=4 generation.max_new_tokens=64."
+        f" Shipped recipes (by name or as agents/NAME.yaml): {', '.join(shipped)}.",
+    )
+    parser.add_argument(
+        "--recipe",
+        required=True,
+        help="a YAML recipe file, or a shipped recipe's name: e.g. smollm2-cpu-grpo (the "
+        "README's quick start) or tiny-cpu (a tiny random model, for smoke runs)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from output_dir/checkpoints/latest")
     parser.add_argument("--output-dir", help="shortcut for output_dir=...")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser.parse_args(argv)
@@ -101,8 +104,11 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
         say(f"error: {error}", file=sys.stderr)
         return 1
     if args.resume and not holds_a_run(Path(config.output_dir)):  # before any model loads
-        say(f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
-            f"heldout/); run without --resume to start one there, or give the run's output_dir=", file=sys.stderr)
+        say(
+            f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
+            f"heldout/); run without --resume to start one there, or give the run's output_dir=",
+            file=sys.stderr,
+        )
         return 1
     with _log_to_file(config.output_dir):
         return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)
@@ -138,8 +144,9 @@ def number(value: float) -> str:
     return f"{value:.4f}"
 
 
-def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluated: bool,
-                        overrides: list[str] | None = None) -> list[str]:
+def where_everything_is(
+    config: Any, algorithm: str, recipe: str | None, evaluated: bool, overrides: list[str] | None = None
+) -> list[str]:
     """The closing lines: each output's path and how to continue the run (the command
     keeps the run's ``overrides``, ``total_steps`` doubled)."""
     from empathy_gym.agents.checkpoint import latest_checkpoint
@@ -147,18 +154,22 @@ def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluat
     out = Path(config.output_dir)
     checkpoint = latest_checkpoint(out / "checkpoints")
     latest = (checkpoint or out / "checkpoints" / "step-N") / "policy"
-    lines = [f"Outputs in {out}/:",
-             "  curves.png          return and final emotion per step",
-             f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
-             if config.report_to == "tensorboard" else
-             "  metrics.jsonl       one line of metrics per step",
-             "  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
-             f"  checkpoints/        {checkpoint.name if checkpoint else 'none yet'}: the trained policy "
-             f"(policy/{', a LoRA adapter' if config.policy.use_lora else ''}) and optimiser state; "
-             "the file 'latest' names the newest"]
+    lines = [
+        f"Outputs in {out}/:",
+        "  curves.png          return and final emotion per step",
+        f"  metrics.jsonl       one line of metrics per step (tensorboard --logdir {out / 'tb'})"
+        if config.report_to == "tensorboard"
+        else "  metrics.jsonl       one line of metrics per step",
+        "  episodes.jsonl      every training dialogue; transcripts/ a few per step, readable",
+        f"  checkpoints/        {checkpoint.name if checkpoint else 'none yet'}: the trained policy "
+        f"(policy/{', a LoRA adapter' if config.policy.use_lora else ''}) and optimiser state; "
+        "the file 'latest' names the newest",
+    ]
     if evaluated:
-        lines.append("  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
-                     "(every held-out dialogue)")
+        lines.append(
+            "  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
+            "(every held-out dialogue)"
+        )
     policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
     script = f"examples/train_{algorithm}.py"
     recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
@@ -166,16 +177,24 @@ def where_everything_is(config: Any, algorithm: str, recipe: str | None, evaluat
     kept = [o for o in (overrides or []) if not o.startswith("total_steps=")]
     if not any(o.startswith("output_dir=") for o in kept):
         kept.append(f"output_dir={config.output_dir}")
-    lines += ["Continue:",
-              f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
-              f"(train {config.total_steps} more steps)",
-              f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
-              "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user)"]
+    lines += [
+        "Continue:",
+        f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
+        f"(train {config.total_steps} more steps)",
+        f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
+        "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user)",
+    ]
     return lines
 
 
-def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
-           trainer_class: Any = None, overrides: list[str] | None = None) -> int:
+def _train(
+    algorithm: str,
+    config: Any,
+    resume: bool,
+    recipe: str | None = None,
+    trainer_class: Any = None,
+    overrides: list[str] | None = None,
+) -> int:
     quiet_known_noise()
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
@@ -200,15 +219,23 @@ def _train(algorithm: str, config: Any, resume: bool, recipe: str | None = None,
         else:
             logging.getLogger(__name__).warning(
                 "aborted at step %d; finished dialogues are in %s/episodes.jsonl; rerun with --resume to continue "
-                "from the last checkpoint", trainer.step, config.output_dir)
+                "from the last checkpoint",
+                trainer.step,
+                config.output_dir,
+            )
         return 130
     if metrics:
         first, last = metrics[0], metrics[-1]
-        rows = [f"{key:24}{number(first[key]):>12}{number(last[key]):>12}"
-                for key in ("reward/mean_return", "emotion/final_mean", "episode/success_rate", "policy/approx_kl")
-                if isinstance(first.get(key), float) and isinstance(last.get(key), float)]
-        say(f"\n{algorithm.upper()}: {trainer.step}/{config.total_steps} steps in {config.output_dir}",
-            f"{'':24}{'first step':>12}{'last step':>12}", *rows)
+        rows = [
+            f"{key:24}{number(first[key]):>12}{number(last[key]):>12}"
+            for key in ("reward/mean_return", "emotion/final_mean", "episode/success_rate", "policy/approx_kl")
+            if isinstance(first.get(key), float) and isinstance(last.get(key), float)
+        ]
+        say(
+            f"\n{algorithm.upper()}: {trainer.step}/{config.total_steps} steps in {config.output_dir}",
+            f"{'':24}{'first step':>12}{'last step':>12}",
+            *rows,
+        )
     if trainer.step < config.total_steps:
         logging.getLogger(__name__).warning("stopped at step %d; continue with --resume", trainer.step)
         return 130

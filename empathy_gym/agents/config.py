@@ -86,8 +86,9 @@ class Checked:
                 try:
                     setattr(self, item.name, kind(value))
                 except ValueError:
-                    raise RecipeError(f"field {item.name!r}: expected one of {[c.value for c in kind]}, "
-                                      f"got {value!r}") from None
+                    raise RecipeError(
+                        f"field {item.name!r}: expected one of {[c.value for c in kind]}, got {value!r}"
+                    ) from None
 
 
 @dataclass
@@ -372,9 +373,11 @@ ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConf
 
 
 #: Why ``advantage: reward_to_go`` and ``reward_mode: final`` are refused together.
-REWARD_TO_GO_FINAL = ("advantage 'reward_to_go' with env reward_mode 'final' has no meaning: every turn's "
-                      "return-to-go is then the final reward, which is advantage 'episode'; use "
-                      "advantage=episode (or env.kwargs.reward_mode=delta)")
+REWARD_TO_GO_FINAL = (
+    "advantage 'reward_to_go' with env reward_mode 'final' has no meaning: every turn's "
+    "return-to-go is then the final reward, which is advantage 'episode'; use "
+    "advantage=episode (or env.kwargs.reward_mode=delta)"
+)
 
 
 class RecipeError(ValueError):
@@ -400,8 +403,9 @@ def _yaml_line(path: Path, dotted_key: str) -> int | None:
     return line
 
 
-def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = None,
-                algorithm: str | None = None) -> TrainerConfig:
+def load_recipe(
+    path: str | os.PathLike | None, overrides: list[str] | None = None, algorithm: str | None = None
+) -> TrainerConfig:
     """Build a config from a YAML recipe and dotlist overrides.
 
     Args:
@@ -425,8 +429,10 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
         try:
             recipe = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as error:
-            raise RecipeError(f"{source}: not valid UTF-8 (byte {error.object[error.start]:#04x} at offset "
-                              f"{error.start}); save the file as UTF-8") from None
+            raise RecipeError(
+                f"{source}: not valid UTF-8 (byte {error.object[error.start]:#04x} at offset "
+                f"{error.start}); save the file as UTF-8"
+            ) from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"{source}:{mark.line + 1}" if mark else str(source)
@@ -435,15 +441,18 @@ def load_recipe(path: str | os.PathLike | None, overrides: list[str] | None = No
             raise RecipeError(f"{source}: a recipe must be a mapping of fields")
     named = recipe.pop("algorithm", None)
     if algorithm and named and algorithm != named:
-        raise RecipeError(f"{source}:{_yaml_line(source, 'algorithm')}: field 'algorithm': "
-                          f"the recipe is for {named!r}, this script trains {algorithm!r}")
+        raise RecipeError(
+            f"{source}:{_yaml_line(source, 'algorithm')}: field 'algorithm': "
+            f"the recipe is for {named!r}, this script trains {algorithm!r}"
+        )
     algorithm = algorithm or named
     if algorithm is None:
-        raise RecipeError(f"{source}: no field 'algorithm': add 'algorithm: ppo' (or grpo), or use the "
-                          "script (train_ppo.py, train_grpo.py) that names it")
+        raise RecipeError(
+            f"{source}: no field 'algorithm': add 'algorithm: ppo' (or grpo), or use the "
+            "script (train_ppo.py, train_grpo.py) that names it"
+        )
     if algorithm not in ALGORITHMS:
-        raise RecipeError(f"{source}: field 'algorithm': expected one of {sorted(ALGORITHMS)}, "
-                          f"got {algorithm!r}")
+        raise RecipeError(f"{source}: field 'algorithm': expected one of {sorted(ALGORITHMS)}, got {algorithm!r}")
     schema = OmegaConf.structured(ALGORITHMS[algorithm])
     try:
         merged = OmegaConf.merge(schema, OmegaConf.create(recipe))
@@ -495,15 +504,19 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
         return
     for name in config.env.kwargs:
         if name in USER_FIELDS and name not in params and "user" in params:
-            raise RecipeError(f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': {config.env.id} "
-                              f"takes no argument {name!r}; the simulated user is named by env.kwargs.user "
-                              f"(user: openai:MODEL@URL, or user: {{backend: openai, model: ..., base_url: "
-                              f"...}}; env.kwargs.user.{name}=... from the command line)")
+            raise RecipeError(
+                f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': {config.env.id} "
+                f"takes no argument {name!r}; the simulated user is named by env.kwargs.user "
+                f"(user: openai:MODEL@URL, or user: {{backend: openai, model: ..., base_url: "
+                f"...}}; env.kwargs.user.{name}=... from the command line)"
+            )
         if name not in params:
             close = difflib.get_close_matches(name, list(params), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise RecipeError(f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': "
-                              f"{config.env.id} takes no argument {name!r}{hint}")
+            raise RecipeError(
+                f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': "
+                f"{config.env.id} takes no argument {name!r}{hint}"
+            )
 
 
 def validate(config: TrainerConfig) -> None:
@@ -516,8 +529,12 @@ def validate(config: TrainerConfig) -> None:
     Raises:
         RecipeError: every problem found, in one message.
     """
-    problems = (_range_problems(config) + _sampling_problems(config.generation)
-                + _heldout_problems(config.heldout) + _policy_problems(config))
+    problems = (
+        _range_problems(config)
+        + _sampling_problems(config.generation)
+        + _heldout_problems(config.heldout)
+        + _policy_problems(config)
+    )
     if problems:  # the divisibility checks below need positive divisors
         raise RecipeError("invalid configuration: " + "; ".join(problems))
     problems = _batch_problems(config) + _user_problems(config) + _process_problems(config)
@@ -527,8 +544,16 @@ def validate(config: TrainerConfig) -> None:
 
 def _range_problems(config: TrainerConfig) -> list[str]:
     problems = []
-    positive = ["learning_rate", "critic_learning_rate", "max_grad_norm", "rollout_batch_size", "num_ppo_epochs",
-                "num_mini_batches", "gradient_accumulation_steps", "num_generations"]
+    positive = [
+        "learning_rate",
+        "critic_learning_rate",
+        "max_grad_norm",
+        "rollout_batch_size",
+        "num_ppo_epochs",
+        "num_mini_batches",
+        "gradient_accumulation_steps",
+        "num_generations",
+    ]
     for name in positive:
         value = getattr(config, name, 1)
         if value <= 0:
@@ -551,14 +576,18 @@ def _sampling_problems(generation: GenerationConfig) -> list[str]:
     if generation.temperature < 0:
         problems.append(f"generation.temperature must be >= 0 (0: greedy), got {generation.temperature}")
     elif generation.temperature == 0:
-        problems.append("generation.temperature 0 (greedy) does not sample from the policy, so the loss's "
-                        "log-probs would describe another distribution; training needs a temperature > 0")
+        problems.append(
+            "generation.temperature 0 (greedy) does not sample from the policy, so the loss's "
+            "log-probs would describe another distribution; training needs a temperature > 0"
+        )
     if not 0 < generation.top_p <= 1:
         problems.append(f"generation.top_p must be in (0, 1], got {generation.top_p}")
     elif generation.top_p < 1:
-        problems.append(f"generation.top_p {generation.top_p} would sample from the truncated nucleus while the "
-                        "loss's log-probs are those of the whole softmax (samples from another distribution "
-                        "than the policy); training needs top_p 1.0")
+        problems.append(
+            f"generation.top_p {generation.top_p} would sample from the truncated nucleus while the "
+            "loss's log-probs are those of the whole softmax (samples from another distribution "
+            "than the policy); training needs top_p 1.0"
+        )
     return problems
 
 
@@ -580,16 +609,19 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
             problems.append(f"heldout.user: {error}")
         else:
             if judge.backend == "policy":
-                problems.append("heldout.user 'policy' is the training user's kind; a second judge must be "
-                                "another user (rule, transformers:PATH, openai:MODEL@URL)")
+                problems.append(
+                    "heldout.user 'policy' is the training user's kind; a second judge must be "
+                    "another user (rule, transformers:PATH, openai:MODEL@URL)"
+                )
     return problems
 
 
 def _policy_problems(config: TrainerConfig) -> list[str]:
     problems = []
     if config.tis_cap is not None and (config.tis_cap < 0 or 0 < config.tis_cap < 1):
-        problems.append(f"tis_cap must be 0 (off) or >= 1 (a cap below 1 would shrink every token's loss), "
-                        f"got {config.tis_cap}")
+        problems.append(
+            f"tis_cap must be 0 (off) or >= 1 (a cap below 1 would shrink every token's loss), got {config.tis_cap}"
+        )
     if config.policy.logprob_chunk_tokens < 1:
         problems.append(f"policy.logprob_chunk_tokens must be >= 1, got {config.policy.logprob_chunk_tokens}")
     return problems
@@ -605,16 +637,22 @@ def _groups(config: TrainerConfig) -> int:
 def _batch_problems(config: TrainerConfig) -> list[str]:
     problems = []
     if config.rollout_batch_size % config.num_mini_batches:
-        problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
-                        f"num_mini_batches ({config.num_mini_batches})")
+        problems.append(
+            f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
+            f"num_mini_batches ({config.num_mini_batches})"
+        )
     if not isinstance(config, GRPOConfig):
         return problems
     if config.rollout_batch_size % config.num_generations:
-        problems.append(f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
-                        f"num_generations ({config.num_generations})")
+        problems.append(
+            f"rollout_batch_size ({config.rollout_batch_size}) must be a multiple of "
+            f"num_generations ({config.num_generations})"
+        )
     if config.epsilon_high is not None and config.epsilon_high < config.epsilon:
-        problems.append(f"epsilon_high ({config.epsilon_high}) must be >= epsilon ({config.epsilon}): "
-                        "clip-higher widens the upper bound only")
+        problems.append(
+            f"epsilon_high ({config.epsilon_high}) must be >= epsilon ({config.epsilon}): "
+            "clip-higher widens the upper bound only"
+        )
     if config.dynamic_sampling_budget < 0:
         problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
     if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
@@ -630,11 +668,15 @@ def _user_problems(config: TrainerConfig) -> list[str]:
         spec = None
         problems.append(str(error))
     if spec is not None and spec.backend == "policy" and not config.policy.use_lora:
-        problems.append("env.kwargs.user 'policy' (the simulated user on the policy's base weights) needs "
-                        "policy.use_lora=true: a fully fine-tuned policy would change the user at every step")
+        problems.append(
+            "env.kwargs.user 'policy' (the simulated user on the policy's base weights) needs "
+            "policy.use_lora=true: a fully fine-tuned policy would change the user at every step"
+        )
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):
-        problems.append(f"policy.dtype must be 'float32', 'bfloat16' or 'auto' (float16 would need loss "
-                        f"scaling, which this trainer does not do), got {config.policy.dtype!r}")
+        problems.append(
+            f"policy.dtype must be 'float32', 'bfloat16' or 'auto' (float16 would need loss "
+            f"scaling, which this trainer does not do), got {config.policy.dtype!r}"
+        )
     return problems
 
 
@@ -645,15 +687,19 @@ def _process_problems(config: TrainerConfig) -> list[str]:
     problems = []
     groups = _groups(config)
     if groups % world:
-        problems.append(f"{groups} dialogue groups per step do not split evenly over {world} processes; "
-                        "make rollout_batch_size (/ num_generations) a multiple of the process count")
+        problems.append(
+            f"{groups} dialogue groups per step do not split evenly over {world} processes; "
+            "make rollout_batch_size (/ num_generations) a multiple of the process count"
+        )
     if config.generation.engine != "transformers":
         problems.append("several processes need generation.engine='transformers' (vLLM: one process)")
     budget = getattr(config, "dynamic_sampling_budget", 0)
     if budget % world:
-        problems.append(f"dynamic_sampling_budget {budget} does not split evenly over {world} processes (each "
-                        f"refills its share; {budget} // {world} = {budget // world} would drop groups); make it "
-                        f"a multiple of {world}")
+        problems.append(
+            f"dynamic_sampling_budget {budget} does not split evenly over {world} processes (each "
+            f"refills its share; {budget} // {world} = {budget // world} would drop groups); make it "
+            f"a multiple of {world}"
+        )
     return problems
 
 
@@ -674,8 +720,9 @@ def env_user_spec(config: TrainerConfig) -> UserSpec | None:
         return as_user_spec(value)
     except (SpecError, TypeError) as error:
         message = str(error)
-        raise RecipeError(f"env.kwargs.{message}" if message.startswith("user")
-                          else f"env.kwargs.user: {message}") from None
+        raise RecipeError(
+            f"env.kwargs.{message}" if message.startswith("user") else f"env.kwargs.user: {message}"
+        ) from None
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:

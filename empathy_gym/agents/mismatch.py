@@ -34,8 +34,9 @@ from collections.abc import Sequence
 import torch
 
 
-def mismatch_stats(trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: Sequence[torch.Tensor | None],
-                   cap: float = 0.0) -> dict[str, float]:
+def mismatch_stats(
+    trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: Sequence[torch.Tensor | None], cap: float = 0.0
+) -> dict[str, float]:
     """Per-step statistics of the sampler/trainer mismatch (see the module docstring).
 
     Args:
@@ -51,13 +52,18 @@ def mismatch_stats(trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: S
     """
     pairs = [(t, s) for t, s in zip(trainer_logprobs, sampler_logprobs) if s is not None and len(s)]
     if not pairs:
-        return dict.fromkeys(("sampler/kl", "sampler/max_ratio", "sampler/min_ratio", "sampler/tis_capped"),
-                             float("nan")) | {"sampler/count": 0.0}
+        return dict.fromkeys(
+            ("sampler/kl", "sampler/max_ratio", "sampler/min_ratio", "sampler/tis_capped"), float("nan")
+        ) | {"sampler/count": 0.0}
     log_ratio = torch.cat([t.double() for t, _ in pairs]) - torch.cat([s.double() for _, s in pairs])
     ratio = torch.exp(log_ratio)
-    return {"sampler/kl": float((ratio - 1.0 - log_ratio).mean()), "sampler/count": float(len(ratio)),
-            "sampler/max_ratio": float(ratio.max()), "sampler/min_ratio": float(ratio.min()),
-            "sampler/tis_capped": float((ratio > cap).double().mean()) if cap > 0 else 0.0}
+    return {
+        "sampler/kl": float((ratio - 1.0 - log_ratio).mean()),
+        "sampler/count": float(len(ratio)),
+        "sampler/max_ratio": float(ratio.max()),
+        "sampler/min_ratio": float(ratio.min()),
+        "sampler/tis_capped": float((ratio > cap).double().mean()) if cap > 0 else 0.0,
+    }
 
 
 def tis_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
@@ -77,8 +83,9 @@ def tis_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, 
     if cap <= 0:
         raise ValueError(f"the truncated importance sampling cap must be > 0, got {cap}")
     if trainer_logprobs.shape != sampler_logprobs.shape:
-        raise ValueError(f"{tuple(trainer_logprobs.shape)} trainer log-probs but "
-                         f"{tuple(sampler_logprobs.shape)} sampler log-probs")
+        raise ValueError(
+            f"{tuple(trainer_logprobs.shape)} trainer log-probs but {tuple(sampler_logprobs.shape)} sampler log-probs"
+        )
     ratio = torch.exp(trainer_logprobs.detach().double() - sampler_logprobs.detach().double())
     return torch.clamp(ratio, max=cap).float()
 

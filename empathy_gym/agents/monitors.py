@@ -128,6 +128,7 @@ def looks_like_injection(text: str) -> bool:
 def reply_monitors(replies: Sequence[Reply]) -> dict[str, float]:
     """The ``monitor/*`` metrics of one step's replies (module docstring); NaN shares
     and means for an empty step."""
+
     def share(check) -> float:
         return sum(map(check, replies)) / len(replies) if replies else math.nan
 

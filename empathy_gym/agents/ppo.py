@@ -32,9 +32,14 @@ from empathy_gym.agents.trainer import MinibatchSize, RLTrainer, describe
 
 
 # -- estimators and losses ---------------------------------------------------------
-def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-               gamma: float = 1.0, lam: float = 1.0, last_values: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    last_values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the positions where ``mask`` is True.
 
     Positions with ``mask`` False are skipped: the next value of a trainable token is
@@ -70,8 +75,9 @@ def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, returns
 
 
-def whiten(values: torch.Tensor, eps: float = 1e-8, mean: float | None = None,
-           var: float | None = None) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor, eps: float = 1e-8, mean: float | None = None, var: float | None = None
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over all elements ([37], detail 7: advantage
     normalisation); population variance. ``mean`` and ``var`` default to those of
     ``values`` (several processes pass the statistics of all their advantages)."""
@@ -80,9 +86,13 @@ def whiten(values: torch.Tensor, eps: float = 1e-8, mean: float | None = None,
     return (values - mean) / torch.sqrt(torch.as_tensor(var + eps, dtype=values.dtype))
 
 
-def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    cliprange: float, weights: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    cliprange: float,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped surrogate objective, as a loss per token.
 
         ratio_t = exp(log pi(a_t|s_t) - log pi_old(a_t|s_t))                 [PPO eq. 6]
@@ -115,8 +125,9 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     return loss, stats
 
 
-def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                   cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+def ppo_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, cliprange_value: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The clipped value loss per token ([37], detail 9; as in OpenAI baselines and TRL).
 
         V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
@@ -152,8 +163,9 @@ def _hidden_size(model: Any) -> int:
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
-def load_backbone(name: str, *, dtype: Any = "float32", device: Any = "cpu",
-                  attn_implementation: str | None = None) -> Any:
+def load_backbone(
+    name: str, *, dtype: Any = "float32", device: Any = "cpu", attn_implementation: str | None = None
+) -> Any:
     """The policy's base model without its language-model head (``AutoModel``), for a
     separate critic: a value head reads its last hidden states, so the head's
     vocabulary x hidden weights (1.09 GB in bfloat16 for Qwen2.5-7B) and the logits
@@ -172,6 +184,7 @@ def load_backbone(name: str, *, dtype: Any = "float32", device: Any = "cpu",
     from transformers import AutoModel
 
     from empathy_gym.models import resolve_model
+
     path, gguf_file = resolve_model(name)
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
@@ -186,10 +199,13 @@ def critic_state_from_causal_lm(state: dict[str, torch.Tensor]) -> dict[str, tor
     ``lm_head.weight`` (full fine-tuning); the backbone's are ``base_model.model.layers...``
     and ``layers...``. Keys already in the new form pass unchanged."""
     if any(key.startswith("base_model.model.model.") for key in state):
-        return {"base_model.model." + key[len("base_model.model.model."):]: value for key, value in state.items()
-                if key.startswith("base_model.model.model.")}
+        return {
+            "base_model.model." + key[len("base_model.model.model.") :]: value
+            for key, value in state.items()
+            if key.startswith("base_model.model.model.")
+        }
     if any(key.startswith("lm_head.") for key in state):
-        return {key[len("model."):]: value for key, value in state.items() if key.startswith("model.")}
+        return {key[len("model.") :]: value for key, value in state.items() if key.startswith("model.")}
     return dict(state)
 
 
@@ -244,15 +260,25 @@ class PPOTrainer(RLTrainer):
     algorithm = "ppo"
     config_class = PPOConfig
     config: PPOConfig
-    loss_metrics = ("loss/policy", "loss/value", "policy/entropy", "policy/clipfrac", "policy/approx_kl",
-                    "value/clipfrac")
+    loss_metrics = (
+        "loss/policy",
+        "loss/value",
+        "policy/entropy",
+        "policy/clipfrac",
+        "policy/approx_kl",
+        "value/clipfrac",
+    )
 
     def _build_algorithm(self) -> None:
         config = self.config
         self.critic_model = None
         if config.critic == "separate":
-            backbone = load_backbone(self.base_model_name, dtype=config.policy.dtype, device=self.device,
-                                     attn_implementation=config.policy.attn_implementation)
+            backbone = load_backbone(
+                self.base_model_name,
+                dtype=config.policy.dtype,
+                device=self.device,
+                attn_implementation=config.policy.attn_implementation,
+            )
             self.critic_model = self._wrap_policy(backbone, task_type=None)
         host = self.critic_model if self.critic_model is not None else self.model
         self.value_head = ValueHead(_hidden_size(host)).to(self.device)
@@ -272,8 +298,11 @@ class PPOTrainer(RLTrainer):
     def extra_state(self) -> dict[str, Any]:
         state = {"value_head": self.value_head.state_dict()}
         if self.critic_model is not None:
-            state["critic"] = {k: v for k, v in self.critic_model.state_dict().items()
-                               if "lora_" in k or not self.config.policy.use_lora}
+            state["critic"] = {
+                k: v
+                for k, v in self.critic_model.state_dict().items()
+                if "lora_" in k or not self.config.policy.use_lora
+            }
         return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
@@ -291,12 +320,16 @@ class PPOTrainer(RLTrainer):
             lost = [k for k in missing if "lora_" in k or not self.config.policy.use_lora]
             if unexpected or lost:
                 from empathy_gym.agents.checkpoint import CheckpointError
-                raise CheckpointError(f"the checkpoint's critic does not fit this critic: "
-                                      f"{len(unexpected)} unexpected tensors (e.g. {unexpected[:2]}), "
-                                      f"{len(lost)} missing (e.g. {lost[:2]})")
 
-    def _forward(self, chunk: Sequence[TokenData], bootstrap: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+                raise CheckpointError(
+                    f"the checkpoint's critic does not fit this critic: "
+                    f"{len(unexpected)} unexpected tensors (e.g. {unexpected[:2]}), "
+                    f"{len(lost)} missing (e.g. {lost[:2]})"
+                )
+
+    def _forward(
+        self, chunk: Sequence[TokenData], bootstrap: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """Flat (logprobs, entropy, values) of a micro-batch, and with ``bootstrap`` the
         (b,) values of each dialogue's last position. Entropy is ``None`` without
         gradients (:meth:`~empathy_gym.agents.trainer.RLTrainer.forward`)."""
@@ -305,8 +338,9 @@ class PPOTrainer(RLTrainer):
             states, last_states = out.hidden, out.last_hidden
         else:
             out = self.forward(self.model, chunk)
-            states, last_states = backbone_states(self.critic_model, chunk, self.pad_id, self.device,
-                                                  self.compute_dtype, last_hidden=bootstrap)
+            states, last_states = backbone_states(
+                self.critic_model, chunk, self.pad_id, self.device, self.compute_dtype, last_hidden=bootstrap
+            )
         last = self.value_head(last_states) if bootstrap else None
         return out.logprobs, out.entropy, self.value_head(states), last
 
@@ -314,14 +348,14 @@ class PPOTrainer(RLTrainer):
         """:func:`whiten` with the mean and variance of every process's advantages."""
         if self.processes.world == 1:
             return whiten(values)
-        total, squares, count = self.processes.sum([float(values.sum()), float((values ** 2).sum()),
-                                                    float(values.numel())])
+        total, squares, count = self.processes.sum(
+            [float(values.sum()), float((values**2).sum()), float(values.numel())]
+        )
         mean = total / count
-        return whiten(values, mean=mean, var=max(squares / count - mean ** 2, 0.0))
+        return whiten(values, mean=mean, var=max(squares / count - mean**2, 0.0))
 
     @torch.no_grad()
-    def _rollout_values(self, data: Sequence[TokenData]
-                        ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    def _rollout_values(self, data: Sequence[TokenData]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
         """Per-trajectory flat (old log-probs, old values) under the current parameters,
         and the (N,) bootstrap values: V(s_T) of each cut dialogue, 0 for the others."""
         logprobs, values, last_values = [], [], torch.zeros(len(data))
@@ -352,25 +386,30 @@ class PPOTrainer(RLTrainer):
         if config.kl_coef > 0:
             ref_logprobs = self.policy_logprobs(data, reference=True)
             kls = [old - ref for old, ref in zip(old_logprobs, ref_logprobs)]
-            rewards = [r - config.kl_coef * kl for r, kl in zip(rewards, kls)]       # [KL] per-token penalty
+            rewards = [r - config.kl_coef * kl for r, kl in zip(rewards, kls)]  # [KL] per-token penalty
             kl_to_reference = float(torch.cat(kls).mean())
 
         padded_rewards, valid = pad_flat(rewards)
         padded_values, _ = pad_flat(old_values)
-        advantages, returns = masked_gae(padded_rewards, padded_values, valid, config.gamma, config.lam,
-                                         last_values=last_values)
+        advantages, returns = masked_gae(
+            padded_rewards, padded_values, valid, config.gamma, config.lam, last_values=last_values
+        )
         advantages, returns = unpad_flat(advantages, valid), unpad_flat(returns, valid)
-        stats |= {**describe("value", old_values), **describe("value/target", returns),
-                  **describe("advantage", advantages)}
+        stats |= {
+            **describe("value", old_values),
+            **describe("value/target", returns),
+            **describe("advantage", advantages),
+        }
         if config.kl_coef > 0:  # without a KL term there is no reference pass, so nothing to report
-            stats["policy/kl_to_reference_k1"] = kl_to_reference   # signed k1, at the rollout policy
+            stats["policy/kl_to_reference_k1"] = kl_to_reference  # signed k1, at the rollout policy
         if config.whiten_advantages:
             flat = self._whiten(torch.cat(advantages))
             advantages = list(torch.split(flat, [len(a) for a in advantages]))
         return PPOBatch(data, old_logprobs, old_values, advantages, returns, weights), stats
 
-    def micro_loss(self, batch: PPOBatch, indices: Sequence[int], size: MinibatchSize
-                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_loss(
+        self, batch: PPOBatch, indices: Sequence[int], size: MinibatchSize
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch's share of the mini-batch's loss:
 
             L = (sum_t L_t + vf_coef * sum_t L_V,t - entropy_coef * sum_t H_t) / N
@@ -387,18 +426,30 @@ class PPOTrainer(RLTrainer):
         config = self.config
         flat = partial(self.flat_tokens, indices=indices)
         logprobs, entropy, values, _ = self._forward([batch.data[i] for i in indices])
-        pg_loss, pg_stats = ppo_policy_loss(logprobs, flat(batch.old_logprobs), flat(batch.advantages),
-                                            config.cliprange, weights=flat(batch.weights) if batch.weights else None)
-        vf_loss, vf_clipfrac = ppo_value_loss(values, flat(batch.old_values), flat(batch.returns),
-                                              config.cliprange_value)
+        pg_loss, pg_stats = ppo_policy_loss(
+            logprobs,
+            flat(batch.old_logprobs),
+            flat(batch.advantages),
+            config.cliprange,
+            weights=flat(batch.weights) if batch.weights else None,
+        )
+        vf_loss, vf_clipfrac = ppo_value_loss(
+            values, flat(batch.old_values), flat(batch.returns), config.cliprange_value
+        )
         loss = (pg_loss.sum() + config.vf_coef * vf_loss.sum() - config.entropy_coef * entropy.sum()) / size.tokens
-        per_token = {"loss/policy": pg_loss, "loss/value": vf_loss, "policy/entropy": entropy,
-                     "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
-                     "value/clipfrac": vf_clipfrac}
+        per_token = {
+            "loss/policy": pg_loss,
+            "loss/value": vf_loss,
+            "policy/entropy": entropy,
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/approx_kl": pg_stats["approx_kl"],
+            "value/clipfrac": vf_clipfrac,
+        }
         return loss, {key: float(value.detach().sum()) for key, value in per_token.items()}
 
-    def update_metrics(self, batch: PPOBatch, prepared: dict[str, float], trained: dict[str, float]
-                       ) -> dict[str, float]:
+    def update_metrics(
+        self, batch: PPOBatch, prepared: dict[str, float], trained: dict[str, float]
+    ) -> dict[str, float]:
         """The optimiser steps' means, :meth:`prepare`'s statistics, and ``value/residual``,
         the statistics of target - old value over the trainable tokens (for
         :meth:`derived_metrics`' explained variance)."""
@@ -414,4 +465,4 @@ class PPOTrainer(RLTrainer):
         residual = metrics.get("value/residual/std", float("nan"))
         if not target > 0:
             return {"value/explained_variance": float("nan")}
-        return {"value/explained_variance": 1.0 - residual ** 2 / target ** 2}
+        return {"value/explained_variance": 1.0 - residual**2 / target**2}

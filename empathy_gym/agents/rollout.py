@@ -84,8 +84,11 @@ class ChatTokens:
             assistant turns with it.
     """
 
-    _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-             {"role": "assistant", "content": "A"}]
+    _BASE = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "A"},
+    ]
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -99,7 +102,7 @@ class ChatTokens:
             raise ValueError(f"the chat template does not end assistant turns with {eos!r}")
         self._base = base
         self._after_eos = len(base) - base[::-1].index(self.eos_id)
-        self.after_eos_text = tokenizer.decode(base[self._after_eos:])
+        self.after_eos_text = tokenizer.decode(base[self._after_eos :])
 
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The ids of ``messages`` followed by the generation prompt."""
@@ -113,10 +116,12 @@ class ChatTokens:
             ValueError: the template changes earlier turns when a turn is added.
         """
         full = self.encoder.encode(self._BASE + [{"role": "user", "content": text}])
-        if full[:len(self._base)] != self._base:
-            raise ValueError("the chat template changes earlier turns when a turn is added; "
-                             "token-in-token-out rollouts need a prefix-stable template")
-        return full[self._after_eos:]
+        if full[: len(self._base)] != self._base:
+            raise ValueError(
+                "the chat template changes earlier turns when a turn is added; "
+                "token-in-token-out rollouts need a prefix-stable template"
+            )
+        return full[self._after_eos :]
 
 
 @dataclass
@@ -204,15 +209,28 @@ class Trajectory:
 
     def record(self) -> dict[str, Any]:
         """A JSON-serialisable summary (no token ids) for ``episodes.jsonl``."""
-        return {"key": self.key, "group": self.group, "env_seed": self.env_seed,
-                "persona_id": self.persona_id, "language": self.language,
-                "hidden_intention": self.hidden_intention, "character_type": self.character_type,
-                "turns": len(self.rewards), "rewards": self.rewards, "return": self.episode_return,
-                "emotions": self.emotions, "final_emotion": self.emotions[-1],
-                "termination": self.termination, "format_errors": self.format_errors,
-                "cut_turns": self.cut_turns, "thinking_tokens": self.thinking_tokens,
-                "reply_tokens": self.reply_tokens, "round": self.round,
-                "reward_mode": self.reward_mode, "messages": self.messages}
+        return {
+            "key": self.key,
+            "group": self.group,
+            "env_seed": self.env_seed,
+            "persona_id": self.persona_id,
+            "language": self.language,
+            "hidden_intention": self.hidden_intention,
+            "character_type": self.character_type,
+            "turns": len(self.rewards),
+            "rewards": self.rewards,
+            "return": self.episode_return,
+            "emotions": self.emotions,
+            "final_emotion": self.emotions[-1],
+            "termination": self.termination,
+            "format_errors": self.format_errors,
+            "cut_turns": self.cut_turns,
+            "thinking_tokens": self.thinking_tokens,
+            "reply_tokens": self.reply_tokens,
+            "round": self.round,
+            "reward_mode": self.reward_mode,
+            "messages": self.messages,
+        }
 
 
 @dataclass
@@ -240,15 +258,23 @@ class RolloutEngine:
             cut to fit (the turn then counts as unfinished).
     """
 
-    def __init__(self, envs: Sequence[EmpathyDialogueEnv], generator: Generator, tokenizer: Any,
-                 *, max_context_tokens: int = 8192, max_new_tokens: int | None = None):
+    def __init__(
+        self,
+        envs: Sequence[EmpathyDialogueEnv],
+        generator: Generator,
+        tokenizer: Any,
+        *,
+        max_context_tokens: int = 8192,
+        max_new_tokens: int | None = None,
+    ):
         self.envs = list(envs)
         self.generator = generator
         self.chat = ChatTokens(tokenizer)
         self.tokenizer = tokenizer
         self.max_context_tokens = max_context_tokens
-        self.max_new_tokens = int(max_new_tokens if max_new_tokens is not None
-                                  else getattr(generator, "max_new_tokens", 1))
+        self.max_new_tokens = int(
+            max_new_tokens if max_new_tokens is not None else getattr(generator, "max_new_tokens", 1)
+        )
         self.times = RolloutTimes()
 
     def fits_a_turn(self, length: int) -> bool:
@@ -257,11 +283,18 @@ class RolloutEngine:
         cut at ``max_new_tokens``."""
         return length + self.max_new_tokens + 1 <= self.max_context_tokens
 
-    def collect(self, env_seeds: Sequence[int], *, groups: Sequence[int] | None = None,
-                sampling_seed: int = 0, should_stop: Callable[[], bool] | None = None,
-                on_episode_end: Callable[[Trajectory], None] | None = None,
-                key_offset: int = 0, seed_keys: Sequence[int] | None = None,
-                round_index: int = 0) -> list[Trajectory]:
+    def collect(
+        self,
+        env_seeds: Sequence[int],
+        *,
+        groups: Sequence[int] | None = None,
+        sampling_seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+        on_episode_end: Callable[[Trajectory], None] | None = None,
+        key_offset: int = 0,
+        seed_keys: Sequence[int] | None = None,
+        round_index: int = 0,
+    ) -> list[Trajectory]:
         """Play one dialogue per env seed, all at once, until every one has ended.
 
         Args:
@@ -299,15 +332,18 @@ class RolloutEngine:
         tick = time.perf_counter()
         resets = reset_many(envs, list(env_seeds))
         times.user += time.perf_counter() - tick
-        dialogues = {key: self._start(env, info, key_offset + key, groups[key], int(env_seeds[key]), round_index)
-                     for key, ((_, info), env) in enumerate(zip(resets, envs))}
+        dialogues = {
+            key: self._start(env, info, key_offset + key, groups[key], int(env_seeds[key]), round_index)
+            for key, ((_, info), env) in enumerate(zip(resets, envs))
+        }
         seed_of = seed_keys if seed_keys is not None else range(n)
         turn = 0
         while active := [key for key, t in dialogues.items() if not t.done]:
             turn += 1
             tick = time.perf_counter()
-            samples = self.generator.generate([dialogues[k].token_ids for k in active],
-                                              [derive_seed(sampling_seed, seed_of[k], turn) for k in active])
+            samples = self.generator.generate(
+                [dialogues[k].token_ids for k in active], [derive_seed(sampling_seed, seed_of[k], turn) for k in active]
+            )
             times.generation += time.perf_counter() - tick
             if should_stop is not None and should_stop():  # before the (slow) user turn
                 raise RolloutInterrupted(f"stopped while generating turn {turn}")
@@ -326,8 +362,9 @@ class RolloutEngine:
         self.times = times
         return [dialogues[key] for key in range(n)]
 
-    def _start(self, env: EmpathyDialogueEnv, info: dict[str, Any], key: int, group: int, env_seed: int,
-               round_index: int) -> Trajectory:
+    def _start(
+        self, env: EmpathyDialogueEnv, info: dict[str, Any], key: int, group: int, env_seed: int, round_index: int
+    ) -> Trajectory:
         """The trajectory of a dialogue just reset (``info``: the reset's), holding the
         opening prompt's tokens (not trainable).
 
@@ -335,21 +372,35 @@ class RolloutEngine:
             ValueError: the opening prompt leaves no room for one turn.
         """
         persona = env.dialogue.persona
-        trajectory = Trajectory(key=key, group=group, env_seed=env_seed, persona_id=persona.id,
-                                language=persona.language, hidden_intention=persona.hidden_intention,
-                                character_type=persona.character_type, emotions=[info["emotion"]],
-                                messages=info["messages"], reward_mode=getattr(env, "reward_mode", "delta"),
-                                round=round_index)
+        trajectory = Trajectory(
+            key=key,
+            group=group,
+            env_seed=env_seed,
+            persona_id=persona.id,
+            language=persona.language,
+            hidden_intention=persona.hidden_intention,
+            character_type=persona.character_type,
+            emotions=[info["emotion"]],
+            messages=info["messages"],
+            reward_mode=getattr(env, "reward_mode", "delta"),
+            round=round_index,
+        )
         trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
         if not self.fits_a_turn(len(trajectory.token_ids)):
             raise ValueError(
                 f"persona {persona.id!r}: its opening prompt has {len(trajectory.token_ids)} tokens, so a turn "
                 f"of max_new_tokens={self.max_new_tokens} does not fit in max_context_tokens="
-                f"{self.max_context_tokens}; raise generation.max_context_tokens or shorten the persona")
+                f"{self.max_context_tokens}; raise generation.max_context_tokens or shorten the persona"
+            )
         return trajectory
 
-    def _record_turn(self, trajectory: Trajectory, env: EmpathyDialogueEnv, sample: Sample,
-                     result: tuple[str, float, bool, bool, dict[str, Any]]) -> None:
+    def _record_turn(
+        self,
+        trajectory: Trajectory,
+        env: EmpathyDialogueEnv,
+        sample: Sample,
+        result: tuple[str, float, bool, bool, dict[str, Any]],
+    ) -> None:
         """Add one turn to ``trajectory``: the sampled reply (trainable; a cut one closed
         with the end token, not trainable), the env's reward and emotion, then the user's
         reply (not trainable) or the end of the dialogue (``done``; ``termination`` the
@@ -393,7 +444,7 @@ class RolloutEngine:
         share tokens with the text around it."""
         if CLOSE_THINK not in self.tokenizer.decode(list(ids)):
             return len(ids)
-        low, high = 1, len(ids)   # the shortest prefix whose text holds the tag
+        low, high = 1, len(ids)  # the shortest prefix whose text holds the tag
         while low < high:
             middle = (low + high) // 2
             if CLOSE_THINK in self.tokenizer.decode(list(ids[:middle])):

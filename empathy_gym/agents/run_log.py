@@ -71,15 +71,16 @@ class RunLog:
         FileExistsError: a fresh run pointed at a folder with a previous run's metrics.
     """
 
-    def __init__(self, output_dir: str | os.PathLike, *, tensorboard: bool = True,
-                 resume_step: int | None = None):
+    def __init__(self, output_dir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.episodes_path = self.dir / "episodes.jsonl"
         self.metrics_path = self.dir / "metrics.jsonl"
         if resume_step is None and self.metrics_path.exists() and self.metrics_path.stat().st_size:
-            raise FileExistsError(f"{self.dir} already holds a run (metrics.jsonl); pass --resume "
-                                  f"to continue it or choose another output_dir")
+            raise FileExistsError(
+                f"{self.dir} already holds a run (metrics.jsonl); pass --resume "
+                f"to continue it or choose another output_dir"
+            )
         if resume_step is not None:  # only lines of steps after the resumed one move aside
             _keep_steps_upto(self.episodes_path, resume_step)
             _keep_steps_upto(self.metrics_path, resume_step)
@@ -88,8 +89,10 @@ class RunLog:
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self._writer = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1
-                                         if resume_step is not None else None)
+
+            self._writer = SummaryWriter(
+                str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None
+            )
 
     def episode(self, step: int, trajectory: Trajectory) -> None:
         self.episode_record(step, trajectory.record())
@@ -117,8 +120,10 @@ class RunLog:
         path = folder / f"step-{step:06d}.txt"
         blocks = []
         for t in trajectories:
-            lines = [f"# persona {t.persona_id} ({t.language}, {t.hidden_intention}, {t.character_type}); "
-                     f"return {t.episode_return:+.2f}; emotions {t.emotions}; ended: {t.termination}"]
+            lines = [
+                f"# persona {t.persona_id} ({t.language}, {t.hidden_intention}, {t.character_type}); "
+                f"return {t.episode_return:+.2f}; emotions {t.emotions}; ended: {t.termination}"
+            ]
             turn = 0
             for message in t.messages[1:]:
                 if message["role"] == "user":
@@ -148,6 +153,7 @@ class RunLog:
             return None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         steps = [r["step"] for r in rows]
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
         left.plot(steps, [r["reward/mean_return"] for r in rows], marker="o")

@@ -45,8 +45,13 @@ def multiplier(kind: str, warmup_steps: int, total_steps: int, min_ratio: float 
     return factor
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, warmup_ratios: Sequence[float], total_steps: int,
-                   kind: str = "constant", min_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    optimizer: torch.optim.Optimizer,
+    warmup_ratios: Sequence[float],
+    total_steps: int,
+    kind: str = "constant",
+    min_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
     """One :func:`multiplier` per parameter group of ``optimizer`` (in order), each with
     ``int(ratio * total_steps)`` warm-up steps.
 
@@ -55,5 +60,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, warmup_ratios: Sequence[flo
     """
     if len(warmup_ratios) != len(optimizer.param_groups):
         raise ValueError(f"{len(warmup_ratios)} warm-up ratios for {len(optimizer.param_groups)} parameter groups")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, [
-        multiplier(kind, int(ratio * total_steps), total_steps, min_ratio) for ratio in warmup_ratios])
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [multiplier(kind, int(ratio * total_steps), total_steps, min_ratio) for ratio in warmup_ratios]
+    )

@@ -61,7 +61,7 @@ def to_token_data(trajectory: Trajectory) -> TokenData:
     for turn, (end, reward) in enumerate(zip(trajectory.turn_ends, trajectory.rewards)):
         last = int(flat_position[end - 1])
         rewards[last] += reward
-        turn_index[previous_end + 1:last + 1] = turn
+        turn_index[previous_end + 1 : last + 1] = turn
         previous_end = last
     sampled = torch.tensor(trajectory.rollout_logprobs[1:], dtype=torch.float32)[mask]
     return TokenData(ids, mask, rewards, turn_index, bootstrap=trajectory.cut, rollout_logprobs=sampled)
@@ -73,8 +73,8 @@ def pad_flat(values: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.T
     padded = torch.full((len(values), width), fill, dtype=values[0].dtype if values else torch.float32)
     valid = torch.zeros((len(values), width), dtype=torch.bool)
     for row, v in enumerate(values):
-        padded[row, :len(v)] = v
-        valid[row, :len(v)] = True
+        padded[row, : len(v)] = v
+        valid[row, : len(v)] = True
     return padded, valid
 
 
@@ -83,8 +83,9 @@ def unpad_flat(padded: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor]:
     return [row[mask] for row, mask in zip(padded, valid)]
 
 
-def collate(data: Sequence[TokenData], pad_id: int, device: torch.device
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(
+    data: Sequence[TokenData], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad a micro-batch: ``input_ids (b, L)``, ``attention_mask (b, L)``,
     ``target_mask (b, L-1)`` (False on padding), on ``device``."""
     width = max(len(d.input_ids) for d in data)
@@ -92,14 +93,15 @@ def collate(data: Sequence[TokenData], pad_id: int, device: torch.device
     attention = torch.zeros((len(data), width), dtype=torch.long)
     targets = torch.zeros((len(data), width - 1), dtype=torch.bool)
     for row, d in enumerate(data):
-        ids[row, :len(d.input_ids)] = d.input_ids
-        attention[row, :len(d.input_ids)] = 1
-        targets[row, :len(d.target_mask)] = d.target_mask
+        ids[row, : len(d.input_ids)] = d.input_ids
+        attention[row, : len(d.input_ids)] = 1
+        targets[row, : len(d.target_mask)] = d.target_mask
     return ids.to(device), attention.to(device), targets.to(device)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor,
-                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability and entropy of the policy at the trainable tokens, from full
     logits (the reference computation; the trainer uses :func:`chunked_logprobs`).
 
@@ -129,8 +131,9 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: t
 DEFAULT_CHUNK_TOKENS = 1024
 
 
-def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float,
-                    entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -143,9 +146,16 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temp
     return logprobs, values
 
 
-def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float = 1.0, *,
-                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, entropy: bool = True,
-                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: Any,
+    temperature: float = 1.0,
+    *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy: bool = True,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) at the trainable positions only, ``chunk_tokens`` rows of
     logits at a time, so no (b, L, V) logits tensor (nor a float32 (n, V) one) exists.
 
@@ -182,8 +192,14 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, tem
     logprobs, entropies = [], []
     grad = torch.is_grad_enabled()
     for start in range(0, hidden.shape[0], chunk_tokens):
-        args = (hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], head, temperature,
-                entropy, entropy_grad)
+        args = (
+            hidden[start : start + chunk_tokens],
+            targets[start : start + chunk_tokens],
+            head,
+            temperature,
+            entropy,
+            entropy_grad,
+        )
         lp, h = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args)
         logprobs.append(lp)
         entropies.append(h)
@@ -228,17 +244,27 @@ def split_causal_lm(model: Any) -> tuple[Any, Any] | None:
     head = get_head() if callable(get_head) else None
     config = getattr(lm, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    post_processed = any(getattr(text, name, None) not in (None, 1.0, 1)
-                         for name in ("final_logit_softcapping", "logit_scale"))
+    post_processed = any(
+        getattr(text, name, None) not in (None, 1.0, 1) for name in ("final_logit_softcapping", "logit_scale")
+    )
     if backbone is None or backbone is lm or head is None or post_processed:
         return None
     return backbone, head
 
 
-def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
-                   temperature: float, hidden: bool = False, compute_dtype: torch.dtype | None = None,
-                   last_hidden: bool = False, entropy: bool = True, entropy_grad: bool = True,
-                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Forward:
+def forward_tokens(
+    model: Any,
+    data: Sequence[TokenData],
+    pad_id: int,
+    device: torch.device,
+    temperature: float,
+    hidden: bool = False,
+    compute_dtype: torch.dtype | None = None,
+    last_hidden: bool = False,
+    entropy: bool = True,
+    entropy_grad: bool = True,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> Forward:
     """One forward pass over a micro-batch (see :class:`Forward`).
 
     The backbone runs once and returns its last hidden states; the output head then
@@ -260,17 +286,24 @@ def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: t
     parts = split_causal_lm(model)
     with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
         if parts is None:
-            out = model(input_ids=ids, attention_mask=attention, output_hidden_states=hidden or last_hidden,
-                        use_cache=False)
+            out = model(
+                input_ids=ids, attention_mask=attention, output_hidden_states=hidden or last_hidden, use_cache=False
+            )
             logprobs, values = token_logprobs(out.logits, ids, targets, temperature)
             values = (values if entropy_grad else values.detach()) if entropy else None
             states = out.hidden_states[-1] if hidden or last_hidden else None
         else:
             backbone, head = parts
             states = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-            logprobs, values = chunked_logprobs(states[:, :-1][targets], ids[:, 1:][targets], head, temperature,
-                                                chunk_tokens=chunk_tokens, entropy=entropy,
-                                                entropy_grad=entropy_grad)
+            logprobs, values = chunked_logprobs(
+                states[:, :-1][targets],
+                ids[:, 1:][targets],
+                head,
+                temperature,
+                chunk_tokens=chunk_tokens,
+                entropy=entropy,
+                entropy_grad=entropy_grad,
+            )
     selected = states[:, :-1][targets] if hidden else None
     last = None
     if last_hidden:
@@ -279,9 +312,14 @@ def forward_tokens(model: Any, data: Sequence[TokenData], pad_id: int, device: t
     return Forward(logprobs, values, selected, last)
 
 
-def backbone_states(backbone: Any, data: Sequence[TokenData], pad_id: int, device: torch.device,
-                    compute_dtype: torch.dtype | None = None, last_hidden: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def backbone_states(
+    backbone: Any,
+    data: Sequence[TokenData],
+    pad_id: int,
+    device: torch.device,
+    compute_dtype: torch.dtype | None = None,
+    last_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The last hidden states of a backbone without a language-model head (a separate
     critic: ``AutoModel``, or a peft model around one).
 

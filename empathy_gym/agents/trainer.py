@@ -52,21 +52,10 @@ from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec,
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
-from empathy_gym.agents.memory import (
-    DecoderShape,
-    MemoryPlan,
-    device_capacity,
-    plan_memory,
-    read_shape,
-)
+from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
 from empathy_gym.agents.monitors import replies_of, reply_monitors, tripped
-from empathy_gym.agents.rollout import (
-    RolloutEngine,
-    RolloutInterrupted,
-    RolloutTimes,
-    Trajectory,
-)
+from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, RolloutTimes, Trajectory
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
@@ -88,7 +77,7 @@ class MinibatchSize(NamedTuple):
     """A mini-batch's size summed over every process: what a micro-batch's loss is
     divided by, so that accumulation and the process count leave the gradient as it is."""
 
-    tokens: float     #: trainable tokens
+    tokens: float  #: trainable tokens
     sequences: float  #: trajectories
 
 
@@ -101,8 +90,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RecipeError(f"policy.device {device!r}: this torch has no CUDA device (torch {torch.__version__}); "
-                          "use 'cpu' or 'auto'")
+        raise RecipeError(
+            f"policy.device {device!r}: this torch has no CUDA device (torch {torch.__version__}); use 'cpu' or 'auto'"
+        )
     return torch.device(device)
 
 
@@ -145,6 +135,7 @@ def changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (for model initialisation; steps use derived seeds)."""
     import random
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -162,6 +153,7 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
         RecipeError: a bad value under ``env.kwargs``.
     """
     import empathy_gym  # noqa: F401  (registers the ids)
+
     kwargs = dict(config.env.kwargs)
     user = env_user_spec(config)
     if user is not None and user.backend == "policy":
@@ -175,8 +167,10 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
     try:
         return sharing_one_user(lambda **options: gym.make(config.env.id, **options).unwrapped, count, **kwargs)
     except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
-        raise RecipeError(f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
-                          f"{str(error).split(' was raised from the environment creator')[0]}") from None
+        raise RecipeError(
+            f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
+            f"{str(error).split(' was raised from the environment creator')[0]}"
+        ) from None
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -216,9 +210,13 @@ def describe(prefix: str, values: Sequence[torch.Tensor]) -> dict[str, float]:
     flat = torch.cat([v.detach().double().flatten() for v in values]) if values else torch.zeros(0)
     if flat.numel() == 0:
         return {f"{prefix}/{name}": float("nan") for name in ("mean", "std", "min", "max")} | {f"{prefix}/count": 0.0}
-    return {f"{prefix}/mean": float(flat.mean()), f"{prefix}/std": float(flat.std(unbiased=False)),
-            f"{prefix}/min": float(flat.min()), f"{prefix}/max": float(flat.max()),
-            f"{prefix}/count": float(flat.numel())}
+    return {
+        f"{prefix}/mean": float(flat.mean()),
+        f"{prefix}/std": float(flat.std(unbiased=False)),
+        f"{prefix}/min": float(flat.min()),
+        f"{prefix}/max": float(flat.max()),
+        f"{prefix}/count": float(flat.numel()),
+    }
 
 
 class RLTrainer:
@@ -258,15 +256,24 @@ class RLTrainer:
     #: them for every mini-batch, also one with none of its trajectories in it
     loss_metrics: tuple[str, ...] = ()
 
-    def __init__(self, config: TrainerConfig | None = None, *, model: Any = None, tokenizer: Any = None,
-                 envs: Sequence[Any] | None = None, args: TrainerConfig | None = None,
-                 processing_class: Any = None, callbacks: Sequence[TrainerCallback] = ()):
+    def __init__(
+        self,
+        config: TrainerConfig | None = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        envs: Sequence[Any] | None = None,
+        args: TrainerConfig | None = None,
+        processing_class: Any = None,
+        callbacks: Sequence[TrainerCallback] = (),
+    ):
         if (config is None) == (args is None):
             raise TypeError("pass the config once: Trainer(config) or Trainer(args=config)")
         config = config if config is not None else args
         if not isinstance(config, self.config_class):
-            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, "
-                            f"got a {type(config).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got a {type(config).__name__}"
+            )
         validate(config)
         heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
         self.config = config
@@ -282,8 +289,10 @@ class RLTrainer:
         self.base_model_name = config.policy.model
         self.compute_dtype = half_precision_dtype(model)
         if self.compute_dtype == torch.float16:
-            raise ValueError("policy.dtype float16 would need loss scaling, which this trainer does not do; "
-                             "use bfloat16 (or float32)")
+            raise ValueError(
+                "policy.dtype float16 would need loss scaling, which this trainer does not do; "
+                "use bfloat16 (or float32)"
+            )
         self.model = self._wrap_policy(model.to(self.device))
         self.reference: Any = None  # a frozen copy, only for KL without LoRA
         self._build_algorithm()
@@ -315,14 +324,14 @@ class RLTrainer:
             self.memory_plan = self.plan_memory(model)
             return model, tokenizer
         from empathy_gym.models import load_causal_lm
+
         kwargs = {}
         if config.policy.attn_implementation:
             kwargs["attn_implementation"] = config.policy.attn_implementation
         if not self.processes.is_main:
             self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
         self.memory_plan = self.plan_memory(None)  # from the config alone: before any weight is loaded
-        model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype,
-                                          device=self.device, **kwargs)
+        model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype, device=self.device, **kwargs)
         if self.processes.is_main:
             self.processes.barrier()
         # a first load converts a GGUF file, which draws from the global RNG; what comes
@@ -339,8 +348,13 @@ class RLTrainer:
         self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         warmups = {"policy": config.warmup_ratio, "value": getattr(config, "critic_warmup_ratio", 0.0)}
-        self.scheduler = make_scheduler(self.optimizer, [warmups[name] for name in self.gradient_groups],
-                                        config.total_steps, config.lr_schedule, config.min_lr_ratio)
+        self.scheduler = make_scheduler(
+            self.optimizer,
+            [warmups[name] for name in self.gradient_groups],
+            config.total_steps,
+            config.lr_schedule,
+            config.min_lr_ratio,
+        )
 
     def _build_rollouts(self, envs: Sequence[Any] | None) -> None:
         """The generator, this process's envs (``envs``, or ``rollout_batch_size`` / world
@@ -353,16 +367,29 @@ class RLTrainer:
         local_batch = config.rollout_batch_size // self.processes.world
         self.generator = self._make_generator()
         policy_user = getattr(env_user_spec(config), "backend", None) == "policy"
-        self.envs = list(envs) if envs is not None else make_envs(
-            config, local_batch, config.generation.think,
-            policy_user=self.make_policy_user() if policy_user else None)
+        self.envs = (
+            list(envs)
+            if envs is not None
+            else make_envs(
+                config,
+                local_batch,
+                config.generation.think,
+                policy_user=self.make_policy_user() if policy_user else None,
+            )
+        )
         if len(self.envs) < local_batch:
-            raise ValueError(f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
-                             + (f" over {self.processes.world} processes" if self.processes.world > 1 else ""))
+            raise ValueError(
+                f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
+                + (f" over {self.processes.world} processes" if self.processes.world > 1 else "")
+            )
         self.check_envs(self.envs)
-        self.engine = RolloutEngine(self.envs, self.generator, self.tokenizer,
-                                    max_context_tokens=config.generation.max_context_tokens,
-                                    max_new_tokens=config.generation.max_new_tokens)
+        self.engine = RolloutEngine(
+            self.envs,
+            self.generator,
+            self.tokenizer,
+            max_context_tokens=config.generation.max_context_tokens,
+            max_new_tokens=config.generation.max_new_tokens,
+        )
 
     # -- set-up ------------------------------------------------------------------
     def plan_memory(self, model: Any = None) -> MemoryPlan | None:
@@ -383,8 +410,12 @@ class RLTrainer:
         try:
             shape = DecoderShape.from_config(model.config) if model is not None else read_shape(config.policy.model)
         except Exception as error:  # noqa: BLE001  (any config reader's error: the loader reports it better)
-            log.warning("no memory plan: cannot read the sizes of %r (%s: %s)", config.policy.model,
-                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            log.warning(
+                "no memory plan: cannot read the sizes of %r (%s: %s)",
+                config.policy.model,
+                type(error).__name__,
+                str(error).splitlines()[0] if str(error) else "",
+            )
             return None
         capacity, name = device_capacity(self.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         plan = plan_memory(config, shape, capacity=capacity, device=name, processes=self.processes.world)
@@ -400,10 +431,15 @@ class RLTrainer:
         policy = self.config.policy
         if policy.use_lora:
             from peft import LoraConfig, get_peft_model
+
             target = policy.lora_target_modules
-            lora = LoraConfig(r=policy.lora_r, lora_alpha=policy.lora_alpha,
-                              lora_dropout=policy.lora_dropout, task_type=task_type,
-                              target_modules=list(target) if isinstance(target, (list, tuple)) else target)
+            lora = LoraConfig(
+                r=policy.lora_r,
+                lora_alpha=policy.lora_alpha,
+                lora_dropout=policy.lora_dropout,
+                task_type=task_type,
+                target_modules=list(target) if isinstance(target, (list, tuple)) else target,
+            )
             model = get_peft_model(model, lora)
         keep_trainable_in_float32(model)
         if policy.gradient_checkpointing:
@@ -419,10 +455,8 @@ class RLTrainer:
         generation the policy's engine without a LoRA request
         (:class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`).
         The user spec's ``backend_kwargs`` go to it."""
-        from empathy_gym.backends.policy_backend import (
-            PolicyUserBackend,
-            VLLMPolicyUserBackend,
-        )
+        from empathy_gym.backends.policy_backend import PolicyUserBackend, VLLMPolicyUserBackend
+
         user = env_user_spec(self.config)
         kwargs = dict(user.backend_kwargs) if user is not None else {}
         if self.config.generation.engine == "vllm":
@@ -433,17 +467,29 @@ class RLTrainer:
         gen = self.config.generation
         if gen.engine == "vllm":
             from empathy_gym.models import resolve_model
+
             path, gguf = resolve_model(self.base_model_name)
             if gguf is not None:
                 raise ValueError("generation.engine='vllm' needs a transformers checkpoint, not a GGUF file")
-            return VLLMGenerator(path, self.tokenizer, max_new_tokens=gen.max_new_tokens,
-                                 temperature=gen.temperature, top_p=gen.top_p,
-                                 lora_rank=self.config.policy.lora_r if self.config.policy.use_lora else 0,
-                                 gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
-                                 dtype=self.config.policy.dtype)
-        return TransformersGenerator(self.model, self.tokenizer, max_new_tokens=gen.max_new_tokens,
-                                     temperature=gen.temperature, top_p=gen.top_p,
-                                     compute_dtype=self.compute_dtype, should_stop=lambda: self._stop)
+            return VLLMGenerator(
+                path,
+                self.tokenizer,
+                max_new_tokens=gen.max_new_tokens,
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                lora_rank=self.config.policy.lora_r if self.config.policy.use_lora else 0,
+                gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
+                dtype=self.config.policy.dtype,
+            )
+        return TransformersGenerator(
+            self.model,
+            self.tokenizer,
+            max_new_tokens=gen.max_new_tokens,
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            compute_dtype=self.compute_dtype,
+            should_stop=lambda: self._stop,
+        )
 
     def _build_algorithm(self) -> None:
         """Create algorithm-specific modules (value head, critic, reference)."""
@@ -460,8 +506,13 @@ class RLTrainer:
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Optimiser parameter groups, each with a ``name`` (the policy at ``learning_rate``)."""
-        return [{"name": "policy", "params": [p for p in self.model.parameters() if p.requires_grad],
-                 "lr": self.config.learning_rate}]
+        return [
+            {
+                "name": "policy",
+                "params": [p for p in self.model.parameters() if p.requires_grad],
+                "lr": self.config.learning_rate,
+            }
+        ]
 
     def check_envs(self, envs: Sequence[Any]) -> None:
         """Refuse envs this algorithm's settings have no meaning for (none by default).
@@ -498,8 +549,9 @@ class RLTrainer:
         explained variance); none by default."""
         return {}
 
-    def refill(self, trajectories: list[Trajectory], step: int, collect: Any
-               ) -> tuple[list[Trajectory], dict[str, float]]:
+    def refill(
+        self, trajectories: list[Trajectory], step: int, collect: Any
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """Play more dialogues after the step's first round (GRPO's dynamic sampling);
         by default none. Returns every trajectory to train on and metrics.
 
@@ -520,8 +572,9 @@ class RLTrainer:
         """
         raise NotImplementedError
 
-    def micro_loss(self, batch: Any, indices: Sequence[int], size: MinibatchSize
-                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_loss(
+        self, batch: Any, indices: Sequence[int], size: MinibatchSize
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch's share of its mini-batch's loss, with gradients.
 
         Args:
@@ -542,8 +595,7 @@ class RLTrainer:
         micro-batch and process): token means by default."""
         return {key: total / size.tokens for key, total in sums.items()}
 
-    def update_metrics(self, batch: Any, prepared: dict[str, float], trained: dict[str, float]
-                       ) -> dict[str, float]:
+    def update_metrics(self, batch: Any, prepared: dict[str, float], trained: dict[str, float]) -> dict[str, float]:
         """The update phase's metrics: by default :meth:`prepare`'s, then ``trained``,
         the mean over the optimiser steps of each mini-batch metric and gradient norm."""
         return prepared | trained
@@ -564,17 +616,27 @@ class RLTrainer:
     def temperature(self) -> float:
         return self.config.generation.temperature
 
-    def forward(self, model: Any, chunk: Sequence[TokenData], hidden: bool = False,
-                last_hidden: bool = False) -> Forward:
+    def forward(
+        self, model: Any, chunk: Sequence[TokenData], hidden: bool = False, last_hidden: bool = False
+    ) -> Forward:
         """:func:`~empathy_gym.agents.tokens.forward_tokens` with this run's pad id,
         device, temperature, compute dtype and log-prob chunk size. Entropy only where
         gradients flow (the update's pass), and through it only when ``entropy_coef`` is
         not 0; passes without gradients compute none."""
         grad = torch.is_grad_enabled()
-        return forward_tokens(model, chunk, self.pad_id, self.device, self.temperature, hidden=hidden,
-                              compute_dtype=self.compute_dtype, last_hidden=last_hidden, entropy=grad,
-                              entropy_grad=self.config.entropy_coef != 0,
-                              chunk_tokens=self.config.policy.logprob_chunk_tokens)
+        return forward_tokens(
+            model,
+            chunk,
+            self.pad_id,
+            self.device,
+            self.temperature,
+            hidden=hidden,
+            compute_dtype=self.compute_dtype,
+            last_hidden=last_hidden,
+            entropy=grad,
+            entropy_grad=self.config.entropy_coef != 0,
+            chunk_tokens=self.config.policy.logprob_chunk_tokens,
+        )
 
     def token_data(self, trajectories: Sequence[Trajectory]) -> list[TokenData]:
         return [to_token_data(t) for t in trajectories]
@@ -613,8 +675,9 @@ class RLTrainer:
         :func:`~empathy_gym.agents.mismatch.resolve_tis_cap`."""
         return resolve_tis_cap(self.config.tis_cap, self.config.generation.engine)
 
-    def sampler_correction(self, data: Sequence[TokenData], old_logprobs: Sequence[torch.Tensor]
-                           ) -> tuple[dict[str, float], list[torch.Tensor] | None]:
+    def sampler_correction(
+        self, data: Sequence[TokenData], old_logprobs: Sequence[torch.Tensor]
+    ) -> tuple[dict[str, float], list[torch.Tensor] | None]:
         """The sampler-mismatch statistics of a step and, when :attr:`tis_cap` is in
         force, the truncated importance weights of every trajectory's trainable tokens
         (:mod:`~empathy_gym.agents.mismatch`)."""
@@ -648,8 +711,11 @@ class RLTrainer:
         """
         parameters = [p for params in self.gradient_groups.values() for p in params]
         self.processes.sum_gradients(parameters)
-        norms = {f"{name}/grad_norm": float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
-                 for name, params in self.gradient_groups.items() if params}
+        norms = {
+            f"{name}/grad_norm": float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+            for name, params in self.gradient_groups.items()
+            if params
+        }
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norms
@@ -729,20 +795,31 @@ class RLTrainer:
         main = self.processes.is_main
         used: FileExistsError | None = None
         try:
-            self.run_log = RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard",
-                                  resume_step=resume_step) if main else None
+            self.run_log = (
+                RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard", resume_step=resume_step)
+                if main
+                else None
+            )
         except FileExistsError as error:
             used = error
         if self.processes.any(used is not None):  # every process stops with the message
-            raise used or FileExistsError(f"{config.output_dir} already holds a run (see the first process); "
-                                          "pass --resume to continue it, or choose another output_dir")
+            raise used or FileExistsError(
+                f"{config.output_dir} already holds a run (see the first process); "
+                "pass --resume to continue it, or choose another output_dir"
+            )
         self._saved_step = self.step if resume_step is not None else -1
         if main and self.memory_plan is not None:
             (Path(config.output_dir) / "memory_plan.txt").write_text(self.memory_plan.table() + "\n", encoding="utf-8")
         previous_handler = self._install_interrupt_handler()
         # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
-        bar = tqdm(total=config.total_steps, initial=self.step, disable=not (config.progress and main),
-                   desc=f"{self.algorithm} steps", dynamic_ncols=True, file=tolerant(sys.stderr))
+        bar = tqdm(
+            total=config.total_steps,
+            initial=self.step,
+            disable=not (config.progress and main),
+            desc=f"{self.algorithm} steps",
+            dynamic_ncols=True,
+            file=tolerant(sys.stderr),
+        )
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
@@ -774,8 +851,12 @@ class RLTrainer:
             except CheckpointError:
                 raise
             except Exception as error:  # a damaged file: json, torch.load, safetensors, peft errors alike
-                log.warning("cannot resume from %s (%s: %s); trying an older checkpoint", candidate,
-                            type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+                log.warning(
+                    "cannot resume from %s (%s: %s); trying an older checkpoint",
+                    candidate,
+                    type(error).__name__,
+                    str(error).splitlines()[0] if str(error) else "",
+                )
                 continue
             log.info("resumed from %s (step %d)", candidate, self.step)
             return
@@ -809,15 +890,14 @@ class RLTrainer:
         metrics["monitor/tripped"] = float(self._check_monitors(step, metrics))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
-            self.run_log.transcripts(step, list(trajectories[:config.transcripts_per_step]))
+            self.run_log.transcripts(step, list(trajectories[: config.transcripts_per_step]))
         bar.update(1)
         bar.set_postfix(progress_postfix(metrics))
         if config.save_steps and step % config.save_steps == 0:
             self.save()
         return True
 
-    def _rollout(self, step: int
-                 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
+    def _rollout(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
         """The rollout phase of a step: the first round of this process's dialogues, then
         the algorithm's refill rounds (:meth:`refill`); episodes are written as they end
         (one process) or at the end (several, :meth:`_write_episodes`).
@@ -840,13 +920,22 @@ class RLTrainer:
             dialogues whatever the process count); a refill round's are this process's."""
             offset = sum(len(r) for r in rounds)
             first_round = not rounds
-            sampling_seed = derive_seed(config.seed, step, *([] if first_round else [len(rounds)]),
-                                        *([] if single or first_round else [self.processes.rank]))
-            played = self.engine.collect(seeds, groups=group_ids, sampling_seed=sampling_seed,
-                                         should_stop=lambda: self._stop,
-                                         on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None,
-                                         key_offset=offset, seed_keys=mine if first_round else None,
-                                         round_index=len(rounds))
+            sampling_seed = derive_seed(
+                config.seed,
+                step,
+                *([] if first_round else [len(rounds)]),
+                *([] if single or first_round else [self.processes.rank]),
+            )
+            played = self.engine.collect(
+                seeds,
+                groups=group_ids,
+                sampling_seed=sampling_seed,
+                should_stop=lambda: self._stop,
+                on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None,
+                key_offset=offset,
+                seed_keys=mine if first_round else None,
+                round_index=len(rounds),
+            )
             for name in ("generation", "user", "total", "generated_tokens"):
                 setattr(times, name, getattr(times, name) + getattr(self.engine.times, name))
             rounds.append(played)
@@ -869,8 +958,9 @@ class RLTrainer:
         end of the rollout. A first-round dialogue's key is its index in the step
         (``mine[t.key]``); a refill round's comes after them (:data:`REFILL_KEY_ROUNDS`)."""
         extra = self.config.rollout_batch_size + self.processes.rank * len(self.envs) * REFILL_KEY_ROUNDS
-        records = self.processes.gather([{**t.record(), "key": mine[t.key] if t.key < len(mine) else
-                                          extra + t.key} for t in trajectories])
+        records = self.processes.gather(
+            [{**t.record(), "key": mine[t.key] if t.key < len(mine) else extra + t.key} for t in trajectories]
+        )
         if self.run_log is not None:
             for record in sorted(records, key=lambda r: r["key"]):
                 self.run_log.episode_record(step, record)
@@ -880,22 +970,31 @@ class RLTrainer:
         how many."""
         past = tripped(metrics, self.config.monitors)
         for name, value in past.items():
-            log.warning("step %d: reward-hacking monitor %s = %.3f is past its threshold %s (replies in "
-                        "episodes.jsonl)", step, name, value, self.config.monitors[name])
+            log.warning(
+                "step %d: reward-hacking monitor %s = %.3f is past its threshold %s (replies in episodes.jsonl)",
+                step,
+                name,
+                value,
+                self.config.monitors[name],
+            )
         return len(past)
 
     def _time_metrics(self, times: RolloutTimes, started: float, tick: float) -> dict[str, float]:
         """The step's times (``started``: the step's start, ``tick``: the update's), its
         generation throughput, and on CUDA this step's peak memory, next to the memory
         plan's total."""
-        metrics = {"time/rollout": times.total, "time/generation": times.generation,
-                   "time/user": times.user, "time/update": time.perf_counter() - tick,
-                   "time/step": time.perf_counter() - started,
-                   "tokens/generated": float(times.generated_tokens),
-                   "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9)}
+        metrics = {
+            "time/rollout": times.total,
+            "time/generation": times.generation,
+            "time/user": times.user,
+            "time/update": time.perf_counter() - tick,
+            "time/step": time.perf_counter() - started,
+            "tokens/generated": float(times.generated_tokens),
+            "tokens/generated_per_second": times.generated_tokens / max(times.generation, 1e-9),
+        }
         if self.device.type == "cuda":
-            metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
-            metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
+            metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return metrics
 
     def _install_interrupt_handler(self) -> Any:
@@ -918,11 +1017,18 @@ class RLTrainer:
         path = None
         if self.processes.is_main:
             with tolerant_console():  # transformers draws progress bars while saving
-                path = save_checkpoint(Path(self.config.output_dir) / "checkpoints", self.step,
-                                       policy=self.model, tokenizer=self.tokenizer,
-                                       modules={"optimizer": self.optimizer.state_dict(),
-                                                "scheduler": self.scheduler.state_dict(), **self.extra_state()},
-                                       state={"algorithm": self.algorithm, "config": to_dict(self.config)})
+                path = save_checkpoint(
+                    Path(self.config.output_dir) / "checkpoints",
+                    self.step,
+                    policy=self.model,
+                    tokenizer=self.tokenizer,
+                    modules={
+                        "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(),
+                        **self.extra_state(),
+                    },
+                    state={"algorithm": self.algorithm, "config": to_dict(self.config)},
+                )
         self.processes.barrier()
         self._saved_step = self.step
         return path
@@ -941,15 +1047,18 @@ class RLTrainer:
         # read everything before changing anything: a damaged file leaves this trainer as it was
         if self.config.policy.use_lora:
             from safetensors.torch import load_file
+
             policy_state = load_file(str(policy_dir / "adapter_model.safetensors"))
         else:
             from transformers import AutoModelForCausalLM
+
             policy_state = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype).state_dict()
         changed = changed_settings(state.get("config") or {}, to_dict(self.config))
         if changed:
             log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
         if self.config.policy.use_lora:
             from peft import set_peft_model_state_dict
+
             set_peft_model_state_dict(self.model, policy_state)
         else:
             self.model.load_state_dict(policy_state)

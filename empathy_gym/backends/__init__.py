@@ -15,19 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from empathy_gym.backends.base import (
-    BackendError,
-    ChatBackend,
-    ChoiceScoringUnavailable,
-    Conversation,
-    Message,
-)
+from empathy_gym.backends.base import BackendError, ChatBackend, ChoiceScoringUnavailable, Conversation, Message
 
 BACKENDS = ("transformers", "vllm", "openai")
 
 
-def make_backend(name: str, *, model: Any = None, base_url: str | None = None,
-                 **kwargs: Any) -> ChatBackend:
+def make_backend(name: str, *, model: Any = None, base_url: str | None = None, **kwargs: Any) -> ChatBackend:
     """Build a backend by name.
 
     Args:
@@ -43,25 +36,37 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None,
     """
     if name == "transformers":
         from empathy_gym.backends.transformers_backend import TransformersBackend
+
         if model is None:
             raise ValueError("the transformers backend needs model= (a path, hub id or .gguf file)")
         return TransformersBackend(model, **kwargs)
     if name == "vllm":
         from empathy_gym.backends.vllm_backend import VLLMBackend
+
         if model is None:
             raise ValueError("the vllm backend needs model= (a path or hub id)")
         return VLLMBackend(model, **kwargs)
     if name == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
+
         if base_url is None or model is None:
             raise ValueError("the openai backend needs base_url= and model=")
         return OpenAIBackend(base_url=base_url, model=model, **kwargs)
     if name == "policy":
-        raise ValueError("backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
-                         "builds it from its policy (recipe env.kwargs.backend: policy); elsewhere pass "
-                         "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)")
+        raise ValueError(
+            "backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
+            "builds it from its policy (recipe env.kwargs.backend: policy); elsewhere pass "
+            "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)"
+        )
     raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
 
 
-__all__ = ["BACKENDS", "BackendError", "ChatBackend", "ChoiceScoringUnavailable",
-           "Conversation", "Message", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "BackendError",
+    "ChatBackend",
+    "ChoiceScoringUnavailable",
+    "Conversation",
+    "Message",
+    "make_backend",
+]

@@ -35,8 +35,10 @@ def option_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
         ids.append(int(tokens[0]))
     if len(set(ids)) != len(ids):
         names = [tokenizer.convert_ids_to_tokens(i) for i in ids]
-        raise ValueError(f"choice_logprobs: options {list(options)} share a first token "
-                         f"({names}); use options that start with different tokens")
+        raise ValueError(
+            f"choice_logprobs: options {list(options)} share a first token "
+            f"({names}); use options that start with different tokens"
+        )
     return ids
 
 
@@ -73,9 +75,15 @@ class ChatBackend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
-                 temperature: float = 0.7, top_p: float = 1.0,
-                 seeds: Sequence[int | None] | None = None) -> list[str]:
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_tokens: int | None = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[str]:
         """Complete each conversation with one assistant message.
 
         Args:
@@ -92,8 +100,7 @@ class ChatBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def choice_logprobs(self, conversations: Sequence[Conversation],
-                        options: Sequence[str]) -> np.ndarray:
+    def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """Score options as the first token of the assistant's reply.
 
         Each option should be one token in the model's vocabulary (single letters
@@ -110,10 +117,10 @@ class ChatBackend(abc.ABC):
             ChoiceScoringUnavailable: the backend or server gives no log-probabilities.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a no-op by default, not abstract)
         """Release models, processes or connections. Safe to call twice."""
 
-    def __enter__(self) -> "ChatBackend":
+    def __enter__(self) -> ChatBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

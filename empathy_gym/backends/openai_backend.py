@@ -58,12 +58,7 @@ import httpx
 import numpy as np
 import tenacity
 
-from empathy_gym.backends.base import (
-    BackendError,
-    ChatBackend,
-    ChoiceScoringUnavailable,
-    Conversation,
-)
+from empathy_gym.backends.base import BackendError, ChatBackend, ChoiceScoringUnavailable, Conversation
 from empathy_gym.boundary import ChatEncoder, neutralise
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
@@ -169,25 +164,39 @@ class OpenAIBackend(ChatBackend):
     name = "openai"
     supports_seed = True
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 300.0, connect_timeout: float = 5.0, max_retries: int = 5,
-                 max_concurrency: int = 8,
-                 extra_body: dict[str, Any] | None = None, backoff_initial: float = 0.5,
-                 backoff_max: float = 30.0, tokenizer: Any = None, context_length: int | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        max_retries: int = 5,
+        max_concurrency: int = 8,
+        extra_body: dict[str, Any] | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        tokenizer: Any = None,
+        context_length: int | None = None,
+    ):
         if max_retries < 0:
             raise ValueError(f"OpenAIBackend: max_retries must be >= 0, got {max_retries}")
         if max_concurrency < 1:
             raise ValueError(f"OpenAIBackend: max_concurrency must be >= 1, got {max_concurrency}")
         if not (timeout > 0 and connect_timeout > 0):
-            raise ValueError(f"OpenAIBackend: timeout and connect_timeout must be > 0, got "
-                             f"{timeout} and {connect_timeout}")
+            raise ValueError(
+                f"OpenAIBackend: timeout and connect_timeout must be > 0, got {timeout} and {connect_timeout}"
+            )
         try:
             url = httpx.URL(base_url)
         except (httpx.InvalidURL, TypeError):
             url = None
         if url is None or url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"OpenAIBackend: base_url must be an http:// or https:// URL with a host, "
-                             f"e.g. http://localhost:8000/v1; got {base_url!r}")
+            raise ValueError(
+                f"OpenAIBackend: base_url must be an http:// or https:// URL with a host, "
+                f"e.g. http://localhost:8000/v1; got {base_url!r}"
+            )
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
@@ -197,6 +206,7 @@ class OpenAIBackend(ChatBackend):
         if tokenizer is not None:
             if isinstance(tokenizer, (str, os.PathLike)):
                 from transformers import AutoTokenizer
+
                 tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
             self._encoder = ChatEncoder(tokenizer)
         self._server_tokenizes: bool | None = None  # unknown until asked
@@ -205,23 +215,28 @@ class OpenAIBackend(ChatBackend):
         self.max_retries, self.max_concurrency = max_retries, max_concurrency
         self.extra_body = dict(extra_body or {})
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self._wait = WaitRetryAfter(tenacity.wait_exponential_jitter(
-            multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial),
-            max(backoff_max, RETRY_AFTER_MAX))
+        self._wait = WaitRetryAfter(
+            tenacity.wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial),
+            max(backoff_max, RETRY_AFTER_MAX),
+        )
         self._api_key = os.environ.get(api_key_env) or None
         self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self._client: httpx.Client | None = None
 
     def __repr__(self) -> str:
-        return (f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, "
-                f"authorized={self._api_key is not None})")
+        return (
+            f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, authorized={self._api_key is not None})"
+        )
 
     # ----- one request -----
 
     def _retrying(self, retrying_class: type = tenacity.Retrying) -> Any:
-        return retrying_class(stop=tenacity.stop_after_attempt(self.max_retries + 1),
-                              wait=self._wait, reraise=True,
-                              retry=tenacity.retry_if_exception_type(TransientHTTPError))
+        return retrying_class(
+            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=self._wait,
+            reraise=True,
+            retry=tenacity.retry_if_exception_type(TransientHTTPError),
+        )
 
     def _mask(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
@@ -230,40 +245,54 @@ class OpenAIBackend(ChatBackend):
         """The JSON body of a 2xx answer; raises TransientHTTPError or BackendError."""
         status = response.status_code
         if status == 429 or status >= 500:
-            raise TransientHTTPError(f"HTTP {status}: {self._mask(server_message(response))}",
-                                     parse_retry_after(response.headers.get("retry-after")))
+            raise TransientHTTPError(
+                f"HTTP {status}: {self._mask(server_message(response))}",
+                parse_retry_after(response.headers.get("retry-after")),
+            )
         if status >= 400:
-            raise BackendError(f"POST {response.request.url} (model {self.model!r}) failed with HTTP {status}: "
-                               f"{self._mask(server_message(response))}")
+            raise BackendError(
+                f"POST {response.request.url} (model {self.model!r}) failed with HTTP {status}: "
+                f"{self._mask(server_message(response))}"
+            )
         try:
             return response.json()
         except ValueError as exc:
-            raise BackendError(f"POST {response.request.url}: HTTP {status} with a body that is not JSON: "
-                               f"{self._mask(response.text[:200])!r}") from exc
+            raise BackendError(
+                f"POST {response.request.url}: HTTP {status} with a body that is not JSON: "
+                f"{self._mask(response.text[:200])!r}"
+            ) from exc
 
     def _gave_up(self, error: TransientHTTPError) -> BackendError:
         """The error after the last retry; one that never connected asks whether a
         server runs at ``base_url`` (:meth:`unreachable_hint`)."""
         hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
-        return BackendError(f"POST {self.url} (model {self.model!r}): gave up after "
-                            f"{self.max_retries + 1} attempts; last error: {error}{hint}")
+        return BackendError(
+            f"POST {self.url} (model {self.model!r}): gave up after "
+            f"{self.max_retries + 1} attempts; last error: {error}{hint}"
+        )
 
     def unreachable_hint(self) -> str:
         """What to check when nothing answers at ``base_url``: is a server running, and
         how to start one."""
-        return (f"is a server running at {self.base_url}? "
-                f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
-                f"--host 127.0.0.1 --port 8000`, or see the README, \"Serving the simulated user\"")
+        return (
+            f"is a server running at {self.base_url}? "
+            f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
+            f'--host 127.0.0.1 --port 8000`, or see the README, "Serving the simulated user"'
+        )
 
     def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
         """A transient error to retry, except a read timeout, which fails at once."""
         if isinstance(exc, httpx.ReadTimeout):
-            raise BackendError(f"POST {self.url} (model {self.model!r}): no answer within "
-                               f"{self.timeout.read:g} s (timeout); the server is hanging or "
-                               f"overloaded. Not retried; raise timeout= (backend_kwargs="
-                               f"{{'timeout': ...}}) for long generations") from None
-        return TransientHTTPError(f"{type(exc).__name__}: {self._mask(str(exc))}",
-                                  unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)))
+            raise BackendError(
+                f"POST {self.url} (model {self.model!r}): no answer within "
+                f"{self.timeout.read:g} s (timeout); the server is hanging or "
+                f"overloaded. Not retried; raise timeout= (backend_kwargs="
+                f"{{'timeout': ...}}) for long generations"
+            ) from None
+        return TransientHTTPError(
+            f"{type(exc).__name__}: {self._mask(str(exc))}",
+            unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
+        )
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
         try:
@@ -278,8 +307,7 @@ class OpenAIBackend(ChatBackend):
             raise self._gave_up(error) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore,
-                     payload: dict) -> dict:
+    async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore, payload: dict) -> dict:
         try:
             async for attempt in self._retrying(tenacity.AsyncRetrying):
                 with attempt:
@@ -307,13 +335,16 @@ class OpenAIBackend(ChatBackend):
     async def _apost_all(self, payloads: list[dict]) -> list[dict]:
         semaphore = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
-            return list(await asyncio.gather(*(self._apost(client, semaphore, payload)
-                                               for payload in payloads)))
+            return list(await asyncio.gather(*(self._apost(client, semaphore, payload) for payload in payloads)))
 
     @staticmethod
     def _messages(conversation: Conversation) -> list[dict]:
-        return [{**message, "content": neutralise(message["content"])}
-                if isinstance(message.get("content"), str) else dict(message) for message in conversation]
+        return [
+            {**message, "content": neutralise(message["content"])}
+            if isinstance(message.get("content"), str)
+            else dict(message)
+            for message in conversation
+        ]
 
     # ----- context -----
 
@@ -322,16 +353,19 @@ class OpenAIBackend(ChatBackend):
         (remembered) or cannot be reached now (asked again next time)."""
         if self._server_tokenizes is False or not conversations:
             return None
-        payloads = [{"model": self.model, "messages": self._messages(c), "add_generation_prompt": True}
-                    for c in conversations]
+        payloads = [
+            {"model": self.model, "messages": self._messages(c), "add_generation_prompt": True} for c in conversations
+        ]
         try:
             answers = self._post_all(payloads, self.tokenize_url)
         except BackendError as error:
             if "failed with HTTP 4" in str(error):  # no such endpoint, or not vLLM's
                 self._server_tokenizes = False
             return None
-        self._server_tokenizes = all(isinstance(a, dict) and isinstance(a.get("count"), int)
-                                     and isinstance(a.get("tokens"), list) for a in answers)
+        self._server_tokenizes = all(
+            isinstance(a, dict) and isinstance(a.get("count"), int) and isinstance(a.get("tokens"), list)
+            for a in answers
+        )
         if not self._server_tokenizes:  # something else answers there
             return None
         if self._context is None and answers and answers[0].get("max_model_len"):
@@ -361,29 +395,42 @@ class OpenAIBackend(ChatBackend):
         payload.update(self.extra_body)
         return payload
 
-    def _generate_payloads(self, conversations: Sequence[Conversation], max_tokens: int | None,
-                           temperature: float, top_p: float,
-                           seeds: Sequence[int | None] | None) -> list[dict]:
+    def _generate_payloads(
+        self,
+        conversations: Sequence[Conversation],
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        seeds: Sequence[int | None] | None,
+    ) -> list[dict]:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
         seeds = [None] * len(conversations) if seeds is None else list(seeds)
         if len(seeds) != len(conversations):
             raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
-        return [self._payload(conversation, max_tokens=max_tokens, temperature=temperature,
-                              top_p=top_p, seed=seed)
-                for conversation, seed in zip(conversations, seeds)]
+        return [
+            self._payload(conversation, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+            for conversation, seed in zip(conversations, seeds)
+        ]
 
     def _content(self, body: dict) -> str:
         try:
             content = body["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as exc:
-            raise BackendError(f"POST {self.url}: the answer has no choices[0].message.content: "
-                               f"{json.dumps(body)[:300]}") from exc
+            raise BackendError(
+                f"POST {self.url}: the answer has no choices[0].message.content: {json.dumps(body)[:300]}"
+            ) from exc
         return (content or "").strip()
 
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
-                 temperature: float = 0.7, top_p: float = 1.0,
-                 seeds: Sequence[int | None] | None = None) -> list[str]:
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_tokens: int | None = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[str]:
         """Complete each conversation (one request each, ``max_concurrency`` at a time).
 
         Args:
@@ -405,9 +452,15 @@ class OpenAIBackend(ChatBackend):
         payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
         return [self._content(body) for body in self._post_all(payloads)]
 
-    async def agenerate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
-                        temperature: float = 0.7, top_p: float = 1.0,
-                        seeds: Sequence[int | None] | None = None) -> list[str]:
+    async def agenerate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_tokens: int | None = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[str]:
         """:meth:`generate` for asyncio: same arguments, results and errors; at most
         ``max_concurrency`` requests of this call in flight (an ``asyncio.Semaphore``)."""
         payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
@@ -424,16 +477,22 @@ class OpenAIBackend(ChatBackend):
             return None
         key = tuple(options)
         if key not in self._option_cache:
-            answers = self._post_all([{"model": self.model, "prompt": option, "add_special_tokens": False}
-                                      for option in options], self.tokenize_url)
+            answers = self._post_all(
+                [{"model": self.model, "prompt": option, "add_special_tokens": False} for option in options],
+                self.tokenize_url,
+            )
             self._option_cache[key] = [int(answer["tokens"][0]) for answer in answers]
         return self._option_cache[key]
 
     def _choice_payloads(self, conversations: Sequence[Conversation], options: Sequence[str]) -> list[dict]:
         ids = self._option_ids(options)
         exact = {"logprob_token_ids": ids} if ids is not None else {}
-        return [self._payload(conversation, max_tokens=1, temperature=0.0, logprobs=True,
-                              top_logprobs=TOP_LOGPROBS, **exact) for conversation in conversations]
+        return [
+            self._payload(
+                conversation, max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=TOP_LOGPROBS, **exact
+            )
+            for conversation in conversations
+        ]
 
     def _choice_row(self, body: dict, options: Sequence[str]) -> np.ndarray:
         try:
@@ -443,7 +502,8 @@ class OpenAIBackend(ChatBackend):
                 f"{self.base_url} (model {self.model!r}) returned no logprobs although the "
                 "request set logprobs=true: this server ignores logprobs (transformers serve "
                 "does), so options cannot be scored; use a vLLM or OpenAI server, or the "
-                "transformers or vllm backend") from None
+                "transformers or vllm backend"
+            ) from None
         alternatives = list(first.get("top_logprobs") or []) + [first]
         row = np.full(len(options), -np.inf)
         wanted = {option.strip(): index for index, option in enumerate(options)}
@@ -462,8 +522,7 @@ class OpenAIBackend(ChatBackend):
         if not options:
             raise ValueError("choice_logprobs: options is empty")
 
-    def choice_logprobs(self, conversations: Sequence[Conversation],
-                        options: Sequence[str]) -> np.ndarray:
+    def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """Score options from the first generated token's top log-probabilities.
 
         Each request asks ``max_tokens=1, temperature=0, logprobs=true,
@@ -484,16 +543,17 @@ class OpenAIBackend(ChatBackend):
         """
         self._choice_check(options)
         bodies = self._post_all(self._choice_payloads(conversations, options))
-        return np.array([self._choice_row(body, options) for body in bodies],
-                        dtype=np.float64).reshape(len(conversations), len(options))
+        return np.array([self._choice_row(body, options) for body in bodies], dtype=np.float64).reshape(
+            len(conversations), len(options)
+        )
 
-    async def achoice_logprobs(self, conversations: Sequence[Conversation],
-                               options: Sequence[str]) -> np.ndarray:
+    async def achoice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """:meth:`choice_logprobs` for asyncio."""
         self._choice_check(options)
         bodies = await self._apost_all(self._choice_payloads(conversations, options))
-        return np.array([self._choice_row(body, options) for body in bodies],
-                        dtype=np.float64).reshape(len(conversations), len(options))
+        return np.array([self._choice_row(body, options) for body in bodies], dtype=np.float64).reshape(
+            len(conversations), len(options)
+        )
 
     def close(self) -> None:
         """Close the HTTP connections. Safe to call twice; later calls reopen them."""
@@ -502,5 +562,11 @@ class OpenAIBackend(ChatBackend):
             self._client = None
 
 
-__all__ = ["OpenAIBackend", "TOP_LOGPROBS", "TransientHTTPError", "WaitRetryAfter",
-           "parse_retry_after", "server_message"]
+__all__ = [
+    "OpenAIBackend",
+    "TOP_LOGPROBS",
+    "TransientHTTPError",
+    "WaitRetryAfter",
+    "parse_retry_after",
+    "server_message",
+]

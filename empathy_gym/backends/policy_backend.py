@@ -55,12 +55,14 @@ class PolicyUserBackend(TransformersBackend):
 
     def __init__(self, model: Any, tokenizer: Any, *, compute_dtype: torch.dtype | None = None, **kwargs: Any):
         if not hasattr(model, "disable_adapter"):
-            raise ValueError("backend='policy' needs a policy with LoRA adapters (policy.use_lora=true): the "
-                             "base model under them plays the user; a fully fine-tuned policy would change the "
-                             "user at every step")
+            raise ValueError(
+                "backend='policy' needs a policy with LoRA adapters (policy.use_lora=true): the "
+                "base model under them plays the user; a fully fine-tuned policy would change the "
+                "user at every step"
+            )
         was_training = model.training
         super().__init__(model, tokenizer, **kwargs)
-        model.train(was_training)              # the trainer owns the mode; calls switch to eval and back
+        model.train(was_training)  # the trainer owns the mode; calls switch to eval and back
         self.compute_dtype = compute_dtype
 
     @contextlib.contextmanager
@@ -69,9 +71,12 @@ class PolicyUserBackend(TransformersBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            with self.model.disable_adapter(), torch.autocast(
-                    self.device.type, dtype=self.compute_dtype or torch.float32,
-                    enabled=self.compute_dtype is not None):
+            with (
+                self.model.disable_adapter(),
+                torch.autocast(
+                    self.device.type, dtype=self.compute_dtype or torch.float32, enabled=self.compute_dtype is not None
+                ),
+            ):
                 yield
         finally:
             self.model.train(was_training)
@@ -114,11 +119,13 @@ class VLLMPolicyUserBackend(VLLMBackend):
 
     def __init__(self, generator: Any, *, chat_template: str | None = None):
         if not getattr(generator, "lora_rank", 0):
-            raise ValueError("backend='policy' with generation.engine='vllm' needs a LoRA policy "
-                             "(policy.use_lora=true): without LoRA the engine holds the policy's own weights")
+            raise ValueError(
+                "backend='policy' with generation.engine='vllm' needs a LoRA policy "
+                "(policy.use_lora=true): without LoRA the engine holds the policy's own weights"
+            )
         self.llm = generator.llm  # VLLMBackend's state, on the generator's engine
         self._attach(import_vllm(), chat_template)
-        self.lora_request = None   # no adapter: the base weights
+        self.lora_request = None  # no adapter: the base weights
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to the policy's generator."""

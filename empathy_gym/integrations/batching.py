@@ -52,8 +52,9 @@ class MicroBatcher(Generic[Item, Result]):
         [0, 2, 4]
     """
 
-    def __init__(self, batch_fn: Callable[[list[Item]], Sequence[Result]], *,
-                 window_s: float = 0.005, max_batch: int = 64):
+    def __init__(
+        self, batch_fn: Callable[[list[Item]], Sequence[Result]], *, window_s: float = 0.005, max_batch: int = 64
+    ):
         if window_s < 0:
             raise ValueError(f"window_s must be >= 0 seconds, got {window_s}")
         if max_batch < 1:
@@ -82,13 +83,12 @@ class MicroBatcher(Generic[Item, Result]):
         while self._queue:
             if len(self._queue) < self.max_batch and self.window_s > 0:
                 await asyncio.sleep(self.window_s)
-            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             self.batch_sizes.append(len(batch))
             try:
                 results = await asyncio.to_thread(self.batch_fn, [item for item, _ in batch])
                 if len(results) != len(batch):
-                    raise RuntimeError(f"batch_fn returned {len(results)} results for "
-                                       f"{len(batch)} items")
+                    raise RuntimeError(f"batch_fn returned {len(results)} results for {len(batch)} items")
             except asyncio.CancelledError:  # the loop is shutting down: cancel the callers
                 for _, future in batch:
                     future.cancel()

@@ -38,8 +38,7 @@ from empathy_gym.personas import Persona, load_personas
 #: is a ``gym.make`` keyword (``user``: a spec string or a mapping of
 #: :class:`~empathy_gym.specs.UserSpec` fields; ``protocol``, ``difficulty``,
 #: ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...).
-SHARED_USER_KEYS: dict[str, Any] = {"env_id": "EmpathyDialogue-RLVER-v0",
-                                    "batch_window_ms": 5.0, "max_batch_size": 64}
+SHARED_USER_KEYS: dict[str, Any] = {"env_id": "EmpathyDialogue-RLVER-v0", "batch_window_ms": 5.0, "max_batch_size": 64}
 
 
 class SharedUser:
@@ -64,27 +63,26 @@ class SharedUser:
     def __init__(self, config: Mapping[str, Any]):
         config = dict(config)
         config.pop("name", None)
-        self.options: dict[str, Any] = {key: config.pop(key, default)
-                                        for key, default in self.option_defaults.items()}
+        self.options: dict[str, Any] = {key: config.pop(key, default) for key, default in self.option_defaults.items()}
         self.env_id: str = self.options["env_id"]
         self.env_kwargs: dict[str, Any] = config
         first = gym.make(self.env_id, **self.env_kwargs).unwrapped
         if not isinstance(first, EmpathyDialogueEnv):
-            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv "
-                            f"(got {type(first).__name__})")
+            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv (got {type(first).__name__})")
         self._owner = first  # owns the user; never handed out, so no caller closes it
         self.user = first.user
         self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], tuple] = MicroBatcher(
-            _step_batch, window_s=float(self.options["batch_window_ms"]) / 1000.0,
-            max_batch=int(self.options["max_batch_size"]))
+            _step_batch,
+            window_s=float(self.options["batch_window_ms"]) / 1000.0,
+            max_batch=int(self.options["max_batch_size"]),
+        )
 
     def new_env(self) -> EmpathyDialogueEnv:
         """An env with this config and the shared simulated user (closing it leaves the
         user open)."""
         return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
 
-    async def step(self, env: EmpathyDialogueEnv, action: str
-                   ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def step(self, env: EmpathyDialogueEnv, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """``env.step(action)``, batched with the other dialogues' concurrent turns: one
         call of the simulated user for all turns queued within ``batch_window_ms``.
 
@@ -113,8 +111,7 @@ _SHARED_LOCK = threading.Lock()
 
 def _config_key(config: Mapping[str, Any]) -> str:
     plain = {key: value for key, value in config.items() if key != "name"}
-    return json.dumps(plain, sort_keys=True,
-                      default=lambda value: f"<{type(value).__name__} at {id(value):#x}>")
+    return json.dumps(plain, sort_keys=True, default=lambda value: f"<{type(value).__name__} at {id(value):#x}>")
 
 
 def shared(cls: type[SharedT], config: Mapping[str, Any]) -> SharedT:
@@ -153,9 +150,9 @@ class DialogueStart:
     messages: list[dict[str, str]]
 
 
-def dialogue_starts(config: Mapping[str, Any] | None = None, *,
-                    persona_ids: Sequence[str] | None = None, seed: int = 0
-                    ) -> list[DialogueStart]:
+def dialogue_starts(
+    config: Mapping[str, Any] | None = None, *, persona_ids: Sequence[str] | None = None, seed: int = 0
+) -> list[DialogueStart]:
     """Start one dialogue per persona, with one batched call of the user for the openings.
 
     Args:
@@ -183,8 +180,10 @@ def dialogue_starts(config: Mapping[str, Any] | None = None, *,
     seeds = [seed + index for index in range(len(ids))]
     results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
     first.close()  # closes the user only if it was built here
-    return [DialogueStart(pid, row_seed, opening, info["messages"])
-            for pid, row_seed, (opening, info) in zip(ids, seeds, results)]
+    return [
+        DialogueStart(pid, row_seed, opening, info["messages"])
+        for pid, row_seed, (opening, info) in zip(ids, seeds, results)
+    ]
 
 
 def persona_bank(config: Mapping[str, Any] | None = None) -> tuple[Persona, ...]:
@@ -210,11 +209,12 @@ def dialogue_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     for field, kind in kinds.items():
         value = kwargs.get(field)
         if value is None:
-            raise KeyError(f"interaction_kwargs: field {field!r} is missing (rows from "
-                           f"empathy_gym.integrations.verl.build_rows carry it)")
+            raise KeyError(
+                f"interaction_kwargs: field {field!r} is missing (rows from "
+                f"empathy_gym.integrations.verl.build_rows carry it)"
+            )
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise TypeError(f"interaction_kwargs: field {field!r} must be "
-                            f"{kind.__name__}, got {type(value).__name__}")
+            raise TypeError(f"interaction_kwargs: field {field!r} must be {kind.__name__}, got {type(value).__name__}")
         fields[field] = int(value) if field == "seed" else value
     return fields
 

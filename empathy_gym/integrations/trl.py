@@ -86,10 +86,16 @@ class EmpathyRollout:
             the last call (transcripts, emotions, masks), for logging.
     """
 
-    def __init__(self, env_id: str = "EmpathyDialogue-v0", *,
-                 env_kwargs: Mapping[str, Any] | None = None, max_new_tokens: int = 128,
-                 max_context_tokens: int = 4096, seed: int = 0,
-                 generator: Generator | None = None):
+    def __init__(
+        self,
+        env_id: str = "EmpathyDialogue-v0",
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_new_tokens: int = 128,
+        max_context_tokens: int = 4096,
+        seed: int = 0,
+        generator: Generator | None = None,
+    ):
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.max_new_tokens = int(max_new_tokens)
@@ -125,11 +131,11 @@ class EmpathyRollout:
             if key in self._seeds:
                 continue
             self._seeds[key] = env_seed
-            rows.append({"prompt": info["messages"], "env_seed": env_seed,
-                         "persona_id": info["persona_id"]})
+            rows.append({"prompt": info["messages"], "env_seed": env_seed, "persona_id": info["persona_id"]})
         if len(rows) < num_prompts:
-            raise ValueError(f"{self.env_id}: only {len(rows)} distinct openings in "
-                             f"{100 * num_prompts} seeds; ask for fewer prompts")
+            raise ValueError(
+                f"{self.env_id}: only {len(rows)} distinct openings in {100 * num_prompts} seeds; ask for fewer prompts"
+            )
         return Dataset.from_list(rows)
 
     def seed_of(self, prompt: Sequence[Mapping[str, Any]] | str) -> int:
@@ -142,9 +148,11 @@ class EmpathyRollout:
             return self._seeds[prompt_key(prompt)]
         except KeyError:
             preview = prompt_key(prompt)[:120]
-            raise KeyError(f"prompt {preview}... was not made by EmpathyRollout.dataset(); "
-                           f"build the training dataset with it (it knows {len(self._seeds)} "
-                           f"prompts)") from None
+            raise KeyError(
+                f"prompt {preview}... was not made by EmpathyRollout.dataset(); "
+                f"build the training dataset with it (it knows {len(self._seeds)} "
+                f"prompts)"
+            ) from None
 
     # -- the rollout function ----------------------------------------------------------
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
@@ -161,8 +169,9 @@ class EmpathyRollout:
         seeds = [self.seed_of(prompt) for prompt in prompts]
         generator = self.generator if self.generator is not None else self._trainer_generator(trainer)
         tokenizer = trainer.processing_class
-        engine = RolloutEngine(self._ensure_envs(len(prompts)), generator, tokenizer,
-                               max_context_tokens=self.max_context_tokens)
+        engine = RolloutEngine(
+            self._ensure_envs(len(prompts)), generator, tokenizer, max_context_tokens=self.max_context_tokens
+        )
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         groups = _groups(seeds)
         trajectories = engine.collect(seeds, groups=groups, sampling_seed=derive_seed(self.seed, step))
@@ -171,17 +180,19 @@ class EmpathyRollout:
 
     def _trainer_generator(self, trainer: Any) -> TransformersGenerator:
         model = trainer.accelerator.unwrap_model(trainer.model)
-        return TransformersGenerator(model, trainer.processing_class,
-                                     max_new_tokens=self.max_new_tokens,
-                                     temperature=float(trainer.temperature),
-                                     top_p=float(getattr(trainer.args, "top_p", 1.0)))
+        return TransformersGenerator(
+            model,
+            trainer.processing_class,
+            max_new_tokens=self.max_new_tokens,
+            temperature=float(trainer.temperature),
+            top_p=float(getattr(trainer.args, "top_p", 1.0)),
+        )
 
     def _ensure_envs(self, n: int) -> list[EmpathyDialogueEnv]:
         if len(self._envs) < n:
             for env in self._envs[:1]:
                 env.close()
-            vector = gym.make_vec(self.env_id, num_envs=n, vectorization_mode="vector_entry_point",
-                                  **self.env_kwargs)
+            vector = gym.make_vec(self.env_id, num_envs=n, vectorization_mode="vector_entry_point", **self.env_kwargs)
             self._envs = list(vector.unwrapped.envs)
         return self._envs[:n]
 
@@ -200,9 +211,20 @@ def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
     Raises:
         ValueError: a trajectory with no sampled token (nothing to train on).
     """
-    out: dict[str, list] = {key: [] for key in (
-        "prompt_ids", "completion_ids", "logprobs", "env_mask", "episode_return",
-        "final_emotion", "emotions", "termination", "env_seed")}
+    out: dict[str, list] = {
+        key: []
+        for key in (
+            "prompt_ids",
+            "completion_ids",
+            "logprobs",
+            "env_mask",
+            "episode_return",
+            "final_emotion",
+            "emotions",
+            "termination",
+            "env_seed",
+        )
+    }
     for t in trajectories:
         if 1 not in t.loss_mask:
             raise ValueError(f"dialogue {t.key} (persona {t.persona_id!r}) has no sampled token")
@@ -219,14 +241,12 @@ def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
     return out
 
 
-def episode_return_reward(completions: Sequence[Any], episode_return: Sequence[float],
-                          **kwargs: Any) -> list[float]:
+def episode_return_reward(completions: Sequence[Any], episode_return: Sequence[float], **kwargs: Any) -> list[float]:
     """TRL reward function: the dialogue's return, the sum of the env's turn rewards
     ((e_T - e_0) / 100 with ``reward_mode="delta"``, minus any think-format penalties)."""
     return [float(r) for r in episode_return]
 
 
-def final_emotion_reward(completions: Sequence[Any], final_emotion: Sequence[int],
-                         **kwargs: Any) -> list[float]:
+def final_emotion_reward(completions: Sequence[Any], final_emotion: Sequence[int], **kwargs: Any) -> list[float]:
     """TRL reward function: RLVER's e_T / 100, the final emotion (RLVER, section 3.1)."""
     return [e / 100.0 for e in final_emotion]

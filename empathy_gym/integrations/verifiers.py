@@ -38,19 +38,14 @@ from typing import Any, Literal
 from pydantic import Field
 
 from empathy_gym.boundary import neutralise
-from empathy_gym.integrations.dialogues import (
-    SharedUser,
-    dialogue_starts,
-    shared,
-    start_env,
-)
+from empathy_gym.integrations.dialogues import SharedUser, dialogue_starts, shared, start_env
 
 try:
     import verifiers.v1 as vf
 except ImportError as error:  # pragma: no cover - depends on the installed verifiers
     raise ImportError(
-        "empathy_gym.integrations.verifiers needs verifiers >= 0.4 (verifiers.v1): "
-        "pip install 'empathy-gym[verifiers]'") from error
+        "empathy_gym.integrations.verifiers needs verifiers >= 0.4 (verifiers.v1): pip install 'empathy-gym[verifiers]'"
+    ) from error
 
 #: The taskset id verifiers resolves to the top-level module ``empathy_dialogue``.
 TASKSET_ID = "empathy-dialogue"
@@ -89,8 +84,12 @@ class EmpathyTaskConfig(vf.TaskConfig):
 
     def user_config(self) -> dict[str, Any]:
         """The :class:`SharedUser` config of these options."""
-        return {"env_id": self.env_id, **self.env, "batch_window_ms": self.batch_window_ms,
-                "max_batch_size": self.max_batch_size}
+        return {
+            "env_id": self.env_id,
+            **self.env,
+            "batch_window_ms": self.batch_window_ms,
+            "max_batch_size": self.max_batch_size,
+        }
 
 
 class EmpathyTask(vf.Task[EmpathyData, vf.State, EmpathyTaskConfig]):
@@ -118,21 +117,28 @@ class EmpathyTaskset(vf.Taskset[EmpathyTask, EmpathyTasksetConfig]):
 
     def load(self) -> list[EmpathyTask]:
         task_config = self.config.task
-        starts = dialogue_starts(task_config.user_config(), persona_ids=self.config.persona_ids,
-                                 seed=self.config.seed)
-        return [EmpathyTask(EmpathyData(name=start.persona_id, prompt=start.opening,
-                                        system_prompt=start.messages[0]["content"],
-                                        persona_id=start.persona_id, seed=start.seed,
-                                        opening=start.opening), task_config)
-                for start in starts]
+        starts = dialogue_starts(task_config.user_config(), persona_ids=self.config.persona_ids, seed=self.config.seed)
+        return [
+            EmpathyTask(
+                EmpathyData(
+                    name=start.persona_id,
+                    prompt=start.opening,
+                    system_prompt=start.messages[0]["content"],
+                    persona_id=start.persona_id,
+                    seed=start.seed,
+                    opening=start.opening,
+                ),
+                task_config,
+            )
+            for start in starts
+        ]
 
 
 class EmpathyEnvConfig(vf.EnvConfig):
     """The env's one seat, ``agent``: the policy, in verifiers' tool-less chat harness
     (``null``) and a local subprocess runtime unless the run says otherwise."""
 
-    agent: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"},
-                                           runtime={"type": "subprocess"})
+    agent: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"}, runtime={"type": "subprocess"})
 
 
 class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
@@ -161,8 +167,7 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
             async with agents.agent.interaction(task) as interaction:
                 segment = await interaction.turn()  # the agent answers the opening line
                 while not segment.terminated:
-                    observation, reward, terminated, truncated, info = await user.step(
-                        env, segment.last_reply)
+                    observation, reward, terminated, truncated, info = await user.step(env, segment.last_reply)
                     rewards.append(float(reward))
                     if terminated or truncated:
                         break
@@ -171,22 +176,26 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
         finally:
             env.close()  # the shared user stays open
         trace = interaction.trace
-        scores = {"emotion_change": float(sum(rewards)),
-                  "final_emotion": dialogue.emotion / 100.0}
+        scores = {"emotion_change": float(sum(rewards)), "final_emotion": dialogue.emotion / 100.0}
         trace.record_reward(task.config.reward, scores[task.config.reward])
-        trace.record_metrics({**scores, "turns": float(len(rewards)),
-                              "success": float(dialogue.done_reason == "success")})
+        trace.record_metrics(
+            {**scores, "turns": float(len(rewards)), "success": float(dialogue.done_reason == "success")}
+        )
         trace.info["emotions"] = list(dialogue.emotions)
         trace.info["termination_reason"] = info.get("termination_reason")
 
 
-def load_environment(env_id: str = "EmpathyDialogue-v0", *,
-                     persona_ids: list[str] | None = None,
-                     seed: int = 0,
-                     reward: Literal["emotion_change", "final_emotion"] = "emotion_change",
-                     batch_window_ms: float = 5.0, max_batch_size: int = 64,
-                     agent: vf.AgentConfig | dict[str, Any] | None = None,
-                     **env_kwargs: Any) -> EmpathyEnv:
+def load_environment(
+    env_id: str = "EmpathyDialogue-v0",
+    *,
+    persona_ids: list[str] | None = None,
+    seed: int = 0,
+    reward: Literal["emotion_change", "final_emotion"] = "emotion_change",
+    batch_window_ms: float = 5.0,
+    max_batch_size: int = 64,
+    agent: vf.AgentConfig | dict[str, Any] | None = None,
+    **env_kwargs: Any,
+) -> EmpathyEnv:
     """A verifiers environment of dialogues with the simulated user.
 
     Args:
@@ -221,10 +230,10 @@ def load_environment(env_id: str = "EmpathyDialogue-v0", *,
         >>> env = load_environment("EmpathyDialogue-RLVER-v0", protocol="rlver_training",
         ...                        max_turns=8)  # doctest: +SKIP
     """
-    task = EmpathyTaskConfig(env_id=env_id, env=env_kwargs, reward=reward,
-                             batch_window_ms=batch_window_ms, max_batch_size=max_batch_size)
-    config = {"taskset": {"id": TASKSET_ID, "task": task, "persona_ids": persona_ids,
-                          "seed": seed}}
+    task = EmpathyTaskConfig(
+        env_id=env_id, env=env_kwargs, reward=reward, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size
+    )
+    config = {"taskset": {"id": TASKSET_ID, "task": task, "persona_ids": persona_ids, "seed": seed}}
     if agent is not None:
         config["agent"] = agent.model_dump() if isinstance(agent, vf.AgentConfig) else agent
     return EmpathyEnv(EmpathyEnvConfig.model_validate(config))

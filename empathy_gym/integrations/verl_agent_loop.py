@@ -72,25 +72,17 @@ import torch
 
 from empathy_gym.agents.generation import end_of_turn_ids
 from empathy_gym.boundary import ChatEncoder
-from empathy_gym.integrations.dialogues import (
-    SharedUser,
-    dialogue_fields,
-    shared,
-    start_env,
-)
+from empathy_gym.integrations.dialogues import SharedUser, dialogue_fields, shared, start_env
 
 try:
-    from verl.experimental.agent_loop.agent_loop import (
-        AgentLoopBase,
-        AgentLoopOutput,
-        register,
-    )
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
     from verl.utils.profiler import simple_timer
 except ImportError as error:  # pragma: no cover - depends on the installed verl
     raise ImportError(
         "empathy_gym.integrations.verl_agent_loop needs verl >= 0.8 (the agent loop, "
         "verl.experimental.agent_loop): pip install 'verl>=0.8'. verl <= 0.7.1 is not "
-        "supported.") from error
+        "supported."
+    ) from error
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +113,7 @@ def agent_turn_ends(response_mask: Sequence[int]) -> list[int]:
     return ends
 
 
-def turn_token_rewards(response_length: int, turn_ends: Sequence[int],
-                       turn_scores: Sequence[float]) -> torch.Tensor:
+def turn_token_rewards(response_length: int, turn_ends: Sequence[int], turn_scores: Sequence[float]) -> torch.Tensor:
     """Token-level rewards: turn score ``k`` on token ``turn_ends[k]``, 0 elsewhere.
 
     Args:
@@ -144,11 +135,12 @@ def turn_token_rewards(response_length: int, turn_ends: Sequence[int],
     if not turn_scores:
         return rewards
     if not turn_ends or response_length == 0:
-        raise ValueError(f"{len(turn_scores)} turn scores but no agent token to put them on "
-                         f"(response length {response_length}, turn ends {list(turn_ends)})")
+        raise ValueError(
+            f"{len(turn_scores)} turn scores but no agent token to put them on "
+            f"(response length {response_length}, turn ends {list(turn_ends)})"
+        )
     if turn_ends[-1] >= response_length or turn_ends[0] < 0:
-        raise ValueError(f"turn ends {list(turn_ends)} fall outside a response of "
-                         f"{response_length} tokens")
+        raise ValueError(f"turn ends {list(turn_ends)} fall outside a response of {response_length} tokens")
     for index, score in enumerate(turn_scores):
         rewards[turn_ends[min(index, len(turn_ends) - 1)]] += float(score)
     return rewards
@@ -165,8 +157,8 @@ class EmpathyAgentLoopOutput(AgentLoopOutput):
         output = super().as_dict()
         if "rm_scores" in output:
             output["rm_scores"] = turn_token_rewards(
-                len(self.response_ids), self.extra_fields["turn_ends"],
-                self.extra_fields["turn_scores"])
+                len(self.response_ids), self.extra_fields["turn_ends"], self.extra_fields["turn_scores"]
+            )
         return output
 
 
@@ -203,17 +195,28 @@ class EmpathyAgentLoop(AgentLoopBase):
             of a config in a process, which builds the user).
     """
 
-    def __init__(self, trainer_config, server_manager, tokenizer, processor, dataset_cls,
-                 data_config, hf_model_type: str | None = None, *, tools: Any = None,
-                 name: str = AGENT_NAME, **env_config: Any):
-        super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls,
-                         data_config, hf_model_type=hf_model_type)
+    def __init__(
+        self,
+        trainer_config,
+        server_manager,
+        tokenizer,
+        processor,
+        dataset_cls,
+        data_config,
+        hf_model_type: str | None = None,
+        *,
+        tools: Any = None,
+        name: str = AGENT_NAME,
+        **env_config: Any,
+    ):
+        super().__init__(
+            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
+        )
         self.name = name
-        self.session: SharedUser = shared(
-            SharedUser, {key: _plain(value) for key, value in env_config.items()})
+        self.session: SharedUser = shared(SharedUser, {key: _plain(value) for key, value in env_config.items()})
         self.response_length: int = int(self.rollout_config.response_length)
         self.max_assistant_turns: int | None = self.rollout_config.multi_turn.max_assistant_turns
-        self.chat = ChatEncoder(tokenizer)   # the user's text reaches verl's tokenizer as data
+        self.chat = ChatEncoder(tokenizer)  # the user's text reaches verl's tokenizer as data
         self.end_of_turn_ids = set(end_of_turn_ids(tokenizer))
         self.eos_id: int = tokenizer.eos_token_id
 
@@ -247,9 +250,9 @@ class EmpathyAgentLoop(AgentLoopBase):
                 data with this loop's config).
             SimulatorError: the LLM user failed (for every dialogue of its batch).
         """
-        start = dialogue_fields(kwargs.get("interaction_kwargs")
-                                or (kwargs.get("extra_info") or {}).get("interaction_kwargs")
-                                or {})
+        start = dialogue_fields(
+            kwargs.get("interaction_kwargs") or (kwargs.get("extra_info") or {}).get("interaction_kwargs") or {}
+        )
         messages = [dict(message) for message in kwargs["raw_prompt"]]
         env = self.session.new_env()
         try:
@@ -260,13 +263,15 @@ class EmpathyAgentLoop(AgentLoopBase):
                     f"prompt is not the dialogue that agent loop {self.name!r} recreates "
                     f"(system prompt or opening differ); rebuild the data with this "
                     f"loop's config (python -m empathy_gym.integrations.verl prepare "
-                    f"--config <agent-loop yaml>)")
+                    f"--config <agent-loop yaml>)"
+                )
             return await self._play(env, messages, sampling_params)
         finally:
             env.close()  # the shared user stays open
 
-    async def _play(self, env, messages: list[dict[str, Any]],
-                    sampling_params: dict[str, Any]) -> EmpathyAgentLoopOutput:
+    async def _play(
+        self, env, messages: list[dict[str, Any]], sampling_params: dict[str, Any]
+    ) -> EmpathyAgentLoopOutput:
         rollout = _Rollout(list(await self.ct_build_initial_tokens(messages)), emotions=[env.dialogue.emotion])
         request_id = uuid4().hex  # one id per dialogue: sticky to one server (prefix cache)
         while True:
@@ -291,7 +296,8 @@ class EmpathyAgentLoop(AgentLoopBase):
         """Sample the policy's next reply and add it to ``rollout`` (response mask 1)."""
         with simple_timer("generate_sequences", rollout.metrics):
             output = await self.server_manager.generate(
-                request_id=request_id, prompt_ids=rollout.token_ids, sampling_params=sampling_params)
+                request_id=request_id, prompt_ids=rollout.token_ids, sampling_params=sampling_params
+            )
         _merge_server_extra_fields(rollout.extra_fields, output.extra_fields)
         metrics = rollout.metrics
         if metrics.get("num_preempted") is None:  # as ToolAgentLoop: -1 = not reported
@@ -299,9 +305,12 @@ class EmpathyAgentLoop(AgentLoopBase):
         elif output.num_preempted is not None:
             metrics["num_preempted"] += output.num_preempted
         merged, rollout.response_mask, logprobs = await self.ct_merge_assistant_token(
-            rollout.token_ids, output.token_ids, rollout.response_mask,
+            rollout.token_ids,
+            output.token_ids,
+            rollout.response_mask,
             rollout.response_logprobs if (rollout.response_logprobs or output.log_probs) else None,
-            assistant_logprobs=output.log_probs or None)
+            assistant_logprobs=output.log_probs or None,
+        )
         rollout.token_ids = merged.token_ids
         rollout.response_logprobs = logprobs if logprobs is not None else rollout.response_logprobs
         if output.routed_experts is not None:
@@ -309,8 +318,9 @@ class EmpathyAgentLoop(AgentLoopBase):
         rollout.replies += 1
         return output
 
-    async def _add_user_turn(self, rollout: _Rollout, messages: list[dict[str, Any]], observation: str,
-                             unfinished: bool) -> bool:
+    async def _add_user_turn(
+        self, rollout: _Rollout, messages: list[dict[str, Any]], observation: str, unfinished: bool
+    ) -> bool:
         """Close a cut reply (end-of-turn token, mask 0, as the rollout engine does) and add
         the user's turn (mask 0); ``False`` when it does not fit in ``response_length``."""
         if unfinished:
@@ -320,7 +330,8 @@ class EmpathyAgentLoop(AgentLoopBase):
         before = list(messages)
         messages.append({"role": "user", "content": self.chat.plain_text(observation)})
         merged, mask, logprobs = await self.ct_merge_context_msg(
-            before, messages, rollout.token_ids, rollout.response_mask, rollout.response_logprobs or None)
+            before, messages, rollout.token_ids, rollout.response_mask, rollout.response_logprobs or None
+        )
         if len(mask) >= self.response_length:
             return False
         rollout.token_ids, rollout.response_mask = merged.token_ids, mask
@@ -331,28 +342,43 @@ class EmpathyAgentLoop(AgentLoopBase):
     def _output(self, env, rollout: _Rollout, reason: str) -> EmpathyAgentLoopOutput:
         """The dialogue as verl's output, cut to ``response_length``."""
         cut, token_ids, response_mask = self.response_length, rollout.token_ids, rollout.response_mask
-        response_ids = token_ids[len(token_ids) - len(response_mask):][:cut]
+        response_ids = token_ids[len(token_ids) - len(response_mask) :][:cut]
         prompt_ids = token_ids[: len(token_ids) - len(response_mask)]
         response_mask = response_mask[:cut]
         turn_scores = rollout.turn_scores
         turn_ends = agent_turn_ends(response_mask)
         if len(turn_ends) < len(turn_scores):
-            logger.warning("empathy agent loop: %d appraised replies but %d agent turns in the "
-                           "response mask (an empty reply?); the extra scores go on the last "
-                           "agent token", len(turn_scores), len(turn_ends))
+            logger.warning(
+                "empathy agent loop: %d appraised replies but %d agent turns in the "
+                "response mask (an empty reply?); the extra scores go on the last "
+                "agent token",
+                len(turn_scores),
+                len(turn_ends),
+            )
         score = float(sum(turn_scores))
-        rollout.extra_fields.update({
-            "turn_scores": turn_scores, "tool_rewards": [], "turn_ends": turn_ends[: len(turn_scores)],
-            "emotions": rollout.emotions, "termination_reason": reason, "persona_id": env.dialogue.persona.id,
-            "reward_extra_info": {"score": score, "final_emotion": float(rollout.emotions[-1])},
-        })
+        rollout.extra_fields.update(
+            {
+                "turn_scores": turn_scores,
+                "tool_rewards": [],
+                "turn_ends": turn_ends[: len(turn_scores)],
+                "emotions": rollout.emotions,
+                "termination_reason": reason,
+                "persona_id": env.dialogue.persona.id,
+                "reward_extra_info": {"score": score, "final_emotion": float(rollout.emotions[-1])},
+            }
+        )
         experts = rollout.routed_experts
         return EmpathyAgentLoopOutput(
-            prompt_ids=prompt_ids, response_ids=response_ids, response_mask=response_mask,
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=response_mask,
             response_logprobs=rollout.response_logprobs[:cut] if rollout.response_logprobs else None,
             routed_experts=experts[: len(prompt_ids) + cut] if experts is not None else None,
-            reward_score=score, num_turns=1 + rollout.replies + rollout.user_turns,
-            metrics=rollout.metrics, extra_fields=rollout.extra_fields)
+            reward_score=score,
+            num_turns=1 + rollout.replies + rollout.user_turns,
+            metrics=rollout.metrics,
+            extra_fields=rollout.extra_fields,
+        )
 
 
 @dataclass

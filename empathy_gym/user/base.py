@@ -106,9 +106,14 @@ class Appraisal:
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (``features`` and ``analysis`` copied); what
         ``dataclasses.asdict`` gives, without its deep copy of every value."""
-        return {"change": self.change, "thoughts": self.thoughts, "raw": self.raw,
-                "repairs": self.repairs, "features": dict(self.features),
-                "analysis": dict(self.analysis)}
+        return {
+            "change": self.change,
+            "thoughts": self.thoughts,
+            "raw": self.raw,
+            "repairs": self.repairs,
+            "features": dict(self.features),
+            "analysis": dict(self.analysis),
+        }
 
 
 @dataclass(frozen=True)
@@ -122,12 +127,16 @@ class UserTurn:
 
 def injection_free(requests: Sequence[UserRequest]) -> list[tuple[int, UserRequest]]:
     """``(index, request without its injection)`` for each request that has one."""
-    return [(index, dataclasses.replace(request, utterance=without_injection(request.utterance), injection=()))
-            for index, request in enumerate(requests) if request.injection]
+    return [
+        (index, dataclasses.replace(request, utterance=without_injection(request.utterance), injection=()))
+        for index, request in enumerate(requests)
+        if request.injection
+    ]
 
 
-def lower_change(appraisals: Sequence[Appraisal], plain: Sequence[tuple[int, UserRequest]],
-                 plain_appraisals: Sequence[Appraisal]) -> list[Appraisal]:
+def lower_change(
+    appraisals: Sequence[Appraisal], plain: Sequence[tuple[int, UserRequest]], plain_appraisals: Sequence[Appraisal]
+) -> list[Appraisal]:
     """``appraisals`` with each injected request's appraisal replaced by its
     injection-free twin's where that one's change is lower (ties keep the original)."""
     kept = list(appraisals)
@@ -162,8 +171,9 @@ class SimulatedUser(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-              emotions: Sequence[int]) -> list[str]:
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
         """The user's in-character answer to each request, given its appraisal and the
         new emotion (int in [0, 100])."""
 
@@ -177,10 +187,10 @@ class SimulatedUser(abc.ABC):
         if not requests:
             return []
         plain = injection_free(requests)
-        appraisals = lower_change(self.appraise(requests), plain,
-                                  self.appraise([r for _, r in plain]) if plain else [])
-        emotions = [protocol.apply(request.emotion, appraisal.change)
-                    for request, appraisal in zip(requests, appraisals)]
+        appraisals = lower_change(self.appraise(requests), plain, self.appraise([r for _, r in plain]) if plain else [])
+        emotions = [
+            protocol.apply(request.emotion, appraisal.change) for request, appraisal in zip(requests, appraisals)
+        ]
         replies = self.reply(requests, appraisals, emotions)
         return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
 
@@ -196,11 +206,10 @@ class SimulatedUser(abc.ABC):
         """
         return await asyncio.to_thread(self.opening, personas, seeds)
 
-    async def arespond(self, requests: Sequence[UserRequest],
-                       protocol: EmotionProtocol) -> list[UserTurn]:
+    async def arespond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
         """:meth:`respond` for asyncio: same arguments, results and errors (by default
         :meth:`respond` in a worker thread; see :meth:`aopening`)."""
         return await asyncio.to_thread(self.respond, requests, protocol)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a no-op by default, not abstract)
         """Release resources (servers, models). Safe to call twice."""

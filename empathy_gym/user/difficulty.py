@@ -78,13 +78,13 @@ def difficulty_from_dict(record: Mapping[str, Any], source: str = "<dict>") -> D
     Raises:
         ValueError: naming ``source`` and the field.
     """
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(DIFFICULTY_SCHEMA).iter_errors(record))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(DIFFICULTY_SCHEMA).iter_errors(record))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "<root>"
         raise ValueError(f"{source}: field {where!r}: {error.message}")
-    return Difficulty(name=record["name"], description=record["description"],
-                      prompt=dict(record["prompt"]), **record["rule"])
+    return Difficulty(
+        name=record["name"], description=record["description"], prompt=dict(record["prompt"]), **record["rule"]
+    )
 
 
 def builtin_difficulties() -> list[str]:

@@ -110,16 +110,19 @@ class PromptTooLongError(SimulatorError):
         context_length: the model's context.
     """
 
-    def __init__(self, persona_id: str, turn: int, stage: str, prompt_tokens: int,
-                 max_tokens: int, context_length: int):
+    def __init__(
+        self, persona_id: str, turn: int, stage: str, prompt_tokens: int, max_tokens: int, context_length: int
+    ):
         super().__init__(
             f"dialogue with persona {persona_id!r}, turn {turn}: the {stage} prompt is "
             f"{prompt_tokens:,} tokens and {max_tokens:,} new tokens are reserved "
             f"({prompt_tokens + max_tokens:,} in all), but the user model's context is "
             f"{context_length:,} tokens. Use a user model with a longer context, fewer turns "
-            f"(max_turns), or a smaller max_tokens")
+            f"(max_turns), or a smaller max_tokens"
+        )
         self.persona_id, self.turn, self.stage = persona_id, turn, stage
         self.prompt_tokens, self.max_tokens, self.context_length = prompt_tokens, max_tokens, context_length
+
 
 #: A backend call asked for by the user's logic: (method name, args, kwargs).
 BackendCall = tuple[str, tuple, dict]
@@ -127,8 +130,7 @@ T = TypeVar("T")
 Steps = Generator[BackendCall, Any, T]
 
 
-def _parse_json(text: str, validator: jsonschema.protocols.Validator
-                ) -> tuple[dict[str, Any] | None, str | None]:
+def _parse_json(text: str, validator: jsonschema.protocols.Validator) -> tuple[dict[str, Any] | None, str | None]:
     reason = "no JSON object found"
     for match in re.finditer(r"\{", text):
         try:
@@ -190,11 +192,21 @@ class LLMUser(SimulatedUser):
         ValueError: an unknown ``appraisal_mode`` or ``choice_fallback``.
     """
 
-    def __init__(self, backend: ChatBackend, difficulty: Any = "moderate", *,
-                 protocol: EmotionProtocol = SAGE, appraisal_mode: str = "free",
-                 choices: Sequence[int] = (-10, -5, 0, 5, 10), choice_fallback: str = "generate",
-                 max_repairs: int = 2, temperature: float = 0.7, max_tokens: int = 1024,
-                 reply_plan: bool = True, owns_backend: bool = False):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        difficulty: Any = "moderate",
+        *,
+        protocol: EmotionProtocol = SAGE,
+        appraisal_mode: str = "free",
+        choices: Sequence[int] = (-10, -5, 0, 5, 10),
+        choice_fallback: str = "generate",
+        max_repairs: int = 2,
+        temperature: float = 0.7,
+        max_tokens: int = 1024,
+        reply_plan: bool = True,
+        owns_backend: bool = False,
+    ):
         if appraisal_mode not in ("free", "choice"):
             raise ValueError(f"appraisal_mode must be 'free' or 'choice', got {appraisal_mode!r}")
         if choice_fallback not in ("generate", "error"):
@@ -214,8 +226,14 @@ class LLMUser(SimulatedUser):
         self._warned_fallback = False
 
     # -- context -----------------------------------------------------------------
-    def check_context(self, chats: Sequence[Sequence[dict[str, str]]], personas: Sequence[Persona],
-                      turns: Sequence[int], max_tokens: int, stage: str) -> None:
+    def check_context(
+        self,
+        chats: Sequence[Sequence[dict[str, str]]],
+        personas: Sequence[Persona],
+        turns: Sequence[int],
+        max_tokens: int,
+        stage: str,
+    ) -> None:
         """Raise :class:`PromptTooLongError` for the first chat whose prompt plus
         ``max_tokens`` exceeds the backend's context (no check where the backend cannot
         count tokens)."""
@@ -229,8 +247,14 @@ class LLMUser(SimulatedUser):
             if length + max_tokens > context:
                 raise PromptTooLongError(persona.id, turn, stage, length, max_tokens, context)
 
-    def _generate(self, chats: list[list[dict[str, str]]], personas: Sequence[Persona],
-                  turns: Sequence[int], stage: str, **kwargs: Any) -> BackendCall:
+    def _generate(
+        self,
+        chats: list[list[dict[str, str]]],
+        personas: Sequence[Persona],
+        turns: Sequence[int],
+        stage: str,
+        **kwargs: Any,
+    ) -> BackendCall:
         self.check_context(chats, personas, turns, kwargs["max_tokens"], stage)
         return ("generate", (chats,), kwargs)
 
@@ -242,14 +266,25 @@ class LLMUser(SimulatedUser):
         lines: list[str | None] = [p.opening_line for p in personas]
         missing = [i for i, line in enumerate(lines) if line is None]
         if missing:
-            chats = [prompts.opening_messages(
-                personas[i], self.difficulty,
-                personas[i].initial_emotion if personas[i].initial_emotion is not None
-                else self.protocol.initial_emotion) for i in missing]
-            texts = yield self._generate(chats, [personas[i] for i in missing], [0] * len(missing),
-                                         "opening", max_tokens=self.max_tokens,
-                                         temperature=self.temperature,
-                                         seeds=[seeds[i] for i in missing])
+            chats = [
+                prompts.opening_messages(
+                    personas[i],
+                    self.difficulty,
+                    personas[i].initial_emotion
+                    if personas[i].initial_emotion is not None
+                    else self.protocol.initial_emotion,
+                )
+                for i in missing
+            ]
+            texts = yield self._generate(
+                chats,
+                [personas[i] for i in missing],
+                [0] * len(missing),
+                "opening",
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                seeds=[seeds[i] for i in missing],
+            )
             for i, text in zip(missing, texts):
                 lines[i] = text.strip()
         return [line or "" for line in lines]
@@ -261,18 +296,19 @@ class LLMUser(SimulatedUser):
     def _appraise(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         if self.appraisal_mode == "free":
             return (yield from self._appraise_free(requests))
-        chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol, self.choices)
-                 for r in requests]
-        self.check_context(chats, [r.persona for r in requests], [r.turn for r in requests], 1,
-                           "appraisal")
+        chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol, self.choices) for r in requests]
+        self.check_context(chats, [r.persona for r in requests], [r.turn for r in requests], 1, "appraisal")
         try:
             scores = yield ("choice_logprobs", (chats, self.letters), {})
         except ChoiceScoringUnavailable:
             if self.choice_fallback == "error":
                 raise
             if not self._warned_fallback:
-                log.warning("backend %s returns no log-probabilities: choice appraisal falls "
-                            "back to greedy generation of the option letter", self.backend.name)
+                log.warning(
+                    "backend %s returns no log-probabilities: choice appraisal falls "
+                    "back to greedy generation of the option letter",
+                    self.backend.name,
+                )
                 self._warned_fallback = True
             return (yield from self._appraise_choice_by_generation(requests, chats))
         unscored = [i for i, row in enumerate(scores) if not np.isfinite(row).any()]
@@ -281,7 +317,8 @@ class LLMUser(SimulatedUser):
             raise ChoiceScoringUnavailable(
                 f"persona {first.persona.id!r}, turn {first.turn}: none of the options "
                 f"{', '.join(self.letters)} is among the log-probabilities {self.backend.name} returned "
-                f"({len(unscored)} of {len(requests)} appraisals); use choice_fallback='generate'")
+                f"({len(unscored)} of {len(requests)} appraisals); use choice_fallback='generate'"
+            )
         appraisals: list[Appraisal | None] = []
         for row in scores:
             if not np.isfinite(row).any():
@@ -292,7 +329,8 @@ class LLMUser(SimulatedUser):
             appraisals.append(Appraisal(change=self.choices[best], features=features))
         if unscored:
             generated = yield from self._appraise_choice_by_generation(
-                [requests[i] for i in unscored], [chats[i] for i in unscored])
+                [requests[i] for i in unscored], [chats[i] for i in unscored]
+            )
             for i, appraisal in zip(unscored, generated):
                 appraisals[i] = appraisal
         return appraisals  # type: ignore[return-value]
@@ -300,28 +338,62 @@ class LLMUser(SimulatedUser):
     def _appraise_free(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
         results = yield from self._generate_with_repair(
-            requests, chats, parse_appraisal, temperature=self.temperature, max_tokens=self.max_tokens,
-            letters=None, kind="appraisal")
+            requests,
+            chats,
+            parse_appraisal,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            letters=None,
+            kind="appraisal",
+        )
         appraisals = []
         for value, raw, repairs in results:
             analysis = {name: value[name].strip() for name in APPRAISAL_STEPS if name != "change"}
-            appraisals.append(Appraisal(change=int(value["change"]), thoughts=analysis["inner_thoughts"],
-                                        raw=raw, repairs=repairs, analysis=analysis))
+            appraisals.append(
+                Appraisal(
+                    change=int(value["change"]),
+                    thoughts=analysis["inner_thoughts"],
+                    raw=raw,
+                    repairs=repairs,
+                    analysis=analysis,
+                )
+            )
         return appraisals
 
-    def _appraise_choice_by_generation(self, requests: Sequence[UserRequest],
-                                       chats: list[list[dict[str, str]]]) -> Steps[list[Appraisal]]:
+    def _appraise_choice_by_generation(
+        self, requests: Sequence[UserRequest], chats: list[list[dict[str, str]]]
+    ) -> Steps[list[Appraisal]]:
         results = yield from self._generate_with_repair(
-            requests, chats, lambda text: _parse_letter(text, self.letters), temperature=0.0,
-            max_tokens=8, letters=self.letters, kind="appraisal")
-        return [Appraisal(change=self.choices[self.letters.index(letter)], raw=raw,
-                          repairs=repairs, features={"generated_choice": 1.0})
-                for letter, raw, repairs in results]
+            requests,
+            chats,
+            lambda text: _parse_letter(text, self.letters),
+            temperature=0.0,
+            max_tokens=8,
+            letters=self.letters,
+            kind="appraisal",
+        )
+        return [
+            Appraisal(
+                change=self.choices[self.letters.index(letter)],
+                raw=raw,
+                repairs=repairs,
+                features={"generated_choice": 1.0},
+            )
+            for letter, raw, repairs in results
+        ]
 
-    def _generate_with_repair(self, requests: Sequence[UserRequest], chats: list[list[dict[str, str]]],
-                              parse: Callable[[str], tuple[Any, str | None]], *, temperature: float,
-                              max_tokens: int, letters: Sequence[str] | None, kind: str,
-                              seed_offset: int = 0) -> Steps[list[tuple[Any, str, int]]]:
+    def _generate_with_repair(
+        self,
+        requests: Sequence[UserRequest],
+        chats: list[list[dict[str, str]]],
+        parse: Callable[[str], tuple[Any, str | None]],
+        *,
+        temperature: float,
+        max_tokens: int,
+        letters: Sequence[str] | None,
+        kind: str,
+        seed_offset: int = 0,
+    ) -> Steps[list[tuple[Any, str, int]]]:
         """Generate for every chat; re-ask the invalid ones (batched) with a repair
         message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat."""
         results: list[tuple[Any, str, int] | None] = [None] * len(chats)
@@ -330,10 +402,14 @@ class LLMUser(SimulatedUser):
         what = "appraisal" if kind == "appraisal" else "reply"
         for attempt in range(self.max_repairs + 1):
             texts = yield self._generate(
-                [chats[i] for i in pending], [requests[i].persona for i in pending],
-                [requests[i].turn for i in pending], what, max_tokens=max_tokens,
+                [chats[i] for i in pending],
+                [requests[i].persona for i in pending],
+                [requests[i].turn for i in pending],
+                what,
+                max_tokens=max_tokens,
                 temperature=temperature,
-                seeds=[requests[i].seed + seed_offset + 7919 * attempt for i in pending])
+                seeds=[requests[i].seed + seed_offset + 7919 * attempt for i in pending],
+            )
             still = []
             for i, text in zip(pending, texts):
                 value, error = parse(text)
@@ -344,10 +420,14 @@ class LLMUser(SimulatedUser):
                     raise SimulatorError(
                         f"the simulated user gave no valid {what} after {attempt + 1} attempts "
                         f"(persona {requests[i].persona.id!r}, turn {requests[i].turn}): {error}",
-                        raw=text, attempts=attempt + 1)
+                        raw=text,
+                        attempts=attempt + 1,
+                    )
                 language = requests[i].persona.language
-                chats[i] += [{"role": "assistant", "content": text},
-                             prompts.repair_message(language, error, letters, kind)]
+                chats[i] += [
+                    {"role": "assistant", "content": text},
+                    prompts.repair_message(language, error, letters, kind),
+                ]
                 still.append(i)
             pending = still
             if not pending:
@@ -355,22 +435,39 @@ class LLMUser(SimulatedUser):
         return results  # type: ignore[return-value]
 
     # -- reply -------------------------------------------------------------------
-    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-              emotions: Sequence[int]) -> list[str]:
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
         return self._run(self._reply(requests, appraisals, emotions))
 
-    def _reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-               emotions: Sequence[int]) -> Steps[list[str]]:
-        chats = [prompts.reply_messages(r, self.difficulty, a, e, plan=self.reply_plan)
-                 for r, a, e in zip(requests, appraisals, emotions)]
+    def _reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> Steps[list[str]]:
+        chats = [
+            prompts.reply_messages(r, self.difficulty, a, e, plan=self.reply_plan)
+            for r, a, e in zip(requests, appraisals, emotions)
+        ]
         if self.reply_plan:
             results = yield from self._generate_with_repair(
-                requests, chats, parse_reply, temperature=self.temperature,
-                max_tokens=self.max_tokens, letters=None, kind="reply", seed_offset=1)
+                requests,
+                chats,
+                parse_reply,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                letters=None,
+                kind="reply",
+                seed_offset=1,
+            )
             return [value["response"].strip() for value, _, _ in results]
-        texts = yield self._generate(chats, [r.persona for r in requests], [r.turn for r in requests],
-                                     "reply", max_tokens=self.max_tokens, temperature=self.temperature,
-                                     seeds=[r.seed + 1 for r in requests])
+        texts = yield self._generate(
+            chats,
+            [r.persona for r in requests],
+            [r.turn for r in requests],
+            "reply",
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seeds=[r.seed + 1 for r in requests],
+        )
         return [text.strip() for text in texts]
 
     # -- asyncio -----------------------------------------------------------------
@@ -386,17 +483,20 @@ class LLMUser(SimulatedUser):
             return await super().aopening(personas, seeds)
         return await self._arun(self._opening(personas, seeds))
 
-    async def arespond(self, requests: Sequence[UserRequest],
-                       protocol: EmotionProtocol) -> list[UserTurn]:
+    async def arespond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
         if not self.native_async:
             return await super().arespond(requests, protocol)
         if not requests:
             return []
         plain = injection_free(requests)
-        appraisals = lower_change(await self._arun(self._appraise(requests)), plain,
-                                  await self._arun(self._appraise([r for _, r in plain])) if plain else [])
-        emotions = [protocol.apply(request.emotion, appraisal.change)
-                    for request, appraisal in zip(requests, appraisals)]
+        appraisals = lower_change(
+            await self._arun(self._appraise(requests)),
+            plain,
+            await self._arun(self._appraise([r for _, r in plain])) if plain else [],
+        )
+        emotions = [
+            protocol.apply(request.emotion, appraisal.change) for request, appraisal in zip(requests, appraisals)
+        ]
         replies = await self._arun(self._reply(requests, appraisals, emotions))
         return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
 

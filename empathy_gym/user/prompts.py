@@ -43,8 +43,7 @@ from empathy_gym.user.difficulty import Difficulty
 from empathy_gym.user.protocol import EmotionProtocol, emotion_band
 
 _DIR = Path(__file__).resolve().parent / "prompts"
-_TEMPLATES = ("system", "appraisal", "appraisal_choice", "reply", "opening", "repair",
-              "repair_choice")
+_TEMPLATES = ("system", "appraisal", "appraisal_choice", "reply", "opening", "repair", "repair_choice")
 
 #: The appraisal's fields, one per analysis step, in the order the model writes them.
 APPRAISAL_STEPS: tuple[str, ...] = ("content", "goal_fit", "inner_thoughts", "feeling", "change")
@@ -63,7 +62,7 @@ class PromptSet:
     words: dict
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prompt_set(language: str) -> PromptSet:
     """The prompts of ``language`` (``"en"`` or ``"zh"``).
 
@@ -73,8 +72,9 @@ def prompt_set(language: str) -> PromptSet:
     if language not in LANGUAGES:
         raise ValueError(f"no prompts for language {language!r}; known: {list(LANGUAGES)}")
     folder = _DIR / language
-    templates = {name: string.Template((folder / f"{name}.txt").read_text(encoding="utf-8").strip())
-                 for name in _TEMPLATES}
+    templates = {
+        name: string.Template((folder / f"{name}.txt").read_text(encoding="utf-8").strip()) for name in _TEMPLATES
+    }
     bands = json.loads((folder / "bands.json").read_text(encoding="utf-8"))
     words = json.loads((folder / "words.json").read_text(encoding="utf-8"))
     return PromptSet(templates, bands, words)
@@ -104,7 +104,8 @@ def _change_range(language: str, protocol: EmotionProtocol) -> str:
     if protocol.min_change is None or protocol.max_change is None:
         return words["change_range_open"]
     return string.Template(words["change_range"]).substitute(
-        low=f"{protocol.min_change:+d}", high=f"{protocol.max_change:+d}")
+        low=f"{protocol.min_change:+d}", high=f"{protocol.max_change:+d}"
+    )
 
 
 def option_letters(count: int) -> list[str]:
@@ -114,29 +115,35 @@ def option_letters(count: int) -> list[str]:
     return list(string.ascii_uppercase[:count])
 
 
-def appraisal_messages(request: UserRequest, difficulty: Difficulty,
-                       protocol: EmotionProtocol, choices: Sequence[int] | None = None) -> Messages:
+def appraisal_messages(
+    request: UserRequest, difficulty: Difficulty, protocol: EmotionProtocol, choices: Sequence[int] | None = None
+) -> Messages:
     """The chat for one appraisal: free-text JSON (``choices is None``) or a lettered
     multiple choice over the emotion changes in ``choices``."""
     persona = request.persona
     prompts = prompt_set(persona.language)
-    fields = dict(history=_history_json(request.history),
-                  utterance=json.dumps(request.utterance, ensure_ascii=False),
-                  emotion=request.emotion)
+    fields = dict(
+        history=_history_json(request.history),
+        utterance=json.dumps(request.utterance, ensure_ascii=False),
+        emotion=request.emotion,
+    )
     if choices is None:
         body = prompts.templates["appraisal"].substitute(
-            change_range=_change_range(persona.language, protocol), **fields)
+            change_range=_change_range(persona.language, protocol), **fields
+        )
     else:
         option = string.Template(prompts.words["option"])
-        options = "\n".join(option.substitute(letter=letter, change=f"{change:+d}")
-                            for letter, change in zip(option_letters(len(choices)), choices))
+        options = "\n".join(
+            option.substitute(letter=letter, change=f"{change:+d}")
+            for letter, change in zip(option_letters(len(choices)), choices)
+        )
         body = prompts.templates["appraisal_choice"].substitute(options=options, **fields)
-    return [{"role": "system", "content": system_prompt(persona, difficulty)},
-            {"role": "user", "content": body}]
+    return [{"role": "system", "content": system_prompt(persona, difficulty)}, {"role": "user", "content": body}]
 
 
-def repair_message(language: str, error: str | None = None,
-                   letters: Sequence[str] | None = None, kind: str = "appraisal") -> dict[str, str]:
+def repair_message(
+    language: str, error: str | None = None, letters: Sequence[str] | None = None, kind: str = "appraisal"
+) -> dict[str, str]:
     """The user-turn message that asks the model to answer again in the right format:
     one of ``letters`` (choice mode), or the JSON object of ``kind`` (``"appraisal"`` or
     ``"reply"``), naming the ``error``."""
@@ -144,8 +151,7 @@ def repair_message(language: str, error: str | None = None,
     if letters is not None:
         text = prompts.templates["repair_choice"].substitute(letters=", ".join(letters))
     else:
-        text = prompts.templates["repair"].substitute(error=error or "invalid",
-                                                      format=prompts.words[f"{kind}_format"])
+        text = prompts.templates["repair"].substitute(error=error or "invalid", format=prompts.words[f"{kind}_format"])
     return {"role": "user", "content": text}
 
 
@@ -155,8 +161,9 @@ def band_text(language: str, emotion: int) -> str:
     return prompt_set(language).bands[emotion_band(emotion)]
 
 
-def reply_messages(request: UserRequest, difficulty: Difficulty, appraisal: Appraisal,
-                   emotion: int, *, plan: bool = True) -> Messages:
+def reply_messages(
+    request: UserRequest, difficulty: Difficulty, appraisal: Appraisal, emotion: int, *, plan: bool = True
+) -> Messages:
     """The chat for the in-character reply at the new ``emotion`` (0-100; shown as its
     band only), given the ``appraisal`` (its ``goal_fit`` step as the objective part, its
     thoughts and feeling as the subjective part; ``-`` where the mode wrote none).
@@ -165,22 +172,22 @@ def reply_messages(request: UserRequest, difficulty: Difficulty, appraisal: Appr
     persona = request.persona
     prompts = prompt_set(persona.language)
     words = prompts.words
-    subjective = " ".join(part for part in (appraisal.thoughts.strip(),
-                                            appraisal.analysis.get("feeling", "").strip()) if part)
+    subjective = " ".join(
+        part for part in (appraisal.thoughts.strip(), appraisal.analysis.get("feeling", "").strip()) if part
+    )
     body = prompts.templates["reply"].substitute(
         history=_history_json(request.history),
         utterance=json.dumps(request.utterance, ensure_ascii=False),
         goal_fit=appraisal.analysis.get("goal_fit", "").strip() or words["none"],
-        thoughts=subjective or words["none"], band=band_text(persona.language, emotion),
+        thoughts=subjective or words["none"],
+        band=band_text(persona.language, emotion),
         passive=words["passive_rule"] if persona.character_type == "passive" else "",
-        output=words["reply_output_plan" if plan else "reply_output_plain"])
-    return [{"role": "system", "content": system_prompt(persona, difficulty)},
-            {"role": "user", "content": body}]
+        output=words["reply_output_plan" if plan else "reply_output_plain"],
+    )
+    return [{"role": "system", "content": system_prompt(persona, difficulty)}, {"role": "user", "content": body}]
 
 
 def opening_messages(persona: Persona, difficulty: Difficulty, emotion: int) -> Messages:
     """The chat that asks for the user's first utterance, at ``emotion`` (shown as its band)."""
-    body = prompt_set(persona.language).templates["opening"].substitute(
-        band=band_text(persona.language, emotion))
-    return [{"role": "system", "content": system_prompt(persona, difficulty)},
-            {"role": "user", "content": body}]
+    body = prompt_set(persona.language).templates["opening"].substitute(band=band_text(persona.language, emotion))
+    return [{"role": "system", "content": system_prompt(persona, difficulty)}, {"role": "user", "content": body}]

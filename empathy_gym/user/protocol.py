@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 TerminationReason = Literal["success", "failure", "goodbye", "max_turns"]
 
@@ -92,14 +93,14 @@ class EmotionProtocol:
                     raise TypeError(f"goodbye must be a bool, got {value!r} ({type(value).__name__})")
                 continue
             if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
-                    value is None and field.name in optional):
+                value is None and field.name in optional
+            ):
                 raise TypeError(f"{field.name} must be an int, got {value!r} ({type(value).__name__})")
         if not 0 <= self.initial_emotion <= 100:
             raise ValueError(f"initial_emotion must be in [0, 100], got {self.initial_emotion}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if (self.min_change is not None and self.max_change is not None
-                and self.min_change > self.max_change):
+        if self.min_change is not None and self.max_change is not None and self.min_change > self.max_change:
             raise ValueError(f"min_change {self.min_change} > max_change {self.max_change}")
 
     def clamp_change(self, change: int) -> int:
@@ -116,8 +117,9 @@ class EmotionProtocol:
         its emotion never goes below 0; RLVER floors its reward at 0.)"""
         return int(min(100, max(0, emotion + self.clamp_change(change))))
 
-    def termination(self, emotion: int, turn: int, reply: str | None = None,
-                    language: str | None = None) -> tuple[bool, bool, TerminationReason | None]:
+    def termination(
+        self, emotion: int, turn: int, reply: str | None = None, language: str | None = None
+    ) -> tuple[bool, bool, TerminationReason | None]:
         """``(terminated, truncated, reason)`` after agent turn ``turn`` (1-based), given
         the new emotion and the user's answer ``reply`` (in ``language``).
 
@@ -142,8 +144,9 @@ class EmotionProtocol:
 SAGE = EmotionProtocol()
 #: RLVER training: start at 30, unclamped changes, no stop at 100, ends at e <= 0 or on
 #: a goodbye, 9 appraised turns.
-RLVER_TRAINING = EmotionProtocol(initial_emotion=30, min_change=None, max_change=None,
-                                 success_emotion=None, failure_below=1, max_turns=9)
+RLVER_TRAINING = EmotionProtocol(
+    initial_emotion=30, min_change=None, max_change=None, success_emotion=None, failure_below=1, max_turns=9
+)
 
 PROTOCOLS: dict[str, EmotionProtocol] = {"sage": SAGE, "rlver_training": RLVER_TRAINING}
 
@@ -154,8 +157,7 @@ def protocol_name(protocol: EmotionProtocol) -> str | None:
     return next((name for name, preset in PROTOCOLS.items() if preset == protocol), None)
 
 
-def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None,
-                     **overrides: Any) -> EmotionProtocol:
+def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None, **overrides: Any) -> EmotionProtocol:
     """An :class:`EmotionProtocol` from a preset name, a dict of fields, or an instance,
     with keyword ``overrides`` applied (``None`` values ignored).
 

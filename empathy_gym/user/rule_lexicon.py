@@ -64,13 +64,13 @@ def normalise(text: str) -> str:
 
 def cjk_bigrams(text: str) -> list[str]:
     """The character bigrams of each run of CJK characters, in order ("我很累" -> 我很, 很累)."""
-    return [run[i:i + 2] for run in _CJK_RUN.findall(text) for i in range(len(run) - 1)]
+    return [run[i : i + 2] for run in _CJK_RUN.findall(text) for i in range(len(run) - 1)]
 
 
 def _letter_bigrams(word: str) -> Iterable[str]:
     """Letter pairs of ``word`` with ``^`` and ``$`` at its edges ("ok" -> ^o, ok, k$)."""
     padded = f"^{word}$"
-    return (padded[i:i + 2] for i in range(len(padded) - 1))
+    return (padded[i : i + 2] for i in range(len(padded) - 1))
 
 
 class _WordCheck:
@@ -80,9 +80,8 @@ class _WordCheck:
 
     def __init__(self, known: Iterable[str]):
         self.known = frozenset(word for word in known if word)
-        self.bigrams = frozenset(pair for word in self.known if word.isalpha()
-                                 for pair in _letter_bigrams(word))
-        self._verdicts = Memo(self._judge, 200_000)   # token -> is it a non-word?
+        self.bigrams = frozenset(pair for word in self.known if word.isalpha() for pair in _letter_bigrams(word))
+        self._verdicts = Memo(self._judge, 200_000)  # token -> is it a non-word?
 
     def is_known(self, token: str) -> bool:
         """Is ``token`` (an ASCII token, any case, quotes at its edges ignored) a known word?"""
@@ -175,8 +174,7 @@ class LanguageRules:
 
     _MAX_CACHE = 100_000
 
-    def __init__(self, data: Mapping[str, Any], injection: Sequence[str], words: _WordCheck,
-                 source: str):
+    def __init__(self, data: Mapping[str, Any], injection: Sequence[str], words: _WordCheck, source: str):
         self.code: str = data["language"]
         self.data = data
         self.words = words
@@ -193,16 +191,18 @@ class LanguageRules:
         self.stop_bigrams = frozenset(data.get("stop_bigrams", ()))
         self.common_chars = frozenset(data.get("common_chars", ""))
         self._scans = Memo(self._compute_scan, self._MAX_CACHE)
-        self._units = Memo(
-            lambda text: self._compute_units(normalise(text)), self._MAX_CACHE)
+        self._units = Memo(lambda text: self._compute_units(normalise(text)), self._MAX_CACHE)
 
     def _compile(self, key: str, patterns: Sequence[str], source: str) -> re.Pattern:
         """One lexicon's patterns as one alternation (never matching when empty)."""
         body = "|".join(f"(?:{pattern})" for pattern in patterns) or r"(?!x)x"
         # English cues must not start or end inside a word (a cue that ends with a symbol,
         # like "<|im_start|>", may touch the next word); Chinese has no word edges.
-        text = body if self.code == "zh" and key != "injection" else (
-            rf"(?<![a-z0-9])(?:{body})(?:(?<![a-z0-9])|(?![a-z0-9]))")
+        text = (
+            body
+            if self.code == "zh" and key != "injection"
+            else (rf"(?<![a-z0-9])(?:{body})(?:(?<![a-z0-9])|(?![a-z0-9]))")
+        )
         try:
             compiled = re.compile(text)
         except re.error as error:
@@ -222,8 +222,11 @@ class LanguageRules:
         if self.code == "en":
             return frozenset(latin), frozenset(content)
         bigrams = cjk_bigrams(low)
-        content.update(pair for pair in bigrams if pair not in self.stop_bigrams
-                       and pair[0] not in self.stopchars and pair[1] not in self.stopchars)
+        content.update(
+            pair
+            for pair in bigrams
+            if pair not in self.stop_bigrams and pair[0] not in self.stopchars and pair[1] not in self.stopchars
+        )
         return frozenset(bigrams).union(latin), frozenset(content)
 
     def scan(self, text: str) -> Scan:
@@ -237,10 +240,18 @@ class LanguageRules:
         cjk_chars = CJK.findall(text)
         latin = len(tokens)
         length = latin if self.code == "en" else latin + len(cjk_chars)
-        return Scan(low=normalise(text), patterns=self.patterns, words=words, content=content,
-                    length=length, questions=text.count("?") + text.count("？"),
-                    nonword_ratio=self._nonword_ratio(tokens, cjk_chars), cjk=len(cjk_chars),
-                    latin=latin, known_share=self._known_share(tokens))
+        return Scan(
+            low=normalise(text),
+            patterns=self.patterns,
+            words=words,
+            content=content,
+            length=length,
+            questions=text.count("?") + text.count("？"),
+            nonword_ratio=self._nonword_ratio(tokens, cjk_chars),
+            cjk=len(cjk_chars),
+            latin=latin,
+            known_share=self._known_share(tokens),
+        )
 
     def _known_share(self, tokens: Sequence[str]) -> float:
         """Share of ``tokens`` that are known English words (1.0 when there are none)."""
@@ -291,8 +302,7 @@ def load_rules(rules_dir: str) -> dict[str, LanguageRules]:
     known = set(english.get("common_words", ())) | set(english.get("stopwords", ()))
     for code in LANGUAGES:
         for value in data[code]["lexicons"].values():
-            for pattern in (value.values() if isinstance(value, Mapping) else [value]):
+            for pattern in value.values() if isinstance(value, Mapping) else [value]:
                 known.update(re.findall(r"[a-z]{2,}", " ".join(pattern)))
     words = _WordCheck(known | set("ai"))
-    return {code: LanguageRules(data[code], injection, words, str(folder / f"{code}.json"))
-            for code in LANGUAGES}
+    return {code: LanguageRules(data[code], injection, words, str(folder / f"{code}.json")) for code in LANGUAGES}

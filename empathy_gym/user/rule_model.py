@@ -41,9 +41,9 @@ need beats generic replies, and no cheap trick raises the emotion.
 Bounds on the weights encode what must never pay, whatever a judge's habits: generic
 praise, generic comfort, dismissal, lecturing and repeating earlier replies have weights
 <= 0, and serving the hidden intention has a weight of at least :data:`NEED_MIN_WEIGHT`
-(:data:`SIGN_CONSTRAINTS`; the fit respects them as bounds). The cheap tricks that void a reply (injection, gibberish, the
-wrong language, near-verbatim repetition, a reply too short for the model) are rules in
-:mod:`empathy_gym.user.rule_user`, outside the fit.
+(:data:`SIGN_CONSTRAINTS`; the fit respects them as bounds). The cheap tricks that void a
+reply (injection, gibberish, the wrong language, near-verbatim repetition, a reply too short
+for the model) are rules in :mod:`empathy_gym.user.rule_user`, outside the fit.
 
 Example:
     >>> model = AppraisalModel.load()
@@ -75,8 +75,17 @@ MODEL_PATH = RULES_DIR / "appraisal_model.json"
 MODEL_FORMAT = 1
 
 #: Lexicons whose presence is a feature ``lexicon:<key>`` (value min(count, 3) / 3).
-TONE_LEXICONS: tuple[str, ...] = ("feelings", "validation", "generic_comfort", "praise", "dismissive",
-                                  "lecturing", "open_question", "pushy_question", "softener")
+TONE_LEXICONS: tuple[str, ...] = (
+    "feelings",
+    "validation",
+    "generic_comfort",
+    "praise",
+    "dismissive",
+    "lecturing",
+    "open_question",
+    "pushy_question",
+    "softener",
+)
 #: Bin edges: a value v gets the feature ``<name><edge`` for the first edge above it,
 #: else ``<name>>=<last edge>``. Lengths are in Chinese units (CJK characters plus Latin
 #: words; an English word counts ``en_units_per_word`` units, see the artefact).
@@ -100,14 +109,16 @@ START_EMOTION = 40
 #: who wants to vent or wants deep empathy, and comfort hurts the latter.
 SIGN_CONSTRAINTS: dict[str, tuple[float | None, float | None]] = {}
 NEED_MIN_WEIGHT = 2.0
-SIGN_CONSTRAINTS.update({
-    r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)(?:\|again)?": (None, 0.0),
-    r"repetition": (None, 0.0),
-    r"need:own": (NEED_MIN_WEIGHT, None),
-    r"need:own\|.*": (0.0, None),
-    r"cue:practical_advice\|(?:venting_listened|deep_empathy)": (None, -1.0),
-    r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
-})
+SIGN_CONSTRAINTS.update(
+    {
+        r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)(?:\|again)?": (None, 0.0),
+        r"repetition": (None, 0.0),
+        r"need:own": (NEED_MIN_WEIGHT, None),
+        r"need:own\|.*": (0.0, None),
+        r"cue:practical_advice\|(?:venting_listened|deep_empathy)": (None, -1.0),
+        r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
+    }
+)
 
 _LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·]\s|[一二三四五六七八九十][、.])", re.M)
 
@@ -161,8 +172,9 @@ class ReplyContext:
     start_emotion: int = START_EMOTION
 
 
-def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: ReplyContext,
-                       en_units_per_word: float) -> dict[str, float]:
+def appraisal_features(
+    language: LanguageRules, scan: Scan, text: str, context: ReplyContext, en_units_per_word: float
+) -> dict[str, float]:
     """The named features of one reply (every value a float in [0, 1]).
 
     Args:
@@ -196,8 +208,9 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
     if "**" in text:
         features["bold"] = 1.0
     paragraphs = len([part for part in re.split(r"\n\s*\n", text) if part.strip()])
-    features["paragraphs:" + ("1" if paragraphs <= 1 else "2" if paragraphs == 2
-                              else "3-4" if paragraphs <= 4 else "5+")] = 1.0
+    features[
+        "paragraphs:" + ("1" if paragraphs <= 1 else "2" if paragraphs == 2 else "3-4" if paragraphs <= 4 else "5+")
+    ] = 1.0
     repetition = max((jaccard(scan.words, past.words) for past in context.earlier), default=0.0)
     if repetition:
         features["repetition"] = repetition
@@ -236,11 +249,23 @@ def appraisal_features(language: LanguageRules, scan: Scan, text: str, context: 
 
 #: Feature name prefix -> the group it is reported under in ``Appraisal.features``.
 GROUPS: tuple[tuple[str, str], ...] = (
-    ("need:", "intention"), ("cue:", "other_needs"), ("spread:", "other_needs"),
-    ("lexicon:pushy_question", "pushy_question"), ("lexicon:", ""), ("length", "length"),
-    ("questions:", "questions"), ("list:", "layout"), ("bold", "layout"), ("paragraphs:", "layout"),
-    ("repetition", "repetition_soft"), ("echo", "echo"), ("grounding", "grounding"),
-    ("intention:", "mood"), ("character:", "mood"), ("emotion", "mood"), ("turn", "mood"),
+    ("need:", "intention"),
+    ("cue:", "other_needs"),
+    ("spread:", "other_needs"),
+    ("lexicon:pushy_question", "pushy_question"),
+    ("lexicon:", ""),
+    ("length", "length"),
+    ("questions:", "questions"),
+    ("list:", "layout"),
+    ("bold", "layout"),
+    ("paragraphs:", "layout"),
+    ("repetition", "repetition_soft"),
+    ("echo", "echo"),
+    ("grounding", "grounding"),
+    ("intention:", "mood"),
+    ("character:", "mood"),
+    ("emotion", "mood"),
+    ("turn", "mood"),
     ("momentum", "mood"),
 )
 
@@ -285,8 +310,10 @@ class AppraisalModel:
         if not all(math.isfinite(float(value)) for value in numbers):
             raise ValueError("appraisal model: every weight must be a finite number")
         if self.scale <= 0 or self.en_units_per_word <= 0 or self.step < 0:
-            raise ValueError(f"appraisal model: scale and en_units_per_word must be > 0 and step >= 0, got "
-                             f"{self.scale}, {self.en_units_per_word} and {self.step}")
+            raise ValueError(
+                f"appraisal model: scale and en_units_per_word must be > 0 and step >= 0, got "
+                f"{self.scale}, {self.en_units_per_word} and {self.step}"
+            )
 
     def logit(self, features: Mapping[str, float]) -> float:
         """``bias + sum_i w_i x_i`` (logit units; P(+) = 1 / (1 + exp(-logit)))."""
@@ -327,28 +354,54 @@ class AppraisalModel:
             raise ValueError(f"{path}: not an appraisal model of format {MODEL_FORMAT}")
         try:
             weights = {str(name): float(value) for name, value in data["weights"].items()}
-            return cls(weights=weights, bias=float(data["bias"]), scale=float(data["scale"]),
-                       step=float(data["step"]), en_units_per_word=float(data["en_units_per_word"]),
-                       meta={key: value for key, value in data.items()
-                             if key not in ("format", "weights", "bias", "scale", "step", "en_units_per_word")})
+            return cls(
+                weights=weights,
+                bias=float(data["bias"]),
+                scale=float(data["scale"]),
+                step=float(data["step"]),
+                en_units_per_word=float(data["en_units_per_word"]),
+                meta={
+                    key: value
+                    for key, value in data.items()
+                    if key not in ("format", "weights", "bias", "scale", "step", "en_units_per_word")
+                },
+            )
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise ValueError(f"{path}: bad appraisal model: {error!r}") from None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the artefact (JSON, weights sorted by name, 6 significant digits)."""
-        data = {"format": MODEL_FORMAT, **dict(self.meta), "bias": round(self.bias, 6),
-                "scale": round(self.scale, 6), "step": round(self.step, 6), "en_units_per_word": round(self.en_units_per_word, 6),
-                "weights": {name: float(f"{weight:.6g}") for name, weight in sorted(self.weights.items())
-                            if weight}}
+        data = {
+            "format": MODEL_FORMAT,
+            **dict(self.meta),
+            "bias": round(self.bias, 6),
+            "scale": round(self.scale, 6),
+            "step": round(self.step, 6),
+            "en_units_per_word": round(self.en_units_per_word, 6),
+            "weights": {name: float(f"{weight:.6g}") for name, weight in sorted(self.weights.items()) if weight},
+        }
         Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
 
 def sign_bounds(names: Iterable[str]) -> list[tuple[float | None, float | None]]:
     """The ``(lowest, highest)`` bound of each feature's weight from
     :data:`SIGN_CONSTRAINTS` (``(None, None)`` when none applies), in the order of ``names``."""
-    return [next((bounds for pattern, bounds in SIGN_CONSTRAINTS.items() if re.fullmatch(pattern, name)),
-                 (None, None)) for name in names]
+    return [
+        next((bounds for pattern, bounds in SIGN_CONSTRAINTS.items() if re.fullmatch(pattern, name)), (None, None))
+        for name in names
+    ]
 
 
-__all__ = ["AppraisalModel", "MODEL_PATH", "ReplyContext", "SIGN_CONSTRAINTS", "TONE_LEXICONS",
-           "appraisal_features", "binned", "group_of", "intentions_cued", "jaccard", "sign_bounds"]
+__all__ = [
+    "AppraisalModel",
+    "MODEL_PATH",
+    "ReplyContext",
+    "SIGN_CONSTRAINTS",
+    "TONE_LEXICONS",
+    "appraisal_features",
+    "binned",
+    "group_of",
+    "intentions_cued",
+    "jaccard",
+    "sign_bounds",
+]

@@ -86,26 +86,34 @@ def persona_story(persona: Persona, language: LanguageRules) -> PersonaStory:
     else:
         story = persona.scenario
         sentences = _en_sentences(persona, leaks)
-        state = sentences[-1:]                 # the last sentence: the current state
+        state = sentences[-1:]  # the last sentence: the current state
         fragment, details = _en_fragment(state), tuple(sentences[:-1][:MAX_DETAILS])
         joiner = " "
-    intention_content = (frozenset() if persona.intention_is_standard
-                         else language.units(persona.hidden_intention)[1])
-    return PersonaStory(content=language.units(story)[1], intention_content=intention_content,
-                        state=joiner.join(state), fragment=fragment, details=details)
+    intention_content = frozenset() if persona.intention_is_standard else language.units(persona.hidden_intention)[1]
+    return PersonaStory(
+        content=language.units(story)[1],
+        intention_content=intention_content,
+        state=joiner.join(state),
+        fragment=fragment,
+        details=details,
+    )
 
 
 # -- what gives the hidden intention away ----------------------------------------------
 
 #: A sentence that voices what the user wants from the listener gives the need away.
-_ZH_WISH = re.compile(r"希望.{0,6}(?:有人|对方|能有人|找到一个|得到一个)|渴望.{0,4}(?:有人|获得|得到)|"
-                      r"(?:希望|渴望|想要|期待|盼望|需要).{0,10}(?:理解|认同|认可|倾听|听(?:我|她|他)|支持|肯定|夸|"
-                      r"安慰|共情|建议|分析|解释|明白(?:他|她|他们|对方)为什么)|"
-                      r"(?:为什么|为何)(?:要|会)?(?:这么|这样)(?:做|对(?:我|她|他))|"
-                      r"(?:想要|希望|想|试图)(?:找出|弄清|知道|明白|搞清楚|了解|分析).{0,12}(?:原因|为什么|动机|想法)|"
-                      r"而(?:不是|非|不仅仅是)(?:简单|单纯|一味|直接)|隐藏主题|(?i:emotion|validation)")
-_EN_WISH = re.compile(r"(?i)\b(?:wants?|wishes|hopes?|longs?|needs?) (?:someone|somebody|a listener|"
-                      r"the listener|people|others|them|him|her) to\b|hidden (?:need|intention)")
+_ZH_WISH = re.compile(
+    r"希望.{0,6}(?:有人|对方|能有人|找到一个|得到一个)|渴望.{0,4}(?:有人|获得|得到)|"
+    r"(?:希望|渴望|想要|期待|盼望|需要).{0,10}(?:理解|认同|认可|倾听|听(?:我|她|他)|支持|肯定|夸|"
+    r"安慰|共情|建议|分析|解释|明白(?:他|她|他们|对方)为什么)|"
+    r"(?:为什么|为何)(?:要|会)?(?:这么|这样)(?:做|对(?:我|她|他))|"
+    r"(?:想要|希望|想|试图)(?:找出|弄清|知道|明白|搞清楚|了解|分析).{0,12}(?:原因|为什么|动机|想法)|"
+    r"而(?:不是|非|不仅仅是)(?:简单|单纯|一味|直接)|隐藏主题|(?i:emotion|validation)"
+)
+_EN_WISH = re.compile(
+    r"(?i)\b(?:wants?|wishes|hopes?|longs?|needs?) (?:someone|somebody|a listener|"
+    r"the listener|people|others|them|him|her) to\b|hidden (?:need|intention)"
+)
 #: Shared units with the intention's own sentence that count as giving it away.
 LEAK_OVERLAP = {"zh": 4, "en": 3}
 
@@ -148,30 +156,49 @@ def _en_split(text: str) -> list[str]:
 
 
 _SUBJECT_CONTEXT = frozenset(
-    "and but so because that when while since after before if as until though although "
-    "where now then".split())
+    "and but so because that when while since after before if as until though although where now then".split()
+)
 #: Words after which a name is an object whatever follows ("told Ravi", "with Maya").
 _OBJECT_BEFORE = frozenset(
     "to of for with at about from by on in into than like told asked promoted blamed called "
-    "sent gave showed let made helped thanked left texted emailed invited met saw".split())
+    "sent gave showed let made helped thanked left texted emailed invited met saw".split()
+)
 _OBJECT_NEXT = frozenset(
     "that to and about in on at for with from the a an again too off up down out back away "
     "as like into over or but so when because feel know see how what why this it more less "
     "most enough anymore everywhere all alone once twice there here now then yet today "
     "tonight if until while after before since though either completely ever anyway instead "
-    "later directly personally".split())
+    "later directly personally".split()
+)
 #: Words after which an -s word is taken for a verb (in :func:`_en_coordinated_verbs`).
 _VERB_NEXT = frozenset(
     "the a an my his her their your me him them it every any all no this that at to on in "
-    "through about with for into up down out awake off over back home as been".split())
-_ADVERBS = ("now|still|often|always|never|also|just|really|barely|rarely|sometimes|usually|"
-            "constantly|increasingly|secretly|quietly|only|even|finally|already|mostly|simply|"
-            "honestly|hardly|myself")
-_BASE_FORMS = {"is": "am", "isn't": "am not", "has": "have", "hasn't": "haven't", "does": "do",
-               "doesn't": "don't", "are": "am", "aren't": "am not", "were": "was",
-               "weren't": "wasn't", "lies": "lie", "dies": "die", "ties": "tie"}
-_NOT_VERBS = frozenset("always sometimes perhaps thus this its yes less unless towards "
-                       "afterwards nevertheless regardless across was as".split())
+    "through about with for into up down out awake off over back home as been".split()
+)
+_ADVERBS = (
+    "now|still|often|always|never|also|just|really|barely|rarely|sometimes|usually|"
+    "constantly|increasingly|secretly|quietly|only|even|finally|already|mostly|simply|"
+    "honestly|hardly|myself"
+)
+_BASE_FORMS = {
+    "is": "am",
+    "isn't": "am not",
+    "has": "have",
+    "hasn't": "haven't",
+    "does": "do",
+    "doesn't": "don't",
+    "are": "am",
+    "aren't": "am not",
+    "were": "was",
+    "weren't": "wasn't",
+    "lies": "lie",
+    "dies": "die",
+    "ties": "tie",
+}
+_NOT_VERBS = frozenset(
+    "always sometimes perhaps thus this its yes less unless towards "
+    "afterwards nevertheless regardless across was as".split()
+)
 
 
 def _base_form(verb: str) -> str:
@@ -192,7 +219,7 @@ def _subject_position(before: str, after: str = "") -> bool:
     """Is a noun phrase between ``before`` and ``after`` a subject? It is when it starts
     a clause, or when the next word is a verb ("Six weeks ago Hannah posted")."""
     before = before.rstrip()
-    if not before or before[-1] in ".!?;:,(\"-":
+    if not before or before[-1] in '.!?;:,("-':
         return True
     last = re.search(r"[A-Za-z']+$", before)
     if bool(last) and last.group(0).lower() in _SUBJECT_CONTEXT:
@@ -221,14 +248,14 @@ def _en_pronoun(persona: Persona) -> str | None:
     return None
 
 
-def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
-                     second_person: bool) -> str:
+def _en_first_person(sentence: str, name: str | None, pronoun: str | None, second_person: bool) -> str:
     """Turn a third-person (or second-person) sentence about the persona into the first
     person: the name and the persona's pronoun become I / me / my, and the verb after
     "I" loses its third-person -s. A heuristic: right for the plain sentences scenarios
     are written in, not for every English sentence."""
+
     def subject_or_object(match: re.Match) -> str:
-        return "I" if _subject_position(match.string[:match.start()], match.string[match.end():]) else "me"
+        return "I" if _subject_position(match.string[: match.start()], match.string[match.end() :]) else "me"
 
     if name:
         for variant in _en_name_variants(name, sentence):
@@ -240,8 +267,8 @@ def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
 
         def object_or_possessive(match: re.Match) -> str:
             word = match.group(0).lower()
-            if word == obj and word == possessive:   # "her": decided by the next word
-                following = re.match(r"\s*([A-Za-z']+)", match.string[match.end():])
+            if word == obj and word == possessive:  # "her": decided by the next word
+                following = re.match(r"\s*([A-Za-z']+)", match.string[match.end() :])
                 is_object = following is None or following.group(1).lower() in _OBJECT_NEXT
             else:
                 is_object = word == obj
@@ -253,14 +280,20 @@ def _en_first_person(sentence: str, name: str | None, pronoun: str | None,
         sentence = re.sub(rf"(?i)\b{subject}\b", "I", sentence)
         sentence = re.sub(rf"(?i)\b(?:{obj}|{possessive})\b", object_or_possessive, sentence)
     if second_person:
-        for pattern, replacement in (("you're", "I'm"), ("you've", "I've"), ("you'll", "I'll"),
-                                     ("you'd", "I'd"), ("yourself", "myself"), ("yours", "mine"),
-                                     ("your", "my")):
-            sentence = re.sub(rf"(?i)\b{pattern}\b", lambda m, r=replacement: _keep_case(m.group(0), r),
-                              sentence)
+        for pattern, replacement in (
+            ("you're", "I'm"),
+            ("you've", "I've"),
+            ("you'll", "I'll"),
+            ("you'd", "I'd"),
+            ("yourself", "myself"),
+            ("yours", "mine"),
+            ("your", "my"),
+        ):
+            sentence = re.sub(rf"(?i)\b{pattern}\b", lambda m, r=replacement: _keep_case(m.group(0), r), sentence)
         sentence = re.sub(r"(?i)\byou\b", subject_or_object, sentence)
-    sentence = re.sub(rf"\bI((?:\s+(?:{_ADVERBS}))?)\s+([A-Za-z']+)",
-                      lambda m: f"I{m.group(1)} {_base_form(m.group(2))}", sentence)
+    sentence = re.sub(
+        rf"\bI((?:\s+(?:{_ADVERBS}))?)\s+([A-Za-z']+)", lambda m: f"I{m.group(1)} {_base_form(m.group(2))}", sentence
+    )
     sentence = _en_coordinated_verbs(sentence)
     return sentence[:1].upper() + sentence[1:]
 
@@ -270,7 +303,8 @@ _NAME_INSIDE = re.compile(r"(?<=[a-z,;:]\s)[A-Z][a-z]+\b")
 _NOT_PEOPLE = frozenset(
     "I Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May "
     "June July August September October November December Christmas Easter English French German "
-    "Spanish Chinese Indian British American TikTok Instagram WhatsApp Facebook Google Zoom Slack".split())
+    "Spanish Chinese Indian British American TikTok Instagram WhatsApp Facebook Google Zoom Slack".split()
+)
 _PRONOUNS = {"she": r"she|her|hers|herself", "he": r"he|him|his|himself"}
 
 
@@ -288,7 +322,7 @@ def _en_ambiguous(sentence: str, scenario: str, name: str | None, pronoun: str |
         return False
     for match in re.finditer(rf"\b(?:{'|'.join(sorted(names))})\b", sentence):
         person = match.group(0)
-        if not re.search(rf"\b(?:{_PRONOUNS[pronoun]})\b", sentence[match.end():], re.I):
+        if not re.search(rf"\b(?:{_PRONOUNS[pronoun]})\b", sentence[match.end() :], re.I):
             continue
         if not re.search(rf"\b{person}\b[^.!?A-Z]*\b(?:{other})\b", scenario):
             return True
@@ -308,14 +342,17 @@ def _en_coordinated_verbs(sentence: str) -> str:
     def fix(match: re.Match) -> str:
         word, following = match.group(2), match.group(3)
         after_comma = match.group(1).lstrip().startswith(",")
-        if (word.lower() in _BASE_FORMS or following.lower() in _VERB_NEXT or following.endswith("ing")
-                or (after_comma and following.islower() and following not in ("and", "or"))):
+        if (
+            word.lower() in _BASE_FORMS
+            or following.lower() in _VERB_NEXT
+            or following.endswith("ing")
+            or (after_comma and following.islower() and following not in ("and", "or"))
+        ):
             return match.group(1) + _base_form(word)
         return match.group(1) + word
 
-    head, tail = sentence[:start.end()], sentence[start.end():]
-    tail = re.sub(r"((?:,\s+(?:and\s+)?|\s+and\s+))([a-z]+s|hasn't|doesn't|isn't)(?=\s+([A-Za-z']+))",
-                  fix, tail)
+    head, tail = sentence[: start.end()], sentence[start.end() :]
+    tail = re.sub(r"((?:,\s+(?:and\s+)?|\s+and\s+))([a-z]+s|hasn't|doesn't|isn't)(?=\s+([A-Za-z']+))", fix, tail)
     return head + tail
 
 
@@ -340,8 +377,7 @@ def _en_quotes_the_persona(sentence: str, name: str | None) -> bool:
     if not name:
         return False
     names = "|".join(re.escape(variant) for variant in _en_name_variants(name, sentence))
-    return bool(re.search(rf"\b(?:{names})\s+['\"‘“]|['\"‘“][^'\"’”]*\b(?:{names})\b[^'\"’”]*['\"’”]",
-                          sentence))
+    return bool(re.search(rf"\b(?:{names})\s+['\"‘“]|['\"‘“][^'\"’”]*\b(?:{names})\b[^'\"’”]*['\"’”]", sentence))
 
 
 def _en_sentences(persona: Persona, leaks: _LeakCheck) -> list[str]:
@@ -352,9 +388,12 @@ def _en_sentences(persona: Persona, leaks: _LeakCheck) -> list[str]:
     pronoun = _en_pronoun(persona)
     result = []
     for sentence in _en_split(persona.scenario):
-        if (4 <= len(sentence.split()) <= 30 and not leaks(sentence)
-                and not _en_quotes_the_persona(sentence, persona.name)
-                and not _en_ambiguous(sentence, persona.scenario, persona.name, pronoun)):
+        if (
+            4 <= len(sentence.split()) <= 30
+            and not leaks(sentence)
+            and not _en_quotes_the_persona(sentence, persona.name)
+            and not _en_ambiguous(sentence, persona.scenario, persona.name, pronoun)
+        ):
             sentence = _en_first_person(sentence, persona.name, pronoun, second_person)
             result.append(sentence if sentence[-1] in ".!?" else sentence + ".")
     return list(dict.fromkeys(result))
@@ -373,19 +412,26 @@ def _en_fragment(state: Sequence[str]) -> str:
 # -- Chinese ---------------------------------------------------------------------------
 
 _ZH_REACTIONS_HEADING = re.compile(
-    r"(?i)不同.{0,6}(?:状态|情绪|emotion)|可能的?反应|emotion|情绪反应|角色反应|角色可能|NPC.{0,6}回复")
+    r"(?i)不同.{0,6}(?:状态|情绪|emotion)|可能的?反应|emotion|情绪反应|角色反应|角色可能|NPC.{0,6}回复"
+)
 _ZH_SECTIONS = (re.compile(r"事件的?当前状态|当前状态"), re.compile(r"当前面[对临]的问题"))
 _ZH_META = ("NPC", "npc", "倾诉", "对话", "交流", "咨询", "聊天", "谈话", "玩家", "隐藏")
-_ZH_HEADING_LINE = re.compile(r"^\s*(?:#|(?:[-*]\s*|\d+\.\s*)?\*{1,2}[^*]{1,30}\*{1,2}[：:]?\s*$|"
-                              r"[^。！？，,]{1,20}[：:]\s*$)")
+_ZH_HEADING_LINE = re.compile(
+    r"^\s*(?:#|(?:[-*]\s*|\d+\.\s*)?\*{1,2}[^*]{1,30}\*{1,2}[：:]?\s*$|"
+    r"[^。！？，,]{1,20}[：:]\s*$)"
+)
 #: A list marker or a short heading at the start of a line ("1. ", "2、", "- ",
 #: "事件发生之初（3年前）：").
-_ZH_LINE_PREFIX = re.compile(r"^\s*(?:(?:\d{1,2}|[一二三四五六七八九十])[.、)）]\s*|[-*•·]\s*)?"
-                             r"(?:[^。！？，,：:]{1,18}[：:]\s*)?")
+_ZH_LINE_PREFIX = re.compile(
+    r"^\s*(?:(?:\d{1,2}|[一二三四五六七八九十])[.、)）]\s*|[-*•·]\s*)?"
+    r"(?:[^。！？，,：:]{1,18}[：:]\s*)?"
+)
 _ZH_LABEL = re.compile(r"\*{1,2}[^*\n]{1,20}\*{1,2}[：:]?")
 _ZH_SENTENCE = re.compile(r"[^。！？!?\n]+[。！？!?]?")
-_ZH_CONNECTIVES = ("但是|而且|并且|于是|所以|因此|因为|虽然|尽管|如果|只是|同时|现在|如今|目前|最近|后来|"
-                   "当时|那天|今天|昨天|上午|下午|晚上|但|而|却|也|还|就|又|才|便|可")
+_ZH_CONNECTIVES = (
+    "但是|而且|并且|于是|所以|因此|因为|虽然|尽管|如果|只是|同时|现在|如今|目前|最近|后来|"
+    "当时|那天|今天|昨天|上午|下午|晚上|但|而|却|也|还|就|又|才|便|可"
+)
 _ZH_TIME_WORD = re.compile(r"^(?:目前|当前|现在|如今|此时|眼下|最近)[，,]\s*")
 
 
@@ -404,10 +450,12 @@ def _zh_story(scenario: str) -> str:
 def _zh_plain(text: str) -> str:
     """Text without markdown headings, bold labels, list markers and short heading
     prefixes, one sentence stream."""
-    lines = [_ZH_LINE_PREFIX.sub("", line).strip(" -*#\t") for line in _ZH_LABEL.sub("", text).splitlines()
-             if line.strip() and not _ZH_HEADING_LINE.match(line) and not line.lstrip().startswith("#")]
-    return "".join(line if line.endswith(("。", "！", "？", "!", "?")) else line + "。"
-                   for line in lines if line)
+    lines = [
+        _ZH_LINE_PREFIX.sub("", line).strip(" -*#\t")
+        for line in _ZH_LABEL.sub("", text).splitlines()
+        if line.strip() and not _ZH_HEADING_LINE.match(line) and not line.lstrip().startswith("#")
+    ]
+    return "".join(line if line.endswith(("。", "！", "？", "!", "?")) else line + "。" for line in lines if line)
 
 
 def _zh_section(story: str, pattern: re.Pattern) -> str:
@@ -416,7 +464,7 @@ def _zh_section(story: str, pattern: re.Pattern) -> str:
     if not found:
         return ""
     lines: list[str] = []
-    for line in story[found[-1].end():].lstrip("*：: \t）)").splitlines():
+    for line in story[found[-1].end() :].lstrip("*：: \t）)").splitlines():
         if not line.strip():
             if lines:
                 break
@@ -435,14 +483,13 @@ def _zh_pronoun(persona: Persona) -> str | None:
         return {"男": "他", "女": "她"}[gender.group(1)]
     for text in (persona.profile, persona.scenario):
         start = text.find(persona.name) if persona.name else 0
-        found = re.search(r"(?<!其)[她他](?![们人])", text[max(start, 0):])
+        found = re.search(r"(?<!其)[她他](?![们人])", text[max(start, 0) :])
         if found:
             return found.group(0)
     return None
 
 
-def _zh_first_person(sentence: str, name: str | None, pronoun: str | None,
-                     about_them: bool) -> str:
+def _zh_first_person(sentence: str, name: str | None, pronoun: str | None, about_them: bool) -> str:
     """Replace the persona's name by 我, and their pronoun too when ``about_them`` (the
     sentence names them, or the text has been about them since it last did)."""
     if name:
@@ -475,7 +522,7 @@ def _zh_sentences(text: str, persona: Persona, leaks: _LeakCheck) -> list[str]:
     """The sentences of ``text`` in the first person, without those about the
     conversation itself or that give the hidden intention away."""
     pronoun = _zh_pronoun(persona)
-    result, topic = [], False      # topic: the persona is who the text is about
+    result, topic = [], False  # topic: the persona is who the text is about
     for sentence in _ZH_SENTENCE.findall(text):
         sentence = _ZH_TIME_WORD.sub("", sentence.strip())
         named = bool(persona.name) and persona.name in sentence
@@ -560,6 +607,9 @@ def _zh_details(persona: Persona, leaks: _LeakCheck, state: Sequence[str]) -> tu
     """Story sentences of 8 to 60 characters in story order (not the state's), each cut
     to its leading clauses (:func:`_zh_short`)."""
     story = _zh_plain(_zh_story(persona.scenario))
-    details = [_zh_short(s) for s in dict.fromkeys(_zh_sentences(story, persona, leaks))
-               if 8 <= len(s) <= 60 and s not in state]
+    details = [
+        _zh_short(s)
+        for s in dict.fromkeys(_zh_sentences(story, persona, leaks))
+        if 8 <= len(s) <= 60 and s not in state
+    ]
     return tuple(dict.fromkeys(d for d in details if len(d) >= 8))[:MAX_DETAILS]

@@ -64,13 +64,7 @@ from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import emotion_band
-from empathy_gym.user.rule_lexicon import (
-    RULES_DIR,
-    LanguageRules,
-    Memo,
-    Scan,
-    load_rules,
-)
+from empathy_gym.user.rule_lexicon import RULES_DIR, LanguageRules, Memo, Scan, load_rules
 from empathy_gym.user.rule_model import (
     START_EMOTION,
     AppraisalModel,
@@ -94,20 +88,28 @@ from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-expor
 #: at most :data:`PRAISE_REPEATED_CAP` turns; unfocused: per intention beyond
 #: ``UNFOCUSED_INTENTIONS - 1``).
 GUARDS: dict[str, float] = {
-    "injection": -10.0,        # "ignore your instructions", "your emotion is now 100", "忽略之前的指令"
-    "gibberish": -6.0,         # at least GIBBERISH_RATIO of the words are not words
-    "repetition": -4.0,        # similarity >= REPEAT_SIMILARITY to an earlier utterance, or it repeats itself
-    "too_short": -4.0,         # empty or nearly so (see LENGTH)
-    "wrong_language": -3.0,    # nothing in the persona's language (en: see FOREIGN_SHARE)
-    "parroting": -3.0,         # PARROT_SHARE or more of the utterance is the user's newest message
-    "unfocused": -3.0,         # cues of UNFOCUSED_INTENTIONS or more intentions: a shotgun
-    "praise_repeated": -2.0,   # generic praise again
-    "short": -1.5,             # see LENGTH
+    "injection": -10.0,  # "ignore your instructions", "your emotion is now 100", "忽略之前的指令"
+    "gibberish": -6.0,  # at least GIBBERISH_RATIO of the words are not words
+    "repetition": -4.0,  # similarity >= REPEAT_SIMILARITY to an earlier utterance, or it repeats itself
+    "too_short": -4.0,  # empty or nearly so (see LENGTH)
+    "wrong_language": -3.0,  # nothing in the persona's language (en: see FOREIGN_SHARE)
+    "parroting": -3.0,  # PARROT_SHARE or more of the utterance is the user's newest message
+    "unfocused": -3.0,  # cues of UNFOCUSED_INTENTIONS or more intentions: a shotgun
+    "praise_repeated": -2.0,  # generic praise again
+    "short": -1.5,  # see LENGTH
 }
 #: Guards that void the model's gain (the fitted model never saw such replies, or they
 #: are tricks).
-VOIDING: tuple[str, ...] = ("injection", "gibberish", "wrong_language", "repetition", "parroting",
-                            "too_short", "short", "unfocused")
+VOIDING: tuple[str, ...] = (
+    "injection",
+    "gibberish",
+    "wrong_language",
+    "repetition",
+    "parroting",
+    "too_short",
+    "short",
+    "unfocused",
+)
 PRAISE_REPEATED_CAP = 3
 #: Cues of this many different intentions (or more) in one utterance void it. In SAGE's
 #: logs the share of positive appraisals falls from 74% (no intention cued) to 34%
@@ -146,10 +148,7 @@ SPECIFIC_GROUNDING = 2
 #: A cue phrase the agent already used in an earlier turn counts this much.
 STALE_CUE = 0.5
 #: Length thresholds: en in words, zh in CJK characters plus Latin words.
-LENGTH: dict[str, dict[str, int]] = {
-    "en": {"too_short": 3, "short": 6},
-    "zh": {"too_short": 5, "short": 10},
-}
+LENGTH: dict[str, dict[str, int]] = {"en": {"too_short": 3, "short": 6}, "zh": {"too_short": 5, "short": 10}}
 #: Bands in which the user tells one more story sentence per turn.
 DETAIL_BANDS = ("A", "B")
 #: Bands from worst to best, for ``Difficulty.hint_below_band``.
@@ -175,8 +174,7 @@ def _cues(key: str, scan: Scan, earlier: Sequence[Scan]) -> float:
     return sum(STALE_CUE if phrase in seen else 1.0 for phrase in found)
 
 
-def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], shared: int,
-                    story: PersonaStory) -> float:
+def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], shared: int, story: PersonaStory) -> float:
     """How many cues of the persona's hidden intention the utterance holds.
 
     deep_empathy adds named feelings when the utterance also refers to the story;
@@ -197,8 +195,15 @@ def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], share
     return count
 
 
-def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: float,
-            parroted: float, shared: int, self_repeating: bool = False) -> dict[str, float]:
+def _guards(
+    persona: Persona,
+    scan: Scan,
+    earlier: Sequence[Scan],
+    similarity: float,
+    parroted: float,
+    shared: int,
+    self_repeating: bool = False,
+) -> dict[str, float]:
     """The guards that fire on the utterance (:data:`GUARDS`), with their penalties.
     ``similarity`` is the utterance's highest Jaccard similarity with any earlier
     utterance (agent and user: repeating oneself or the user); ``parroted`` the share of
@@ -231,8 +236,9 @@ def _guards(persona: Persona, scan: Scan, earlier: Sequence[Scan], similarity: f
     return fired
 
 
-def _combine(points: float, parts: Mapping[str, float], guards: Mapping[str, float],
-             difficulty: Difficulty, has_cue: bool) -> tuple[int, dict[str, float]]:
+def _combine(
+    points: float, parts: Mapping[str, float], guards: Mapping[str, float], difficulty: Difficulty, has_cue: bool
+) -> tuple[int, dict[str, float]]:
     """Void, add the guards, scale by the difficulty, round and clip.
 
     Returns:
@@ -282,8 +288,9 @@ def _sentence_set(code: str, text: str) -> frozenset[str]:
 
 
 #: List items, headings, and lead-ins to a list ("比如：", "You could:").
-_LIST_OR_HEADING = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$",
-                              re.MULTILINE)
+_LIST_OR_HEADING = re.compile(
+    r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$", re.MULTILINE
+)
 
 
 def repeats_itself(code: str, text: str) -> bool:
@@ -361,13 +368,18 @@ class RuleUser(SimulatedUser):
 
     deterministic = True
 
-    def __init__(self, difficulty: str | os.PathLike | Mapping[str, Any] | Difficulty = "moderate",
-                 *, rules_dir: str | os.PathLike | None = None,
-                 model: AppraisalModel | str | os.PathLike | None = None):
+    def __init__(
+        self,
+        difficulty: str | os.PathLike | Mapping[str, Any] | Difficulty = "moderate",
+        *,
+        rules_dir: str | os.PathLike | None = None,
+        model: AppraisalModel | str | os.PathLike | None = None,
+    ):
         self.difficulty: Difficulty = load_difficulty(difficulty)
         if self.difficulty.hint_below_band is not None and self.difficulty.hint_below_band not in BAND_ORDER:
-            raise ValueError(f"hint_below_band must be one of {list(BAND_ORDER)} or None, "
-                             f"got {self.difficulty.hint_below_band!r}")
+            raise ValueError(
+                f"hint_below_band must be one of {list(BAND_ORDER)} or None, got {self.difficulty.hint_below_band!r}"
+            )
         self.rules_dir = Path(rules_dir) if rules_dir is not None else RULES_DIR
         self._languages = load_rules(str(self.rules_dir.resolve()))
         self.model: AppraisalModel = model if isinstance(model, AppraisalModel) else AppraisalModel.load(model)
@@ -377,11 +389,14 @@ class RuleUser(SimulatedUser):
     def _language(self, persona: Persona) -> LanguageRules:
         """The persona's language rules, after checking its language and character type."""
         if persona.language not in self._languages:
-            raise ValueError(f"persona {persona.id!r}: language {persona.language!r} is not one of "
-                             f"{list(self._languages)}")
+            raise ValueError(
+                f"persona {persona.id!r}: language {persona.language!r} is not one of {list(self._languages)}"
+            )
         if persona.character_type not in CHARACTER_TYPES:
-            raise ValueError(f"persona {persona.id!r}: character_type {persona.character_type!r} is not "
-                             f"one of {list(CHARACTER_TYPES)}")
+            raise ValueError(
+                f"persona {persona.id!r}: character_type {persona.character_type!r} is not "
+                f"one of {list(CHARACTER_TYPES)}"
+            )
         return self._languages[persona.language]
 
     def _story(self, persona: Persona) -> PersonaStory:
@@ -443,17 +458,25 @@ class RuleUser(SimulatedUser):
         shared = self._shared_units(language, scan, story, users)
         cues = _intention_cues(persona, scan, earlier, shared, story)
         start = persona.initial_emotion if persona.initial_emotion is not None else START_EMOTION
-        context = ReplyContext(persona=persona, earlier=earlier, last_user=users[-1] if users else "",
-                               shared=shared, own_cues=cues, emotion=int(request.emotion),
-                               turn=int(request.turn), start_emotion=start)
-        features = appraisal_features(language, scan, request.utterance, context,
-                                      self.model.en_units_per_word)
-        similarity = max([features.get("repetition", 0.0)]
-                         + [jaccard(scan.words, language.units(text)[0]) for text in users])
+        context = ReplyContext(
+            persona=persona,
+            earlier=earlier,
+            last_user=users[-1] if users else "",
+            shared=shared,
+            own_cues=cues,
+            emotion=int(request.emotion),
+            turn=int(request.turn),
+            start_emotion=start,
+        )
+        features = appraisal_features(language, scan, request.utterance, context, self.model.en_units_per_word)
+        similarity = max(
+            [features.get("repetition", 0.0)] + [jaccard(scan.words, language.units(text)[0]) for text in users]
+        )
         last = language.units(users[-1])[0] if users else frozenset()
         parroted = len(scan.words & last) / len(scan.words) if scan.words else 0.0
-        guards = _guards(persona, scan, earlier, similarity, parroted, shared,
-                         repeats_itself(persona.language, request.utterance))
+        guards = _guards(
+            persona, scan, earlier, similarity, parroted, shared, repeats_itself(persona.language, request.utterance)
+        )
         return features, guards, cues > 0
 
     def _appraise_one(self, request: UserRequest) -> Appraisal:
@@ -466,8 +489,7 @@ class RuleUser(SimulatedUser):
         return Appraisal(change=change, thoughts=thoughts, features=contributions)
 
     @staticmethod
-    def _shared_units(language: LanguageRules, scan: Scan, story: PersonaStory,
-                      users: Sequence[str]) -> int:
+    def _shared_units(language: LanguageRules, scan: Scan, story: PersonaStory, users: Sequence[str]) -> int:
         """Content units the utterance shares with the story or the user's own words."""
         shared = scan.content & story.content
         for text in users:
@@ -476,25 +498,38 @@ class RuleUser(SimulatedUser):
 
     #: Contribution group and sign -> the ``thoughts`` key of the rules file.
     _THOUGHT_KEYS: dict[tuple[str, str], str] = {
-        ("intention", "+"): "intention", ("other_needs", "-"): "unfocused", ("validation", "+"): "validation",
-        ("feelings", "+"): "validation", ("open_question", "+"): "open_question",
-        ("questions", "-"): "question_barrage", ("pushy_question", "-"): "pushy_question",
-        ("generic_comfort", "-"): "generic_comfort", ("praise", "-"): "praise_repeated",
-        ("dismissive", "-"): "dismissive", ("lecturing", "-"): "lecturing", ("grounding", "+"): "grounding",
-        ("repetition_soft", "-"): "repetition", ("length", "-"): "short", ("layout", "-"): "too_long",
-        ("grounding", "-"): "ungrounded", ("echo", "+"): "echo", ("echo", "-"): "unheard",
+        ("intention", "+"): "intention",
+        ("other_needs", "-"): "unfocused",
+        ("validation", "+"): "validation",
+        ("feelings", "+"): "validation",
+        ("open_question", "+"): "open_question",
+        ("questions", "-"): "question_barrage",
+        ("pushy_question", "-"): "pushy_question",
+        ("generic_comfort", "-"): "generic_comfort",
+        ("praise", "-"): "praise_repeated",
+        ("dismissive", "-"): "dismissive",
+        ("lecturing", "-"): "lecturing",
+        ("grounding", "+"): "grounding",
+        ("repetition_soft", "-"): "repetition",
+        ("length", "-"): "short",
+        ("layout", "-"): "too_long",
+        ("grounding", "-"): "ungrounded",
+        ("echo", "+"): "echo",
+        ("echo", "-"): "unheard",
     }
 
     @classmethod
-    def _thought(cls, language: LanguageRules, contributions: Mapping[str, float],
-                 request: UserRequest) -> str:
+    def _thought(cls, language: LanguageRules, contributions: Mapping[str, float], request: UserRequest) -> str:
         """One sentence of inner thoughts about the strongest contribution that is about
         the utterance (not the user's mood, the difficulty or voiding) and pulls the same
         way as the change (a thought never praises a reply that loses points)."""
         thoughts = language.data["thoughts"]
         total = sum(contributions.values())
-        fired = [(feature, value) for feature, value in contributions.items()
-                 if value and feature not in ("mood", "voided", "difficulty") and value * total >= 0]
+        fired = [
+            (feature, value)
+            for feature, value in contributions.items()
+            if value and feature not in ("mood", "voided", "difficulty") and value * total >= 0
+        ]
         for feature, value in sorted(fired, key=lambda item: -abs(item[1])):
             sign = "+" if value > 0 else "-"
             key = feature if feature in GUARDS else cls._THOUGHT_KEYS.get((feature, sign))
@@ -504,8 +539,9 @@ class RuleUser(SimulatedUser):
         return _pick(thoughts["neutral"], request.seed, request.turn, _SALT_THOUGHT)
 
     # -- reply ------------------------------------------------------------------------
-    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-              emotions: Sequence[int]) -> list[str]:
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
         """The user's in-character answer: an optional reaction to the worst guard or
         tone (e.g. "You already said that."), a line for the emotion band and character
         type (S: thanks and goodbye; F: gives up and leaves), in bands A and B the next
@@ -527,10 +563,14 @@ class RuleUser(SimulatedUser):
                 character type.
         """
         if not len(requests) == len(appraisals) == len(emotions):
-            raise ValueError(f"{len(requests)} requests, {len(appraisals)} appraisals and "
-                             f"{len(emotions)} emotions: lengths must match")
-        return [self._reply_one(request, appraisal, int(emotion))
-                for request, appraisal, emotion in zip(requests, appraisals, emotions)]
+            raise ValueError(
+                f"{len(requests)} requests, {len(appraisals)} appraisals and "
+                f"{len(emotions)} emotions: lengths must match"
+            )
+        return [
+            self._reply_one(request, appraisal, int(emotion))
+            for request, appraisal, emotion in zip(requests, appraisals, emotions)
+        ]
 
     def _reply_one(self, request: UserRequest, appraisal: Appraisal, emotion: int) -> str:
         """One reply (see :meth:`reply`)."""
@@ -560,7 +600,7 @@ class RuleUser(SimulatedUser):
         if self._hints_in(band):
             hints = language.data["hints"]
             say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
-        if not parts:          # everything said already: a band line again rather than nothing
+        if not parts:  # everything said already: a band line again rather than nothing
             say(self._band_lines(language, persona, band), _SALT_LINE, always=True)
         return ("" if code == "zh" else " ").join(parts)
 
@@ -568,8 +608,9 @@ class RuleUser(SimulatedUser):
     def _reactions(language: LanguageRules, appraisal: Appraisal) -> list[str]:
         """Reactions to the most negative contribution that has them ([] when none)."""
         reactions = language.data["reactions"]
-        negative = [(value, feature) for feature, value in appraisal.features.items()
-                    if value < 0 and feature in reactions]
+        negative = [
+            (value, feature) for feature, value in appraisal.features.items() if value < 0 and feature in reactions
+        ]
         if not negative:
             return []
         _, feature = min(negative)
@@ -583,8 +624,10 @@ class RuleUser(SimulatedUser):
             options = [line for line in options if "{fragment}" not in line] or options
             fragment = language.data["fallback_fragment"]
         # A fragment may land after a full stop ("Mm. {fragment}"): capitalise it there.
-        return [_AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line.format(fragment=fragment))
-                for line in options]
+        return [
+            _AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line.format(fragment=fragment))
+            for line in options
+        ]
 
     def _hints_in(self, band: str) -> bool:
         """Does the difficulty hint at the need in this band? Never in S or F (the user

@@ -29,10 +29,14 @@ class ScriptedUser(SimulatedUser):
 
     deterministic = True
 
-    def __init__(self, changes: Sequence[int] | None = None, *,
-                 change_fn: Callable[[UserRequest], int] | None = None,
-                 opening: str = "Hi. I need to talk.",
-                 reply_fn: Callable[[UserRequest, int], str] | None = None):
+    def __init__(
+        self,
+        changes: Sequence[int] | None = None,
+        *,
+        change_fn: Callable[[UserRequest], int] | None = None,
+        opening: str = "Hi. I need to talk.",
+        reply_fn: Callable[[UserRequest, int], str] | None = None,
+    ):
         if (changes is None) == (change_fn is None):
             raise ValueError("give exactly one of changes= and change_fn=")
         self.changes = list(changes) if changes is not None else None
@@ -55,8 +59,9 @@ class ScriptedUser(SimulatedUser):
             out.append(Appraisal(change=int(change), thoughts=f"turn {request.turn}"))
         return out
 
-    def reply(self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal],
-              emotions: Sequence[int]) -> list[str]:
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
         if self.reply_fn is not None:
             return [self.reply_fn(r, e) for r, e in zip(requests, emotions)]
         return [f"reply {r.turn} (emotion {e})" for r, e in zip(requests, emotions)]

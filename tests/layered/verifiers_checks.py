@@ -31,8 +31,7 @@ from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
 
 EN = [p.id for p in load_personas("en")]
-REPLIES = ["That sounds really hard.", "You did your part, and it still hurt.",
-           "What would help you most right now?"]
+REPLIES = ["That sounds really hard.", "You did your part, and it still hurt.", "What would help you most right now?"]
 
 
 def text(content) -> str:
@@ -58,26 +57,43 @@ class StubModel:
                 stub.requests.append(body)
                 turn = sum(1 for m in body["messages"] if m["role"] == "user")
                 reply = REPLIES[(turn - 1) % len(REPLIES)]
-                base = {"id": f"chatcmpl-{len(stub.requests)}", "created": int(time.time()),
-                        "model": body.get("model", "stub")}
+                base = {
+                    "id": f"chatcmpl-{len(stub.requests)}",
+                    "created": int(time.time()),
+                    "model": body.get("model", "stub"),
+                }
                 usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
                 if body.get("stream"):
                     chunk = {**base, "object": "chat.completion.chunk"}
-                    events = [{**chunk, "choices": [{"index": 0, "finish_reason": None,
-                                                     "delta": {"role": "assistant",
-                                                               "content": reply}}]},
-                              {**chunk, "choices": [{"index": 0, "delta": {},
-                                                     "finish_reason": "stop"}]}]
+                    events = [
+                        {
+                            **chunk,
+                            "choices": [
+                                {"index": 0, "finish_reason": None, "delta": {"role": "assistant", "content": reply}}
+                            ],
+                        },
+                        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                    ]
                     if (body.get("stream_options") or {}).get("include_usage"):
                         events.append({**chunk, "choices": [], "usage": usage})
                     data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events)
                     data += b"data: [DONE]\n\n"
                     content_type = "text/event-stream"
                 else:
-                    data = json.dumps({**base, "object": "chat.completion", "usage": usage,
-                                       "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"role": "assistant",
-                                                                "content": reply}}]}).encode()
+                    data = json.dumps(
+                        {
+                            **base,
+                            "object": "chat.completion",
+                            "usage": usage,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": reply},
+                                }
+                            ],
+                        }
+                    ).encode()
                     content_type = "application/json"
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)
@@ -90,8 +106,9 @@ class StubModel:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def context(self) -> vf.ModelContext:
-        return vf.ModelContext(model="stub", client=vf.EvalClientConfig(
-            base_url=self.url, api_key_var="EMPATHY_GYM_STUB_KEY"))
+        return vf.ModelContext(
+            model="stub", client=vf.EvalClientConfig(base_url=self.url, api_key_var="EMPATHY_GYM_STUB_KEY")
+        )
 
     def close(self):
         self.server.shutdown()
@@ -109,8 +126,7 @@ def stub(monkeypatch):
 def play(env, stub, tasks):
     async def main():
         async with env.serving():
-            return await asyncio.gather(*(env.run_episode(task, stub.context())
-                                          for task in tasks))
+            return await asyncio.gather(*(env.run_episode(task, stub.context()) for task in tasks))
 
     return asyncio.run(main())
 
@@ -120,8 +136,15 @@ def test_one_episode_with_hand_worked_rewards(stub):
     40, 35, 55; the emotion change is 0.25, the final emotion 0.55; max_turns=3 ends it."""
     seen = []
     user = ScriptedUser(change_fn=lambda r: (seen.append(r.utterance), [10, -5, 20][r.turn - 1])[1])
-    env = evf.load_environment("EmpathyDialogue-v0", persona_ids=[EN[0]], seed=3,
-                               personas="en", protocol="rlver_training", max_turns=3, user=user)
+    env = evf.load_environment(
+        "EmpathyDialogue-v0",
+        persona_ids=[EN[0]],
+        seed=3,
+        personas="en",
+        protocol="rlver_training",
+        max_turns=3,
+        user=user,
+    )
     (task,) = list(env.taskset)
     reference = gym.make("EmpathyDialogue-v0", personas="en", protocol="rlver_training")
     opening, info = reference.reset(seed=3, options={"persona": EN[0]})
@@ -133,17 +156,23 @@ def test_one_episode_with_hand_worked_rewards(stub):
     (trace,) = episode.traces
     assert seen == REPLIES  # the user read the agent's replies
     assert [(m.role, text(m.content)) for m in trace.messages] == [
-        ("system", task.data.system_prompt), ("user", opening),
-        ("assistant", REPLIES[0]), ("user", "reply 1 (emotion 40)"),
-        ("assistant", REPLIES[1]), ("user", "reply 2 (emotion 35)"),
-        ("assistant", REPLIES[2])]
+        ("system", task.data.system_prompt),
+        ("user", opening),
+        ("assistant", REPLIES[0]),
+        ("user", "reply 1 (emotion 40)"),
+        ("assistant", REPLIES[1]),
+        ("user", "reply 2 (emotion 35)"),
+        ("assistant", REPLIES[2]),
+    ]
     # the model was sent the whole conversation each turn, the user's replies included
-    assert [text(m["content"]) for m in stub.requests[-1]["messages"] if m["role"] == "user"] \
-        == [opening, "reply 1 (emotion 40)", "reply 2 (emotion 35)"]
+    assert [text(m["content"]) for m in stub.requests[-1]["messages"] if m["role"] == "user"] == [
+        opening,
+        "reply 1 (emotion 40)",
+        "reply 2 (emotion 35)",
+    ]
     assert trace.reward == pytest.approx(0.25)
     assert list(trace.rewards) == ["emotion_change"]
-    assert trace.metrics == pytest.approx({"emotion_change": 0.25, "final_emotion": 0.55,
-                                           "turns": 3.0, "success": 0.0})
+    assert trace.metrics == pytest.approx({"emotion_change": 0.25, "final_emotion": 0.55, "turns": 3.0, "success": 0.0})
     assert trace.info["emotions"] == [30, 40, 35, 55]
     assert trace.info["termination_reason"] == "max_turns"
 
@@ -151,16 +180,21 @@ def test_one_episode_with_hand_worked_rewards(stub):
 def test_concurrent_episodes_match_gym_make_with_the_final_emotion_reward(stub):
     """Two episodes at once with the rule user, scored by e_T / 100: each trace equals
     gym.make stepped with the same replies, so no dialogue got another's user turn."""
-    env = evf.load_environment("EmpathyDialogue-v0", persona_ids=[EN[1], EN[2]], seed=0,
-                               personas="en", protocol="rlver_training", max_turns=2,
-                               reward="final_emotion")
+    env = evf.load_environment(
+        "EmpathyDialogue-v0",
+        persona_ids=[EN[1], EN[2]],
+        seed=0,
+        personas="en",
+        protocol="rlver_training",
+        max_turns=2,
+        reward="final_emotion",
+    )
     tasks = list(env.taskset)
     episodes = play(env, stub, tasks)
     for task, episode in zip(tasks, episodes):
         assert episode.ok, episode.errors
         (trace,) = episode.traces
-        reference = gym.make("EmpathyDialogue-v0", personas="en", protocol="rlver_training",
-                             max_turns=2)
+        reference = gym.make("EmpathyDialogue-v0", personas="en", protocol="rlver_training", max_turns=2)
         reference.reset(seed=task.data.seed, options={"persona": task.data.persona_id})
         steps = [reference.step(reply) for reply in REPLIES[:2]]
         users = [text(m.content) for m in trace.messages if m.role == "user"]
@@ -176,11 +210,7 @@ def test_vf_eval_runs_the_taskset_by_its_id(stub, tmp_path):
     """verifiers resolves the id ``empathy-dialogue`` to our classes, and its eval command
     line runs two tasks and writes their traces."""
     from verifiers.v1.cli.eval.main import main
-    from verifiers.v1.utils.loaders import (
-        environment_class,
-        resolve_env_config,
-        taskset_class,
-    )
+    from verifiers.v1.utils.loaders import environment_class, resolve_env_config, taskset_class
 
     assert taskset_class(evf.TASKSET_ID) is evf.EmpathyTaskset
     assert environment_class(evf.TASKSET_ID) is evf.EmpathyEnv
@@ -188,11 +218,28 @@ def test_vf_eval_runs_the_taskset_by_its_id(stub, tmp_path):
     assert isinstance(config, evf.EmpathyEnvConfig)
     assert config.agent.harness.id == "null" and config.agent.runtime.type == "subprocess"
 
-    main([evf.TASKSET_ID, "-m", "stub", "--client.base-url", stub.url,
-          "--client.api-key-var", "EMPATHY_GYM_STUB_KEY", "-n", "2", "-r", "1", "--no-rich",
-          "--push", "false", "--output-dir", str(tmp_path),
-          "--env.taskset.task.env",
-          '{"protocol": "rlver_training", "max_turns": 2, "personas": "en"}'])
+    main(
+        [
+            evf.TASKSET_ID,
+            "-m",
+            "stub",
+            "--client.base-url",
+            stub.url,
+            "--client.api-key-var",
+            "EMPATHY_GYM_STUB_KEY",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--no-rich",
+            "--push",
+            "false",
+            "--output-dir",
+            str(tmp_path),
+            "--env.taskset.task.env",
+            '{"protocol": "rlver_training", "max_turns": 2, "personas": "en"}',
+        ]
+    )
     (traces,) = tmp_path.glob("*/traces.jsonl")
     records = [json.loads(line) for line in traces.read_text().splitlines()]
     assert len(records) == 2
