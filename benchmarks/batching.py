@@ -134,7 +134,7 @@ def run_model(model: str, n: int, steps: int, max_tokens: int, appraisal_mode: s
     run (other processes on a shared machine slow runs down, never speed them up)."""
     backend = TransformersBackend(model)
     timer = TimedBackend(backend)
-    # reply_plan off: a 135M model rarely writes the planned JSON reply (README, "small models")
+    # reply_plan off: a 135M model rarely writes the planned JSON reply (docs/backends.md, "Errors and small models")
     user = UserSpec(
         backend, appraisal_mode=appraisal_mode, user_kwargs={"max_tokens": max_tokens, "reply_plan": False}
     ).build()

@@ -15,7 +15,7 @@ This module is the one place that enforces it; every path goes through it:
   policy's context (the rollout engine, TRL).
 * :func:`neutralise`: for servers, which tokenize the text themselves, and for code
   whose tokenization we do not control (verl's agent loop): chat-template markers in
-  the text are broken so that no tokenizer can read them as markers (see the README,
+  the text are broken so that no tokenizer can read them as markers (see docs/simulated-user.md,
   "The agent's words stay data", for exactly what changes).
 * :func:`find_injection` and :func:`without_injection`: agent text that imitates the
   chat template, the appraisal's answer format or an instruction to the judge. The

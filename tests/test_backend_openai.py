@@ -276,7 +276,7 @@ def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async):
     )
     assert message.endswith(
         f"; is a server running at {url}? Start one, e.g. `python -m vllm.entrypoints.openai.api_server "
-        f'--model MODEL --host 127.0.0.1 --port 8000`, or see the README, "Serving the simulated user"'
+        f'--model MODEL --host 127.0.0.1 --port 8000`, or see docs/backends.md, "Serving the simulated user"'
     )
 
 

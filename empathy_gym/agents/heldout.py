@@ -52,7 +52,8 @@ CAVEAT = (
     "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
     "simulator family and ~65% across families); a gain against it "
     "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
-    "better understood. Check with an LLM user (env.kwargs.user) before calling it a result."
+    "better understood. Check with a second judge (heldout.user) or an LLM user (env.kwargs.user) "
+    "before calling it a result."
 )
 
 

@@ -277,7 +277,7 @@ class OpenAIBackend(ChatBackend):
         return (
             f"is a server running at {self.base_url}? "
             f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
-            f'--host 127.0.0.1 --port 8000`, or see the README, "Serving the simulated user"'
+            f'--host 127.0.0.1 --port 8000`, or see docs/backends.md, "Serving the simulated user"'
         )
 
     def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
