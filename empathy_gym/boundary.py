@@ -221,22 +221,17 @@ class ChatEncoder:
         ]
         if self.sanitizes:
             try:
-                return list(
-                    self.tokenizer.apply_chat_template(
-                        messages,
-                        chat_template=self.chat_template,
-                        tokenize=True,
-                        return_dict=True,
-                        add_generation_prompt=add_generation_prompt,
-                        sanitize_control_tokens=True,
-                    )["input_ids"]
-                )
+                return self._template_ids(messages, add_generation_prompt, sanitize_control_tokens=True)
             except ValueError:  # "Can't sanitize ...": plain text rebuilds a control token
                 pass
         messages = [
             {**m, "content": neutralise(m["content"], self._added)} if isinstance(m.get("content"), str) else m
             for m in messages
         ]  # content() already applied
+        return self._template_ids(messages, add_generation_prompt)
+
+    def _template_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **options: Any) -> list[int]:
+        """The chat template's token ids for ``messages`` (``options``: more template keywords)."""
         return list(
             self.tokenizer.apply_chat_template(
                 messages,
@@ -244,6 +239,7 @@ class ChatEncoder:
                 tokenize=True,
                 return_dict=True,
                 add_generation_prompt=add_generation_prompt,
+                **options,
             )["input_ids"]
         )
 

@@ -195,15 +195,7 @@ def eval_command(
         _exit_codes(
             f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; rerun the same command to resume"
         ),
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=errors,
-            transient=True,
-            disable=not errors.is_terminal,
-        ) as progress,
+        _progress() as progress,
     ):
         bar = progress.add_task("dialogues", total=None)
         result = evaluate(
@@ -225,6 +217,19 @@ def eval_command(
         )
     _print_report(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
+
+
+def _progress() -> Progress:
+    """The progress bar of a long command (on stderr, only on a terminal, gone when done)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+        disable=not errors.is_terminal,
+    )
 
 
 def reply_token_cap(policy: str, max_tokens: int | None) -> int | None:
@@ -321,15 +326,7 @@ def replay_command(
 
     with (
         _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; rerun the same command to resume"),
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=errors,
-            transient=True,
-            disable=not errors.is_terminal,
-        ) as progress,
+        _progress() as progress,
     ):
         bar = progress.add_task("turns", total=None)
         result = replay_logs(
