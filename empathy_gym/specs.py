@@ -148,7 +148,8 @@ class UserSpec:
         user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` arguments
             (``temperature``, ``max_tokens``, ``max_repairs``, ``reply_plan``, ...), or for
             ``rule`` those of :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, an
-            appraisal model artefact; ``rules_dir``).
+            appraisal model artefact; ``rules_dir``; ``difficulty``, its own over the env's:
+            ``"rule,difficulty=challenging"``, a second judge on CPU).
 
     Raises:
         SpecError (a ``ValueError``): a bad field, named as ``user.FIELD``: an unknown
