@@ -168,7 +168,7 @@ def where_everything_is(
     if evaluated:
         lines.append(
             "  heldout/            report.txt (the table above), report.json, before.jsonl and after.jsonl "
-            "(every held-out dialogue)"
+            "(every held-out dialogue; *_judge.jsonl: the second judge's, with heldout.user)"
         )
     policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
     script = f"examples/train_{algorithm}.py"
