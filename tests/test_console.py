@@ -38,3 +38,28 @@ def test_missing_metrics_show_a_dash():
 )
 def test_format_metric(value, shown):
     assert format_metric(value, ".3f") == shown
+
+
+def test_a_console_gone_stays_quiet_after_the_block():
+    """``| tee`` killed by the Ctrl-C: the trainer's writes fail inside the block (its
+    streams drop them); after it, the dead stream's file descriptor is /dev/null, so a late
+    write (a warning at shutdown) and Python's flush at exit find nothing to fail on and
+    the exit status stays 130. (CI once saw 120 here, under load; not reproduced since.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, sys, time
+        from empathy_gym.agents.console import tolerant_console
+        with tolerant_console():
+            time.sleep(1.0)                              # the parent closes its end meanwhile
+            print("the table after training", flush=True)   # fails: the stream is marked broken
+            sys.stderr.write("stopped at step 3\\n")
+        sys.stdout.write("a late line, after the block\\n")  # block-buffered: flushed at exit
+        os.write(sys.stdout.fileno(), b"")               # the descriptor is still open
+        sys.exit(130)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    child.stdout.close()
+    assert child.wait(timeout=60) == 130

@@ -21,6 +21,11 @@ import pytest
 from layered_venv import VERIFIERS_0_4, LayerUnavailable, check_passed, layered_venv, run_pytest
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "verifiers_checks.py"
+#: verifiers 0.4.0's first, cold preparation of its ``null`` harness's uv program can fail
+#: every rollout with this (``runtimes/base.py`` ``prepare_uv_script`` shares an
+#: ``asyncio.Lock`` across event loops); seen once in a fresh HOME, gone on the rerun that
+#: finds the program prepared. Only this error earns a second run.
+COLD_UV_RACE = "harness setup: RuntimeError: <asyncio.locks.Lock object at"
 
 
 def test_environment_against_verifiers_0_4_0(measured):
@@ -30,7 +35,10 @@ def test_environment_against_verifiers_0_4_0(measured):
         pytest.skip(f"verifiers 0.4.0 cannot be installed on this machine: {error}")
     expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
     start = time.monotonic()
-    check_passed(run_pytest(python, CHECKS), expected)
+    result = run_pytest(python, CHECKS)
+    if result.returncode and COLD_UV_RACE in result.stdout:
+        result = run_pytest(python, CHECKS)  # the harness's uv program is prepared now
+    check_passed(result, expected)
     measured(
         f"verifiers 0.4.0 layer: built in {build_s:.0f} s (0 = cached); "
         f"{expected} environment checks ran in {time.monotonic() - start:.0f} s"

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from empathy_gym.agents.config import RecipeError, load_recipe
-from empathy_gym.agents.console import ConsoleStream, tolerant_console
+from empathy_gym.agents.console import ConsoleStream, point_at_devnull, tolerant_console
 from empathy_gym.resources import recipes_dir
 
 
@@ -57,11 +56,7 @@ def say(*lines: str, file: object = None) -> None:
         print(line, file=stream)
     stream.flush()
     if isinstance(stream, ConsoleStream) and stream.broken:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+        point_at_devnull(stream)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -88,10 +89,38 @@ def tolerant(stream: Any) -> Any:
 
 @contextlib.contextmanager
 def tolerant_console() -> Iterator[None]:
-    """Within the block, ``sys.stdout`` and ``sys.stderr`` drop output once they fail."""
+    """Within the block, ``sys.stdout`` and ``sys.stderr`` drop output once they fail; after
+    it, a stream that failed is pointed at /dev/null (:func:`point_at_devnull`), so that
+    nothing written later (a warning during shutdown, Python's own flush at exit) turns
+    the exit status into 120."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = tolerant(sys.stdout), tolerant(sys.stderr)
+    wrapped = sys.stdout, sys.stderr = tolerant(sys.stdout), tolerant(sys.stderr)
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+        for wrapper, stream in zip(wrapped, saved):
+            if getattr(wrapper, "broken", False):  # dead: late writers (warnings at shutdown) too
+                point_at_devnull(stream)
+            else:
+                settle(stream)
+
+
+def settle(stream: Any) -> None:
+    """Flush ``stream``; when that fails (the console is gone, with output still in its
+    buffer), point its file descriptor at /dev/null, so that Python's own flush at exit
+    does not fail too and turn the exit status into 120 (the recipe of Python's
+    ``signal`` documentation, "Note on SIGPIPE")."""
+    try:
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        point_at_devnull(stream)
+
+
+def point_at_devnull(stream: Any) -> None:
+    """Send what is still written to ``stream`` (its file descriptor) to /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
