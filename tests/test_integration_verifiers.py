@@ -13,9 +13,7 @@ cannot be built (no package index).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,14 +21,6 @@ import pytest
 from layered_venv import VERIFIERS_0_4, LayerUnavailable, check_passed, layered_venv, run_pytest
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "verifiers_checks.py"
-WARM_UV = CHECKS.with_name("verifiers_warm_uv.py")
-#: verifiers 0.4.0 can fail every rollout of a run with this: its ``prepare_uv_script``
-#: (``runtimes/base.py``) shares an ``asyncio.Lock`` between event loops, and a rollout that
-#: finds it held by another loop raises. Seen in three full runs of the suite on two busy
-#: cores (never when the file ran alone); WARM_UV makes the held time short. A run that fails
-#: with exactly this error is run again, up to three times, then marked xfail: any other
-#: failure fails the test.
-UV_LOCK_RACE = "harness setup: RuntimeError: <asyncio.locks.Lock object at"
 
 
 def test_environment_against_verifiers_0_4_0(measured):
@@ -40,18 +30,7 @@ def test_environment_against_verifiers_0_4_0(measured):
         pytest.skip(f"verifiers 0.4.0 cannot be installed on this machine: {error}")
     expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
     start = time.monotonic()
-    layer_path = {**os.environ, "PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")])}
-    warm = subprocess.run(  # the layer's bin first on PATH, as for the checks: its uv
-        [str(python), str(WARM_UV)], capture_output=True, text=True, timeout=600, check=False, env=layer_path
-    )
-    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
-    for _attempt in range(3):
-        result = run_pytest(python, CHECKS)
-        if not (result.returncode and UV_LOCK_RACE in result.stdout):
-            break
-    else:  # verifiers' own bug, three times over: say so rather than fail on it
-        pytest.xfail(f"verifiers 0.4.0 raced on its uv lock in all 3 runs ({UV_LOCK_RACE}...)")
-    check_passed(result, expected)
+    check_passed(run_pytest(python, CHECKS), expected)
     measured(
         f"verifiers 0.4.0 layer: built in {build_s:.0f} s (0 = cached); "
         f"{expected} environment checks ran in {time.monotonic() - start:.0f} s"
