@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.engine import Driver, Start, StepResult, play
+from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.policies import Policy, make_policy
 from empathy_gym.run_folder import EvaluationError, RunFolder, read_jsonl_records
@@ -117,6 +117,7 @@ class _Running:
     task: Task
     info: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
+    record: dict[str, Any] | None = None  # the transcript line, once the dialogue has ended
 
 
 def dialogue_record(
@@ -169,49 +170,49 @@ def run_dialogues(
     """
     if batch_size < 1:
         raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
-    queue = deque(tasks)
     slots = [make_env() for _ in range(min(batch_size, len(tasks)))]
-    free = list(range(len(slots)))[::-1]
-    running: dict[int, _Running] = {}
-    while queue or running:
-        starting = []
-        while queue and free:
-            starting.append((free.pop(), queue.popleft()))
-        if starting:
-            resets = reset_many(
-                [slots[s] for s, _ in starting],
-                [t.seed for _, t in starting],
-                [{"persona": t.persona} for _, t in starting],
+    starts = [Start(task.seed, {"persona": task.persona}) for task in tasks]
+    for ended in play(slots, starts, _EvaluationDriver(tasks, policy)):
+        yield from (run.record for run in ended)
+
+
+class _EvaluationDriver(Driver[_Running]):
+    """The evaluation's side of :func:`~empathy_gym.engine.play`: a chat policy and the
+    dialogue records."""
+
+    def __init__(self, tasks: Sequence[Task], policy: Policy):
+        self.tasks, self.policy = tasks, policy
+
+    def begin(self, index: int, env: EmpathyDialogueEnv, info: dict[str, Any]) -> _Running:
+        return _Running(self.tasks[index], info)
+
+    def act(self, states: Sequence[_Running]) -> list[str]:
+        conversations = [run.info["messages"] for run in states]
+        actions = self.policy.act(conversations, [derive_seed(run.task.seed, run.info["turn"]) for run in states])
+        if len(actions) != len(states):
+            raise TypeError(
+                f"policy {self.policy.name!r} returned {len(actions)} utterances for {len(states)} conversations"
             )
-            for (slot, task), (_, info) in zip(starting, resets):
-                running[slot] = _Running(task, info)
-        order = sorted(running)
-        conversations = [running[s].info["messages"] for s in order]
-        seeds = [derive_seed(running[s].task.seed, running[s].info["turn"]) for s in order]
-        actions = policy.act(conversations, seeds)
-        if len(actions) != len(order):
-            raise TypeError(f"policy {policy.name!r} returned {len(actions)} utterances for {len(order)} conversations")
-        results = step_many([slots[s] for s in order], actions)
-        finished = []
-        for slot, (_, _, terminated, truncated, info) in zip(order, results):
-            run = running[slot]
-            run.info = info
-            run.steps.append(
-                {
-                    "utterance": info["utterance"],
-                    "change": info["appraisal"]["change"],
-                    "applied_change": info["emotion_change"],
-                    "emotion": info["emotion"],
-                    "thoughts": info["appraisal"]["thoughts"],
-                    "format_error": info["format_error"],
-                    **({"features": info["appraisal"]["features"]} if info["appraisal"].get("features") else {}),
-                }
-            )
-            if terminated or truncated:
-                finished.append(dialogue_record(run.task, info, run.steps, slots[slot].dialogue.emotions))
-                del running[slot]
-                free.append(slot)
-        yield from finished
+        return actions
+
+    def record(self, state: _Running, env: EmpathyDialogueEnv, result: StepResult) -> bool:
+        _, _, terminated, truncated, info = result
+        state.info = info
+        appraisal = info["appraisal"]
+        state.steps.append(
+            {
+                "utterance": info["utterance"],
+                "change": appraisal["change"],
+                "applied_change": info["emotion_change"],
+                "emotion": info["emotion"],
+                "thoughts": appraisal["thoughts"],
+                "format_error": info["format_error"],
+                **({"features": appraisal["features"]} if appraisal.get("features") else {}),
+            }
+        )
+        if terminated or truncated:
+            state.record = dialogue_record(state.task, info, state.steps, env.dialogue.emotions)
+        return False
 
 
 # -- the transcripts file --------------------------------------------------------------

@@ -12,9 +12,9 @@ import gymnasium as gym
 import pytest
 
 import empathy_gym  # noqa: F401
+from empathy_gym.batching import MicroBatcher
 from empathy_gym.integrations import verl as ev
-from empathy_gym.integrations.batching import MicroBatcher
-from empathy_gym.integrations.dialogues import SharedUser, close_shared, shared, start_env
+from empathy_gym.integrations.dialogues import close_shared, shared, start_env
 from empathy_gym.personas import load_personas
 from empathy_gym.user.scripted import ScriptedUser
 
@@ -63,12 +63,12 @@ def test_three_turns_match_gym_make_with_the_rule_user():
     opening, info = reference.reset(seed=seed, options={"persona": persona})
     expected = [reference.step(action) for action in ACTIONS]
 
-    session = shared(SharedUser, {"name": "empathy", "env_id": "EmpathyDialogue-v0", "protocol": "rlver_training"})
+    session = shared({"name": "empathy", "env_id": "EmpathyDialogue-v0", "protocol": "rlver_training"})
     env = started(session, persona, seed=seed, opening=opening)
     assert env.dialogue.messages == info["messages"]
 
     async def dialogue():
-        return [await session.step(env, action) for action in ACTIONS]
+        return [await session.submit(env, action) for action in ACTIONS]
 
     for (obs, reward, term, trunc, step_info), (r_obs, r, r_term, r_trunc, r_info) in zip(run(dialogue()), expected):
         assert obs == r_obs
@@ -83,13 +83,13 @@ def test_concurrent_dialogues_never_mix():
     # Persona EN[0] rises by 10 a turn, EN[1] falls by 20: it fails at turn 2 while the
     # other goes on. Replies carry the emotion, so a mix-up would show.
     user = ScriptedUser(change_fn=lambda request: 10 if request.persona.id == EN[0] else -20)
-    session = shared(SharedUser, scripted_config(user))
+    session = shared(scripted_config(user))
 
     async def dialogue(name, persona, turns):
         env = started(session, persona, seed=1, opening=f"opening of {name}")
         out = []
         for turn in range(turns):
-            out.append(await session.step(env, f"{name} says {turn}"))
+            out.append(await session.submit(env, f"{name} says {turn}"))
             if out[-1][2] or out[-1][3]:
                 break
         return env, out
@@ -109,11 +109,11 @@ def test_concurrent_dialogues_never_mix():
 
 def _four_concurrent_turns(**options):
     user = ScriptedUser([5])
-    session = shared(SharedUser, scripted_config(user, **options))
+    session = shared(scripted_config(user, **options))
 
     async def main():
         envs = [started(session, EN[i], seed=i) for i in range(4)]
-        return await asyncio.gather(*(session.step(env, f"a{i}") for i, env in enumerate(envs)))
+        return await asyncio.gather(*(session.submit(env, f"a{i}") for i, env in enumerate(envs)))
 
     results = run(main())
     assert [r[0] for r in results] == ["reply 1 (emotion 35)"] * 4
@@ -155,16 +155,16 @@ def test_batcher_hands_a_failure_to_every_caller_and_survives_a_new_loop():
 def test_equal_configs_share_one_user():
     # verl builds one agent loop per sample: loops with equal configs must share the user.
     config = {"env_id": "EmpathyDialogue-v0", "protocol": "rlver_training"}
-    a = shared(SharedUser, {**config, "name": "empathy"})
-    b = shared(SharedUser, {**config, "name": "other"})
-    c = shared(SharedUser, {**config, "name": "empathy", "protocol": "sage"})
+    a = shared({**config, "name": "empathy"})
+    b = shared({**config, "name": "other"})
+    c = shared({**config, "name": "empathy", "protocol": "sage"})
     assert a is b and a.user is b.user
     assert c is not a and c.user is not a.user
     assert a.env_kwargs == {"protocol": "rlver_training"}
 
 
 def test_bad_dialogue_starts_raise_errors_that_name_the_field():
-    env = shared(SharedUser, scripted_config(ScriptedUser([0]))).new_env()
+    env = shared(scripted_config(ScriptedUser([0]))).new_env()
     with pytest.raises(KeyError, match="'seed'"):
         start_env(env, {"persona_id": EN[0], "opening": "Hi."})
     with pytest.raises(TypeError, match="'opening'"):
@@ -200,7 +200,7 @@ def test_rows_reproduce_the_env_reset_and_start_env_recreates_them():
         assert row["reward_model"] == {"style": "rule", "ground_truth": [EN[3], EN[4]][index]}
         assert row["data_source"] == "empathy_gym/EmpathyDialogue-v0"
 
-    env = shared(SharedUser, config).new_env()
+    env = shared(config).new_env()
     start_env(env, rows[0]["extra_info"]["interaction_kwargs"])
     assert env.dialogue.messages == rows[0]["prompt"]
 

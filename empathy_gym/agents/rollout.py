@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from empathy_gym.boundary import ChatEncoder
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.engine import Driver, Start, StepResult, play
+from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.seeding import derive_seed
 from empathy_gym.think import CLOSE as CLOSE_THINK
 
@@ -325,42 +326,30 @@ class RolloutEngine:
         n = len(env_seeds)
         if n > len(self.envs):
             raise ValueError(f"{n} dialogues but only {len(self.envs)} envs")
-        groups = list(groups) if groups is not None else list(range(n))
-        envs = self.envs[:n]
-        times = RolloutTimes()
+        driver = _TrainingDriver(
+            self,
+            groups=list(groups) if groups is not None else list(range(n)),
+            seeds=[int(seed) for seed in env_seeds],
+            seed_keys=list(seed_keys) if seed_keys is not None else list(range(n)),
+            sampling_seed=sampling_seed,
+            key_offset=key_offset,
+            round_index=round_index,
+            should_stop=should_stop or (lambda: False),
+        )
         started = time.perf_counter()
-        tick = time.perf_counter()
-        resets = reset_many(envs, list(env_seeds))
-        times.user += time.perf_counter() - tick
-        dialogues = {
-            key: self._start(env, info, key_offset + key, groups[key], int(env_seeds[key]), round_index)
-            for key, ((_, info), env) in enumerate(zip(resets, envs))
-        }
-        seed_of = seed_keys if seed_keys is not None else range(n)
-        turn = 0
-        while active := [key for key, t in dialogues.items() if not t.done]:
-            turn += 1
-            tick = time.perf_counter()
-            samples = self.generator.generate(
-                [dialogues[k].token_ids for k in active], [derive_seed(sampling_seed, seed_of[k], turn) for k in active]
-            )
-            times.generation += time.perf_counter() - tick
-            if should_stop is not None and should_stop():  # before the (slow) user turn
-                raise RolloutInterrupted(f"stopped while generating turn {turn}")
-            samples = [self._fit(sample, len(dialogues[k].token_ids)) for k, sample in zip(active, samples)]
-            times.generated_tokens += sum(len(s.token_ids) for s in samples)
-            tick = time.perf_counter()
-            results = step_many([envs[k] for k in active], [self._decode(s) for s in samples])
-            times.user += time.perf_counter() - tick
-            for key, sample, result in zip(active, samples, results):
-                self._record_turn(dialogues[key], envs[key], sample, result)
-                if dialogues[key].done and on_episode_end is not None:
-                    on_episode_end(dialogues[key])
-            if should_stop is not None and should_stop():
-                raise RolloutInterrupted(f"stopped after turn {turn}")
+        trajectories: dict[int, Trajectory] = {}
+        for ended in play(self.envs[:n], [Start(seed) for seed in driver.seeds], driver):
+            for trajectory in ended:
+                trajectories[trajectory.key - key_offset] = trajectory
+                if on_episode_end is not None:
+                    on_episode_end(trajectory)
+            if driver.should_stop():
+                raise RolloutInterrupted(f"stopped after turn {driver.turn}")
+        times = driver.times
         times.total = time.perf_counter() - started
+        times.user = times.total - times.generation
         self.times = times
-        return [dialogues[key] for key in range(n)]
+        return [trajectories[key] for key in range(n)]
 
     def _start(
         self, env: EmpathyDialogueEnv, info: dict[str, Any], key: int, group: int, env_seed: int, round_index: int
@@ -456,3 +445,42 @@ class RolloutEngine:
     def _decode(self, sample: Sample) -> str:
         ids = sample.token_ids[:-1] if sample.finished else sample.token_ids
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _TrainingDriver(Driver[Trajectory]):
+    """The rollout engine's side of :func:`~empathy_gym.engine.play`: token-in-token-out
+    trajectories and one batched generate per turn."""
+
+    def __init__(
+        self, engine: RolloutEngine, *, groups, seeds, seed_keys, sampling_seed, key_offset, round_index, should_stop
+    ):
+        self.engine, self.groups, self.seeds, self.seed_keys = engine, groups, seeds, seed_keys
+        self.sampling_seed, self.key_offset, self.round_index = sampling_seed, key_offset, round_index
+        self.should_stop: Callable[[], bool] = should_stop
+        self.times = RolloutTimes()
+        self.turn = 0
+        self._samples: dict[int, Sample] = {}
+
+    def begin(self, index: int, env: EmpathyDialogueEnv, info: dict[str, Any]) -> Trajectory:
+        return self.engine._start(
+            env, info, self.key_offset + index, self.groups[index], self.seeds[index], self.round_index
+        )
+
+    def act(self, states: Sequence[Trajectory]) -> list[str]:
+        self.turn += 1
+        tick = time.perf_counter()
+        samples = self.engine.generator.generate(
+            [t.token_ids for t in states],
+            [derive_seed(self.sampling_seed, self.seed_keys[t.key - self.key_offset], self.turn) for t in states],
+        )
+        self.times.generation += time.perf_counter() - tick
+        if self.should_stop():  # before the (slow) user turn
+            raise RolloutInterrupted(f"stopped while generating turn {self.turn}")
+        samples = [self.engine._fit(sample, len(t.token_ids)) for t, sample in zip(states, samples)]
+        self.times.generated_tokens += sum(len(sample.token_ids) for sample in samples)
+        self._samples = {t.key: sample for t, sample in zip(states, samples)}
+        return [self.engine._decode(sample) for sample in samples]
+
+    def record(self, state: Trajectory, env: EmpathyDialogueEnv, result: StepResult) -> bool:
+        self.engine._record_turn(state, env, self._samples[state.key], result)
+        return state.done

@@ -9,13 +9,10 @@ them concurrently in one process. Two things follow:
   messages), so a dataset row or task can recreate the very same dialogue later with
   ``env.prepare_reset(seed=..., options={"persona": ...})`` and ``env.finish_reset(persona,
   opening)``; an LLM user's opening is never regenerated differently.
-* **One user per process.** :class:`SharedUser` builds the simulated user once per config
-  and process, hands out envs that use it (:meth:`SharedUser.new_env`), and sends the user
-  turns of concurrent dialogues as one batched :func:`~empathy_gym.env.step_many` call
-  (:meth:`SharedUser.step`, through a
-  :class:`~empathy_gym.integrations.batching.MicroBatcher`). :func:`shared` returns the
-  process-wide instance for a config, so adapter objects that trainers build per sample
-  still share one user.
+* **One user per process.** :func:`shared` returns the process-wide
+  :class:`~empathy_gym.engine.DialogueEngine` of a config, so the adapter objects that
+  trainers build per sample share one simulated user, and the user turns of concurrent
+  dialogues meet in one batched call (:func:`~empathy_gym.engine.play_one`).
 """
 
 from __future__ import annotations
@@ -25,87 +22,16 @@ import numbers
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user, step_many
-from empathy_gym.integrations.batching import MicroBatcher
+from empathy_gym.engine import ENGINE_KEYS, DialogueEngine
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user
 from empathy_gym.personas import Persona, load_personas
 
-#: Config keys that :class:`SharedUser` reads itself; every other key (except ``name``)
-#: is a ``gym.make`` keyword (``user``: a spec string or a mapping of
-#: :class:`~empathy_gym.specs.UserSpec` fields; ``protocol``, ``difficulty``,
-#: ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...).
-SHARED_USER_KEYS: dict[str, Any] = {"env_id": "EmpathyDialogue-RLVER-v0", "batch_window_ms": 5.0, "max_batch_size": 64}
-
-
-class SharedUser:
-    """One simulated user, built once, for many concurrent dialogues of one process.
-
-    Args:
-        config: ``env_id`` (default ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms``
-            (5: how long the micro-batcher waits for more turns after the first), and
-            ``max_batch_size`` (64), plus any ``gym.make`` keyword. The ``user`` key names
-            the simulated user (a spec string, a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields, or from Python a ``UserSpec`` or
-            a ready :class:`~empathy_gym.user.SimulatedUser`). ``name``
-            is ignored. Subclasses add keys through :attr:`option_defaults`.
-
-    Raises:
-        gymnasium.error.Error: an unknown ``env_id``. TypeError: ``env_id`` is not an
-            :class:`EmpathyDialogueEnv`. ValueError/KeyError: bad env options.
-    """
-
-    option_defaults: ClassVar[dict[str, Any]] = SHARED_USER_KEYS
-
-    def __init__(self, config: Mapping[str, Any]):
-        config = dict(config)
-        config.pop("name", None)
-        self.options: dict[str, Any] = {key: config.pop(key, default) for key, default in self.option_defaults.items()}
-        self.env_id: str = self.options["env_id"]
-        self.env_kwargs: dict[str, Any] = config
-        first = gym.make(self.env_id, **self.env_kwargs).unwrapped
-        if not isinstance(first, EmpathyDialogueEnv):
-            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv (got {type(first).__name__})")
-        self._owner = first  # owns the user; never handed out, so no caller closes it
-        self.user = first.user
-        self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], tuple] = MicroBatcher(
-            _step_batch,
-            window_s=float(self.options["batch_window_ms"]) / 1000.0,
-            max_batch=int(self.options["max_batch_size"]),
-        )
-
-    def new_env(self) -> EmpathyDialogueEnv:
-        """An env with this config and the shared simulated user (closing it leaves the
-        user open)."""
-        return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
-
-    async def step(self, env: EmpathyDialogueEnv, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """``env.step(action)``, batched with the other dialogues' concurrent turns: one
-        call of the simulated user for all turns queued within ``batch_window_ms``.
-
-        Returns:
-            ``(observation, reward, terminated, truncated, info)`` as ``env.step``.
-
-        Raises:
-            As ``env.step``; SimulatorError for every dialogue of a batch the LLM user
-            failed.
-        """
-        return await self.batcher.submit((env, action))
-
-    def close(self) -> None:
-        """Close the simulated user if this object built it."""
-        self._owner.close()
-
-
-def _step_batch(items: list[tuple[EmpathyDialogueEnv, str]]) -> list[tuple]:
-    return step_many([env for env, _ in items], [action for _, action in items])
-
-
-SharedT = TypeVar("SharedT", bound=SharedUser)
-_SHARED: dict[tuple[type, str], SharedUser] = {}
+_SHARED: dict[str, DialogueEngine] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -114,14 +40,14 @@ def _config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(plain, sort_keys=True, default=lambda value: f"<{type(value).__name__} at {id(value):#x}>")
 
 
-def shared(cls: type[SharedT], config: Mapping[str, Any]) -> SharedT:
-    """The process-wide ``cls(config)``, created on first use; configs equal up to
-    ``name`` share one (objects in the config compare by identity)."""
-    key = (cls, _config_key(config))
+def shared(config: Mapping[str, Any]) -> DialogueEngine:
+    """The process-wide ``DialogueEngine(config)``, created on first use; configs equal up
+    to ``name`` share one (objects in the config compare by identity)."""
+    key = _config_key(config)
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = cls(config)
-        return _SHARED[key]  # type: ignore[return-value]
+            _SHARED[key] = DialogueEngine(config)
+        return _SHARED[key]
 
 
 def close_shared() -> None:
@@ -156,7 +82,7 @@ def dialogue_starts(
     """Start one dialogue per persona, with one batched call of the user for the openings.
 
     Args:
-        config: as for :class:`SharedUser` (keys it reads itself, and ``name``, are
+        config: as for :class:`~empathy_gym.engine.DialogueEngine` (keys it reads itself, and ``name``, are
             ignored here; the rest are ``gym.make`` keywords), so
             the starts match what an env with that config recreates (system prompt,
             think mode).
@@ -167,11 +93,11 @@ def dialogue_starts(
         One :class:`DialogueStart` per persona, in order.
 
     Raises:
-        KeyError: an unknown persona id. As :class:`SharedUser` for a bad config.
+        KeyError: an unknown persona id. As :class:`~empathy_gym.engine.DialogueEngine` for a bad config.
     """
     config = dict(config or {})
-    env_id = config.pop("env_id", SHARED_USER_KEYS["env_id"])
-    for key in (*SHARED_USER_KEYS, "name"):
+    env_id = config.pop("env_id", ENGINE_KEYS["env_id"])
+    for key in (*ENGINE_KEYS, "name"):
         config.pop(key, None)
     bank = persona_bank({**config, "env_id": env_id})
     ids = list(persona_ids) if persona_ids is not None else [p.id for p in bank]
@@ -190,7 +116,7 @@ def persona_bank(config: Mapping[str, Any] | None = None) -> tuple[Persona, ...]
     """The personas of the env that ``config`` makes (its ``personas`` key, else the
     registered ``env_id``'s bank), without building a user."""
     config = dict(config or {})
-    env_id = config.get("env_id", SHARED_USER_KEYS["env_id"])
+    env_id = config.get("env_id", ENGINE_KEYS["env_id"])
     return load_personas(config.get("personas", gym.spec(env_id).kwargs.get("personas")))
 
 

@@ -13,7 +13,7 @@ env does with a game engine. Here the simulated user answers:
   opening that recreate it;
 * :class:`EmpathyEnv` plays it: the agent answers the opening, the env steps our
   ``EmpathyDialogueEnv`` with the reply (the user's turns of concurrent episodes go to one
-  shared simulated user in batched calls, :class:`~empathy_gym.integrations.dialogues.SharedUser`),
+  shared simulated user in batched calls, :class:`~empathy_gym.engine.DialogueEngine`),
   and the user's reply is the agent's next user turn, until the env ends the dialogue
   (success, failure, max turns);
 * the trace's reward is the episode's **emotion change**: the sum of the env's turn
@@ -38,7 +38,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from empathy_gym.boundary import neutralise
-from empathy_gym.integrations.dialogues import SharedUser, dialogue_starts, shared, start_env
+from empathy_gym.engine import StepResult, play_one
+from empathy_gym.integrations.dialogues import dialogue_starts, shared, start_env
 
 try:
     import verifiers.v1 as vf
@@ -83,7 +84,7 @@ class EmpathyTaskConfig(vf.TaskConfig):
     """The most user turns per batched call."""
 
     def user_config(self) -> dict[str, Any]:
-        """The :class:`SharedUser` config of these options."""
+        """The :class:`~empathy_gym.engine.DialogueEngine` config of these options."""
         return {
             "env_id": self.env_id,
             **self.env,
@@ -146,7 +147,7 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
 
     async def start(self) -> None:
         # Build the shared user before the first rollout, so a bad config fails fast.
-        self.user = shared(SharedUser, self.taskset.config.task.user_config())
+        self.user = shared(self.taskset.config.task.user_config())
 
     async def run(self, task: EmpathyTask, agents: vf.Agents) -> None:
         """One episode: the agent answers the opening line, the simulated user answers
@@ -158,20 +159,26 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
             KeyError, TypeError: task data without a valid persona id, seed or opening.
             SimulatorError: the LLM user failed (for every episode of its batch).
         """
-        user = shared(SharedUser, task.config.user_config())
-        env = user.new_env()
+        engine = shared(task.config.user_config())
+        env = engine.new_env()
         rewards: list[float] = []
-        info: dict[str, Any] = {}
+        infos: list[dict[str, Any]] = [{}]
         try:
             start_env(env, task.data.model_dump())
             async with agents.agent.interaction(task) as interaction:
-                segment = await interaction.turn()  # the agent answers the opening line
-                while not segment.terminated:
-                    observation, reward, terminated, truncated, info = await user.step(env, segment.last_reply)
-                    rewards.append(float(reward))
-                    if terminated or truncated:
-                        break
-                    segment = await interaction.turn(neutralise(observation))  # data, not turns
+
+                async def act(observation: str | None) -> str | None:
+                    # the agent answers the opening line, then each user reply (as data, not turns)
+                    turn = interaction.turn() if observation is None else interaction.turn(neutralise(observation))
+                    segment = await turn
+                    return None if segment.terminated else segment.last_reply
+
+                def record(result: StepResult) -> bool:
+                    rewards.append(float(result[1]))
+                    infos.append(result[4])
+                    return False
+
+                await play_one(engine, env, act, record)
             dialogue = env.dialogue
         finally:
             env.close()  # the shared user stays open
@@ -182,7 +189,7 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
             {**scores, "turns": float(len(rewards)), "success": float(dialogue.done_reason == "success")}
         )
         trace.info["emotions"] = list(dialogue.emotions)
-        trace.info["termination_reason"] = info.get("termination_reason")
+        trace.info["termination_reason"] = infos[-1].get("termination_reason")
 
 
 def load_environment(

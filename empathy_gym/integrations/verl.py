@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import empathy_gym  # noqa: F401  (registers the env ids)
-from empathy_gym.integrations.dialogues import SHARED_USER_KEYS, dialogue_starts, persona_bank
+from empathy_gym.engine import ENGINE_KEYS
+from empathy_gym.integrations.dialogues import dialogue_starts, persona_bank
 
 #: The ``name`` written into each row's ``interaction_kwargs`` when the config has none
 #: (verl's row format has it; the agent loop does not read it).
@@ -85,11 +86,11 @@ def build_rows(
 
     Raises:
         KeyError: an unknown persona id. As
-            :class:`~empathy_gym.integrations.dialogues.SharedUser` for a bad config.
+            :class:`~empathy_gym.engine.DialogueEngine` for a bad config.
     """
     config = dict(config or {})
     name = config.get("name", DEFAULT_NAME)
-    env_id = config.get("env_id", SHARED_USER_KEYS["env_id"])
+    env_id = config.get("env_id", ENGINE_KEYS["env_id"])
     return [
         {
             "data_source": data_source or f"empathy_gym/{env_id}",
@@ -210,9 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     prepare.add_argument("--name", help="which entry of --config (default: the first of ours)")
     prepare.add_argument("--personas", help="persona bank: 'rlver', 'en', 'zh' or a JSONL path")
-    prepare.add_argument(
-        "--env-id", help=f"registered env id (default from --config, else {SHARED_USER_KEYS['env_id']})"
-    )
+    prepare.add_argument("--env-id", help=f"registered env id (default from --config, else {ENGINE_KEYS['env_id']})")
     prepare.add_argument("--seed", type=int, default=0, help="row i gets env seed SEED + i")
     prepare.add_argument("--val-size", type=int, default=32, help="personas held out for val.parquet (0: none)")
     args = parser.parse_args(argv)

@@ -39,17 +39,17 @@ which GRPO does not notice and GAE sees as one delayed reward. With
 
 The simulated user is shared by the loops of one worker process: verl builds an agent
 loop object per sample, and every object built from an equal config shares one
-:class:`~empathy_gym.integrations.dialogues.SharedUser`, so concurrent dialogues of a worker send
+:class:`~empathy_gym.engine.DialogueEngine`, so concurrent dialogues of a worker send
 their user turns as one batched :func:`~empathy_gym.env.step_many` call (micro-batched
 within ``batch_window_ms``, at most ``max_batch_size``; see
-:mod:`empathy_gym.integrations.batching`). Each agent-loop worker
+:mod:`empathy_gym.batching`). Each agent-loop worker
 (``rollout.agent.num_workers``) is its own process with its own user.
 
 Configuration: the loop's keyword arguments are the entry of the agent-loop YAML that
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names
 (``agents/verl/agent_loop.yaml``); verl instantiates the entry with
 ``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
-:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.integrations.dialogues.SharedUser`
+:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.engine.DialogueEngine`
 (``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
 ``user`` (a spec string or a mapping of :class:`~empathy_gym.specs.UserSpec` fields:
 ``backend``, ``model``, ``base_url``, ``appraisal_mode``, ...), ``protocol``,
@@ -63,6 +63,7 @@ Importing this module needs verl; everything else in ``empathy_gym.integrations`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +73,8 @@ import torch
 
 from empathy_gym.agents.generation import end_of_turn_ids
 from empathy_gym.boundary import ChatEncoder
-from empathy_gym.integrations.dialogues import SharedUser, dialogue_fields, shared, start_env
+from empathy_gym.engine import DialogueEngine, StepResult, play_one
+from empathy_gym.integrations.dialogues import dialogue_fields, shared, start_env
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
@@ -213,7 +215,7 @@ class EmpathyAgentLoop(AgentLoopBase):
             trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
         )
         self.name = name
-        self.session: SharedUser = shared(SharedUser, {key: _plain(value) for key, value in env_config.items()})
+        self.session: DialogueEngine = shared({key: _plain(value) for key, value in env_config.items()})
         self.response_length: int = int(self.rollout_config.response_length)
         self.max_assistant_turns: int | None = self.rollout_config.multi_turn.max_assistant_turns
         self.chat = ChatEncoder(tokenizer)  # the user's text reaches verl's tokenizer as data
@@ -274,23 +276,35 @@ class EmpathyAgentLoop(AgentLoopBase):
     ) -> EmpathyAgentLoopOutput:
         rollout = _Rollout(list(await self.ct_build_initial_tokens(messages)), emotions=[env.dialogue.emotion])
         request_id = uuid4().hex  # one id per dialogue: sticky to one server (prefix cache)
-        while True:
+
+        async def act(observation: str | None) -> str | None:
+            if observation is not None and not await self._add_user_turn(rollout, messages, observation):
+                rollout.reason = "response_length"  # no room for the user's turn
+                return None
             output = await self._generate(rollout, request_id, sampling_params)
             if len(rollout.response_mask) >= self.response_length:
-                return self._output(env, rollout, "response_length")  # the reply filled the budget: not appraised
+                rollout.reason = "response_length"  # the reply filled the budget: not appraised
+                return None
+            rollout.unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
             reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
-            with simple_timer("tool_calls", rollout.metrics):  # verl's field for environment time
-                observation, reward, terminated, truncated, info = await self.session.step(env, reply)
+            messages.append({"role": "assistant", "content": reply})
+            rollout.metrics.setdefault("tool_calls", 0.0)  # verl's field for environment time
+            rollout.user_started = time.perf_counter()
+            return reply
+
+        def record(result: StepResult) -> bool:
+            _, reward, terminated, truncated, info = result
+            rollout.metrics["tool_calls"] += time.perf_counter() - rollout.user_started
             rollout.turn_scores.append(float(reward))
             rollout.emotions.append(int(info["emotion"]))
-            messages.append({"role": "assistant", "content": reply})
             if terminated or truncated:
-                return self._output(env, rollout, info["termination_reason"] or "max_turns")
-            if self.max_assistant_turns and rollout.replies >= self.max_assistant_turns:
-                return self._output(env, rollout, "max_assistant_turns")
-            unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
-            if not await self._add_user_turn(rollout, messages, observation, unfinished):
-                return self._output(env, rollout, "response_length")  # no room for the user's turn
+                rollout.reason = info["termination_reason"] or "max_turns"
+            elif self.max_assistant_turns and rollout.replies >= self.max_assistant_turns:
+                rollout.reason = "max_assistant_turns"
+            return rollout.reason is not None
+
+        await play_one(self.session, env, act, record)
+        return self._output(env, rollout, rollout.reason)
 
     async def _generate(self, rollout: _Rollout, request_id: str, sampling_params: dict[str, Any]) -> Any:
         """Sample the policy's next reply and add it to ``rollout`` (response mask 1)."""
@@ -318,12 +332,10 @@ class EmpathyAgentLoop(AgentLoopBase):
         rollout.replies += 1
         return output
 
-    async def _add_user_turn(
-        self, rollout: _Rollout, messages: list[dict[str, Any]], observation: str, unfinished: bool
-    ) -> bool:
+    async def _add_user_turn(self, rollout: _Rollout, messages: list[dict[str, Any]], observation: str) -> bool:
         """Close a cut reply (end-of-turn token, mask 0, as the rollout engine does) and add
         the user's turn (mask 0); ``False`` when it does not fit in ``response_length``."""
-        if unfinished:
+        if rollout.unfinished:
             rollout.token_ids, rollout.response_mask = rollout.token_ids + [self.eos_id], rollout.response_mask + [0]
             if rollout.response_logprobs:
                 rollout.response_logprobs = rollout.response_logprobs + [0.0]
@@ -393,6 +405,9 @@ class _Rollout:
     turn_scores: list[float] = field(default_factory=list)
     replies: int = 0
     user_turns: int = 0
+    unfinished: bool = False  # the last reply was cut at the server's max_tokens
+    user_started: float = 0.0  # perf_counter() when the last reply went to the user
+    reason: str | None = None  # why the dialogue ended, once it has
     metrics: dict[str, Any] = field(default_factory=dict)
     extra_fields: dict[str, Any] = field(default_factory=dict)
 
