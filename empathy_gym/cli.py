@@ -295,7 +295,8 @@ def replay_command(
         list[Path],
         typer.Argument(
             metavar="LOG...",
-            help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl) or folders of them",
+            help="SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl), our own "
+            "transcripts.jsonl (eval) or episodes.jsonl (training), or folders of them",
         ),
     ],
     out: Annotated[
@@ -308,16 +309,23 @@ def replay_command(
         ProtocolName, typer.Option(help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")
     ] = ProtocolName.sage,
     limit: Annotated[int | None, typer.Option(min=1, help="only the first N dialogues of each log")] = None,
+    personas: Annotated[
+        str | None,
+        typer.Option(help="our own logs: the persona bank they were played with (default: the one run.json names)"),
+    ] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,
 ) -> None:
-    """Measure a simulated user against SAGE's: score each log as SAGE's leaderboard does,
-    re-appraise every logged agent turn with --user (given the logged history and
-    emotion before it), and report the agreement with SAGE's logged changes: sign
-    agreement, Cohen's kappa, Spearman, Pearson, MAE, a sign confusion table, per-log
-    means, and Kendall's tau between the rankings of the tested models.
+    """Re-judge finished dialogues with another simulated user: score each log as SAGE's
+    leaderboard does, re-appraise every logged agent turn with --user (given the logged
+    history and emotion before it), and report the agreement with the user that played
+    them, per turn and per dialogue: sign agreement, Cohen's kappa, Spearman, Pearson,
+    MAE, a sign confusion table, per-log means, and Kendall's tau between the rankings
+    of the tested models.
 
         empathy-gym replay ../shared/data/sage/logs --user rule --out runs/replay-rule
+
+        empathy-gym replay runs/listener --user rule,difficulty=challenging --out runs/rejudged
 
     Each batch of appraisals is saved at once; rerunning the same command after a crash
     or Ctrl-C skips them and gives the same report.
@@ -337,6 +345,7 @@ def replay_command(
             seed=seed,
             batch_size=batch_size,
             limit=limit,
+            personas=personas,
             out_dir=out,
             on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
         )
@@ -349,74 +358,8 @@ def _number(value: Any, digits: int = 2) -> str:
 
 
 def _print_replay(report: dict[str, Any], resumed: int) -> None:
-    logs = Table(
-        title="SAGE's logs: leaderboard numbers, and the same dialogues replayed through "
-        "our protocol with the logged changes",
-        title_justify="left",
-    )
-    for column in (
-        "log",
-        "dialogues",
-        "score",
-        "success",
-        "failure",
-        "replayed",
-        "turns",
-        "logged mean",
-        "predicted mean",
-        "sign agree",
-    ):
-        logs.add_column(column, justify="left" if column == "log" else "right")
-    for row in report["logs"]:
-        logs.add_row(
-            escape(row["name"]),
-            str(row["dialogues"]),
-            f"{row['score']:.2f}",
-            str(row["success"]),
-            str(row["failure"]),
-            f"{row['protocol_matches']}/{row['dialogues']}",
-            str(row["turns"]),
-            _number(row["mean_logged"]),
-            _number(row["mean_predicted"]),
-            _number(row["sign_agreement"]),
-        )
-    console.print(logs)
-    table = Table(
-        title=f"agreement with SAGE's logged changes ({report['turns']} turns"
-        f"{f', {resumed} resumed' if resumed else ''})",
-        title_justify="left",
-    )
-    columns = (
-        "turns",
-        "sign agree",
-        "sign agree (logged != 0)",
-        "chance",
-        "kappa",
-        "Spearman",
-        "Pearson",
-        "MAE",
-        "Kendall tau (change)",
-        "Kendall tau (score)",
-    )
-    table.add_column("simulator")
-    for column in columns:
-        table.add_column(column, justify="right")
-    rows = [("all logs", report["agreement"])] + list(report["by_simulator"].items())
-    for name, stats in rows:
-        table.add_row(
-            escape(name),
-            str(stats["turns"]),
-            _number(stats["sign_agreement"]),
-            _number(stats["sign_agreement_nonzero"]),
-            _number(stats["chance_agreement"]),
-            _number(stats["cohen_kappa"]),
-            _number(stats["spearman"]),
-            _number(stats["pearson"]),
-            _number(stats["mae"]),
-            _number(stats["kendall_tau"]),
-            _number(stats["kendall_tau_score"]),
-        )
-    console.print(table)
+    console.print(_logs_table(report["logs"]))
+    console.print(_agreement_table(report, resumed))
     confusion = Table(title="signs: logged (rows) against predicted (columns), all logs", title_justify="left")
     confusion.add_column("logged")
     for sign in ("-", "0", "+"):
@@ -424,6 +367,58 @@ def _print_replay(report: dict[str, Any], resumed: int) -> None:
     for sign, row in report["agreement"]["confusion"].items():
         confusion.add_row(sign, *(str(row[s]) for s in ("-", "0", "+")))
     console.print(confusion)
+
+
+def _logs_table(logs: list[dict[str, Any]]) -> Table:
+    table = Table(
+        title="logs: leaderboard numbers, and the same dialogues replayed through our protocol with the logged changes",
+        title_justify="left",
+    )
+    columns = ("log", "dialogues", "score", "success", "failure", "replayed", "turns")
+    for column in (*columns, "logged mean", "predicted mean", "sign agree"):
+        table.add_column(column, justify="left" if column == "log" else "right")
+    for row in logs:
+        table.add_row(
+            escape(row["name"]),
+            str(row["dialogues"]),
+            f"{row['score']:.2f}",
+            str(row["success"]),
+            str(row["failure"]),
+            f"{row['protocol_matches']}/{row['dialogues']}",
+            str(row["turns"]),
+            *(_number(row[key]) for key in ("mean_logged", "mean_predicted", "sign_agreement")),
+        )
+    return table
+
+
+_AGREEMENT_COLUMNS = {
+    "sign agree": "sign_agreement",
+    "sign agree (logged != 0)": "sign_agreement_nonzero",
+    "chance": "chance_agreement",
+    "kappa": "cohen_kappa",
+    "Spearman": "spearman",
+    "Pearson": "pearson",
+    "MAE": "mae",
+    "Kendall tau (change)": "kendall_tau",
+    "Kendall tau (score)": "kendall_tau_score",
+}
+
+
+def _agreement_table(report: dict[str, Any], resumed: int) -> Table:
+    table = Table(
+        title=f"agreement with the logged changes ({report['turns']} turns"
+        f"{f', {resumed} resumed' if resumed else ''}); per dialogue: the sums over each dialogue",
+        title_justify="left",
+    )
+    table.add_column("simulator")
+    table.add_column("turns", justify="right")
+    for column in _AGREEMENT_COLUMNS:
+        table.add_column(column, justify="right")
+    rows = [("all logs", report["agreement"])] + list(report["by_simulator"].items())
+    rows.append(("all logs, per dialogue", {**report["dialogue_agreement"], "kendall_tau_score": None}))
+    for name, stats in rows:
+        table.add_row(escape(name), str(stats["turns"]), *(_number(stats[key]) for key in _AGREEMENT_COLUMNS.values()))
+    return table
 
 
 # -- play ------------------------------------------------------------------------------

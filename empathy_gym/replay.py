@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from empathy_gym.own_logs import OWN_LOG_NAMES, is_own_log, own_log_names, read_own_log
 from empathy_gym.personas import Persona
 from empathy_gym.run_folder import EvaluationError, RunFolder
 from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
@@ -204,7 +205,7 @@ class LoggedUser(SimulatedUser):
             persona ids must be unique among them.
 
     Raises:
-        ValueError: two dialogues with one id.
+        ValueError: two dialogues with one persona id.
         SimulatorError (from :meth:`appraise`): a turn that SAGE never appraised, or one
             the logs do not hold.
     """
@@ -214,9 +215,10 @@ class LoggedUser(SimulatedUser):
     def __init__(self, dialogues: Sequence[LoggedDialogue]):
         self.turns: dict[tuple[str, int], LoggedTurn] = {}
         for dialogue in dialogues:
-            if (dialogue.id, 1) in self.turns:
-                raise ValueError(f"LoggedUser: two dialogues with id {dialogue.id!r}")
-            self.turns.update({(dialogue.id, turn.turn): turn for turn in dialogue.turns})
+            persona_id = dialogue.persona.id
+            if (persona_id, 1) in self.turns:
+                raise ValueError(f"LoggedUser: two dialogues with persona id {persona_id!r}")
+            self.turns.update({(persona_id, turn.turn): turn for turn in dialogue.turns})
 
     def _turn(self, request: UserRequest) -> LoggedTurn:
         turn = self.turns.get((request.persona.id, request.turn))
@@ -315,37 +317,48 @@ class LogFile:
     dialogues: tuple[LoggedDialogue, ...]
 
 
-def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None) -> list[LogFile]:
-    """Read SAGE result logs for :func:`replay_logs`; a folder stands for the
-    ``*_result.jsonl`` files under it (sorted).
+def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, personas: Any = None) -> list[LogFile]:
+    """Read dialogue logs for :func:`replay_logs`: SAGE's result logs, and our own
+    ``transcripts.jsonl`` (eval) and ``episodes.jsonl`` (training)
+    (:mod:`empathy_gym.own_logs`). A folder stands for the ``*_result.jsonl`` files under
+    it (sorted), or else for the run's own file in it.
+
+    Args:
+        personas: the bank our own logs were played with (``None``: the one their
+            ``run.json`` names); not used for SAGE's logs, which carry their profiles.
 
     Raises:
         SageLogError: a malformed line (file, line, field). FileNotFoundError: a missing
-            path, or a folder without logs. ValueError: two files with one
-            ``simulator/model`` name.
+            path, or a folder without logs. ValueError: two files with one name.
     """
+    logs, seen = [], {}
+    for path in _log_files(paths):
+        own = is_own_log(path)
+        simulator, model = own_log_names(path) if own else log_names(path)
+        name = f"{simulator}/{model}"
+        if name in seen:
+            raise ValueError(f"{path} and {seen[name]} have the same name {name!r}; replay them separately")
+        seen[name] = path
+        dialogues = read_own_log(path, personas, limit) if own else read_sage_log(path, limit=limit)
+        logs.append(LogFile(str(path), name, simulator, model, tuple(dialogues)))
+    return logs
+
+
+def _log_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(path.rglob("*_result.jsonl"))
+            found = sorted(path.rglob("*_result.jsonl")) or [path / n for n in OWN_LOG_NAMES if (path / n).exists()]
             if not found:
-                raise FileNotFoundError(f"{path}: no *_result.jsonl files in this folder")
-            files += found
+                raise FileNotFoundError(
+                    f"{path}: no *_result.jsonl files and no {' or '.join(OWN_LOG_NAMES)} in this folder"
+                )
+            files += found[:1] if found[0].name in OWN_LOG_NAMES else found
         elif not path.exists():
             raise FileNotFoundError(f"{path}: no such log file")
         else:
             files.append(path)
-    logs, seen = [], {}
-    for path in files:
-        simulator, model = log_names(path)
-        name = f"{simulator}/{model}"
-        if name in seen:
-            raise ValueError(
-                f"{path} and {seen[name]} have the same simulator/model name {name!r}; replay them separately"
-            )
-        seen[name] = path
-        logs.append(LogFile(str(path), name, simulator, model, tuple(read_sage_log(path, limit=limit))))
-    return logs
+    return files
 
 
 def turn_record(
@@ -398,6 +411,30 @@ def _agreement_dict(records: Sequence[Mapping[str, Any]], scores: Mapping[str, f
     return result
 
 
+def dialogue_agreement(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """:func:`agreement` per dialogue: the sum of the re-judging user's clamped changes
+    against the sum of the logged changes over each dialogue's scored turns (the emotion
+    each user would have moved the dialogue by; the replies stay the logged ones).
+
+    Args:
+        records: per-turn records (:func:`turn_record`).
+
+    Returns:
+        :meth:`Agreement.as_dict` over dialogues (``turns`` counts dialogues here;
+        ``per_model`` and ``kendall_tau`` by log).
+
+    Raises:
+        ValueError: no records.
+    """
+    sums: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        pair = sums.setdefault((record["log"], record["dialogue_id"]), [0.0, 0.0])
+        pair[0] += record["predicted"]
+        pair[1] += record["logged_change"]
+    keys = list(sums)
+    return agreement([sums[k][0] for k in keys], [sums[k][1] for k in keys], models=[k[0] for k in keys]).as_dict()
+
+
 def summarize_replay(
     logs: Sequence[LogFile],
     records: Sequence[Mapping[str, Any]],
@@ -418,8 +455,10 @@ def summarize_replay(
       ``kendall_tau`` between the ranking of the logs by mean predicted and by mean
       logged change) plus ``kendall_tau_score`` (mean predicted change against the
       log's score);
-    * ``by_simulator``: the same for the logs of each SAGE simulator (rankings are
-      comparable within one simulator only).
+    * ``dialogue_agreement``: :func:`dialogue_agreement`, the same statistics over whole
+      dialogues;
+    * ``by_simulator``: the same for the logs of each simulator (the user that played
+      them; rankings are comparable within one simulator only).
 
     Raises:
         ValueError: no records.
@@ -463,6 +502,7 @@ def summarize_replay(
         "logs": files,
         "turns": len(records),
         "agreement": _agreement_dict(records, scores),
+        "dialogue_agreement": dialogue_agreement(records),
         "by_simulator": {sim: _agreement_dict(rows, scores) for sim, rows in simulators.items()},
     }
 
@@ -529,14 +569,17 @@ def replay_logs(
     seed: int = 0,
     batch_size: int = 64,
     limit: int | None = None,
+    personas: Any = None,
     out_dir: str | os.PathLike | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Measure a simulated user against SAGE's: re-appraise every scored turn of SAGE's
-    result logs and compare with the logged changes.
+    """Measure a simulated user against the one that played the logged dialogues:
+    re-appraise every scored turn and compare with the logged changes.
 
     Args:
-        logs: ``*_result.jsonl`` files or folders of them (SAGE.md: one dialogue per line).
+        logs: SAGE's ``*_result.jsonl`` files (SAGE.md: one dialogue per line), our own
+            ``transcripts.jsonl`` (eval) or ``episodes.jsonl`` (training), or folders of
+            them (:func:`read_logs`).
         user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``, ``"vllm:PATH"``,
             ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
             :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built here,
@@ -547,6 +590,8 @@ def replay_logs(
         seed: each turn's request seed is ``derive_seed(seed, log name, dialogue id, turn)``.
         batch_size: turns per appraise call (>= 1); results are saved after each batch.
         limit: the first ``limit`` dialogues of each log (>= 1).
+        personas: the persona bank our own logs were played with (``None``: the one
+            their ``run.json`` names).
         out_dir: where to write ``run.json``, ``turns.jsonl``, ``report.json`` and
             ``scatter.png``, and to resume from (``None``: nothing written).
         on_progress: ``on_progress(done, total)`` in turns, once before the first batch
@@ -573,7 +618,7 @@ def replay_logs(
         raise EvaluationError(f"limit must be >= 1, got {limit}")
     protocol_obj = resolve_protocol(protocol)
     difficulty_obj = load_difficulty(difficulty)
-    files = read_logs(logs, limit=limit)
+    files = read_logs(logs, limit=limit, personas=personas)
     user_name, appraisal_mode = describe_user(user)
     config = {
         "user": user_name,
@@ -613,17 +658,21 @@ def replay_logs(
     report = summarize_replay(files, records, checks)
     report["config"] = {**config, "logs": [log.path for log in files], "limit": limit}
     if folder is not None:
-        folder.write_report(report)
-        overall = report["agreement"]
-        plot_agreement(
-            records,
-            folder.path / PLOT,
-            title=(
-                f"{config['user']} vs SAGE's logged appraisals ({len(records)} turns)\n"
-                f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"
-            ),
-        )
+        _write_report(folder, report, records)
     return ReplayResult(report, records, files, folder.path if folder is not None else None, len(todo) - len(pending))
+
+
+def _write_report(folder: RunFolder, report: dict[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
+    folder.write_report(report)
+    overall = report["agreement"]
+    plot_agreement(
+        records,
+        folder.path / PLOT,
+        title=(
+            f"{report['config']['user']} vs the logged appraisals ({len(records)} turns)\n"
+            f"sign agreement {overall['sign_agreement']:.2f}, Spearman {overall['spearman']:.2f}"
+        ),
+    )
 
 
 _Pending = tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]

@@ -87,6 +87,8 @@ class LoggedDialogue:
         emotions: the emotion after each user message, starting with the opening's.
         turns: one :class:`LoggedTurn` per agent reply, in order.
         messages: the logged history as dicts, unchanged.
+        dialogue_id: the dialogue's id where a persona plays several dialogues in one log
+            (our own logs); ``None``: the persona's id.
     """
 
     path: str
@@ -96,10 +98,11 @@ class LoggedDialogue:
     emotions: tuple[int, ...]
     turns: tuple[LoggedTurn, ...]
     messages: tuple[dict[str, Any], ...] = field(repr=False)
+    dialogue_id: str | None = None
 
     @property
     def id(self) -> str:
-        return self.persona.id
+        return self.dialogue_id or self.persona.id
 
 
 def log_names(path: str | os.PathLike) -> tuple[str, str]:

@@ -1,0 +1,175 @@
+"""Our own finished dialogues as logged dialogues, so that another user can re-judge them.
+
+``empathy-gym eval`` writes ``transcripts.jsonl`` and training writes ``episodes.jsonl``;
+both hold, per dialogue, the persona id, the emotions after each turn and the agent-side
+chat. :func:`read_own_log` turns each line into a
+:class:`~empathy_gym.sage_logs.LoggedDialogue`, the form SAGE's logs take, so
+:func:`~empathy_gym.replay.replay_logs` re-appraises every turn with another user and
+reports the agreement with the user that played it, in the same tables as for SAGE.
+
+A record names its persona by id only; the persona itself comes from a bank: the one
+given, else the one the run's ``run.json`` names (``eval`` writes it beside
+``transcripts.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from empathy_gym.personas import Persona, load_personas
+from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, SageLogError
+from empathy_gym.think import OPEN as OPEN_THINK
+from empathy_gym.think import split_think
+
+#: The file names our runs write dialogues to (eval, training).
+OWN_LOG_NAMES = ("transcripts.jsonl", "episodes.jsonl")
+
+
+def is_own_log(path: str | os.PathLike) -> bool:
+    """True when the first record of ``path`` is one of ours (it has ``persona_id`` and
+    ``emotions``), False for a SAGE log or an empty file."""
+    with open(path, encoding="utf-8") as handle:
+        for text in handle:
+            if text.strip():
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(record, dict) and "persona_id" in record and "emotions" in record
+    return False
+
+
+def run_personas(path: str | os.PathLike) -> str | None:
+    """The persona bank that the ``run.json`` beside ``path`` names (a bank name or a
+    path), or ``None`` where there is none."""
+    run = Path(path).parent / "run.json"
+    if not run.exists():
+        return None
+    personas = json.loads(run.read_text(encoding="utf-8")).get("personas")
+    return personas if isinstance(personas, str) else None
+
+
+def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | None = None) -> list[LoggedDialogue]:
+    """Every dialogue of one of our ``transcripts.jsonl`` or ``episodes.jsonl`` files.
+
+    Args:
+        path: the file.
+        personas: the bank the dialogues were played with (anything
+            :func:`~empathy_gym.personas.load_personas` takes); ``None``: the bank that
+            ``run.json`` beside the file names.
+        limit: read at most this many dialogues.
+
+    Returns:
+        One :class:`~empathy_gym.sage_logs.LoggedDialogue` per line; its id is
+        ``"<persona id>@<line>"`` (a persona may have played many dialogues).
+
+    Raises:
+        SageLogError: a line that is not JSON, lacks a field, or names a persona that is
+            not in the bank (file, line and field named); no bank given and no
+            ``run.json`` naming one.
+    """
+    if personas is None:
+        personas = run_personas(path)
+        if personas is None:
+            raise SageLogError(
+                f"{path}: which personas played these dialogues? no run.json beside it names a bank; "
+                f"pass the bank the run used (--personas en, rlver, a JSONL path, ...)"
+            )
+    bank = {persona.id: persona for persona in load_personas(personas)}
+    dialogues = []
+    with open(path, encoding="utf-8") as handle:
+        for number, text in enumerate(handle, start=1):
+            if limit is not None and len(dialogues) >= limit:
+                break
+            if text.strip():
+                dialogues.append(own_dialogue(_json(text, path, number), bank, path=str(path), line=number))
+    return dialogues
+
+
+def _json(text: str, path: Any, line: int) -> dict[str, Any]:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SageLogError(f"{path}:{line}: not valid JSON: {error.msg} (column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise SageLogError(f"{path}:{line}: expected a JSON object")
+    return record
+
+
+def own_dialogue(
+    record: Mapping[str, Any], bank: Mapping[str, Persona], *, path: str = "<record>", line: int = 1
+) -> LoggedDialogue:
+    """One of our dialogue records as a :class:`~empathy_gym.sage_logs.LoggedDialogue`.
+
+    The agent's replies are the ``steps``' utterances (``transcripts.jsonl``: what reached
+    the user) or the chat's assistant messages with any thinking removed
+    (``episodes.jsonl``); the proposed changes are the steps' ``change`` (unknown for
+    training episodes); the user's replies are the chat's user messages after the opening.
+
+    Raises:
+        SageLogError: a missing field or an unknown persona (file, line and field named).
+    """
+    where = f"{path}:{line}"
+    for name in ("persona_id", "emotions", "messages"):
+        if name not in record:
+            raise SageLogError(f"{where}: field {name!r}: missing")
+    persona = bank.get(str(record["persona_id"]))
+    if persona is None:
+        raise SageLogError(
+            f"{where}: field 'persona_id': {record['persona_id']!r} is not in the persona bank; "
+            f"pass the bank the run used (--personas)"
+        )
+    users = [str(m["content"]) for m in record["messages"] if m.get("role") == "user"]
+    steps = record.get("steps")
+    if steps is not None:
+        replies, proposed = [str(s["utterance"]) for s in steps], [s.get("change") for s in steps]
+    else:
+        replies = [_reply(str(m["content"])) for m in record["messages"] if m.get("role") == "assistant"]
+        proposed = [None] * len(replies)
+    emotions = [int(e) for e in record["emotions"]]
+    dialogue_id = f"{persona.id}@{line}"
+    turns, history = [], [("user", users[0] if users else "")]
+    for index, utterance in enumerate(replies[: len(emotions) - 1], start=1):
+        reply = users[index] if index < len(users) else None
+        turns.append(
+            LoggedTurn(
+                dialogue_id=dialogue_id,
+                turn=index,
+                history=tuple(history),
+                utterance=utterance,
+                emotion_before=emotions[index - 1],
+                emotion_after=emotions[index],
+                proposed_change=proposed[index - 1],
+                appraisal=None,
+                reply=reply,
+            )
+        )
+        history += [("agent", utterance)] + ([("user", reply)] if reply is not None else [])
+    return LoggedDialogue(
+        path=path,
+        line=line,
+        persona=persona,
+        final_emotion=emotions[-1],
+        emotions=tuple(emotions),
+        turns=tuple(turns),
+        messages=tuple(record["messages"]),
+        dialogue_id=dialogue_id,
+    )
+
+
+def _reply(content: str) -> str:
+    """What reached the user of an assistant message (its thinking removed)."""
+    return split_think(content).reply if OPEN_THINK in content else content
+
+
+def own_log_names(path: str | os.PathLike) -> tuple[str, str]:
+    """``(user, run)`` for one of our files: the user that ``run.json`` beside it names
+    (``"played"`` where there is none) and the run folder's name."""
+    path = Path(path)
+    run = path.parent / "run.json"
+    user = json.loads(run.read_text(encoding="utf-8")).get("user") if run.exists() else None
+    return (str(user) if user else "played", path.parent.name or path.stem)
