@@ -171,30 +171,34 @@ def parse_dialogue(record: dict[str, Any], *, path: str = "<record>", line: int 
         persona = persona_from_rlver(profile, path=path, line=line)
     except PersonaError as error:
         raise SageLogError(str(error)) from None
+    turns, emotions = _logged_turns(messages, persona.id, where)
+    return LoggedDialogue(
+        path=path,
+        line=line,
+        persona=persona,
+        final_emotion=_int(record["emo_point"], where, "emo_point"),
+        emotions=tuple(emotions),
+        turns=tuple(turns),
+        messages=tuple(messages),
+    )
+
+
+def _logged_turns(messages: list[dict[str, Any]], dialogue_id: str, where: str) -> tuple[list[LoggedTurn], list[int]]:
+    """The agent turns of a logged history and the emotion after each user message."""
     emotion = _int(messages[0].get("emotion-point", 40), where, "history/0/emotion-point")
     emotions = [emotion]
     history: list[tuple[str, str]] = [("user", str(messages[0].get("content", "")))]
     turns: list[LoggedTurn] = []
-    index = 1
-    while index < len(messages):
-        agent = messages[index]
-        if agent.get("role") != "assistant":
-            raise SageLogError(
-                f"{where}: field 'history/{index}/role': expected 'assistant', got {agent.get('role')!r}"
-            )
-        utterance = str(agent.get("content", ""))
-        answer = messages[index + 1] if index + 1 < len(messages) else None
+    for index in range(1, len(messages), 2):
+        utterance = str(_message(messages, index, "assistant", where).get("content", ""))
         after = reply = planning = None
-        if answer is not None:
-            if answer.get("role") != "user":
-                raise SageLogError(
-                    f"{where}: field 'history/{index + 1}/role': expected 'user', got {answer.get('role')!r}"
-                )
+        if index + 1 < len(messages):
+            answer = _message(messages, index + 1, "user", where)
             after = _int(answer.get("emotion-point"), where, f"history/{index + 1}/emotion-point")
             reply, planning = str(answer.get("content", "")), answer.get("planning")
         turns.append(
             LoggedTurn(
-                dialogue_id=persona.id,
+                dialogue_id=dialogue_id,
                 turn=len(turns) + 1,
                 history=tuple(history),
                 utterance=utterance,
@@ -210,16 +214,14 @@ def parse_dialogue(record: dict[str, Any], *, path: str = "<record>", line: int 
             history.append(("user", reply))
             emotion = after
             emotions.append(after)
-        index += 2
-    return LoggedDialogue(
-        path=path,
-        line=line,
-        persona=persona,
-        final_emotion=_int(record["emo_point"], where, "emo_point"),
-        emotions=tuple(emotions),
-        turns=tuple(turns),
-        messages=tuple(messages),
-    )
+    return turns, emotions
+
+
+def _message(messages: list[dict[str, Any]], index: int, role: str, where: str) -> dict[str, Any]:
+    message = messages[index]
+    if message.get("role") != role:
+        raise SageLogError(f"{where}: field 'history/{index}/role': expected {role!r}, got {message.get('role')!r}")
+    return message
 
 
 def read_sage_log(path: str | os.PathLike, limit: int | None = None) -> list[LoggedDialogue]:

@@ -26,6 +26,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 #: Special tokens, in id order: pad (``<|endoftext|>``), turn start, turn end (= eos).
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -207,6 +208,64 @@ def _settings(
     }
 
 
+def _built_with(marker: Path, settings: dict) -> bool:
+    """True when ``marker`` records a complete build with ``settings``; a marker of other
+    settings (or an unreadable one) is removed, so the build starts afresh."""
+    if not marker.is_file():
+        return False
+    try:
+        if json.loads(marker.read_text(encoding="utf-8")) == settings:
+            return True
+    except json.JSONDecodeError:
+        pass
+    marker.unlink()
+    return False
+
+
+def _tiny_tokenizer(corpus: list[str], vocab_size: int, max_length: int) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(corpus, vocab_size),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=["<|im_start|>"],
+        model_max_length=max_length,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _tiny_model(tokenizer: Any, seed: int, shape: dict[str, int], initializer_range: float) -> Any:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    pad_id, eos_id = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_heads"],
+        num_key_value_heads=shape["num_kv_heads"],
+        max_position_embeddings=shape["max_position_embeddings"],
+        initializer_range=initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    # Sampling by default, as in instruct checkpoints (Qwen2.5's own config samples too):
+    # servers such as `transformers serve` sample only when the model's config says so.
+    model.generation_config = GenerationConfig(
+        do_sample=True, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
+    )
+    return model
+
+
 def _check_shape(**shape: int) -> None:
     """Refuse a shape Qwen2 cannot take (see :func:`build_tiny_chat_model`'s ValueError)."""
     for name, value in shape.items():
@@ -277,76 +336,24 @@ def build_tiny_chat_model(
         ValueError: a shape argument that Qwen2 cannot take (non-positive, or heads that
             do not divide).
     """
-    _check_shape(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-    )
+    shape = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    _check_shape(**shape)
     directory = Path(directory)
     corpus = tiny_corpus()
-    settings = _settings(
-        seed,
-        vocab_size,
-        hidden_size,
-        num_layers,
-        num_heads,
-        num_kv_heads,
-        intermediate_size,
-        max_position_embeddings,
-        initializer_range,
-        corpus,
-    )
+    settings = _settings(seed, *shape.values(), initializer_range, corpus)
     marker = directory / MARKER
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text(encoding="utf-8")) == settings:
-                return directory
-        except json.JSONDecodeError:
-            pass
-        marker.unlink()
-
-    import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    backend = _train_tokenizer(corpus, vocab_size)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=["<|im_start|>"],
-        model_max_length=max_position_embeddings,
-        chat_template=CHAT_TEMPLATE,
-        clean_up_tokenization_spaces=False,
-    )
-    pad_id, eos_id = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        initializer_range=initializer_range,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
-    # Sampling by default, as in instruct checkpoints (Qwen2.5's own config samples too):
-    # servers such as `transformers serve` sample only when the model's config says so.
-    model.generation_config = GenerationConfig(
-        do_sample=True, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
-    )
-
+    if _built_with(marker, settings):
+        return directory
+    tokenizer = _tiny_tokenizer(corpus, vocab_size, max_position_embeddings)
+    model = _tiny_model(tokenizer, seed, shape, initializer_range)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
