@@ -61,7 +61,7 @@ from fit_rule_model import (  # noqa: E402
     read_rows,
 )
 
-from empathy_gym.replay import agreement  # noqa: E402
+from empathy_gym.evaluation.replay import agreement  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "agreement_ceiling.txt"
 O1 = "openai-o1"

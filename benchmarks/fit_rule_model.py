@@ -7,7 +7,7 @@ with the LLM simulators on turns it was not fitted to.
 
 Data: SAGE's dialogue logs (Tencent/digitalhuman, ``SAGE/``, MIT; ``../shared/data/sage/logs``
 beside the repository): ``<simulator>_based_simulator/<model>_result.jsonl``. Every
-scored agent reply (:attr:`empathy_gym.sage_logs.LoggedTurn.scored`) is one row: the
+scored agent reply (:attr:`empathy_gym.evaluation.sage_logs.LoggedTurn.scored`) is one row: the
 rule user's named features (:meth:`empathy_gym.user.rule_user.RuleUser.features`, the
 logged history and emotion) and the sign of the logged change (rows with change 0 are
 left out of the fit; they are 0.1% of the GPT-4o logs and 6% of the Gemini log).
@@ -23,8 +23,8 @@ refitted on the logged rows. The fit is deterministic; the persona folds and the
 mismatched replies are drawn with ``numpy.random.default_rng(--seed)``.
 
 Held-out evaluation (never on turns a model was fitted to), each through the full rule
-user (guards included) with :func:`empathy_gym.replay.reappraise` and
-:func:`empathy_gym.replay.agreement`:
+user (guards included) with :func:`empathy_gym.evaluation.replay.reappraise` and
+:func:`empathy_gym.evaluation.replay.agreement`:
 
 * by tested model: leave one model out within the GPT-4o family (fit on 5, predict the 6th);
 * by simulator family: fit on GPT-4o, predict the Gemini log (also without GPT-4o's
@@ -54,13 +54,14 @@ import numpy as np
 from scipy import optimize, special
 
 ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "empathy_gym" / "integrations" / "strategy_templates"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
 
-from empathy_gym.replay import agreement, reappraise, turn_request  # noqa: E402
-from empathy_gym.sage_logs import log_names, read_sage_log  # noqa: E402
+from empathy_gym.evaluation.replay import agreement, reappraise, turn_request  # noqa: E402
+from empathy_gym.evaluation.sage_logs import log_names, read_sage_log  # noqa: E402
 from empathy_gym.user.base import UserRequest  # noqa: E402
 from empathy_gym.user.rule_lexicon import load_rules  # noqa: E402
 from empathy_gym.user.rule_model import (  # noqa: E402
@@ -380,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out(
         f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, Gemini {int(gem.sum())})"
     )
-    out("# Every row re-appraises logged turns with the logged history and emotion (empathy_gym.replay),")
+    out("# Every row re-appraises logged turns with the logged history and emotion (empathy_gym.evaluation.replay),")
     out("# through the full rule user (fitted model + guards), with a model fitted on other turns only.")
     out("# sign: share of turns with the same sign (-, 0, +); chance: expected from the marginals;")
     out("# kappa: Cohen's; spear: Spearman; MAE: emotion points; tau: Kendall tau of the tested models'")
@@ -495,16 +496,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 def en_units_per_word() -> float:
     """Chinese length units per English word, measured on the package's parallel texts
     (strategy templates and the listener baseline's templates, en and zh)."""
-    from empathy_gym.baselines import ListenerAgent
+    from empathy_gym.evaluation.baselines import ListenerAgent
 
     def units(text: str) -> int:
         return len(re.findall(r"[\u4e00-\u9fff]", text)) + len(re.findall(r"[A-Za-z0-9']+", text))
 
     pairs = list(zip(ListenerAgent.EN, ListenerAgent.ZH))
     templates = {
-        code: json.loads((ROOT / "empathy_gym" / "strategy_templates" / f"{code}.json").read_text(encoding="utf-8"))[
-            "strategies"
-        ]
+        code: json.loads(
+            (ROOT / "empathy_gym" / "integrations" / "strategy_templates" / f"{code}.json").read_text(encoding="utf-8")
+        )["strategies"]
         for code in ("en", "zh")
     }
     for key, english in templates["en"].items():

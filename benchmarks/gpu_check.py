@@ -11,7 +11,7 @@ checkpointing, SDPA attention, a separate critic (a second random backbone, no L
 as ``agents/qwen2.5-7b-ppo.yaml``, the transformers generation engine, and
 ``env.kwargs.user: {backend: policy}``: the user is the same model with its adapters off. Two PPO
 steps of 16 dialogues x 4 turns with replies of up to 128 tokens. The tokenizer is the
-tiny model's (:mod:`empathy_gym.tiny`, ChatML, 2,050 ids, all inside the vocabulary).
+tiny model's (:mod:`empathy_gym.backends.tiny`, ChatML, 2,050 ids, all inside the vocabulary).
 Timing and memory do not depend on the weights' values, but what the user says does: a
 random model writes no JSON, so the user appraises by scoring options
 (``user.appraisal_mode: choice``) and its replies run to ``--user-tokens``; with a real
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> str:
 
     import empathy_gym.agents.ppo as ppo
     from empathy_gym.agents import PPOTrainer
-    from empathy_gym.models import resolve_model
+    from empathy_gym.backends.models import resolve_model
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -38,11 +38,11 @@ from _machine import cpu_model  # benchmarks/_machine.py
 
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import RolloutEngine
+from empathy_gym.backends.models import load_causal_lm
 from empathy_gym.backends.transformers_backend import TransformersBackend
-from empathy_gym.baselines import ListenerAgent
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.models import load_causal_lm
-from empathy_gym.specs import UserSpec
+from empathy_gym.evaluation.baselines import ListenerAgent
+from empathy_gym.user.specs import UserSpec
 from empathy_gym.vector import EmpathyDialogueVectorEnv
 
 

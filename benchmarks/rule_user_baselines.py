@@ -4,10 +4,10 @@
 
 SAGE's logs hold only SAGE's 100 Chinese profiles, so agreement cannot be measured
 elsewhere; this table shows instead how the rule user ranks the fixed policies of
-:mod:`empathy_gym.baselines` on every bank: the built-in English (``en``, 48) and Chinese
+:mod:`empathy_gym.evaluation.baselines` on every bank: the built-in English (``en``, 48) and Chinese
 (``zh``, 8) banks, RLVER's training profiles (``rlver``, the first ``--limit``) and SAGE's
 (``sage``, 100). One dialogue per persona, rule user ``moderate``, SAGE's protocol, seed
-0 (:func:`empathy_gym.evaluation.evaluate`). ``generic`` (always the same comfort) and
+0 (:func:`empathy_gym.evaluation.benchmark.evaluate`). ``generic`` (always the same comfort) and
 ``echo`` (repeats the user back) are the cheap policies an appraisal must not reward;
 ``listener`` and ``esconv`` are scripted, reasonable ones.
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
 
 import empathy_gym  # noqa: E402
-from empathy_gym.evaluation import evaluate  # noqa: E402
+from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 
 BANKS = ("en", "zh", "rlver", "sage")
 POLICIES = ("generic", "echo", "listener", "esconv")

@@ -6,8 +6,8 @@ leaks and pronoun errors, per 1,000 user turns.
 
 Dialogues: every persona of the ``sage`` bank (SAGE's 100 Chinese profiles) and of the
 built-in English bank ``en`` (48), one dialogue each against ``baseline:listener`` and
-``baseline:esconv`` (:mod:`empathy_gym.baselines`), rule user at ``moderate``, SAGE's
-protocol, seed 0 (:func:`empathy_gym.evaluation.evaluate`). The user's opening is not
+``baseline:esconv`` (:mod:`empathy_gym.evaluation.baselines`), rule user at ``moderate``, SAGE's
+protocol, seed 0 (:func:`empathy_gym.evaluation.benchmark.evaluate`). The user's opening is not
 counted (in the ``sage`` bank it is SAGE's own ``first_talk``); every later user message
 is a turn.
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # _machine; empathy_gym: whatever 
 
 from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
 
-from empathy_gym.evaluation import evaluate  # noqa: E402
+from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 from empathy_gym.personas import Persona, load_personas  # noqa: E402
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402
 

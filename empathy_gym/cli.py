@@ -89,7 +89,7 @@ def user_with_appraisal_mode(user: str, mode: AppraisalMode | None) -> str:
         SpecError (a ``ValueError``): a malformed spec, or one whose ``appraisal_mode``
             option contradicts ``--appraisal-mode``.
     """
-    from empathy_gym.specs import UserSpec
+    from empathy_gym.user.specs import UserSpec
 
     spec = UserSpec.parse(user)
     if mode is None:
@@ -180,7 +180,7 @@ def eval_command(
     Each finished dialogue is saved at once; rerunning the same command after a crash or
     Ctrl-C skips them and gives the same report.
     """
-    from empathy_gym.evaluation import TRANSCRIPTS, evaluate
+    from empathy_gym.evaluation.benchmark import TRANSCRIPTS, evaluate
     from empathy_gym.personas import load_personas
 
     with _exit_codes():
@@ -330,7 +330,7 @@ def replay_command(
     Each batch of appraisals is saved at once; rerunning the same command after a crash
     or Ctrl-C skips them and gives the same report.
     """
-    from empathy_gym.replay import TURNS, replay_logs
+    from empathy_gym.evaluation.replay import TURNS, replay_logs
 
     with (
         _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; rerun the same command to resume"),
@@ -660,9 +660,9 @@ def envs() -> None:
     import empathy_gym  # noqa: F401  (registers the ids)
     from empathy_gym.personas import load_personas
     from empathy_gym.registration import ENTRY_POINT
-    from empathy_gym.specs import as_user_spec
     from empathy_gym.user import SimulatedUser
     from empathy_gym.user.difficulty import load_difficulty
+    from empathy_gym.user.specs import as_user_spec
 
     table = Table()
     for column in ("id", "difficulty", "personas", "languages", "user"):

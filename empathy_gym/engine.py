@@ -46,7 +46,7 @@ class DialogueEngine:
             (5: how long :meth:`submit` waits for more turns after the first) and
             ``max_batch_size`` (64), plus any ``gym.make`` keyword. ``user`` names the
             simulated user (a spec string, a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields, or from Python a ``UserSpec`` or
+            :class:`~empathy_gym.user.specs.UserSpec` fields, or from Python a ``UserSpec`` or
             a ready :class:`~empathy_gym.user.SimulatedUser`). ``name`` is ignored.
 
     Raises:

@@ -48,10 +48,10 @@ import gymnasium as gym
 from empathy_gym.boundary import clean_text, find_injection
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.spaces import AnyText
-from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.think import split_think
 from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
+from empathy_gym.user.specs import UserSpec, as_user_spec
 
 #: Default longest utterance, in characters, in both spaces. Longer actions are accepted
 #: but cut to this length before they reach the user (``info["action_truncated"]``);
@@ -67,7 +67,7 @@ AGENT_SYSTEM_PROMPTS: dict[str, str] = {
 }
 #: SAGE's agent system prompt (Tencent/digitalhuman ``SAGE/npc_response.py`` line 14) in
 #: our own words: a smart chat partner with high emotional intelligence who leaves the
-#: user comfortable, happier or helped. :func:`empathy_gym.evaluation.evaluate` uses it
+#: user comfortable, happier or helped. :func:`empathy_gym.evaluation.benchmark.evaluate` uses it
 #: under ``protocol="sage"``. It asks for no particular length, as SAGE's does not.
 SAGE_AGENT_SYSTEM_PROMPTS: dict[str, str] = {
     "en": (
@@ -134,7 +134,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             user, no LLM; ``"transformers:PATH"``, ``"vllm:PATH"``,
             ``"openai:MODEL@URL"``, with ``,key=value`` options such as
             ``appraisal_mode=choice``), a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields (``{"backend": "openai",
+            :class:`~empathy_gym.user.specs.UserSpec` fields (``{"backend": "openai",
             "model": ..., "base_url": ...}``), a ``UserSpec`` (all three built here and
             closed by :meth:`close`), or a ready :class:`~empathy_gym.user.SimulatedUser`
             (shared: used as it is and not closed here).

@@ -11,7 +11,7 @@ id                             difficulty   personas
 ``EmpathyDialogue-Easy-v0``    easy         built-in bank
 ``EmpathyDialogue-RLVER-v0``   moderate     the 500 RLVER training profiles (Chinese)
 ``EmpathyStrategy-v0``         moderate     built-in bank; the action is one of the eight
-                                            ESConv strategies (:mod:`empathy_gym.strategy_env`)
+                                            ESConv strategies (:mod:`empathy_gym.integrations.strategy_env`)
 =============================  ===========  =======================================
 
 Every ``EmpathyDialogue`` id also has a ``vector_entry_point``: ``gym.make_vec(id,
@@ -26,9 +26,9 @@ from typing import Any
 import gymnasium as gym
 
 from empathy_gym.personas import PersonaSource, load_personas
-from empathy_gym.specs import as_user_spec
 from empathy_gym.user import SimulatedUser
 from empathy_gym.user.difficulty import load_difficulty
+from empathy_gym.user.specs import as_user_spec
 
 ENTRY_POINT = "empathy_gym.env:EmpathyDialogueEnv"
 #: ``gym.make_vec(id, num_envs=N)`` builds this: N dialogues sharing one simulated user,
@@ -65,7 +65,7 @@ def register_persona_env(
         **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
             (``user``, ``protocol``, ``reward_mode``, ``think``, ...); ``gym.make``
             keyword arguments override them. ``user`` (a spec string, a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec``) is checked
+            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec``) is checked
             now; an id with an LLM user is registered ``nondeterministic=True``.
 
     Returns:
@@ -97,9 +97,9 @@ def register_persona_env(
 
 
 #: The strategy-level env for RL libraries that act in discrete actions (SB3):
-#: :mod:`empathy_gym.strategy_env`.
+#: :mod:`empathy_gym.integrations.strategy_env`.
 STRATEGY_ENV_ID = "EmpathyStrategy-v0"
-STRATEGY_ENTRY_POINT = "empathy_gym.strategy_env:EmpathyStrategyEnv"
+STRATEGY_ENTRY_POINT = "empathy_gym.integrations.strategy_env:EmpathyStrategyEnv"
 
 
 def register_builtin_envs() -> None:

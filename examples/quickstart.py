@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import empathy_gym  # noqa: F401  (registers the environment ids)
-from empathy_gym.baselines import BASELINES
+from empathy_gym.evaluation.baselines import BASELINES
 
 
 def language_note(personas) -> str | None:

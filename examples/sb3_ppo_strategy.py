@@ -4,7 +4,7 @@ personas it never saw with a uniformly random strategy and with every fixed stra
     python examples/sb3_ppo_strategy.py                   # about 2.5 minutes on one CPU core
     python examples/sb3_ppo_strategy.py --timesteps 30000 --episodes 2   # a quick look
 
-The env is ``EmpathyStrategy-v0`` (:mod:`empathy_gym.strategy_env`): the action is one of
+The env is ``EmpathyStrategy-v0`` (:mod:`empathy_gym.integrations.strategy_env`): the action is one of
 the eight ESConv strategies, the observation a Box of conversation features, the user the
 offline rule-based simulated user (a stand-in, not a judge of empathy). The persona bank
 is split with :func:`empathy_gym.personas.split_personas` (stratified by hidden
@@ -23,9 +23,9 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
+from empathy_gym.integrations.strategies import STRATEGIES, STRATEGY_NAMES
+from empathy_gym.integrations.strategy_env import EmpathyStrategyEnv, final_emotions
 from empathy_gym.personas import load_personas, split_personas
-from empathy_gym.strategies import STRATEGIES, STRATEGY_NAMES
-from empathy_gym.strategy_env import EmpathyStrategyEnv, final_emotions
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -26,8 +26,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from empathy_gym.backends.models import load_causal_lm  # noqa: E402
 from empathy_gym.integrations.trl import EmpathyRollout, episode_return_reward  # noqa: E402
-from empathy_gym.models import load_causal_lm  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

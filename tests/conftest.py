@@ -13,9 +13,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
-    """A tiny random ChatML Qwen2 model and tokenizer (see ``empathy_gym.tiny``), built
+    """A tiny random ChatML Qwen2 model and tokenizer (see ``empathy_gym.backends.tiny``), built
     once per test session; returns its directory (a ``pathlib.Path``)."""
-    from empathy_gym.tiny import build_tiny_chat_model
+    from empathy_gym.backends.tiny import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from empathy_gym.replay import agreement
+from empathy_gym.evaluation.replay import agreement
 
 ROOT = Path(__file__).parents[1]
 SAGE_LOGS = Path(__file__).parent / "data" / "sage_logs"

@@ -414,7 +414,7 @@ def test_a_base_url_without_scheme_or_host_fails_at_once(url):
 def test_an_openai_policy_plays_the_benchmark_end_to_end(stub_server):
     """``openai:MODEL@URL`` as the policy of ``evaluate``: every agent turn is one request
     with the dialogue so far, and the server's reply is what the user hears."""
-    from empathy_gym.evaluation import evaluate
+    from empathy_gym.evaluation.benchmark import evaluate
 
     reply = "That sounds really hard. I hear you."
     stub = stub_server([(200, {}, completion(reply))])

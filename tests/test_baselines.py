@@ -1,7 +1,7 @@
 """The baseline agents' outputs, worked out from their templates."""
 
-from empathy_gym.baselines import BASELINES, EchoAgent, ESConvAgent, GenericComfortAgent, ListenerAgent
-from empathy_gym.policies import make_policy
+from empathy_gym.evaluation.baselines import BASELINES, EchoAgent, ESConvAgent, GenericComfortAgent, ListenerAgent
+from empathy_gym.evaluation.policies import make_policy
 
 EN = [
     {"role": "system", "content": "You are a warm listener."},

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from empathy_gym.cli import app
-from empathy_gym.evaluation import evaluate
+from empathy_gym.evaluation.benchmark import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -198,7 +198,7 @@ def test_envs_lists_the_builtin_ids():
     assert rows["EmpathyDialogue-RLVER-v0"] == ["moderate", "500", "zh 500", "rule"]
     assert rows["EmpathyDialogue-Hard-v0"] == ["challenging", "56", "en 48, zh 8", "rule"]
     assert {"EmpathyDialogue-v0", "EmpathyDialogue-Easy-v0"} <= set(rows)
-    assert "also EmpathyStrategy-v0 (empathy_gym.strategy_env:EmpathyStrategyEnv)" in result.stdout
+    assert "also EmpathyStrategy-v0 (empathy_gym.integrations.strategy_env:EmpathyStrategyEnv)" in result.stdout
 
 
 def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
@@ -454,10 +454,12 @@ class RecordingBackend:
 
 @pytest.mark.parametrize(("option", "expected"), [([], 128), (["--max-tokens", "6"], 6), (["--max-tokens", "0"], None)])
 def test_local_policies_get_a_default_reply_cap(tmp_path, monkeypatch, option, expected):
-    import empathy_gym.policies
+    import empathy_gym.evaluation.policies
 
     backend = RecordingBackend()
-    monkeypatch.setattr(empathy_gym.policies, "load_transformers_policy", lambda model, adapter=None, **kwargs: backend)
+    monkeypatch.setattr(
+        empathy_gym.evaluation.policies, "load_transformers_policy", lambda model, adapter=None, **kwargs: backend
+    )
     out = tmp_path / "run"
     result = runner.invoke(
         app,

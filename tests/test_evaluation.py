@@ -6,11 +6,18 @@ import json
 import numpy as np
 import pytest
 
-from empathy_gym.evaluation import EvaluationError, bootstrap_ci, dialogue_seed, evaluate, plan_tasks, read_transcripts
+from empathy_gym.evaluation.benchmark import (
+    EvaluationError,
+    bootstrap_ci,
+    dialogue_seed,
+    evaluate,
+    plan_tasks,
+    read_transcripts,
+)
+from empathy_gym.evaluation.policies import CallablePolicy, make_policy
 from empathy_gym.personas import Persona, load_personas
-from empathy_gym.policies import CallablePolicy, make_policy
-from empathy_gym.specs import SpecError, UserSpec, parse_spec
 from empathy_gym.user.scripted import ScriptedUser
+from empathy_gym.user.specs import SpecError, UserSpec, parse_spec
 
 
 def persona(pid, intention, character):

@@ -8,9 +8,9 @@ import pytest
 
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import ChatTokens
+from empathy_gym.backends.models import load_causal_lm
 from empathy_gym.boundary import clean_text
 from empathy_gym.integrations.trl import EmpathyRollout, episode_return_reward, final_emotion_reward
-from empathy_gym.models import load_causal_lm
 from empathy_gym.user.scripted import ScriptedUser
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo.py"

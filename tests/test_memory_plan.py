@@ -155,14 +155,14 @@ def test_the_transformers_engine_rows_by_hand():
 
 def test_the_trainer_prints_the_plan_and_refuses_before_loading(tmp_path, monkeypatch, caplog):
     import empathy_gym.agents.trainer as trainer_module
-    import empathy_gym.models
+    import empathy_gym.backends.models
     from empathy_gym.agents import PPOTrainer
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the weights were loaded before the plan was checked")
 
     monkeypatch.setattr(trainer_module, "device_capacity", lambda device, processes=1: (50 * 2**20, "small"))
-    monkeypatch.setattr(empathy_gym.models, "load_causal_lm", no_loading)
+    monkeypatch.setattr(empathy_gym.backends.models, "load_causal_lm", no_loading)
     config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}"], algorithm="ppo")
     with caplog.at_level("INFO"), pytest.raises(MemoryPlanError, match=r"needs about .* GiB but small has 0.0 GiB"):
         PPOTrainer(config)

@@ -41,8 +41,8 @@ def test_wheel_contents(wheel):
         "empathy_gym/user/prompts/zh/appraisal.txt",
         "empathy_gym/user/prompts/en/bands.json",
         "empathy_gym/user/rules/en.json",
-        "empathy_gym/strategy_templates/en.json",
-        "empathy_gym/strategy_templates/zh.json",
+        "empathy_gym/integrations/strategy_templates/en.json",
+        "empathy_gym/integrations/strategy_templates/zh.json",
     ]:
         assert expected in names, expected
     # empathy_dialogue.py: the verifiers plugin module (taskset id "empathy-dialogue")

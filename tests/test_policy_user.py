@@ -11,9 +11,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from empathy_gym.backends import make_backend
+from empathy_gym.backends.models import load_causal_lm
 from empathy_gym.backends.policy_backend import PolicyUserBackend
 from empathy_gym.backends.transformers_backend import TransformersBackend
-from empathy_gym.models import load_causal_lm
 
 CONVERSATIONS = [
     [{"role": "system", "content": "You are Maya."}, {"role": "user", "content": "How do you feel?"}],

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from empathy_gym.backends.models import load_causal_lm
 from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
-from empathy_gym.models import load_causal_lm
 
 
 @pytest.fixture(scope="module")

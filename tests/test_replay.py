@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from empathy_gym.cli import app
-from empathy_gym.replay import LoggedUser, agreement, read_logs, replay_logs, replay_with_logged_changes
-from empathy_gym.sage_logs import leaderboard, read_sage_log
+from empathy_gym.evaluation.replay import LoggedUser, agreement, read_logs, replay_logs, replay_with_logged_changes
+from empathy_gym.evaluation.sage_logs import leaderboard, read_sage_log
 from empathy_gym.seeding import derive_seed
 from empathy_gym.user import SimulatorError, resolve_protocol
 from empathy_gym.user.base import Appraisal, SimulatedUser
@@ -50,7 +50,7 @@ def test_the_first_gpt4o_dialogue_by_hand():
 
 
 def _request(dialogue, number):
-    from empathy_gym.replay import turn_request
+    from empathy_gym.evaluation.replay import turn_request
 
     return turn_request(dialogue.turns[number - 1], dialogue.persona)
 

@@ -1,4 +1,4 @@
-"""empathy_gym.replay's core: re-appraising logged turns and the agreement statistics."""
+"""empathy_gym.evaluation.replay's core: re-appraising logged turns and the agreement statistics."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from empathy_gym.replay import agreement, reappraise, turn_request
-from empathy_gym.sage_logs import read_sage_log
+from empathy_gym.evaluation.replay import agreement, reappraise, turn_request
+from empathy_gym.evaluation.sage_logs import read_sage_log
 from empathy_gym.user.base import Appraisal, SimulatedUser
 
 LOG = Path(__file__).parent / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"

@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from empathy_gym.cli import app
-from empathy_gym.evaluation import evaluate
-from empathy_gym.own_logs import read_own_log
+from empathy_gym.evaluation.benchmark import evaluate
+from empathy_gym.evaluation.own_logs import read_own_log
+from empathy_gym.evaluation.replay import replay_logs
+from empathy_gym.evaluation.sage_logs import SageLogError
 from empathy_gym.personas import load_personas
-from empathy_gym.replay import replay_logs
-from empathy_gym.sage_logs import SageLogError
 from empathy_gym.user.scripted import ScriptedUser
 
 EN = load_personas("en")

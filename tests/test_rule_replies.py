@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from empathy_gym.evaluation import evaluate
+from empathy_gym.evaluation.benchmark import evaluate
 from empathy_gym.personas import load_personas
 from empathy_gym.user.base import Appraisal, UserRequest
 from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules

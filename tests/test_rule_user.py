@@ -362,7 +362,7 @@ def test_parroting_the_user_never_pays(difficulty):
     # the English users' mean final emotion above the scripted listener's. A reply that is
     # mostly the user's newest message never raises the emotion, and the echo policy ends
     # its dialogues below where they started.
-    from empathy_gym.baselines import EchoAgent
+    from empathy_gym.evaluation.baselines import EchoAgent
 
     user, echo, finals = RuleUser(difficulty), EchoAgent(), []
     for index, persona in enumerate(_attack_personas()):
@@ -597,7 +597,7 @@ SAGE_LOGS = Path(__file__).parent / "data" / "sage_logs"
 
 
 def _logged_turns():
-    from empathy_gym.sage_logs import read_sage_log
+    from empathy_gym.evaluation.sage_logs import read_sage_log
 
     for path in sorted(SAGE_LOGS.glob("*_based_simulator/*_result.jsonl")):
         for dialogue in read_sage_log(path):
@@ -633,7 +633,7 @@ def test_the_shipped_model_agrees_with_the_logged_appraisals():
     regression check that the artefact is the fitted one, not a held-out measurement
     (that is benchmarks/results/rule_user_agreement.txt). The hand-set user of 986ede6
     scored 0.51 sign agreement on the full logs."""
-    from empathy_gym.replay import agreement, reappraise, turn_request
+    from empathy_gym.evaluation.replay import agreement, reappraise, turn_request
 
     pairs = [(dialogue, turn) for dialogue, turn in _logged_turns() if turn.scored]
     predicted = reappraise(RuleUser(), [turn_request(turn, dialogue.persona) for dialogue, turn in pairs])
@@ -721,7 +721,7 @@ def test_a_reply_meant_for_someone_else_is_appraised_below_the_logged_one():
     # negatives (the artefact before this test) paid these +1.2 on average over the full
     # GPT-4o logs and put 63% of them above 0; on these slices it put them 0.25 points below
     # the logged replies on average (-0.80 against -0.55), and below them in 76 of 171 turns.
-    from empathy_gym.replay import reappraise, turn_request
+    from empathy_gym.evaluation.replay import reappraise, turn_request
 
     dialogues = [dialogue for dialogue, _ in _logged_turns()]
     dialogues = list({id(d): d for d in dialogues}.values())
@@ -832,7 +832,7 @@ def test_a_reply_in_another_latin_script_language_is_the_wrong_language(user, te
 
 
 def test_english_prose_is_never_the_wrong_language(user):
-    from empathy_gym.baselines import ListenerAgent
+    from empathy_gym.evaluation.baselines import ListenerAgent
     from empathy_gym.personas import builtin_bank
 
     persona = make_persona("en")

@@ -1,10 +1,10 @@
-"""The run folder that eval and replay share (empathy_gym.run_folder.RunFolder)."""
+"""The run folder that eval and replay share (empathy_gym.evaluation.run_folder.RunFolder)."""
 
 import json
 
 import pytest
 
-from empathy_gym.run_folder import EvaluationError, RunFolder
+from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder
 
 
 def test_a_run_folder_starts_appends_and_resumes(tmp_path):

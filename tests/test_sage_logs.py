@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from empathy_gym.evaluation.sage_logs import SageLogError, leaderboard, log_names, parse_dialogue, read_sage_log
 from empathy_gym.personas import load_personas
-from empathy_gym.sage_logs import SageLogError, leaderboard, log_names, parse_dialogue, read_sage_log
 
 LOGS = Path(__file__).parent / "data" / "sage_logs"
 GPT4O = LOGS / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"

@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 import empathy_gym  # noqa: F401
-from empathy_gym.baselines import ListenerAgent
+from empathy_gym.evaluation.baselines import ListenerAgent
 from empathy_gym.user import SimulatorError
 
 pytestmark = pytest.mark.slow
@@ -89,8 +89,8 @@ def test_free_mode_repairs_or_raises_never_scores_silently(backend, measured):
 def test_a_chinese_sage_dialogue_outgrows_smollm2s_context_with_a_clear_error(backend, measured):
     from pathlib import Path
 
-    from empathy_gym.replay import turn_request
-    from empathy_gym.sage_logs import read_sage_log
+    from empathy_gym.evaluation.replay import turn_request
+    from empathy_gym.evaluation.sage_logs import read_sage_log
     from empathy_gym.user import SAGE, prompts
     from empathy_gym.user.llm_user import LLMUser, PromptTooLongError
 
@@ -125,8 +125,8 @@ def test_the_conversion_is_a_folder_every_engine_loads(tmp_path, monkeypatch):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    from empathy_gym.backends.models import convert_smollm2, load_causal_lm
     from empathy_gym.backends.smollm2 import smollm2_gguf_path
-    from empathy_gym.models import convert_smollm2, load_causal_lm
 
     monkeypatch.setenv("EMPATHY_GYM_CACHE", str(tmp_path))
     folder = convert_smollm2()

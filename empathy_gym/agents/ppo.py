@@ -173,7 +173,7 @@ def load_backbone(
 
     Args:
         name: as ``policy.model`` (path, hub id, ``.gguf`` file or alias, see
-            :mod:`empathy_gym.models`).
+            :mod:`empathy_gym.backends.models`).
         dtype: ``torch.dtype`` or its name.
         device: where to put it.
         attn_implementation: transformers' attention implementation (``None``: default).
@@ -183,7 +183,7 @@ def load_backbone(
     """
     from transformers import AutoModel
 
-    from empathy_gym.models import resolve_model
+    from empathy_gym.backends.models import resolve_model
 
     path, gguf_file = resolve_model(name)
     if isinstance(dtype, str) and dtype != "auto":

@@ -323,7 +323,7 @@ class RLTrainer:
                 raise ValueError("pass the tokenizer together with the model")
             self.memory_plan = self.plan_memory(model)
             return model, tokenizer
-        from empathy_gym.models import load_causal_lm
+        from empathy_gym.backends.models import load_causal_lm
 
         kwargs = {}
         if config.policy.attn_implementation:
@@ -466,7 +466,7 @@ class RLTrainer:
     def _make_generator(self) -> Any:
         gen = self.config.generation
         if gen.engine == "vllm":
-            from empathy_gym.models import resolve_model
+            from empathy_gym.backends.models import resolve_model
 
             path, gguf = resolve_model(self.base_model_name)
             if gguf is not None:

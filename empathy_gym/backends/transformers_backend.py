@@ -34,9 +34,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
+from empathy_gym.backends.models import ALIASES, load_causal_lm
 from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.boundary import ChatEncoder
-from empathy_gym.models import ALIASES, load_causal_lm
 
 
 class PerRowSampler(LogitsProcessor):
@@ -94,7 +94,7 @@ class TransformersBackend(ChatBackend):
     """A causal LM run in-process with transformers (:class:`~empathy_gym.backends.base.ChatBackend`).
 
     Args:
-        model: an alias of :mod:`empathy_gym.models` (``"tiny"``, ``"smollm2"``), a
+        model: an alias of :mod:`empathy_gym.backends.models` (``"tiny"``, ``"smollm2"``), a
             local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
             path ending in ``.gguf`` (loaded as ``from_pretrained(parent_dir,
             gguf_file=name)``, dequantised), or a loaded ``PreTrainedModel`` (then
@@ -207,7 +207,7 @@ class TransformersBackend(ChatBackend):
         trust_remote_code: bool,
         model_kwargs: dict[str, Any],
     ) -> tuple[Any, Any]:
-        from empathy_gym.models import require_existing_path
+        from empathy_gym.backends.models import require_existing_path
 
         try:
             require_existing_path(source)

@@ -73,7 +73,7 @@ class EmpathyTaskConfig(vf.TaskConfig):
     ``EmpathyDialogue-RLVER-v0``: the 500 RLVER training profiles)."""
     env: dict[str, Any] = Field(default_factory=dict)
     """``gym.make`` keywords: ``user`` (a spec string such as ``"rule"`` or
-    ``"openai:MODEL@URL"``, or a mapping of :class:`~empathy_gym.specs.UserSpec` fields),
+    ``"openai:MODEL@URL"``, or a mapping of :class:`~empathy_gym.user.specs.UserSpec` fields),
     ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``, ``difficulty``,
     ..."""
     reward: Literal["emotion_change", "final_emotion"] = "emotion_change"
@@ -218,7 +218,7 @@ def load_environment(
         agent: the ``agent`` seat's ``vf.AgentConfig`` (or its dict); default: the
             ``null`` harness in a subprocess runtime.
         **env_kwargs: ``gym.make`` keywords (``user``: a spec string such as
-            ``"openai:MODEL@URL"`` or a mapping of :class:`~empathy_gym.specs.UserSpec`
+            ``"openai:MODEL@URL"`` or a mapping of :class:`~empathy_gym.user.specs.UserSpec`
             fields; ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``
             (a bank name or JSONL path), ...). JSON values, as verifiers records the
             config (a ready ``SimulatedUser`` or ``UserSpec`` as ``user=`` works

@@ -51,7 +51,7 @@ Configuration: the loop's keyword arguments are the entry of the agent-loop YAML
 ``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
 :class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.engine.DialogueEngine`
 (``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
-``user`` (a spec string or a mapping of :class:`~empathy_gym.specs.UserSpec` fields:
+``user`` (a spec string or a mapping of :class:`~empathy_gym.user.specs.UserSpec` fields:
 ``backend``, ``model``, ``base_url``, ``appraisal_mode``, ...), ``protocol``,
 ``max_turns``, ``reward_mode``, ``think``).
 
@@ -188,7 +188,7 @@ class EmpathyAgentLoop(AgentLoopBase):
         **env_config: the session config: ``env_id`` (default
             ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms`` (5), ``max_batch_size``
             (64) and any ``gym.make`` keyword (``user``: a spec string or a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields; ``protocol``, ``difficulty``,
+            :class:`~empathy_gym.user.specs.UserSpec` fields; ``protocol``, ``difficulty``,
             ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...). Loops with equal configs in one
             process share one simulated user and one micro-batcher.
 

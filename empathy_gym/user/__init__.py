@@ -22,12 +22,12 @@ def make_user(
     backend_kwargs: Mapping[str, Any] | None = None,
     user_kwargs: Mapping[str, Any] | None = None,
 ) -> SimulatedUser:
-    """Build a simulated user from :class:`~empathy_gym.specs.UserSpec` fields: the same
+    """Build a simulated user from :class:`~empathy_gym.user.specs.UserSpec` fields: the same
     as ``UserSpec(backend, model, ...).build(difficulty, protocol)``.
 
     Args:
         backend, model, base_url, appraisal_mode, backend_kwargs, user_kwargs: the
-            :class:`~empathy_gym.specs.UserSpec` fields (see there).
+            :class:`~empathy_gym.user.specs.UserSpec` fields (see there).
         difficulty: preset name, path, dict or :class:`Difficulty`.
         protocol: the emotion protocol (tells the LLM user the allowed change range).
 
@@ -36,7 +36,7 @@ def make_user(
             ``appraisal_mode``; ``model``, ``base_url`` or ``backend_kwargs`` with the
             rule user; ...). ValueError, ImportError: from the backend.
     """
-    from empathy_gym.specs import UserSpec
+    from empathy_gym.user.specs import UserSpec
 
     return UserSpec(backend, model, base_url, appraisal_mode, backend_kwargs or {}, user_kwargs or {}).build(
         difficulty, protocol

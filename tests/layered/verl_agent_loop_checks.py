@@ -6,7 +6,7 @@ that has verl (``tests/layered_venv.py``), and fails unless every check here pas
 
 A stub server manager stands in for vLLM: it answers each generation with fixed token
 ids and log-probabilities, and records the token ids it was sent. The policy's tokenizer
-is the tiny ChatML Qwen2 tokenizer (``empathy_gym.tiny``), so verl picks its Qwen
+is the tiny ChatML Qwen2 tokenizer (``empathy_gym.backends.tiny``), so verl picks its Qwen
 Continuous Token builder, as for Qwen2.5-7B-Instruct.
 """
 

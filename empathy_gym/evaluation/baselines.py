@@ -100,7 +100,7 @@ class ListenerAgent:
 
 class ESConvAgent:
     """Cycles through ESConv support strategies (Liu et al., 2021) turn by turn, each
-    realised by :mod:`empathy_gym.strategies`' templates quoting the user's newest words:
+    realised by :mod:`empathy_gym.integrations.strategies`' templates quoting the user's newest words:
     reflection of feelings, question, restatement, affirmation and reassurance, providing
     suggestions, then again. The template variant rotates with the turn too."""
 
@@ -113,7 +113,7 @@ class ESConvAgent:
     )
 
     def __call__(self, messages: Messages) -> str:
-        from empathy_gym.strategies import load_templates, user_words
+        from empathy_gym.integrations.strategies import load_templates, user_words
 
         templates = load_templates("zh" if conversation_is_chinese(messages) else "en")
         turn = sum(1 for m in messages if m["role"] == "assistant")

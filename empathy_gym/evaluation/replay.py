@@ -12,7 +12,7 @@ dialogue from its logged changes (:func:`replay_with_logged_changes`), re-apprai
 every scored turn in batches, and writes ``report.json``, ``turns.jsonl`` (one line per
 turn, appended as each batch finishes, so a rerun resumes) and ``scatter.png``.
 
-The logs come from :mod:`empathy_gym.sage_logs`.
+The logs come from :mod:`empathy_gym.evaluation.sage_logs`.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.own_logs import OWN_LOG_NAMES, is_own_log, own_log_names, read_own_log
+from empathy_gym.evaluation.own_logs import OWN_LOG_NAMES, is_own_log, own_log_names, read_own_log
+from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder
+from empathy_gym.evaluation.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
 from empathy_gym.personas import Persona
-from empathy_gym.run_folder import EvaluationError, RunFolder
-from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
 from empathy_gym.seeding import derive_seed
-from empathy_gym.specs import UserSpec, as_user_spec
 from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
+from empathy_gym.user.specs import UserSpec, as_user_spec
 
 
 def turn_request(turn: LoggedTurn, persona, seed: int = 0) -> UserRequest:
@@ -201,7 +201,7 @@ class LoggedUser(SimulatedUser):
     (:func:`replay_with_logged_changes`).
 
     Args:
-        dialogues: the logged dialogues (:func:`~empathy_gym.sage_logs.read_sage_log`);
+        dialogues: the logged dialogues (:func:`~empathy_gym.evaluation.sage_logs.read_sage_log`);
             persona ids must be unique among them.
 
     Raises:
@@ -305,7 +305,7 @@ class LogFile:
     """One SAGE result log read for replay.
 
     Attributes:
-        path: the file. name: ``"<simulator>/<model>"`` (:func:`~empathy_gym.sage_logs.log_names`),
+        path: the file. name: ``"<simulator>/<model>"`` (:func:`~empathy_gym.evaluation.sage_logs.log_names`),
             the log's key in the records. simulator, model: its parts.
         dialogues: the dialogues read (the first ``limit`` when a limit was given).
     """
@@ -320,7 +320,7 @@ class LogFile:
 def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, personas: Any = None) -> list[LogFile]:
     """Read dialogue logs for :func:`replay_logs`: SAGE's result logs, and our own
     ``transcripts.jsonl`` (eval) and ``episodes.jsonl`` (training)
-    (:mod:`empathy_gym.own_logs`). A folder stands for the ``*_result.jsonl`` files under
+    (:mod:`empathy_gym.evaluation.own_logs`). A folder stands for the ``*_result.jsonl`` files under
     it (sorted), or else for the run's own file in it.
 
     Args:
@@ -582,7 +582,7 @@ def replay_logs(
             them (:func:`read_logs`).
         user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``, ``"vllm:PATH"``,
             ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
-            :class:`~empathy_gym.specs.UserSpec` fields or a ``UserSpec`` (built here,
+            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec`` (built here,
             closed at the end), or a ready :class:`SimulatedUser` (not closed here).
         difficulty: preset name, path or dict (LLM users' instructions, rule weights).
         protocol: clamps the predicted change (``"sage"``: [-10, 10]) and is the protocol
@@ -608,7 +608,7 @@ def replay_logs(
         SpecError: a malformed user spec (TypeError: of another type). SimulatorError, BackendError: from the user;
             turns already appraised stay in ``turns.jsonl``.
     """
-    from empathy_gym.evaluation import describe_user
+    from empathy_gym.evaluation.benchmark import describe_user
     from empathy_gym.user import resolve_protocol
     from empathy_gym.user.difficulty import load_difficulty
 

@@ -6,11 +6,11 @@ prompt first, ending with the user's newest message) and B seeds, and returns B
 utterances (``str``). Three adapters cover the usual cases:
 
 * :class:`CallablePolicy`: a Python function ``messages -> str`` (or a batched one,
-  ``list of messages -> list of str``), e.g. the baselines of :mod:`empathy_gym.baselines`;
+  ``list of messages -> list of str``), e.g. the baselines of :mod:`empathy_gym.evaluation.baselines`;
 * :class:`BackendPolicy`: any :class:`~empathy_gym.backends.base.ChatBackend`
   (a local transformers model, optionally with a LoRA adapter; an OpenAI-compatible
   server), one batched ``generate`` per call;
-* :func:`make_policy`: builds either from a spec string (:mod:`empathy_gym.specs`):
+* :func:`make_policy`: builds either from a spec string (:mod:`empathy_gym.user.specs`):
   ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
   ``python:MODULE:ATTR``.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from empathy_gym.backends.base import ChatBackend, Conversation
-from empathy_gym.baselines import BASELINES
-from empathy_gym.specs import SpecError, parse_spec, split_openai_target
+from empathy_gym.evaluation.baselines import BASELINES
+from empathy_gym.user.specs import SpecError, parse_spec, split_openai_target
 
 #: Policy kinds accepted by :func:`make_policy` (``transformers`` is an alias of ``hf``).
 POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "python")
@@ -33,7 +33,7 @@ POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "py
 
 @runtime_checkable
 class Policy(Protocol):
-    """The batched policy protocol used by :func:`empathy_gym.evaluation.evaluate`.
+    """The batched policy protocol used by :func:`empathy_gym.evaluation.benchmark.evaluate`.
 
     Attributes:
         name: a short description, recorded in the evaluation's run configuration (a
@@ -176,9 +176,9 @@ def make_policy(
 ) -> Policy:
     """A :class:`Policy` from a spec string, a ready policy or a callable.
 
-    Specs (:mod:`empathy_gym.specs`):
+    Specs (:mod:`empathy_gym.user.specs`):
 
-    * ``baseline:NAME``: a baseline of :data:`empathy_gym.baselines.BASELINES`
+    * ``baseline:NAME``: a baseline of :data:`empathy_gym.evaluation.baselines.BASELINES`
       (``generic``, ``echo``, ``listener``, ``esconv``);
     * ``hf:PATH[,adapter=DIR][,device=cuda][,dtype=bfloat16][,max_batch_size=16]``: a
       local transformers model or hub id, with a LoRA adapter merged in

@@ -1,13 +1,13 @@
 """``EmpathyStrategy-v0``: emotional support as a choice among the eight ESConv
 strategies, for RL libraries that cannot act in free text (Stable-Baselines3 and the like).
 
-The agent picks a support strategy (:data:`~empathy_gym.strategies.STRATEGIES`, ESConv,
+The agent picks a support strategy (:data:`~empathy_gym.integrations.strategies.STRATEGIES`, ESConv,
 Liu et al., 2021); the env turns it into an utterance and plays it in an inner
 :class:`~empathy_gym.env.EmpathyDialogueEnv` (same personas, simulated users, protocol
 and reward). The utterance comes from
 
 * ``writer="templates"`` (default, offline, deterministic given the seed): a variant of
-  the strategy's templates in the persona's language (:mod:`empathy_gym.strategies`),
+  the strategy's templates in the persona's language (:mod:`empathy_gym.integrations.strategies`),
   drawn with ``self.np_random`` among the variants not used yet in the episode, filled
   with a clause quoted from the user's newest utterance and the persona's name;
 * ``writer="llm"``: an LLM backend (``writer_backend=``, a ``ChatBackend`` or a backend
@@ -35,7 +35,7 @@ index  feature                      value
 The emotion is an observable stand-in for what a supporter reads in the user's tone;
 the cue counts are crude word lists (``cues`` in the template files).
 
-Action: ``Discrete(8)``, the index into :data:`~empathy_gym.strategies.STRATEGIES`.
+Action: ``Discrete(8)``, the index into :data:`~empathy_gym.integrations.strategies.STRATEGIES`.
 Reward, termination and truncation: those of the inner env (``reward_mode="delta"``:
 emotion change / 100 per turn). ``info`` is the inner env's plus ``strategy`` (the id)
 and ``utterance`` (what was said).
@@ -54,8 +54,7 @@ import numpy as np
 
 from empathy_gym.backends.base import ChatBackend
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.personas import Persona, PersonaSource
-from empathy_gym.strategies import (
+from empathy_gym.integrations.strategies import (
     STRATEGIES,
     STRATEGY_DEFINITIONS,
     STRATEGY_NAMES,
@@ -63,6 +62,7 @@ from empathy_gym.strategies import (
     load_templates,
     user_words,
 )
+from empathy_gym.personas import Persona, PersonaSource
 
 #: Names of the observation features, in order (see the module docstring).
 FEATURES: tuple[str, ...] = (

@@ -3,8 +3,8 @@
 ``empathy-gym eval`` writes ``transcripts.jsonl`` and training writes ``episodes.jsonl``;
 both hold, per dialogue, the persona id, the emotions after each turn and the agent-side
 chat. :func:`read_own_log` turns each line into a
-:class:`~empathy_gym.sage_logs.LoggedDialogue`, the form SAGE's logs take, so
-:func:`~empathy_gym.replay.replay_logs` re-appraises every turn with another user and
+:class:`~empathy_gym.evaluation.sage_logs.LoggedDialogue`, the form SAGE's logs take, so
+:func:`~empathy_gym.evaluation.replay.replay_logs` re-appraises every turn with another user and
 reports the agreement with the user that played it, in the same tables as for SAGE.
 
 A record names its persona by id only; the persona itself comes from a bank: the one
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from empathy_gym.evaluation.sage_logs import LoggedDialogue, LoggedTurn, SageLogError
 from empathy_gym.personas import Persona, load_personas
-from empathy_gym.sage_logs import LoggedDialogue, LoggedTurn, SageLogError
 from empathy_gym.think import OPEN as OPEN_THINK
 from empathy_gym.think import split_think
 
@@ -64,7 +64,7 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
         limit: read at most this many dialogues.
 
     Returns:
-        One :class:`~empathy_gym.sage_logs.LoggedDialogue` per line; its id is
+        One :class:`~empathy_gym.evaluation.sage_logs.LoggedDialogue` per line; its id is
         ``"<persona id>@<line>"`` (a persona may have played many dialogues).
 
     Raises:
@@ -103,7 +103,7 @@ def _json(text: str, path: Any, line: int) -> dict[str, Any]:
 def own_dialogue(
     record: Mapping[str, Any], bank: Mapping[str, Persona], *, path: str = "<record>", line: int = 1
 ) -> LoggedDialogue:
-    """One of our dialogue records as a :class:`~empathy_gym.sage_logs.LoggedDialogue`.
+    """One of our dialogue records as a :class:`~empathy_gym.evaluation.sage_logs.LoggedDialogue`.
 
     The agent's replies are the ``steps``' utterances (``transcripts.jsonl``: what reached
     the user) or the chat's assistant messages with any thinking removed

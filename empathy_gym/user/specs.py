@@ -6,7 +6,7 @@ One grammar serves both sides of a dialogue:
   ``empathy-gym eval --user``, ``empathy-gym play --user``): ``rule``,
   ``transformers:PATH`` (or ``hf:PATH``), ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``
   (:meth:`UserSpec.parse`);
-* the policy (``empathy-gym eval --policy``, :func:`empathy_gym.policies.make_policy`):
+* the policy (``empathy-gym eval --policy``, :func:`empathy_gym.evaluation.policies.make_policy`):
   ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
   ``python:MODULE:ATTR``.
 
@@ -122,7 +122,7 @@ def _is_chat_backend(value: Any) -> bool:
 @dataclass(frozen=True)
 class UserSpec:
     """Which simulated user: the one way to name it, for ``gym.make(..., user=...)``,
-    recipes (``env.kwargs.user``), :func:`~empathy_gym.evaluation.evaluate` and the
+    recipes (``env.kwargs.user``), :func:`~empathy_gym.evaluation.benchmark.evaluate` and the
     command line (``--user``). Write it as a string (:meth:`parse`), a mapping of these
     fields or a ``UserSpec``; :func:`as_user_spec` turns any of them into a ``UserSpec``
     and :meth:`build` into a :class:`~empathy_gym.user.SimulatedUser`.

@@ -12,7 +12,7 @@ needs a real causal LM (backends, rollouts, losses) runs without downloading wei
 
 Example::
 
-    >>> from empathy_gym.tiny import build_tiny_chat_model
+    >>> from empathy_gym.backends.tiny import build_tiny_chat_model
     >>> path = build_tiny_chat_model("/tmp/tiny-chat")        # doctest: +SKIP
     >>> from transformers import AutoModelForCausalLM, AutoTokenizer
     >>> model = AutoModelForCausalLM.from_pretrained(path)     # doctest: +SKIP

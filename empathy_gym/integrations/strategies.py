@@ -24,7 +24,7 @@ id                             ESConv strategy: what the supporter does
 ``others``                     Others: pleasantries and anything outside the seven
 =============================  ==============================================================
 
-The templates are data, one JSON file per language in ``empathy_gym/strategy_templates/``
+The templates are data, one JSON file per language in ``empathy_gym/integrations/strategy_templates/``
 (``en.json``, ``zh.json``): several variants per strategy, with the placeholders
 ``{words}`` (a short clause quoted from the user's newest utterance,
 :func:`user_words`) and ``{name}`` (the persona's name). The same files hold the crude
