@@ -232,6 +232,16 @@ def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
     assert (
         set(result["monitors"]) == {"before", "after"} and 0 <= result["monitors"]["after"]["monitor/distinct_2"] <= 1
     )
+    # during training the same judge re-judged each step's replies: it pays what was paid
+    (metrics,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["judge/change_mean"] == metrics["judge/train_change_mean"] and metrics["judge/gap"] == 0.0
+    assert metrics["judge/diverging"] is None  # NaN (written as null) before a window of steps
+    assert "During training (metrics.jsonl" in result["text"]
+    assert result["training"]["judge/change_mean"] == {
+        "first": metrics["judge/change_mean"],
+        "last": metrics["judge/change_mean"],
+    }
+    assert "monitor/reference_nll" not in result["training"]  # full fine-tuning: no reference
 
 
 def test_a_bad_second_judge_is_refused_before_training():

@@ -137,7 +137,37 @@ def test_the_trainer_logs_the_monitors_and_warns_past_a_threshold(tmp_path, capl
         "monitor/wrong_script_share",
         "monitor/nonword_share",
         "monitor/injection_share",
+        "monitor/reference_nll",
         "monitor/tripped",
     }
+    assert metrics["monitor/reference_nll"] is None  # NaN (null): full fine-tuning, no KL term, no reference
     assert "reward-hacking monitor reply_words_mean" in caplog.text
     assert "injection_share" not in caplog.text
+
+
+def test_the_reference_nll_is_the_base_models_not_the_policys(tmp_path):
+    """LoRA: the reference is the model with its adapter disabled. Before any update the
+    policy is the reference (LoRA's B starts at zero), so the reference's NLL of the
+    sampled tokens is the sampler's own mean -log p; once the adapter moves, the
+    policy's NLL changes and the reference's does not."""
+    import torch
+
+    from empathy_gym.agents import GRPOTrainer, load_recipe
+
+    config = load_recipe(
+        "agents/tiny-cpu.yaml",
+        [f"output_dir={tmp_path}", "progress=false", "policy.use_lora=true", "generation.max_new_tokens=8"],
+        algorithm="grpo",
+    )
+    trainer = GRPOTrainer(config)
+    trajectories = trainer.engine.collect([1, 2, 3])
+    sampled = [lp for t in trajectories for lp, m in zip(t.rollout_logprobs, t.loss_mask) if m]
+    nll = trainer.reference_nll(trajectories)
+    assert nll == pytest.approx(-sum(sampled) / len(sampled), rel=1e-4)
+    with torch.no_grad():
+        for name, parameter in trainer.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    policy = torch.cat(trainer.policy_logprobs(trainer.token_data(trajectories)))
+    assert float(-policy.mean()) != pytest.approx(nll, rel=1e-2)  # the policy moved
+    assert trainer.reference_nll(trajectories) == pytest.approx(nll, rel=1e-6)  # the reference did not

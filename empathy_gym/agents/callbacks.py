@@ -1,14 +1,16 @@
 """Trainer callbacks: work that runs around training, from Python as from the command
-line (the held-out evaluation, :class:`~empathy_gym.agents.heldout.HeldoutEvaluation`).
+line (the held-out evaluation, :class:`~empathy_gym.agents.heldout.HeldoutEvaluation`;
+the second judge during training, :class:`~empathy_gym.agents.judge.TrainingJudge`).
 
-The shape of Hugging Face's ``TrainerCallback`` (``on_train_begin``, ``on_train_end``),
-with the trainer passed in. ``on_train_begin`` runs before a resumed checkpoint loads
+The shape of Hugging Face's ``TrainerCallback`` (``on_train_begin``, ``on_step_end``,
+``on_train_end``), with the trainer passed in. ``on_train_begin`` runs before a resumed checkpoint loads
 (the weights are the initial ones), ``on_train_end`` only when ``total_steps`` is
 reached (not after Ctrl-C).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -17,6 +19,12 @@ class TrainerCallback:
 
     def on_train_begin(self, trainer: Any) -> None:
         """Before the first step (and before ``--resume`` loads a checkpoint)."""
+
+    def on_step_end(self, trainer: Any, step: int, trajectories: Sequence[Any]) -> Mapping[str, float] | None:
+        """After a step's update, with the step's first-round trajectories
+        (:class:`~empathy_gym.agents.rollout.Trajectory`); the metrics returned join the
+        step's (``metrics.jsonl``, TensorBoard)."""
+        return None
 
     def on_train_end(self, trainer: Any) -> None:
         """After the last of ``total_steps`` steps, once the checkpoint is saved."""

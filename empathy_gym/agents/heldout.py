@@ -415,6 +415,47 @@ def _judge_lines(judge: Mapping[str, Any], gap: Mapping[str, Any], steps: int, l
     return lines
 
 
+#: The per-step metrics the report follows through training: (key, label, unit).
+TREND_KEYS = (
+    ("reward/mean_turn_reward", "reward per reply", ""),
+    ("judge/change_mean", "second judge's change per reply", " points"),
+    ("judge/train_change_mean", "training user's change on the same replies", " points"),
+    ("monitor/distinct_2", "distinct-2", ""),
+    ("monitor/reference_nll", "reference NLL", " nats/token"),
+)
+
+
+def training_trend(path: Path, span: int = 5) -> dict[str, dict[str, float]]:
+    """The mean of each :data:`TREND_KEYS` metric over the first and the last ``span``
+    steps of a run's ``metrics.jsonl`` (``{key: {"first": x, "last": y}}``; keys the run
+    did not log, or logged only as NaN, are left out), and ``judge/diverging_steps``
+    (``{"count": n}``) where the second judge ran; ``{}`` without the file."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    trend = {}
+    for key, _, _ in TREND_KEYS:
+        values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+        if values:
+            trend[key] = {"first": float(np.mean(values[:span])), "last": float(np.mean(values[-span:]))}
+    if "judge/change_mean" in trend:
+        trend["judge/diverging_steps"] = {"count": float(sum(row.get("judge/diverging") == 1.0 for row in rows))}
+    return trend
+
+
+def _trend_line(trend: Mapping[str, Mapping[str, float]]) -> str:
+    parts = [
+        f"{label} {trend[key]['first']:.2f} -> {trend[key]['last']:.2f}{unit}"
+        for key, label, unit in TREND_KEYS
+        if key in trend
+    ]
+    if "judge/diverging_steps" in trend:
+        parts.append(
+            f"steps where the judges diverged (judge/diverging) {int(trend['judge/diverging_steps']['count'])}"
+        )
+    return f"During training (metrics.jsonl; mean of the first 5 steps -> the last 5): {'; '.join(parts)}."
+
+
 def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """Write ``records`` as JSON Lines, atomically (a synced temporary file renamed over ``path``)."""
     tmp = path.with_suffix(".tmp")
@@ -526,6 +567,10 @@ class HeldoutEvaluation(TrainerCallback):
     ) -> dict[str, Any]:
         """Write ``report.json`` and ``report.txt``; returns the report (:func:`report`)."""
         result = report(self.config, before, after, self.trainer.step, judge=judge)
+        trend = training_trend(Path(self.config.output_dir) / "metrics.jsonl")
+        if trend:
+            result["training"] = trend
+            result["text"] = result["text"].replace(CAVEAT, _trend_line(trend) + "\n" + CAVEAT)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(

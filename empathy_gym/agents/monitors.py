@@ -26,6 +26,11 @@ value per step, and :func:`tripped` names those past the thresholds a recipe set
   headers, ``"change": 10``, ``Change: +10``, "ignore the rules").
 
 Every share is in [0, 1] over the step's replies (NaN for a step without replies).
+
+The trainer adds ``monitor/reference_nll``: the reference model's mean negative
+log-likelihood of the step's sampled tokens, in nats per token
+(:meth:`~empathy_gym.agents.trainer.RLTrainer.reference_nll`); it rises as the replies
+drift from anything the model before training would write (NaN without a reference).
 """
 
 from __future__ import annotations

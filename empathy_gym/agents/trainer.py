@@ -52,6 +52,7 @@ from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec,
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
+from empathy_gym.agents.judge import TrainingJudge
 from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
 from empathy_gym.agents.monitors import replies_of, reply_monitors, tripped
@@ -302,6 +303,8 @@ class RLTrainer:
         self.callbacks = list(callbacks)
         if config.heldout.bank:
             self.callbacks.append(heldout.HeldoutEvaluation(self, progress=config.progress))
+        if config.heldout.user is not None:
+            self.callbacks.append(TrainingJudge(self))
         self.heldout_report: dict[str, Any] | None = None  # set by HeldoutEvaluation
         self._stop = False
         self._dirty = False  # parameters changed since the last completed step
@@ -669,6 +672,19 @@ class RLTrainer:
             out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
         return out
 
+    def reference_nll(self, trajectories: Sequence[Trajectory]) -> float:
+        """The reference model's mean negative log-likelihood, in nats per token, of the
+        tokens the policy sampled in ``trajectories`` (at the sampling temperature): how
+        far the replies have drifted from what the model before training would write
+        (fluency drift). The reference: the base model (LoRA, its adapter disabled) or
+        the frozen copy a KL term keeps; NaN where there is none (full fine-tuning
+        without a KL term) or no sampled token."""
+        if self.reference is None and not hasattr(self.model, "disable_adapter"):
+            return float("nan")
+        logprobs = self.policy_logprobs(self.token_data(trajectories), reference=True)
+        flat = torch.cat(logprobs) if logprobs else torch.zeros(0)
+        return float(-flat.double().mean()) if flat.numel() else float("nan")
+
     @property
     def tis_cap(self) -> float:
         """The truncated importance sampling cap in force (0: off), see
@@ -875,6 +891,7 @@ class RLTrainer:
         if rollout is None:
             return False
         first, trajectories, refill_metrics, times = rollout
+        reference_nll = self.reference_nll(first)
         tick = time.perf_counter()
         self._dirty = True
         rates = {f"{name}/lr": group["lr"] for name, group in zip(self.gradient_groups, self.optimizer.param_groups)}
@@ -882,7 +899,11 @@ class RLTrainer:
         self.scheduler.step()  # once per training step, after its updates, as verl
         self._dirty = False
         self.step = step
-        metrics.update(rollout_metrics(first if self.processes.world == 1 else self.processes.gather(first)))
+        first = first if self.processes.world == 1 else self.processes.gather(first)
+        metrics.update(rollout_metrics(first))
+        metrics["monitor/reference_nll"] = reference_nll
+        for callback in self.callbacks:
+            metrics.update(callback.on_step_end(self, step, first) or {})
         metrics.update(refill_metrics)
         metrics.update(self._time_metrics(times, started, tick))
         metrics = self.processes.reduce_metrics(metrics, summed=self.summed_metrics)
