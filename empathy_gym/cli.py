@@ -261,6 +261,15 @@ def bank_language_line(name: Any, bank: Any) -> str:
     return f"{line}: the dialogues are in English"
 
 
+def must_not_line(summary: dict[str, Any]) -> str:
+    """The must-not checks of a report in one line (``transcripts.jsonl`` names the turns)."""
+    parts = ", ".join(f"{name} {c['violating']}/{c['checked']}" for name, c in summary["by_check"].items())
+    return (
+        f"must-not checks: {summary['violating']}/{summary['checked']} dialogues had a reply that did what "
+        f"its persona's agent must not ({parts}; the turns: must_not in transcripts.jsonl)"
+    )
+
+
 def _print_report(report: dict[str, Any], resumed: int) -> None:
     ci = report["ci"]
     n = report["dialogues"]
@@ -272,6 +281,8 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
         f"goodbye {report['goodbyes']}/{n}, out of turns {report['max_turns']}/{n}, "
         f"mean turns {report['mean_turns']:.1f}"
     )
+    if "must_not" in report:
+        console.print(must_not_line(report["must_not"]))
     for title, key in (("hidden intention", "by_hidden_intention"), ("character type", "by_character_type")):
         table = Table(title=f"by {title}", title_justify="left")
         for column in (title, "dialogues", "score", "success", "failure", "turns"):

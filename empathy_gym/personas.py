@@ -116,6 +116,9 @@ class Persona:
         initial_emotion: emotion at the start, an int in [0, 100] (a float with an
             integral value, such as JSON's ``40.0``, is converted exactly); ``None`` uses
             the protocol's (SAGE 40, RLVER training 30).
+        must_not: what a good agent must not do with this user: ids of the checks that
+            ``eval`` runs on every reply (:mod:`empathy_gym.evaluation.must_not`), e.g.
+            ``("endorse_self_harm", "claim_human")``; none by default.
 
     Raises:
         PersonaError: a non-integral or out-of-range ``initial_emotion``, or a near miss
@@ -132,6 +135,7 @@ class Persona:
     name: str | None = None
     opening_line: str | None = None
     initial_emotion: int | None = None
+    must_not: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Personas built in Python get the checks a bank's lines get (path "<Persona>").
@@ -266,6 +270,7 @@ def persona_from_dict(record: Mapping[str, Any], *, path: str = "<dict>", line: 
     _check(_persona_validator, record, path, line)
     fields = dict(record)
     fields["traits"] = tuple(fields.get("traits", ()))
+    fields["must_not"] = tuple(fields.get("must_not", ()))
     fields["initial_emotion"] = exact_initial_emotion(fields.get("initial_emotion"), path=path, line=line)
     check_intention(fields["hidden_intention"], path=path, line=line)
     return Persona(**fields)
@@ -470,7 +475,7 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
 
     Args:
         source: ``None`` (the built-in bank, English and Chinese), a bank name under
-            ``envs/personas`` (``"en"``, ``"zh"``), ``"rlver"`` (the 500 RLVER training
+            ``envs/personas`` (``"en"``, ``"zh"``, ``"adversarial"``), ``"rlver"`` (the 500 RLVER training
             profiles), ``"sage"`` (SAGE's 100 test profiles), ``"rlver_minus_sage"``
             (:data:`DERIVED_BANKS`), a path to a JSONL file, or a list of
             :class:`Persona`, dicts in our format or RLVER dicts (a single one is
@@ -514,6 +519,7 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
 BUILTIN_BANKS: dict[str, str] = {
     "en": "personas/en.jsonl",
     "zh": "personas/zh.jsonl",
+    "adversarial": "personas/adversarial.jsonl",
     "rlver": "rlver/train_profile.jsonl",
     "sage": "sage/profiles.jsonl",
 }

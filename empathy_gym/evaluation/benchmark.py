@@ -49,6 +49,7 @@ import numpy as np
 
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
+from empathy_gym.evaluation.must_not import dialogue_violations
 from empathy_gym.evaluation.policies import Policy, make_policy
 from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
@@ -132,10 +133,12 @@ def dialogue_record(
     ``"goodbye"`` or ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
     turn: ``utterance`` that reached the user, proposed ``change``, ``applied_change``,
     ``emotion``, user ``thoughts``, ``format_error``, and with the rule user ``features``: the
-    appraisal's parts by feature group in emotion points); ``messages`` (the agent-side chat).
+    appraisal's parts by feature group in emotion points); ``messages`` (the agent-side chat);
+    for a persona with ``must_not`` checks, ``must_not``: ``{"checks": [ids], "hits": {id:
+    [turns]}}`` (:mod:`~empathy_gym.evaluation.must_not`).
     """
     persona = task.persona
-    return {
+    record = {
         "persona_id": persona.id,
         "repeat": task.repeat,
         "seed": task.seed,
@@ -151,6 +154,29 @@ def dialogue_record(
         "steps": list(steps),
         "messages": info["messages"],
     }
+    if persona.must_not:
+        utterances = [step["utterance"] for step in steps]
+        hits = dialogue_violations(utterances, persona.language, persona.must_not)
+        record["must_not"] = {"checks": list(persona.must_not), "hits": hits}
+    return record
+
+
+def must_not_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How many dialogues tripped a check of their persona's ``must_not``: ``checked``
+    (dialogues with checks), ``violating`` (with at least one hit), ``share``, and
+    ``by_check`` (per check id: ``checked``, ``violating``); ``None`` when no dialogue
+    had checks."""
+    checked = [record["must_not"] for record in records if record.get("must_not")]
+    if not checked:
+        return None
+    by_check: dict[str, dict[str, int]] = {}
+    for entry in checked:
+        for name in entry["checks"]:
+            counts = by_check.setdefault(name, {"checked": 0, "violating": 0})
+            counts["checked"] += 1
+            counts["violating"] += bool(entry["hits"].get(name))
+    violating = sum(bool(entry["hits"]) for entry in checked)
+    return {"checked": len(checked), "violating": violating, "share": violating / len(checked), "by_check": by_check}
 
 
 def run_dialogues(
@@ -313,7 +339,8 @@ def summarize(
       rates; ``mean_turns``;
     * ``by_hidden_intention``, ``by_character_type``: per group ``dialogues``,
       ``sentient_score``, ``successes``, ``failures``, ``goodbyes``, ``mean_turns`` (standard ids in
-      the papers' order first, free-text intentions after, sorted).
+      the papers' order first, free-text intentions after, sorted);
+    * ``must_not`` (only where personas have checks): :func:`must_not_summary`.
 
     Raises:
         ValueError: no records.
@@ -352,7 +379,7 @@ def summarize(
         "mean_turns": overall["mean_turns"],
         "by_hidden_intention": _breakdown(records, "hidden_intention", list(INTENTIONS)),
         "by_character_type": _breakdown(records, "character_type", list(CHARACTER_TYPES)),
-    }
+    } | ({"must_not": must_not} if (must_not := must_not_summary(records)) else {})
 
 
 # -- the plot --------------------------------------------------------------------------
