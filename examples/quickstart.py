@@ -19,17 +19,8 @@ import gymnasium as gym
 import numpy as np
 
 import empathy_gym  # noqa: F401  (registers the environment ids)
+from empathy_gym.cli import bank_language_line
 from empathy_gym.evaluation.baselines import BASELINES
-
-
-def language_note(personas) -> str | None:
-    """One line saying how many of the personas speak Chinese and how to get English
-    ones; ``None`` when none does."""
-    chinese = sum(persona.language == "zh" for persona in personas)
-    if not chinese:
-        return None
-    which = f"all {chinese}" if chinese == len(personas) else f"{chinese} of the {len(personas)}"
-    return f"note: {which} personas speak Chinese, and so do their dialogues; for English ones: --personas en"
 
 
 def main() -> None:
@@ -54,9 +45,7 @@ def main() -> None:
     if args.personas:
         kwargs["personas"] = args.personas
     env = gym.make(args.env, **kwargs)
-    note = language_note(env.unwrapped.personas)
-    if note:
-        print(note)
+    print(bank_language_line(args.personas or f"{args.env}'s own", env.unwrapped.personas))
     agent = BASELINES[args.agent]()
     finals, returns = [], []
     for episode in range(args.episodes):

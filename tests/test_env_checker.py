@@ -46,7 +46,10 @@ def test_quickstart_runs_20_dialogues_on_the_rlver_profiles():
 
 
 def test_quickstart_says_its_default_personas_are_chinese_and_how_to_pick_english():
-    note = "note: all 500 personas speak Chinese, and so do their dialogues; for English ones: --personas en"
+    note = (
+        "personas: EmpathyDialogue-RLVER-v0's own (500 personas, zh 500): the dialogues are in Chinese; "
+        "--personas en for English ones"
+    )
     default = subprocess.run(
         [sys.executable, "examples/quickstart.py", "--quiet", "--episodes", "1"],
         cwd=ROOT,
@@ -66,18 +69,5 @@ def test_quickstart_says_its_default_personas_are_chinese_and_how_to_pick_englis
         check=False,
     )
     assert english.returncode == 0, english.stderr
-    assert "speak Chinese" not in english.stdout and "1 dialogues, agent=listener" in english.stdout
-
-
-def test_quickstart_language_note_for_a_mixed_bank():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from quickstart import language_note
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-    from empathy_gym.personas import load_personas
-
-    assert language_note(load_personas(None)) == (
-        "note: 8 of the 56 personas speak Chinese, and so do their dialogues; for English ones: --personas en"
-    )
-    assert language_note(load_personas("en")) is None
+    assert english.stdout.splitlines()[0] == "personas: en (48 personas, en 48): the dialogues are in English"
+    assert "1 dialogues, agent=listener" in english.stdout

@@ -145,7 +145,6 @@ def play(
     (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`), so two calls play the same
     dialogues up to the policy's replies.
     """
-    from empathy_gym.agents.generation import TransformersGenerator
     from empathy_gym.agents.trainer import make_envs
 
     config = trainer.config
@@ -157,17 +156,7 @@ def play(
     if user is not None:  # the second judge plays the same dialogues
         env_config.env.kwargs["user"] = user
     slots = iter(make_envs(env_config, min(held.batch_size, len(tasks)), config.generation.think))
-    gen = config.generation
-    generator = TransformersGenerator(
-        trainer.model,
-        trainer.tokenizer,
-        max_new_tokens=gen.max_new_tokens,
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        max_batch_size=held.batch_size,
-        compute_dtype=trainer.compute_dtype,
-        reuse_kv=False,
-    )
+    generator = trainer.transformers_generator(max_batch_size=held.batch_size, reuse_kv=False)
     policy = HeldoutPolicy(generator, trainer.tokenizer)
     done = {}
     for record in run_dialogues(tasks, policy, lambda: next(slots), batch_size=held.batch_size):

@@ -484,14 +484,16 @@ class RLTrainer:
                 gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
                 dtype=self.config.policy.dtype,
             )
+        return self.transformers_generator(should_stop=lambda: self._stop)
+
+    def transformers_generator(self, **options: Any) -> TransformersGenerator:
+        """A :class:`~empathy_gym.agents.generation.TransformersGenerator` of the policy with
+        the recipe's sampling settings; ``options`` add to or override its keywords (the
+        held-out evaluation's batch size, no KV reuse)."""
+        gen = self.config.generation
+        settings = {"max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p}
         return TransformersGenerator(
-            self.model,
-            self.tokenizer,
-            max_new_tokens=gen.max_new_tokens,
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            compute_dtype=self.compute_dtype,
-            should_stop=lambda: self._stop,
+            self.model, self.tokenizer, **settings, compute_dtype=self.compute_dtype, **options
         )
 
     def _build_algorithm(self) -> None:

@@ -180,29 +180,12 @@ def _train_tokenizer(corpus: list[str], vocab_size: int):
     return tokenizer
 
 
-def _settings(
-    seed: int,
-    vocab_size: int,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    initializer_range: float,
-    corpus: list[str],
-) -> dict:
+def _settings(seed: int, shape: dict[str, int], initializer_range: float, corpus: list[str]) -> dict:
     digest = hashlib.sha256("\n\x00".join(corpus).encode("utf-8")).hexdigest()
     return {
         "format": BUILD_FORMAT,
         "seed": seed,
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
+        **shape,
         "initializer_range": initializer_range,
         "corpus_sha256": digest,
     }
@@ -348,7 +331,7 @@ def build_tiny_chat_model(
     _check_shape(**shape)
     directory = Path(directory)
     corpus = tiny_corpus()
-    settings = _settings(seed, *shape.values(), initializer_range, corpus)
+    settings = _settings(seed, shape, initializer_range, corpus)
     marker = directory / MARKER
     if _built_with(marker, settings):
         return directory

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from empathy_gym.evaluation.jsonl import json_object
 from empathy_gym.evaluation.sage_logs import LoggedDialogue, LoggedTurn, SageLogError
 from empathy_gym.personas import Persona, load_personas
 from empathy_gym.think import OPEN as OPEN_THINK
@@ -86,18 +87,9 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
             if limit is not None and len(dialogues) >= limit:
                 break
             if text.strip():
-                dialogues.append(own_dialogue(_json(text, path, number), bank, path=str(path), line=number))
+                record = json_object(text, path, number, SageLogError)
+                dialogues.append(own_dialogue(record, bank, path=str(path), line=number))
     return dialogues
-
-
-def _json(text: str, path: Any, line: int) -> dict[str, Any]:
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SageLogError(f"{path}:{line}: not valid JSON: {error.msg} (column {error.colno})") from None
-    if not isinstance(record, dict):
-        raise SageLogError(f"{path}:{line}: expected a JSON object")
-    return record
 
 
 def own_dialogue(

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from empathy_gym.evaluation.jsonl import json_object
+
 RUN_CONFIG = "run.json"
 REPORT = "report.json"
 
@@ -61,12 +63,7 @@ def read_jsonl_records(
     for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise EvaluationError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
-        if not isinstance(record, dict):
-            raise EvaluationError(f"{path}:{number}: expected a JSON object")
+        record = json_object(line, path, number, EvaluationError)
         for name in key_fields:
             if name not in record:
                 raise EvaluationError(f"{path}:{number}: field {name!r}: missing")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from empathy_gym.evaluation.jsonl import json_object
 from empathy_gym.personas import Persona, PersonaError, persona_from_rlver
 
 
@@ -242,12 +243,7 @@ def read_sage_log(path: str | os.PathLike, limit: int | None = None) -> list[Log
                 break
             if not text.strip():
                 continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise SageLogError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
-            if not isinstance(record, dict):
-                raise SageLogError(f"{path}:{number}: expected a JSON object")
+            record = json_object(text, path, number, SageLogError)
             dialogues.append(parse_dialogue(record, path=str(path), line=number))
     return dialogues
 

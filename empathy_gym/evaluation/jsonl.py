@@ -1,0 +1,23 @@
+"""One line of a JSON Lines file as a record, or an error that names the file and line."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def json_object(text: str, path: str | os.PathLike, line: int, error: type[Exception]) -> dict[str, Any]:
+    """``text`` (line ``line`` of ``path``) parsed as a JSON object.
+
+    Raises:
+        error: the text is not valid JSON (with the parser's message and column), or not
+            an object; the message starts with ``path:line``.
+    """
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}:{line}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise error(f"{path}:{line}: expected a JSON object")
+    return record
