@@ -236,7 +236,9 @@ class Trajectory:
 
 @dataclass
 class RolloutTimes:
-    """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase."""
+    """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase: ``generation``
+    (the policy's batched generate calls), ``user`` (the rest: the simulated user's
+    batched calls and the bookkeeping around them), ``total``; ``generated_tokens``."""
 
     generation: float = 0.0
     user: float = 0.0
@@ -452,7 +454,16 @@ class _TrainingDriver(Driver[Trajectory]):
     trajectories and one batched generate per turn."""
 
     def __init__(
-        self, engine: RolloutEngine, *, groups, seeds, seed_keys, sampling_seed, key_offset, round_index, should_stop
+        self,
+        engine: RolloutEngine,
+        *,
+        groups: list[int],
+        seeds: list[int],
+        seed_keys: list[int],
+        sampling_seed: int,
+        key_offset: int,
+        round_index: int,
+        should_stop: Callable[[], bool],
     ):
         self.engine, self.groups, self.seeds, self.seed_keys = engine, groups, seeds, seed_keys
         self.sampling_seed, self.key_offset, self.round_index = sampling_seed, key_offset, round_index
