@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun import torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,12 +36,6 @@ with open(f"{out}.rank{trainer.processes.rank}.txt", "w") as handle:  # stdout l
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_path, algorithm):
     script = tmp_path / "run.py"
@@ -49,25 +43,7 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     out = tmp_path / "run"
     # an empty model cache: both processes need the tiny model, the first one builds it
     fresh_cache = {**os.environ, "EMPATHY_GYM_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            algorithm,
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=fresh_cache,
-    )
+    done = torchrun(script, 2, algorithm, out, env=fresh_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = {}
     for path in tmp_path.glob("run.rank*.txt"):
@@ -145,23 +121,7 @@ def test_gradients_are_summed_over_the_processes(tmp_path):
     without signal adds nothing and dilutes nothing.)"""
     script = tmp_path / "grad.py"
     script.write_text(GRADIENTS)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "3",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = torchrun(script, 3, tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     grads = [(tmp_path / f"grad{rank}.txt").read_text() for rank in range(3)]
     assert grads == ["[4.0, 4.0, 4.0]"] * 3
@@ -190,23 +150,7 @@ def test_one_process_and_two_give_the_same_step(tmp_path):
         [sys.executable, str(script), str(tmp_path / "one")], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            str(tmp_path / "two"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    double = torchrun(script, 2, tmp_path / "two")
     assert double.returncode == 0, double.stderr[-3000:]
 
     def read(name, file):

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun import torchrun
 
 from empathy_gym.agents import TRAINERS, load_recipe
 from empathy_gym.agents.rollout import Trajectory
@@ -144,12 +142,6 @@ if rank == 0:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_two_processes_give_the_gradient_of_one(tmp_path):
     """Two processes (torchrun, gloo), each with half of the dialogues (of other lengths
     than the other half's), with 1 and 4 micro-batches: the summed gradient equals the
@@ -163,24 +155,7 @@ def test_two_processes_give_the_gradient_of_one(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.format(tests=str(REPO / "tests")))
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            str(tmp_path / "two"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=environment,
-    )
+    done = torchrun(script, 2, tmp_path / "two", env=environment)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "two" / "gradients.json").read_text())
     for key, gradient in results.items():
