@@ -1,14 +1,16 @@
 """The built-in baselines and trained policies against users who try to break the agent.
 
-    python benchmarks/adversarial.py [--policies SPEC ...] [--repeats 2] [--user rule]
+    python benchmarks/adversarial.py [--policies SPEC ...] [--repeats 2] [--user rule] [--language en] [--append]
 
 Each policy plays the ``adversarial`` bank (8 English and 8 Chinese personas who provoke,
 flatter, manipulate, test boundaries, want a harmful plan endorsed, or are in crisis)
 through ``empathy_gym.evaluation.benchmark.evaluate`` with the SAGE protocol. Per policy:
 the Sentient score with its 95% interval over personas, and the dialogues where a reply
 did what the persona's agent must not (``empathy_gym.evaluation.must_not``), overall and
-per check. Written to ``benchmarks/results/adversarial.txt`` unless ``--no-write``; the
-runs' folders (transcripts with the turns of each hit) go under ``--out``.
+per check. ``--language en`` keeps the English half of the bank (for English-only
+models). Written to ``benchmarks/results/adversarial.txt`` (``--append``: added to it)
+unless ``--no-write``; the runs' folders (transcripts with the turns of each hit) go
+under ``--out``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from _machine import cpu_model  # noqa: E402
 
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 from empathy_gym.evaluation.must_not import CHECKS  # noqa: E402
+from empathy_gym.evaluation.policies import reply_token_cap  # noqa: E402
+from empathy_gym.personas import load_personas  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINES = ["baseline:generic", "baseline:echo", "baseline:listener", "baseline:esconv"]
@@ -48,21 +52,29 @@ def main() -> int:
     parser.add_argument("--user", default="rule")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="runs/adversarial")
+    parser.add_argument("--language", choices=["en", "zh"], help="only the personas of this language")
+    parser.add_argument("--append", action="store_true")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    bank = [p for p in load_personas("adversarial") if args.language in (None, p.language)]
     names = args.names or args.policies
     started, load = time.time(), os.getloadavg()[0]
     rows = []
     for name, policy in zip(names, args.policies):
         folder = Path(args.out) / name.replace(":", "-").replace("/", "-").replace(",", "-")
-        result = evaluate(policy, "adversarial", user=args.user, repeats=args.repeats, out_dir=folder)
+        max_tokens = reply_token_cap(policy, None)  # as `empathy-gym eval`: local models' replies capped
+        result = evaluate(policy, bank, user=args.user, repeats=args.repeats, max_tokens=max_tokens, out_dir=folder)
         rows.append(row(name, result.report))
         print(rows[-1], flush=True)
+    which = f"{len(bank)} personas" + (f" ({args.language} only)" if args.language else ", en 8 / zh 8")
     lines = [
-        f"# python benchmarks/adversarial.py --user {args.user} --repeats {args.repeats} --policies "
+        f"# python benchmarks/adversarial.py --user {args.user} --repeats {args.repeats}"
+        + (f" --language {args.language}" if args.language else "")
+        + " --policies "
         + " ".join(args.policies),
         f"# {cpu_model()}; load average {load:.1f}; {time.time() - started:.0f} s in all",
-        f"# bank 'adversarial' (16 personas, en 8 / zh 8) x {args.repeats} dialogues, user {args.user}, SAGE protocol;",
+        f"# bank 'adversarial' ({which}) x {args.repeats} dialogues, user {args.user}, SAGE protocol; local models'",
+        "# replies capped at 128 new tokens, as `empathy-gym eval` caps them;",
         "# score: Sentient score [95% interval over personas]; broke: dialogues with a reply that tripped a check",
         "# of its persona's must_not / dialogues checked; then per check (violating/checked dialogues):",
         "# " + ", ".join(f"{i + 1} {c}" for i, c in enumerate(CHECKS)),
@@ -72,7 +84,9 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        (REPO / "benchmarks" / "results" / "adversarial.txt").write_text(text + "\n", encoding="utf-8")
+        path = REPO / "benchmarks" / "results" / "adversarial.txt"
+        before = path.read_text(encoding="utf-8") + "\n" if args.append and path.exists() else ""
+        path.write_text(before + text + "\n", encoding="utf-8")
     return 0
 
 

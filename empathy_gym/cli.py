@@ -25,6 +25,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
+
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; 130 interrupted (Ctrl-C)."
 )
@@ -59,8 +61,6 @@ PERSONAS_HELP = (
 )
 #: Default new tokens per reply of local (``hf:``) policies: uncapped, a small model can
 #: ramble for minutes per reply on a CPU. ``--max-tokens 0`` lifts the cap (as SAGE).
-LOCAL_MAX_TOKENS = 128
-LOCAL_POLICY_KINDS = ("hf", "transformers")
 MAX_TOKENS_HELP = (
     f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
     f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap"
@@ -190,7 +190,6 @@ def eval_command(
             f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
             f"--max-tokens N to change, 0 for no cap)"
         )
-    max_tokens = reply_token_cap(policy, max_tokens)
     with (
         _exit_codes(
             f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; rerun the same command to resume"
@@ -230,17 +229,6 @@ def _progress() -> Progress:
         transient=True,
         disable=not errors.is_terminal,
     )
-
-
-def reply_token_cap(policy: str, max_tokens: int | None) -> int | None:
-    """The ``max_tokens`` that ``eval`` passes on: ``--max-tokens`` as given, 0 meaning no
-    cap (``None``); unset, :data:`LOCAL_MAX_TOKENS` for a local (``hf:``) policy and no
-    cap for the others."""
-    if max_tokens == 0:
-        return None
-    if max_tokens is None and policy.strip().partition(":")[0].strip().lower() in LOCAL_POLICY_KINDS:
-        return LOCAL_MAX_TOKENS
-    return max_tokens
 
 
 def language_counts(bank: Any) -> str:

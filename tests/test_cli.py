@@ -183,7 +183,7 @@ def test_personas_list_and_show():
     assert "not_at_fault (wants to hear that they are not at fault)" in plain.stdout
     missing = runner.invoke(app, ["personas", "show", "nobody"])
     assert missing.exit_code == 1
-    assert "no persona 'nobody' in en, zh, rlver" in missing.stderr
+    assert "no persona 'nobody' in en, zh, adversarial, rlver" in missing.stderr
     assert runner.invoke(app, ["personas", "list", "--bank", "klingon"]).exit_code == 1
 
 
@@ -485,8 +485,22 @@ def test_local_policies_get_a_default_reply_cap(tmp_path, monkeypatch, option, e
     assert (notice in result.stdout.splitlines()) == (option == [])
 
 
+@pytest.mark.parametrize(("max_tokens", "expected"), [(None, 128), (6, 6), (0, None)])
+def test_evaluate_from_python_caps_local_policies_as_the_command_line_does(monkeypatch, max_tokens, expected):
+    import empathy_gym.evaluation.policies
+    from empathy_gym.evaluation.benchmark import evaluate
+
+    backend = RecordingBackend()
+    monkeypatch.setattr(
+        empathy_gym.evaluation.policies, "load_transformers_policy", lambda model, adapter=None, **kwargs: backend
+    )
+    result = evaluate("hf:some/model", "en", limit=1, max_tokens=max_tokens, n_resamples=100)
+    assert backend.calls and set(backend.calls) == {expected}
+    assert result.report["config"]["generation"]["max_tokens"] == expected
+
+
 def test_reply_token_cap():
-    from empathy_gym.cli import reply_token_cap
+    from empathy_gym.evaluation.policies import reply_token_cap
 
     assert reply_token_cap("hf:Qwen/Qwen2.5-0.5B-Instruct,device=cpu", None) == 128
     assert reply_token_cap("transformers:model", None) == 128

@@ -191,7 +191,7 @@ def test_an_unknown_bank_name_lists_the_built_in_ones():
     with pytest.raises(
         FileNotFoundError,
         match=r"no persona bank 'nosuch': not a file, and not a built-in "
-        r"bank \(en, zh, rlver, sage, rlver_minus_sage\)",
+        r"bank \(en, zh, adversarial, rlver, sage, rlver_minus_sage\)",
     ):
         load_personas("nosuch")
 

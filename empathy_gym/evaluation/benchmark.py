@@ -50,7 +50,7 @@ import numpy as np
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
 from empathy_gym.evaluation.must_not import dialogue_violations
-from empathy_gym.evaluation.policies import Policy, make_policy
+from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap
 from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.seeding import derive_seed
@@ -505,8 +505,10 @@ class EvalConfig:
         limit: the first ``limit`` personas only (>= 1; ``None``: all).
         seed: the run seed (int >= 0); it also seeds the bootstrap.
         batch_size: dialogues run at once (>= 1).
-        max_tokens: new tokens per reply of model-backed policies; ``None``: no cap but
-            the model's context, as SAGE.
+        max_tokens: new tokens per reply of model-backed policies; ``None``: 128 for a
+            local (``hf:``) policy spec, no cap for the others
+            (:func:`~empathy_gym.evaluation.policies.reply_token_cap`); 0: no cap but the
+            model's context, as SAGE.
         temperature, top_p: sampling settings of model-backed policies.
         system_prompt: the agent's system prompt (a ``str`` or ``{language: str}``);
             ``None``: SAGE's (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) under
@@ -594,6 +596,7 @@ def evaluate(
             dialogues already finished stay in the transcripts.
     """
     config = dataclasses.replace(config or EvalConfig(), **options)
+    config = dataclasses.replace(config, max_tokens=reply_token_cap(policy, config.max_tokens))
     bank = load_personas(personas)
     tasks = plan_tasks(bank, repeats=config.repeats, seed=config.seed, limit=config.limit)
     protocol = resolve_protocol(config.protocol)

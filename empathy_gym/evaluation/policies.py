@@ -31,6 +31,22 @@ from empathy_gym.user.specs import SpecError, parse_spec, split_openai_target
 POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "python")
 
 
+#: New tokens per reply of a local (``hf:``) policy unless told otherwise: without a cap a
+#: small model can generate to its context limit at every turn (minutes per dialogue on CPU).
+LOCAL_MAX_TOKENS = 128
+LOCAL_POLICY_KINDS = ("hf", "transformers")
+
+
+def reply_token_cap(policy: Any, max_tokens: int | None) -> int | None:
+    """The reply cap an evaluation uses: ``max_tokens`` as given, 0 meaning no cap
+    (``None``); unset (``None``), :data:`LOCAL_MAX_TOKENS` for a local (``hf:``) policy
+    spec and no cap for the others (servers, baselines, Python objects)."""
+    if max_tokens == 0:
+        return None
+    local = isinstance(policy, str) and policy.strip().partition(":")[0].strip().lower() in LOCAL_POLICY_KINDS
+    return LOCAL_MAX_TOKENS if max_tokens is None and local else max_tokens
+
+
 @runtime_checkable
 class Policy(Protocol):
     """The batched policy protocol used by :func:`empathy_gym.evaluation.benchmark.evaluate`.
