@@ -88,6 +88,9 @@ def test_own_logs_refuse_an_unknown_persona_and_a_missing_bank(tmp_path):
         read_own_log(path)
     with pytest.raises(SageLogError, match=r"episodes.jsonl:1: field 'persona_id': 'nobody'"):
         read_own_log(path, "en")
+    path.write_text(json.dumps({"persona_id": EN[0].id, "emotions": [], "messages": []}) + "\n")
+    with pytest.raises(SageLogError, match=r"episodes.jsonl:1: field 'emotions': expected a non-empty list"):
+        read_own_log(path, "en")
 
 
 def test_the_replay_command_re_judges_an_eval_run(eval_run, tmp_path):

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 
 # A gap of up to n characters within a sentence that holds no negation.
 _EN_GAP = r"(?:(?!\bnot\b|n't|\bnever\b|\bno\b|\bnothing\b)[^.?!\n]){{0,{n}}}"
-_ZH_GAP = r"(?:(?!不|没|别|非|无)[^。！？!?\n]){{0,{n}}}"
+_ZH_GAP = r"(?:(?!不(?!过|管|论|仅|但)|没|别(?!人|的)|非(?!常)|无(?!论))[^。！？!?\n]){{0,{n}}}"
 _EN_NEGATION = re.compile(
     r"\b(not|never|no|nothing|nobody|cannot|can't|won't|don't|doesn't|didn't|isn't|shouldn't)\b|n't\b", re.I
 )
-_ZH_NEGATION = re.compile(r"不(?!失为)|没|别|非|无法|绝不|千万不要")
+# 不, 别, 非 negate, but not in 不过 (but), 不管/不论 (whatever), 不仅/不但 (not only), 别人 (others),
+# 非常 (very) or 不失为 (is after all)
+_ZH_NEGATION = re.compile(r"不(?!失为|过|管|论|仅|但)|没|别(?!人|的)|非(?!常)|无法|绝不")
 _SENTENCE = re.compile(r"[^.?!。！？\n]+[.?!。！？]*")
 # Words in quotation marks are someone else's (the user's words quoted back), not the reply's.
 _QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|「[^」]*」|『[^』]*』")

@@ -122,7 +122,9 @@ def own_dialogue(
     else:
         replies = [_reply(str(m["content"])) for m in record["messages"] if m.get("role") == "assistant"]
         proposed = [None] * len(replies)
-    emotions = [int(e) for e in record["emotions"]]
+    emotions = record["emotions"]
+    if not isinstance(emotions, list) or not emotions or not all(isinstance(e, int) for e in emotions):
+        raise SageLogError(f"{where}: field 'emotions': expected a non-empty list of ints (e_0 first)")
     dialogue_id = f"{persona.id}@{line}"
     turns, history = [], [("user", users[0] if users else "")]
     for index, utterance in enumerate(replies[: len(emotions) - 1], start=1):
