@@ -171,3 +171,18 @@ def test_the_reference_nll_is_the_base_models_not_the_policys(tmp_path):
     policy = torch.cat(trainer.policy_logprobs(trainer.token_data(trajectories)))
     assert float(-policy.mean()) != pytest.approx(nll, rel=1e-2)  # the policy moved
     assert trainer.reference_nll(trajectories) == pytest.approx(nll, rel=1e-6)  # the reference did not
+
+
+def test_the_reference_nll_is_measured_only_when_asked_for_or_with_a_kl_term():
+    from types import SimpleNamespace
+
+    from empathy_gym.agents import load_recipe
+    from empathy_gym.agents.trainer import RLTrainer
+
+    def measured(*overrides, algorithm="grpo"):
+        config = load_recipe(f"agents/smollm2-cpu-{algorithm}.yaml", list(overrides), algorithm=algorithm)
+        return RLTrainer.measures_reference_nll.fget(SimpleNamespace(config=config))
+
+    assert not measured()  # the quick start's recipe: LoRA, no KL term, no threshold
+    assert measured("monitors.reference_nll=4.0") and measured("beta=0.1")
+    assert measured("kl_coef=0.05", algorithm="ppo") and not measured(algorithm="ppo")

@@ -30,7 +30,10 @@ Every share is in [0, 1] over the step's replies (NaN for a step without replies
 The trainer adds ``monitor/reference_nll``: the reference model's mean negative
 log-likelihood of the step's sampled tokens, in nats per token
 (:meth:`~empathy_gym.agents.trainer.RLTrainer.reference_nll`); it rises as the replies
-drift from anything the model before training would write (NaN without a reference).
+drift from anything the model before training would write. It costs a forward pass per
+step, so it is measured only when the recipe sets a threshold for it or trains with a KL
+term (NaN otherwise, and without a reference). It does not catch repetition: a reply
+that repeats the user's words is likely under the base model.
 """
 
 from __future__ import annotations

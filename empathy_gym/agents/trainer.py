@@ -674,6 +674,15 @@ class RLTrainer:
             out += list(torch.split(logprobs.cpu(), [d.num_trainable for d in chunk]))
         return out
 
+    @property
+    def measures_reference_nll(self) -> bool:
+        """Whether each step logs ``monitor/reference_nll``: when the recipe sets a
+        threshold for it (``monitors.reference_nll``) or trains with a KL term (``beta`` or
+        ``kl_coef`` > 0). It costs a forward pass of the reference per step (about as long
+        as the policy's log-prob pass), so it is off otherwise (logged as NaN)."""
+        kl = getattr(self.config, "beta", 0.0) or getattr(self.config, "kl_coef", 0.0)
+        return "reference_nll" in self.config.monitors or kl > 0
+
     def reference_nll(self, trajectories: Sequence[Trajectory]) -> float:
         """The reference model's mean negative log-likelihood, in nats per token, of the
         tokens the policy sampled in ``trajectories`` (at the sampling temperature): how
@@ -893,7 +902,7 @@ class RLTrainer:
         if rollout is None:
             return False
         first, trajectories, refill_metrics, times = rollout
-        reference_nll = self.reference_nll(first)
+        reference_nll = self.reference_nll(first) if self.measures_reference_nll else float("nan")
         tick = time.perf_counter()
         self._dirty = True
         rates = {f"{name}/lr": group["lr"] for name, group in zip(self.gradient_groups, self.optimizer.param_groups)}
