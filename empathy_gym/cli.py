@@ -59,8 +59,6 @@ PERSONAS_HELP = (
     "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
     "(first_talk is the opening line)"
 )
-#: Default new tokens per reply of local (``hf:``) policies: uncapped, a small model can
-#: ramble for minutes per reply on a CPU. ``--max-tokens 0`` lifts the cap (as SAGE).
 MAX_TOKENS_HELP = (
     f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
     f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap"
