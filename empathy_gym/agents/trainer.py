@@ -488,8 +488,9 @@ class RLTrainer:
 
     def transformers_generator(self, **options: Any) -> TransformersGenerator:
         """A :class:`~empathy_gym.agents.generation.TransformersGenerator` of the policy with
-        the recipe's sampling settings; ``options`` add to or override its keywords (the
-        held-out evaluation's batch size, no KV reuse)."""
+        the recipe's sampling settings and compute dtype; ``options`` are its other
+        keywords (the held-out evaluation's batch size and no KV reuse, the trainer's stop
+        flag)."""
         gen = self.config.generation
         settings = {"max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p}
         return TransformersGenerator(
