@@ -44,14 +44,10 @@ def is_own_log(path: str | os.PathLike) -> bool:
     return False
 
 
-def run_personas(path: str | os.PathLike) -> str | None:
-    """The persona bank that the ``run.json`` beside ``path`` names (a bank name or a
-    path), or ``None`` where there is none."""
+def run_record(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``run.json`` that ``eval`` wrote beside ``path`` (``{}`` where there is none)."""
     run = Path(path).parent / "run.json"
-    if not run.exists():
-        return None
-    personas = json.loads(run.read_text(encoding="utf-8")).get("personas")
-    return personas if isinstance(personas, str) else None
+    return json.loads(run.read_text(encoding="utf-8")) if run.exists() else {}
 
 
 def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | None = None) -> list[LoggedDialogue]:
@@ -74,8 +70,8 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
             ``run.json`` naming one.
     """
     if personas is None:
-        personas = run_personas(path)
-        if personas is None:
+        personas = run_record(path).get("personas")
+        if not isinstance(personas, str):
             raise SageLogError(
                 f"{path}: which personas played these dialogues? no run.json beside it names a bank; "
                 f"pass the bank the run used (--personas en, rlver, a JSONL path, ...)"
@@ -164,6 +160,5 @@ def own_log_names(path: str | os.PathLike) -> tuple[str, str]:
     """``(user, run)`` for one of our files: the user that ``run.json`` beside it names
     (``"played"`` where there is none) and the run folder's name."""
     path = Path(path)
-    run = path.parent / "run.json"
-    user = json.loads(run.read_text(encoding="utf-8")).get("user") if run.exists() else None
+    user = run_record(path).get("user")
     return (str(user) if user else "played", path.parent.name or path.stem)

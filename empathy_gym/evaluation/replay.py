@@ -348,12 +348,13 @@ def _log_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(path.rglob("*_result.jsonl")) or [path / n for n in OWN_LOG_NAMES if (path / n).exists()]
-            if not found:
+            sage = sorted(path.rglob("*_result.jsonl"))
+            own = [path / name for name in OWN_LOG_NAMES if (path / name).exists()][:1]  # a run writes one
+            if not sage and not own:
                 raise FileNotFoundError(
                     f"{path}: no *_result.jsonl files and no {' or '.join(OWN_LOG_NAMES)} in this folder"
                 )
-            files += found[:1] if found[0].name in OWN_LOG_NAMES else found
+            files += sage or own
         elif not path.exists():
             raise FileNotFoundError(f"{path}: no such log file")
         else:
