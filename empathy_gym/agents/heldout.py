@@ -312,10 +312,13 @@ def report(
     after: Sequence[dict[str, Any]],
     steps: int,
     judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+    trend: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The before/after summaries, the paired difference, and the table as ``text``;
     with ``judge`` (the second judge's before and after records, ``heldout.user``) its
-    summaries and difference too, and the gap between the judges (:func:`judges_gap`)."""
+    summaries and difference too, and the gap between the judges (:func:`judges_gap`);
+    with ``trend`` (:func:`training_trend`) a line on how the run moved during training,
+    kept as ``training``."""
     held = config.heldout
     kwargs = {"confidence": held.confidence, "n_resamples": held.n_resamples, "seed": held.seed}
     first, second = summarize(list(before), **kwargs), summarize(list(after), **kwargs)
@@ -358,6 +361,9 @@ def report(
             f"Where the change came from (the rule user's appraisal by feature group, points per "
             f"dialogue, after - before; largest first): {largest}."
         )
+    if trend:
+        result["training"] = dict(trend)
+        lines.append(_trend_line(trend))
     lines.append(CAVEAT)
     return result | {"feature_shift": shift, "text": "\n".join(lines)}
 
@@ -555,11 +561,8 @@ class HeldoutEvaluation(TrainerCallback):
         judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
     ) -> dict[str, Any]:
         """Write ``report.json`` and ``report.txt``; returns the report (:func:`report`)."""
-        result = report(self.config, before, after, self.trainer.step, judge=judge)
         trend = training_trend(Path(self.config.output_dir) / "metrics.jsonl")
-        if trend:
-            result["training"] = trend
-            result["text"] = result["text"].replace(CAVEAT, _trend_line(trend) + "\n" + CAVEAT)
+        result = report(self.config, before, after, self.trainer.step, judge=judge, trend=trend)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(
