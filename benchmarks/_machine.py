@@ -1,8 +1,13 @@
-"""The CPU description every benchmark prints beside its table."""
+"""The CPU description every benchmark prints beside its table, and the training jobs
+that run side by side."""
 
 import os
 import platform
 import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
@@ -15,3 +20,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return f"{cpu}; nproc {os.cpu_count()}"
+
+
+def start_training(command: list[str], out: Path, overrides: list[str]) -> subprocess.Popen:
+    """``python COMMAND output_dir=OUT progress=false OVERRIDES... [--resume]`` from the
+    repository root, one thread (jobs share the cores), its output in ``OUT/console.log``;
+    ``--resume`` when ``OUT`` holds a checkpoint (a killed benchmark picks up where it was)."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, *command, f"output_dir={out}", "progress=false", *overrides]
+    if (out / "checkpoints" / "latest").exists():
+        argv.append("--resume")
+    with open(out / "console.log", "w", encoding="utf-8") as log:  # the child keeps its own handle
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO
+        )

@@ -48,18 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _machine import cpu_model  # noqa: E402
-from fit_rule_model import (  # noqa: E402
-    GEMINI,
-    GOAL,
-    GPT,
-    Rows,
-    evaluate,
-    features_of,
-    fit,
-    fit_arguments,
-    mismatched,
-    read_rows,
-)
+from fit_rule_model import GEMINI, GOAL, GPT, Rows, evaluate, features_of, fit, fit_arguments, mismatched, read_rows  # noqa: E402
 
 from empathy_gym.evaluation.replay import agreement  # noqa: E402
 

@@ -64,12 +64,7 @@ from empathy_gym.evaluation.replay import agreement, reappraise, turn_request  #
 from empathy_gym.evaluation.sage_logs import log_names, read_sage_log  # noqa: E402
 from empathy_gym.user.base import UserRequest  # noqa: E402
 from empathy_gym.user.rule_lexicon import load_rules  # noqa: E402
-from empathy_gym.user.rule_model import (  # noqa: E402
-    MODEL_PATH,
-    AppraisalModel,
-    group_of,
-    sign_bounds,
-)
+from empathy_gym.user.rule_model import MODEL_PATH, AppraisalModel, group_of, sign_bounds  # noqa: E402
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402
 
 DEFAULT_LOGS = ROOT.parent / "shared" / "data" / "sage" / "logs"

@@ -21,47 +21,26 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_model  # noqa: E402
+from _machine import REPO, cpu_model, start_training  # noqa: E402
 from heldout_control import CHILD, words_taken_up  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, dict]:
     """Train the real job and its control with ``seed``, at the same time; their held-out
     reports (``difference``, ``low``, ``high`` and the content-word share after)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     jobs = {}
     for name in ("real", "control"):
         out = Path(args.out) / f"seed-{seed}" / name
-        out.mkdir(parents=True, exist_ok=True)
-        log = open(out / "console.log", "w", encoding="utf-8")
-        command = [
-            sys.executable,
-            "-c",
-            CHILD,
-            "grpo",
-            name,
-            "--recipe",
-            args.recipe,
-            f"output_dir={out}",
-            f"seed={seed}",
-            "progress=false",
-            *args.overrides,
-        ]
-        if (out / "checkpoints" / "latest").exists():
-            command.append("--resume")
-        jobs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), log, out)
+        command = ["-c", CHILD, "grpo", name, "--recipe", args.recipe]
+        jobs[name] = (start_training(command, out, [f"seed={seed}", *args.overrides]), out)
     results = {}
-    for name, (process, log, out) in jobs.items():
+    for name, (process, out) in jobs.items():
         code = process.wait()
-        log.close()
         report = out / "heldout" / "report.json"
         if code != 0 or not report.exists():
             raise SystemExit(f"seed {seed}, {name}: exit {code}; see {out / 'console.log'}")

@@ -24,30 +24,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_model  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from _machine import REPO, cpu_model, start_training  # noqa: E402
 
 
 def start(beta: float, args: argparse.Namespace) -> tuple[subprocess.Popen, Path, float]:
     out = Path(args.out) / f"beta-{beta:g}"
-    out.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "examples/train_grpo.py",
-        "--recipe",
-        args.recipe,
-        f"output_dir={out}",
-        f"beta={beta}",
-        "monitors.reference_nll=100.0",  # measured in every variant (a threshold that never trips)
-        "progress=false",
-        *args.overrides,
-    ]
-    if (out / "checkpoints" / "latest").exists():
-        command.append("--resume")
-    log = open(out / "console.log", "w", encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), out, time.time()
+    # the reference NLL is measured in every variant (a threshold that never trips)
+    overrides = [f"beta={beta}", "monitors.reference_nll=100.0", *args.overrides]
+    return start_training(["examples/train_grpo.py", "--recipe", args.recipe], out, overrides), out, time.time()
 
 
 def row(beta: float, out: Path, seconds: float) -> str:

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,38 +68,6 @@ USER_HELP = (
     "openai:MODEL@URL; options after commas: ,appraisal_mode=choice,temperature=0.3,"
     "max_concurrency=16"
 )
-APPRAISAL_HELP = (
-    "LLM users: free (JSON with the analysis, SAGE) or choice (scored options); "
-    "the same as ,appraisal_mode=... in --user"
-)
-
-
-class AppraisalMode(str, Enum):
-    free = "free"
-    choice = "choice"
-
-
-def user_with_appraisal_mode(user: str, mode: AppraisalMode | None) -> str:
-    """The ``--user`` spec with ``--appraisal-mode`` folded in (``,appraisal_mode=MODE``
-    appended unless the spec already says it; ``None`` or ``free``: the spec as given).
-
-    Raises:
-        SpecError (a ``ValueError``): a malformed spec, or one whose ``appraisal_mode``
-            option contradicts ``--appraisal-mode``.
-    """
-    from empathy_gym.user.specs import UserSpec
-
-    spec = UserSpec.parse(user)
-    if mode is None:
-        return user
-    if "appraisal_mode=" in user.replace(" ", ""):
-        if spec.appraisal_mode != mode.value:
-            raise ValueError(
-                f"--user {user!r} says appraisal_mode={spec.appraisal_mode} but "
-                f"--appraisal-mode is {mode.value}; give it once"
-            )
-        return user
-    return user if mode is AppraisalMode.free else f"{user},appraisal_mode={mode.value}"
 
 
 class ProtocolName(str, Enum):
@@ -133,7 +101,8 @@ def eval_command(
             "--policy",
             "-p",
             help="the agent: baseline:generic|echo|listener|esconv | hf:PATH[,adapter=DIR]"
-            "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR",
+            "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR; model policies "
+            "sample at ,temperature=0.7,top_p=1.0 unless the spec says otherwise",
         ),
     ],
     out: Annotated[
@@ -144,7 +113,6 @@ def eval_command(
     ],
     personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[
         ProtocolName,
@@ -159,8 +127,6 @@ def eval_command(
     seed: Annotated[int, typer.Option(min=0, help="run seed (dialogue seeds, sampling, bootstrap)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="dialogues run at once")] = 32,
     max_tokens: Annotated[int | None, typer.Option(min=0, help=MAX_TOKENS_HELP)] = None,
-    temperature: Annotated[float, typer.Option(min=0.0, help="model policies: sampling temperature")] = 0.7,
-    resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples for the 95% CI")] = 10_000,
 ) -> None:
     """Run the Sentient benchmark (SAGE): one dialogue per persona (default: SAGE's 100
     test profiles), the mean final emotion with a bootstrap 95% CI, success and failure
@@ -188,17 +154,11 @@ def eval_command(
             f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
             f"--max-tokens N to change, 0 for no cap)"
         )
-    with (
-        _exit_codes(
-            f"interrupted: finished dialogues are saved in {out / TRANSCRIPTS}; rerun the same command to resume"
-        ),
-        _progress() as progress,
-    ):
-        bar = progress.add_task("dialogues", total=None)
+    with _resumable("dialogues", f"finished dialogues are saved in {out / TRANSCRIPTS}") as on_progress:
         result = evaluate(
             policy,
             personas,
-            user=user_with_appraisal_mode(user, appraisal_mode),
+            user=user,
             difficulty=difficulty,
             protocol=protocol.value,
             think=think,
@@ -208,12 +168,19 @@ def eval_command(
             out_dir=out,
             batch_size=batch_size,
             max_tokens=max_tokens,
-            temperature=temperature,
-            n_resamples=resamples,
-            on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            on_progress=on_progress,
         )
     _print_report(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
+
+
+@contextlib.contextmanager
+def _resumable(task: str, saved: str) -> Iterator[Callable[[int, int], None]]:
+    """A long, resumable run: its progress bar (yields ``on_progress(done, total)``) and
+    exit codes; Ctrl-C says what is ``saved`` and that the same command resumes."""
+    with _exit_codes(f"interrupted: {saved}; rerun the same command to resume"), _progress() as progress:
+        bar = progress.add_task(task, total=None)
+        yield lambda done, total: progress.update(bar, completed=done, total=total)
 
 
 def _progress() -> Progress:
@@ -300,7 +267,6 @@ def replay_command(
         Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, scatter.png; rerun to resume")
     ],
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    appraisal_mode: Annotated[AppraisalMode | None, typer.Option(help=APPRAISAL_HELP)] = None,
     difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
     protocol: Annotated[
         ProtocolName, typer.Option(help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")
@@ -329,14 +295,10 @@ def replay_command(
     """
     from empathy_gym.evaluation.replay import TURNS, replay_logs
 
-    with (
-        _exit_codes(f"interrupted: appraised turns are saved in {out / TURNS}; rerun the same command to resume"),
-        _progress() as progress,
-    ):
-        bar = progress.add_task("turns", total=None)
+    with _resumable("turns", f"appraised turns are saved in {out / TURNS}") as on_progress:
         result = replay_logs(
             logs,
-            user_with_appraisal_mode(user, appraisal_mode),
+            user,
             difficulty=difficulty,
             protocol=protocol.value,
             seed=seed,
@@ -344,7 +306,7 @@ def replay_command(
             limit=limit,
             personas=personas,
             out_dir=out,
-            on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            on_progress=on_progress,
         )
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")

@@ -19,6 +19,7 @@ may only stop one early for a reason of its own: no room left in its token budge
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,13 @@ class Driver(Generic[State]):
     """What a caller of :func:`play` supplies: its own per-dialogue state and policy step.
 
     Subclasses implement all three methods.
+
+    Attributes:
+        user_seconds: wall-clock seconds :func:`play` spent in the envs' resets and steps
+            (the simulated user's turns), summed over the rounds.
     """
+
+    user_seconds: float = 0.0
 
     def begin(self, index: int, env: EmpathyDialogueEnv, info: dict[str, Any]) -> State:
         """The state of dialogue ``index`` (its position in ``starts``), just reset in
@@ -152,19 +159,23 @@ def play(envs: Sequence[EmpathyDialogueEnv], starts: Sequence[Start], driver: Dr
     running: dict[int, State] = {}
     while waiting or running:
         starting = [(free.pop(), *waiting.popleft()) for _ in range(min(len(free), len(waiting)))]
+        tick = time.perf_counter()
         if starting:
             resets = reset_many(
                 [envs[slot] for slot, _, _ in starting],
                 [start.seed for _, _, start in starting],
                 [start.options for _, _, start in starting],
             )
+            driver.user_seconds += time.perf_counter() - tick
             for (slot, index, _), (_, info) in zip(starting, resets):
                 running[slot] = driver.begin(index, envs[slot], info)
         order = sorted(running)
         actions = driver.act([running[slot] for slot in order])
         if len(actions) != len(order):
             raise TypeError(f"the policy step returned {len(actions)} utterances for {len(order)} dialogues")
+        tick = time.perf_counter()
         results = step_many([envs[slot] for slot in order], actions)
+        driver.user_seconds += time.perf_counter() - tick
         ended = []
         for slot, result in zip(order, results):
             _, _, terminated, truncated, _ = result

@@ -315,6 +315,27 @@ def test_no_max_tokens_leaves_the_field_out(stub_server):
 
 
 @pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"seeds": [1, 2]}, "got 2 seeds for 1 conversations"),
+    ],
+)
+def test_bad_sampling_is_refused_before_any_request(stub_server, use_async, arguments, message):
+    stub = stub_server([OK])
+    backend = OpenAIBackend(stub.url, "m")
+    with pytest.raises(ValueError, match=message):
+        if use_async:
+            asyncio.run(backend.agenerate([HELLO], **arguments))
+        else:
+            backend.generate([HELLO], **arguments)
+    assert stub.requests == []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
 def test_concurrency_is_limited(stub_server, use_async):
     stub = stub_server([OK], delay=0.15)
     backend = OpenAIBackend(stub.url, "m", max_concurrency=2)

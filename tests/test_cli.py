@@ -213,8 +213,6 @@ def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
         "rule",
         "--limit",
         "4",
-        "--resamples",
-        "500",
         "--out",
         str(out),
     ]
@@ -231,7 +229,7 @@ def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
     assert f"Sentient score {report['sentient_score']:.1f}" in result.stdout
     assert (out / "trajectories.png").stat().st_size > 0
     # the same run through the Python API gives the same report
-    api = evaluate("baseline:listener", "rlver", user="rule", limit=4, n_resamples=500)
+    api = evaluate("baseline:listener", "rlver", user="rule", limit=4)
     assert api.report == report
     # a rerun resumes everything and writes the same report
     again = runner.invoke(app, args)
@@ -300,8 +298,6 @@ def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
             f"hf:{tiny_model_dir},device=cpu",
             "--max-tokens",
             "6",
-            "--resamples",
-            "100",
             "--out",
             str(tmp_path / "run"),
         ],
@@ -392,18 +388,7 @@ def test_play_in_a_pseudo_terminal():
 # -- a newcomer's first runs: languages, reply caps, the hidden need -------------------
 def test_eval_says_which_persona_bank_and_language_it_runs(tmp_path):
     result = runner.invoke(
-        app,
-        [
-            "eval",
-            "--policy",
-            "baseline:listener",
-            "--limit",
-            "1",
-            "--resamples",
-            "100",
-            "--out",
-            str(tmp_path / "sage"),
-        ],
+        app, ["eval", "--policy", "baseline:listener", "--limit", "1", "--out", str(tmp_path / "sage")]
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0] == (
@@ -411,19 +396,7 @@ def test_eval_says_which_persona_bank_and_language_it_runs(tmp_path):
     )
     english = runner.invoke(
         app,
-        [
-            "eval",
-            "--policy",
-            "baseline:listener",
-            "--personas",
-            "en",
-            "--limit",
-            "1",
-            "--resamples",
-            "100",
-            "--out",
-            str(tmp_path / "en"),
-        ],
+        ["eval", "--policy", "baseline:listener", "--personas", "en", "--limit", "1", "--out", str(tmp_path / "en")],
     )
     assert english.stdout.splitlines()[0] == "personas: en (48 personas, en 48): the dialogues are in English"
 
@@ -439,13 +412,14 @@ def test_bank_language_line_for_a_mixed_bank():
 
 
 class RecordingBackend:
-    """Stands in for a local model: records the ``max_tokens`` of each call."""
+    """Stands in for a local model: records the ``max_tokens`` (and sampling) of each call."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.sampling = [], []
 
     def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
         self.calls.append(max_tokens)
+        self.sampling.append((temperature, top_p))
         return ["That sounds hard. What happened?"] * len(conversations)
 
     def close(self):
@@ -462,21 +436,7 @@ def test_local_policies_get_a_default_reply_cap(tmp_path, monkeypatch, option, e
     )
     out = tmp_path / "run"
     result = runner.invoke(
-        app,
-        [
-            "eval",
-            "--policy",
-            "hf:some/model",
-            "--personas",
-            "en",
-            "--limit",
-            "2",
-            "--resamples",
-            "100",
-            "--out",
-            str(out),
-            *option,
-        ],
+        app, ["eval", "--policy", "hf:some/model", "--personas", "en", "--limit", "2", "--out", str(out), *option]
     )
     assert result.exit_code == 0, result.output
     assert backend.calls and set(backend.calls) == {expected}
@@ -536,3 +496,22 @@ def test_play_reveals_the_hidden_need_once_at_the_end_of_a_dialogue():
     assert result.exit_code == 0, result.output
     assert f"failure: the user gives up and leaves (final emotion 0). {HIDDEN}" in result.stdout.splitlines()
     assert result.stdout.count(HIDDEN) == 1  # /quit after the end does not repeat it
+
+
+def test_a_policy_spec_says_how_it_samples_and_the_run_records_it(tmp_path, monkeypatch):
+    import empathy_gym.evaluation.policies
+
+    backend, loaded_with = RecordingBackend(), []
+    monkeypatch.setattr(
+        empathy_gym.evaluation.policies,
+        "load_transformers_policy",
+        lambda model, adapter=None, **kwargs: loaded_with.append(kwargs) or backend,
+    )
+    out = tmp_path / "run"
+    args = ["eval", "--policy", "hf:some/model,device=cpu,temperature=0,top_p=0.9", "--personas", "en"]
+    result = runner.invoke(app, [*args, "--limit", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert loaded_with == [{"device": "cpu"}]  # the sampling options do not reach the model loader
+    assert set(backend.sampling) == {(0.0, 0.9)}
+    generation = json.loads((out / "report.json").read_text())["config"]["generation"]
+    assert generation == {"max_tokens": 128, "temperature": 0.0, "top_p": 0.9}

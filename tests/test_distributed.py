@@ -27,12 +27,18 @@ config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={out}", "total_steps=
                                               "progress=false", "save_steps=2", "generation.max_new_tokens=4",
                                               "policy.device=cpu", "learning_rate=1e-2", *extra],
                      algorithm=algorithm)
-trainer = TRAINERS[algorithm](config)
+from empathy_gym.agents.callbacks import TrainerCallback
+class Counting(TrainerCallback):
+    calls = 0
+    def on_step_end(self, trainer, step, trajectories):
+        Counting.calls += 1
+        return {"test/rank": float(trainer.processes.rank), "test/trajectories": float(len(trajectories))}
+trainer = TRAINERS[algorithm](config, callbacks=[Counting()])
 before = float(sum(p.double().sum() for p in trainer.model.parameters()))
 trainer.train()
 after = float(sum(p.double().sum() for p in trainer.model.parameters()))
 with open(f"{out}.rank{trainer.processes.rank}.txt", "w") as handle:  # stdout lines of processes interleave
-    handle.write(f"{trainer.processes.world} {before!r} {after!r}")
+    handle.write(f"{trainer.processes.world} {before!r} {after!r} {Counting.calls}")
 """
 
 
@@ -47,10 +53,11 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = {}
     for path in tmp_path.glob("run.rank*.txt"):
-        world, before, after = path.read_text().split()
-        ranks[int(path.name[len("run.rank") : -len(".txt")])] = (int(world), float(before), float(after))
+        world, before, after, calls = path.read_text().split()
+        ranks[int(path.name[len("run.rank") : -len(".txt")])] = (int(world), float(before), float(after), int(calls))
     assert sorted(ranks) == [0, 1] and ranks[0][0] == ranks[1][0] == 2
     assert ranks[0][2] == ranks[1][2] != ranks[0][1]  # trained, and identically in both
+    assert (ranks[0][3], ranks[1][3]) == (2, 0)  # step callbacks run once per step, in the first process
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert [(e["step"], e["key"]) for e in episodes] == [(s, k) for s in (1, 2) for k in range(4)]
     # GRPO: whole groups per process (group 0 on rank 0, group 1 on rank 1)
@@ -58,6 +65,8 @@ def test_two_processes_keep_the_same_weights_and_write_every_episode_once(tmp_pa
     assert groups == ([0, 0, 1, 1] * 2 if algorithm == "grpo" else [0, 1, 2, 3] * 2)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+    # the callback saw both processes' dialogues, and its metrics are the first process's
+    assert all(m["test/rank"] == 0 and m["test/trajectories"] == 4 for m in metrics)
     if algorithm == "grpo":  # counts are totals over the processes
         assert all(m["grpo/groups"] == 2 for m in metrics)
     assert (out / "checkpoints" / "step-000002" / "policy").is_dir()

@@ -56,6 +56,30 @@ def test_play_refills_a_free_slot_at_once_and_never_shifts_a_running_dialogue():
     engine.close()
 
 
+def test_play_times_the_users_turns_and_not_the_policys(monkeypatch):
+    import empathy_gym.engine
+
+    clock = [0.0]
+    monkeypatch.setattr(empathy_gym.engine.time, "perf_counter", lambda: clock[0])
+
+    class SlowUser(ScriptedUser):
+        def appraise(self, requests):
+            clock[0] += 1.0  # one second per batched user call
+            return super().appraise(requests)
+
+    class SlowPolicy(CutAfter):
+        def act(self, states):
+            clock[0] += 100.0
+            return super().act(states)
+
+    engine = engine_with(SlowUser([0]), max_turns=10)
+    driver = SlowPolicy([1, 2, 3, 4, 5])
+    starts = [Start(seed=100 + i, options={"persona": EN[i]}) for i in range(5)]
+    rounds = list(play([engine.new_env() for _ in range(2)], starts, driver))
+    assert len(rounds) == 9 and driver.user_seconds == 9.0  # the 9 rounds' user calls, none of the 900 s of acting
+    engine.close()
+
+
 def test_play_keeps_each_start_and_reply_with_its_own_dialogue():
     engine = engine_with(ScriptedUser([0]), max_turns=10)
     envs = [engine.new_env() for _ in range(2)]

@@ -41,8 +41,8 @@ class FakeBackend(ChatBackend):
         self.respond, self.logprobs = respond, logprobs
         self.generate_calls, self.choice_calls = [], []
 
-    def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
-        self.generate_calls.append((list(conversations), list(seeds or []), temperature))
+    def _generate(self, conversations, sampling, seeds):
+        self.generate_calls.append((list(conversations), seeds, sampling.temperature))
         return [self.respond(c) for c in conversations]
 
     def choice_logprobs(self, conversations, options):

@@ -139,7 +139,7 @@ class WriterBackend(ChatBackend):
     def __init__(self):
         self.chats = []
 
-    def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
+    def _generate(self, conversations, sampling, seeds):
         self.chats += list(conversations)
         return ["  You sound worn down by all of this.  "]
 

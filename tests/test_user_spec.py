@@ -256,15 +256,16 @@ def test_register_and_evaluate_take_any_form(tmp_path):
     assert {r["config"]["appraisal_mode"] for r in results} == {"free"}
 
 
-def test_the_cli_folds_appraisal_mode_into_the_user_spec():
-    from empathy_gym.cli import AppraisalMode, user_with_appraisal_mode
+@pytest.mark.parametrize("command", ["eval", "replay"])
+def test_the_command_line_says_the_appraisal_mode_once_in_the_user_spec(command):
+    from typer.testing import CliRunner
 
-    assert user_with_appraisal_mode("rule", None) == "rule"
-    assert user_with_appraisal_mode(f"openai:m@{URL}", AppraisalMode.free) == f"openai:m@{URL}"
-    assert user_with_appraisal_mode(f"openai:m@{URL}", AppraisalMode.choice) == f"openai:m@{URL},appraisal_mode=choice"
-    assert user_with_appraisal_mode("hf:m,appraisal_mode=choice", AppraisalMode.choice) == "hf:m,appraisal_mode=choice"
-    with pytest.raises(ValueError, match="give it once"):
-        user_with_appraisal_mode("hf:m,appraisal_mode=choice", AppraisalMode.free)
+    from empathy_gym.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "300"})  # the help's lines unwrapped
+    assert ",appraisal_mode=choice" in runner.invoke(app, [command, "--help"]).stdout
+    refused = runner.invoke(app, [command, "--appraisal-mode", "choice", "--out", "x"])
+    assert refused.exit_code == 2 and "No such option: --appraisal-mode" in refused.stderr
 
 
 def test_a_rule_user_spec_can_name_its_own_difficulty():

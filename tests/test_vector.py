@@ -217,7 +217,7 @@ class AsyncFakeBackend(ChatBackend):
             return "I feel better."
         return json.dumps({"content": "", "goal_fit": "", "inner_thoughts": "They listen.", "feeling": "", "change": 5})
 
-    def generate(self, conversations, *, max_tokens=256, temperature=0.7, top_p=1.0, seeds=None):
+    def _generate(self, conversations, sampling, seeds):
         self.calls.append("generate")
         return [self._answer(c, s) for c, s in zip(conversations, seeds)]
 

@@ -22,8 +22,9 @@ class TrainerCallback:
 
     def on_step_end(self, trainer: Any, step: int, trajectories: Sequence[Any]) -> Mapping[str, float] | None:
         """After a step's update, with the step's first-round trajectories
-        (:class:`~empathy_gym.agents.rollout.Trajectory`); the metrics returned join the
-        step's (``metrics.jsonl``, TensorBoard)."""
+        (:class:`~empathy_gym.agents.rollout.Trajectory`) of every process; the metrics
+        returned join the step's (``metrics.jsonl``, TensorBoard). With several processes
+        it runs in the first one only, and its metrics reach the others."""
         return None
 
     def on_train_end(self, trainer: Any) -> None:

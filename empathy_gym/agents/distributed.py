@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class Processes:
@@ -89,6 +91,25 @@ class Processes:
         if self.world == 1:
             return metrics
         return pool_metrics(self.gather([metrics]), summed)
+
+    def from_main(self, compute: Callable[[], T]) -> T:
+        """``compute()`` run in the first process only, its (picklable) result handed to
+        every process; an exception it raises is raised in every process."""
+        if self.world == 1:
+            return compute()
+        import torch.distributed as dist
+
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box[0] = (compute(), None)
+            except Exception as error:  # noqa: BLE001 (sent to the others, then raised here too)
+                box[0] = (None, error)
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
 
     def gather(self, items: list[Any]) -> list[Any]:
         """All processes' ``items`` concatenated in rank order (picklable objects)."""

@@ -23,7 +23,6 @@ dialogue, :func:`empathy_gym.evaluation.benchmark.dialogue_record`), ``report.js
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -150,12 +149,9 @@ def play(
     config = trainer.config
     held = config.heldout
     tasks = plan_tasks(list(personas), repeats=held.repeats, seed=held.seed)
-    env_config = copy.deepcopy(config)
-    env_config.env.personas = None
-    env_config.env.kwargs = {**config.env.kwargs, "personas": list(personas)}
-    if user is not None:  # the second judge plays the same dialogues
-        env_config.env.kwargs["user"] = user
-    slots = iter(make_envs(env_config, min(held.batch_size, len(tasks)), config.generation.think))
+    judge = {} if user is None else {"user": user}  # the second judge plays the same dialogues
+    count = min(held.batch_size, len(tasks))
+    slots = iter(make_envs(config, count, config.generation.think, personas=list(personas), **judge))
     generator = trainer.transformers_generator(max_batch_size=held.batch_size, reuse_kv=False)
     policy = HeldoutPolicy(generator, trainer.tokenizer)
     done = {}

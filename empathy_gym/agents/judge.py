@@ -23,7 +23,6 @@ user: milliseconds; an LLM judge: one batched call).
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -82,9 +81,8 @@ class TrainingJudge(TrainerCallback):
     def __init__(self, trainer: Any):
         from empathy_gym.agents.trainer import make_envs
 
-        config = copy.deepcopy(trainer.config)
-        config.env.kwargs = {**config.env.kwargs, "user": trainer.config.heldout.user}
-        self.env = make_envs(config, 1, config.generation.think)[0]  # owns the judge
+        config = trainer.config
+        self.env = make_envs(config, 1, config.generation.think, user=config.heldout.user)[0]  # owns the judge
         self.bank = {persona.id: persona for persona in self.env.personas}
         self.seed = trainer.config.seed
         self.history: list[tuple[float, float]] = []

@@ -237,8 +237,9 @@ class Trajectory:
 @dataclass
 class RolloutTimes:
     """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase: ``generation``
-    (the policy's batched generate calls), ``user`` (the rest: the simulated user's
-    batched calls and the bookkeeping around them), ``total``; ``generated_tokens``."""
+    (the policy's batched generate calls), ``user`` (the envs' resets and steps: the
+    simulated user's batched calls), ``total`` (with the tokenisation and bookkeeping
+    between them); ``generated_tokens``."""
 
     generation: float = 0.0
     user: float = 0.0
@@ -349,7 +350,7 @@ class RolloutEngine:
                 raise RolloutInterrupted(f"stopped after turn {driver.turn}")
         times = driver.times
         times.total = time.perf_counter() - started
-        times.user = times.total - times.generation
+        times.user = driver.user_seconds
         self.times = times
         return [trajectories[key] for key in range(n)]
 

@@ -142,27 +142,29 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None) -> list[Any]:
+def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None, **overrides: Any) -> list[Any]:
     """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
     rollout's user turns go to it as one batch.
 
     Args:
         policy_user: the backend that ``env.kwargs.user: policy`` stands for (built by
             the trainer from its policy, :meth:`RLTrainer.make_policy_user`).
+        overrides: env keyword arguments over ``env.kwargs`` and ``env.personas`` (the
+            held-out evaluation's ``personas``, the second judge's ``user``).
 
     Raises:
         RecipeError: a bad value under ``env.kwargs``.
     """
     import empathy_gym  # noqa: F401  (registers the ids)
 
-    kwargs = dict(config.env.kwargs)
-    user = env_user_spec(config)
+    kwargs = {**config.env.kwargs, **overrides}
+    user = env_user_spec(config) if "user" not in overrides else None
     if user is not None and user.backend == "policy":
         if policy_user is None:
             raise RecipeError("env.kwargs.user 'policy': the trainer builds this user from its policy")
         # the trainer gave the backend_kwargs to policy_user
         kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
-    if config.env.personas is not None:
+    if config.env.personas is not None and "personas" not in overrides:
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
     try:
@@ -914,12 +916,11 @@ class RLTrainer:
         first = first if self.processes.world == 1 else self.processes.gather(first)
         metrics.update(rollout_metrics(first))
         metrics["monitor/reference_nll"] = reference_nll
-        for callback in self.callbacks:
-            metrics.update(callback.on_step_end(self, step, first) or {})
         metrics.update(refill_metrics)
         metrics.update(self._time_metrics(times, started, tick))
         metrics = self.processes.reduce_metrics(metrics, summed=self.summed_metrics)
         metrics |= self.derived_metrics(metrics)
+        metrics |= self.processes.from_main(lambda: self._callback_metrics(step, first))
         metrics["monitor/tripped"] = float(self._check_monitors(step, metrics))
         if self.run_log is not None:
             self.run_log.metrics(step, metrics)
@@ -929,6 +930,14 @@ class RLTrainer:
         if config.save_steps and step % config.save_steps == 0:
             self.save()
         return True
+
+    def _callback_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The callbacks' ``on_step_end`` metrics, in the first process only (with every
+        process's trajectories): a second judge re-judges each reply once."""
+        metrics: dict[str, float] = {}
+        for callback in self.callbacks:
+            metrics.update(callback.on_step_end(self, step, trajectories) or {})
+        return metrics
 
     def _rollout(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
         """The rollout phase of a step: the first round of this process's dialogues, then

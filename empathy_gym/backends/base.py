@@ -7,6 +7,7 @@ A conversation is a list of chat messages ``{"role": "system"|"user"|"assistant"
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,45 @@ def option_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
     return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How one batch is sampled, checked once for every backend.
+
+    Attributes:
+        max_tokens: new tokens per completion, >= 1; ``None``: no cap but the model's
+            context (the server's default for a remote one).
+        temperature: >= 0; 0 means greedy decoding.
+        top_p: nucleus sampling mass in (0, 1].
+
+    Raises:
+        ValueError: a value out of its range (the message names the field).
+    """
+
+    max_tokens: int | None = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"generate: max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"generate: temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"generate: top_p must be in (0, 1], got {self.top_p}")
+
+
+def seed_list(conversations: Sequence[Conversation], seeds: Sequence[int | None] | None) -> list[int | None]:
+    """One seed (or ``None``) per conversation: ``seeds`` as a list, or B ``None``s.
+
+    Raises:
+        ValueError: ``len(seeds)`` is not the number of conversations.
+    """
+    seeds = [None] * len(conversations) if seeds is None else list(seeds)
+    if len(seeds) != len(conversations):
+        raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
+    return seeds
+
+
 class BackendError(RuntimeError):
     """A backend failed: bad configuration, a 4xx answer, or retries exhausted."""
 
@@ -74,7 +114,6 @@ class ChatBackend(abc.ABC):
         count (a remote server)."""
         return None
 
-    @abc.abstractmethod
     def generate(
         self,
         conversations: Sequence[Conversation],
@@ -88,16 +127,27 @@ class ChatBackend(abc.ABC):
 
         Args:
             conversations: B conversations, each ending with a user message.
-            max_tokens: new tokens per completion; ``None``: no cap but the model's
-                context (the server's default for a remote one).
-            temperature: 0 means greedy decoding.
-            top_p: nucleus sampling mass.
+            max_tokens, temperature, top_p: see :class:`Sampling`.
             seeds: one seed per conversation (or ``None``); where ``supports_seed`` the
                 same seeds give the same completions.
 
         Returns:
-            B strings, the assistant messages without special tokens.
+            B strings, the assistant messages without special tokens, whitespace
+            stripped at both ends (``[]`` for no conversations).
+
+        Raises:
+            ValueError: a sampling value out of range, or a seeds length other than B.
+            BackendError: the engine or server failed (see each backend).
         """
+        sampling = Sampling(max_tokens, temperature, top_p)
+        seeds = seed_list(conversations, seeds)
+        return self._generate(conversations, sampling, seeds) if conversations else []
+
+    @abc.abstractmethod
+    def _generate(
+        self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
+    ) -> list[str]:
+        """:meth:`generate` for a checked, non-empty batch: what each backend implements."""
 
     @abc.abstractmethod
     def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:

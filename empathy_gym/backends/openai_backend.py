@@ -46,6 +46,7 @@ OpenAI schema (mind ``extra_body``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import json
 import os
@@ -58,7 +59,14 @@ import httpx
 import numpy as np
 import tenacity
 
-from empathy_gym.backends.base import BackendError, ChatBackend, ChoiceScoringUnavailable, Conversation
+from empathy_gym.backends.base import (
+    BackendError,
+    ChatBackend,
+    ChoiceScoringUnavailable,
+    Conversation,
+    Sampling,
+    seed_list,
+)
 from empathy_gym.boundary import ChatEncoder, neutralise
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
@@ -396,22 +404,10 @@ class OpenAIBackend(ChatBackend):
         return payload
 
     def _generate_payloads(
-        self,
-        conversations: Sequence[Conversation],
-        max_tokens: int | None,
-        temperature: float,
-        top_p: float,
-        seeds: Sequence[int | None] | None,
+        self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[dict]:
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
-        seeds = [None] * len(conversations) if seeds is None else list(seeds)
-        if len(seeds) != len(conversations):
-            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
-        return [
-            self._payload(conversation, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
-            for conversation, seed in zip(conversations, seeds)
-        ]
+        fields = dataclasses.asdict(sampling)
+        return [self._payload(conversation, **fields, seed=seed) for conversation, seed in zip(conversations, seeds)]
 
     def _content(self, body: dict) -> str:
         try:
@@ -422,48 +418,28 @@ class OpenAIBackend(ChatBackend):
             ) from exc
         return (content or "").strip()
 
-    def generate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        max_tokens: int | None = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        seeds: Sequence[int | None] | None = None,
+    def _generate(
+        self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """Complete each conversation (one request each, ``max_concurrency`` at a time).
-
-        Args:
-            conversations: B conversations.
-            max_tokens: the ``max_tokens`` field, >= 1; ``None`` leaves it out (the
-                server's default: vLLM generates until the context is full).
-            temperature: the ``temperature`` field; 0 asks the server for greedy decoding.
-            top_p: the ``top_p`` field.
-            seeds: B ints or ``None``s (``None``: no ``seed`` field), or ``None``.
-
-        Returns:
-            B strings: ``choices[0].message.content``, whitespace stripped (``""`` for null).
+        """One request each, ``max_concurrency`` at a time: the ``max_tokens`` (left out for
+        ``None``: the server's default, vLLM generates until the context is full),
+        ``temperature``, ``top_p`` and ``seed`` (left out for ``None``) fields; returns each
+        ``choices[0].message.content`` stripped (``""`` for null).
 
         Raises:
             BackendError: a 4xx other than 429 (with status and server message), a body
                 without content, no answer within ``timeout``, or retries exhausted.
-            ValueError: bad ``max_tokens`` or a seeds length other than B.
         """
-        payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
+        payloads = self._generate_payloads(conversations, sampling, seeds)
         return [self._content(body) for body in self._post_all(payloads)]
 
     async def agenerate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        max_tokens: int | None = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        seeds: Sequence[int | None] | None = None,
+        self, conversations: Sequence[Conversation], *, seeds: Sequence[int | None] | None = None, **sampling: Any
     ) -> list[str]:
-        """:meth:`generate` for asyncio: same arguments, results and errors; at most
+        """:meth:`generate` for asyncio: same arguments (``sampling``: the fields of
+        :class:`~empathy_gym.backends.base.Sampling`), results and errors; at most
         ``max_concurrency`` requests of this call in flight (an ``asyncio.Semaphore``)."""
-        payloads = self._generate_payloads(conversations, max_tokens, temperature, top_p, seeds)
+        payloads = self._generate_payloads(conversations, Sampling(**sampling), seed_list(conversations, seeds))
         return [self._content(body) for body in await self._apost_all(payloads)]
 
     # ----- choice scoring -----

@@ -33,7 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, option_token_ids
+from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, Sampling, option_token_ids
 from empathy_gym.backends.models import ALIASES, load_causal_lm
 from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.boundary import ChatEncoder
@@ -271,50 +271,25 @@ class TransformersBackend(ChatBackend):
         return [int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed) for seed in seeds]
 
     @torch.inference_mode()
-    def generate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        max_tokens: int | None = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        seeds: Sequence[int | None] | None = None,
+    def _generate(
+        self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """Complete each conversation with one assistant message (see the module docstring
-        for what seeds guarantee).
-
-        Args:
-            conversations: B conversations (lists of ``{"role", "content"}`` dicts).
-            max_tokens: new tokens per completion, >= 1; ``None``: until end of turn or
-                the context (:attr:`context_length`) is full.
-            temperature: >= 0; 0 is greedy decoding (seeds are then unused).
-            top_p: nucleus mass in (0, 1].
-            seeds: B ints or ``None``s, or ``None``; a ``None`` seed is drawn from the global
-                torch RNG.
-
-        Returns:
-            B strings: the decoded new tokens, special tokens removed (``<think>`` and
-            ``</think>`` stay where the tokenizer marks them non-special), whitespace
-            stripped at both ends.
+        """Sample in chunks of ``max_batch_size`` (see the module docstring for what seeds
+        guarantee): ``max_tokens=None`` runs until end of turn or the context
+        (:attr:`context_length`) is full; a ``None`` seed is drawn from the global torch RNG;
+        greedy at temperature 0 (seeds unused). Returns the decoded new tokens, special
+        tokens removed (``<think>`` and ``</think>`` stay where the tokenizer marks them
+        non-special), whitespace stripped at both ends.
 
         Raises:
-            ValueError: bad ``max_tokens``, ``temperature``, ``top_p``, or ``seeds`` whose
-                length is not B.
+            ValueError: ``max_tokens=None`` on a model whose config gives no context length.
         """
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
+        max_tokens, temperature, top_p = sampling.max_tokens, sampling.temperature, sampling.top_p
         if max_tokens is None and self.context_length is None:
             raise ValueError(
                 "generate: max_tokens=None needs the model's context length, and its "
                 "config has no max_position_embeddings; give max_tokens"
             )
-        if temperature < 0:
-            raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
-        seeds = [None] * len(conversations) if seeds is None else list(seeds)
-        if len(seeds) != len(conversations):
-            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
         texts: list[str] = []
         for chunk, chunk_seeds in zip(self._chunks(conversations), self._chunks(seeds)):
             prompts = self._encode(chunk)

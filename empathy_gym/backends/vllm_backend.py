@@ -16,6 +16,7 @@ is greedy.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.backends.base import ChatBackend, Conversation, option_token_ids
+from empathy_gym.backends.base import ChatBackend, Conversation, Sampling, option_token_ids
 from empathy_gym.boundary import ChatEncoder
 
 #: Top log-probs asked for where vLLM lacks ``logprob_token_ids`` (vLLM's default cap).
@@ -120,39 +121,14 @@ class VLLMBackend(ChatBackend):
         prompts = [{"prompt_token_ids": self.chat.encode(conversation)} for conversation in conversations]
         return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
 
-    def generate(
-        self,
-        conversations: Sequence[Conversation],
-        *,
-        max_tokens: int | None = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        seeds: Sequence[int | None] | None = None,
+    def _generate(
+        self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """Complete each conversation with ``LLM.chat``: one ``SamplingParams`` per
-        conversation carrying its seed.
-
-        ``max_tokens=None``: no cap but the engine's ``max_model_len``.
-
-        Returns:
-            B strings, special tokens skipped, whitespace stripped at both ends.
-
-        Raises:
-            ValueError: ``max_tokens`` < 1, or a seeds length other than B.
-        """
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"generate: max_tokens must be >= 1, got {max_tokens}")
-        seeds = [None] * len(conversations) if seeds is None else list(seeds)
-        if len(seeds) != len(conversations):
-            raise ValueError(f"generate: got {len(seeds)} seeds for {len(conversations)} conversations")
-        if not conversations:
-            return []
-        params = [
-            self._sampling_params(
-                max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, skip_special_tokens=True
-            )
-            for seed in seeds
-        ]
+        """``LLM.generate`` on the chat-templated prompts, one ``SamplingParams`` per
+        conversation carrying its seed; ``max_tokens=None``: no cap but the engine's
+        ``max_model_len``. Special tokens skipped, whitespace stripped at both ends."""
+        fields = dataclasses.asdict(sampling)
+        params = [self._sampling_params(**fields, seed=seed, skip_special_tokens=True) for seed in seeds]
         return [output.outputs[0].text.strip() for output in self._chat(conversations, params)]
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:

@@ -50,7 +50,7 @@ import numpy as np
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
 from empathy_gym.evaluation.must_not import dialogue_violations
-from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap
+from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap, spec_sampling
 from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.seeding import derive_seed
@@ -532,7 +532,7 @@ class EvalConfig:
     n_resamples: int = 10_000
 
 
-def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy_name: str) -> dict[str, Any]:
+def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy: Any, policy_name: str) -> dict[str, Any]:
     """What ``run.json`` records of a run (and checks on resume)."""
     user_name, appraisal_mode = describe_user(config.user)
     system_prompt = (
@@ -549,7 +549,7 @@ def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy_name: s
         "protocol": dataclasses.asdict(protocol),
         "think": config.think,
         "seed": config.seed,
-        "generation": {"max_tokens": config.max_tokens, "temperature": config.temperature, "top_p": config.top_p},
+        "generation": {"max_tokens": config.max_tokens, **spec_sampling(policy, config.temperature, config.top_p)},
         "system_prompt": _describe(system_prompt),
     }
 
@@ -601,7 +601,7 @@ def evaluate(
     tasks = plan_tasks(bank, repeats=config.repeats, seed=config.seed, limit=config.limit)
     protocol = resolve_protocol(config.protocol)
     policy_obj = None if isinstance(policy, str) else make_policy(policy)  # a spec loads only if needed
-    recorded = _run_record(personas, config, protocol, policy if policy_obj is None else policy_obj.name)
+    recorded = _run_record(personas, config, protocol, policy, policy if policy_obj is None else policy_obj.name)
     folder = RunFolder(out_dir, recorded, TRANSCRIPTS, KEY_FIELDS) if out_dir is not None else None
     done = folder.done if folder is not None else {}
     todo = [task for task in tasks if task.key not in done]

@@ -47,6 +47,22 @@ def reply_token_cap(policy: Any, max_tokens: int | None) -> int | None:
     return LOCAL_MAX_TOKENS if max_tokens is None and local else max_tokens
 
 
+#: Spec options of model policies that set how they sample (``hf:PATH,temperature=0``).
+SAMPLING_OPTIONS = ("temperature", "top_p")
+
+
+def spec_sampling(policy: Any, temperature: float = 0.7, top_p: float = 1.0) -> dict[str, float]:
+    """``{"temperature", "top_p"}`` a policy samples with: a spec string's own options
+    (``openai:M@URL,temperature=0``) over the given values; the given values for anything
+    else. Pure (nothing loads), so a run can record and check them before a model loads.
+
+    Raises:
+        SpecError: a malformed spec.
+    """
+    options = parse_spec(policy).options if isinstance(policy, str) else {}
+    return {"temperature": float(options.get("temperature", temperature)), "top_p": float(options.get("top_p", top_p))}
+
+
 @runtime_checkable
 class Policy(Protocol):
     """The batched policy protocol used by :func:`empathy_gym.evaluation.benchmark.evaluate`.
@@ -205,7 +221,8 @@ def make_policy(
       arguments) taking ``messages`` (or a batch of them).
 
     ``max_tokens`` (``None``: no cap), ``temperature``, ``top_p`` apply to the
-    model-backed kinds.
+    model-backed kinds (``hf``, ``openai``), whose specs may set their own
+    ``,temperature=`` and ``,top_p=`` (:func:`spec_sampling`).
 
     Raises:
         SpecError: a malformed spec or an unknown kind or baseline.
@@ -220,7 +237,8 @@ def make_policy(
     if not isinstance(policy, str):
         raise TypeError(f"make_policy: expected a spec string, a Policy or a callable, got {type(policy).__name__}")
     spec = parse_spec(policy)
-    generation = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, name=policy)
+    generation = dict(max_tokens=max_tokens, **spec_sampling(policy, temperature, top_p), name=policy)
+    backend_options = {key: value for key, value in spec.options.items() if key not in SAMPLING_OPTIONS}
     if spec.kind == "baseline":
         if spec.target not in BASELINES:
             raise SpecError(f"{policy!r}: unknown baseline {spec.target!r}; known: {', '.join(sorted(BASELINES))}")
@@ -228,14 +246,14 @@ def make_policy(
     if spec.kind in ("hf", "transformers"):
         if not spec.target:
             raise SpecError(f"{policy!r}: expected hf:PATH[,adapter=DIR]")
-        options = dict(spec.options)
+        options = dict(backend_options)
         adapter = options.pop("adapter", None)
         return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **options), **generation)
     if spec.kind == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
 
         model, url = split_openai_target(spec, policy)
-        return BackendPolicy(OpenAIBackend(base_url=url, model=model, **spec.options), **generation)
+        return BackendPolicy(OpenAIBackend(base_url=url, model=model, **backend_options), **generation)
     if spec.kind == "python":
         module, _, attr = spec.target.partition(":")
         if not module or not attr:

@@ -337,15 +337,7 @@ class LLMUser(SimulatedUser):
 
     def _appraise_free(self, requests: Sequence[UserRequest]) -> Steps[list[Appraisal]]:
         chats = [prompts.appraisal_messages(r, self.difficulty, self.protocol) for r in requests]
-        results = yield from self._generate_with_repair(
-            requests,
-            chats,
-            parse_appraisal,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            letters=None,
-            kind="appraisal",
-        )
+        results = yield from self._generate_with_repair(requests, chats, parse_appraisal, kind="appraisal")
         appraisals = []
         for value, raw, repairs in results:
             analysis = {name: value[name].strip() for name in APPRAISAL_STEPS if name != "change"}
@@ -388,14 +380,17 @@ class LLMUser(SimulatedUser):
         chats: list[list[dict[str, str]]],
         parse: Callable[[str], tuple[Any, str | None]],
         *,
-        temperature: float,
-        max_tokens: int,
-        letters: Sequence[str] | None,
         kind: str,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        letters: Sequence[str] | None = None,
         seed_offset: int = 0,
     ) -> Steps[list[tuple[Any, str, int]]]:
         """Generate for every chat; re-ask the invalid ones (batched) with a repair
-        message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat."""
+        message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat.
+        ``temperature`` and ``max_tokens`` default to the user's own."""
+        temperature = self.temperature if temperature is None else temperature
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
         results: list[tuple[Any, str, int] | None] = [None] * len(chats)
         pending = list(range(len(chats)))
         chats = [list(chat) for chat in chats]
@@ -448,16 +443,7 @@ class LLMUser(SimulatedUser):
             for r, a, e in zip(requests, appraisals, emotions)
         ]
         if self.reply_plan:
-            results = yield from self._generate_with_repair(
-                requests,
-                chats,
-                parse_reply,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                letters=None,
-                kind="reply",
-                seed_offset=1,
-            )
+            results = yield from self._generate_with_repair(requests, chats, parse_reply, kind="reply", seed_offset=1)
             return [value["response"].strip() for value, _, _ in results]
         texts = yield self._generate(
             chats,
