@@ -35,7 +35,7 @@ import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.monitors import replies_of, reply_monitors
-from empathy_gym.evaluation.benchmark import plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
 from empathy_gym.evaluation.run_folder import append_records
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 from empathy_gym.user.specs import as_user_spec
@@ -215,22 +215,9 @@ def bootstrap_mean(
     values: Sequence[float], *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
 ) -> tuple[float, float, float]:
     """``(mean, low, high)`` of ``values`` (one per persona) with a percentile bootstrap
-    interval (``scipy.stats.bootstrap``, ``method="percentile"``; Efron & Tibshirani
-    1993, ch. 13); the point itself when the values have no spread."""
-    from scipy.stats import bootstrap
-
-    array = np.array(values, dtype=np.float64)
-    if np.all(array == array[0]):  # no spread: the interval is the point (scipy would warn)
-        return float(array[0]), float(array[0]), float(array[0])
-    result = bootstrap(
-        (array,),
-        np.mean,
-        confidence_level=confidence,
-        n_resamples=n_resamples,
-        method="percentile",
-        random_state=np.random.default_rng(seed),
-    )
-    return float(array.mean()), float(result.confidence_interval.low), float(result.confidence_interval.high)
+    interval (:func:`~empathy_gym.evaluation.benchmark.bootstrap_ci`)."""
+    low, high = bootstrap_ci(values, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    return float(np.mean(values)), low, high
 
 
 def judges_gap(

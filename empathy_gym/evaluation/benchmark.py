@@ -267,9 +267,10 @@ def bootstrap_ci(
     values: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean (Efron & Tibshirani 1993,
-    ch. 13): resample ``values`` with replacement ``n_resamples`` times, take each
-    resample's mean, and return the (1 - confidence)/2 and (1 + confidence)/2 quantiles
-    of those means (NumPy's default linear interpolation).
+    ch. 13), by ``scipy.stats.bootstrap`` (``method="percentile"``): resample ``values``
+    with replacement ``n_resamples`` times, take each resample's mean, and return the
+    (1 - confidence)/2 and (1 + confidence)/2 quantiles of those means. The one bootstrap
+    of the package (eval's interval, the held-out evaluation's differences).
 
     Args:
         values: n >= 1 numbers (float64 after conversion), e.g. final emotions (0-100).
@@ -290,15 +291,19 @@ def bootstrap_ci(
         raise ValueError(f"bootstrap_ci: confidence must be in (0, 1), got {confidence}")
     if n_resamples < 1:
         raise ValueError(f"bootstrap_ci: n_resamples must be >= 1, got {n_resamples}")
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_resamples)
-    chunk = max(1, 2_000_000 // data.size)  # bound the index matrix to ~16 MB
-    for start in range(0, n_resamples, chunk):
-        stop = min(n_resamples, start + chunk)
-        means[start:stop] = data[rng.integers(0, data.size, size=(stop - start, data.size))].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(means, [alpha, 1 - alpha])
-    return float(low), float(high)
+    if np.all(data == data[0]):  # no spread: the interval is the point (scipy would warn)
+        return float(data[0]), float(data[0])
+    from scipy.stats import bootstrap
+
+    result = bootstrap(
+        (data,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _group_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
