@@ -19,8 +19,7 @@ result equals a full prefill (floating-point sums may differ in the last bits).
 
 Each row samples with its own ``torch.Generator``: temperature, then top-p
 (transformers' ``TemperatureLogitsWarper`` and ``TopPLogitsWarper``), then one
-``torch.multinomial`` draw, as :class:`~empathy_gym.backends.transformers_backend.PerRowSampler`;
-temperature 0 is greedy. The log-probability recorded for a sampled token is
+``torch.multinomial`` draw; temperature 0 is greedy. The log-probability recorded for a sampled token is
 ``log_softmax(logits / temperature)`` at that token (before top-p), as the trainer
 computes it.
 """
@@ -45,7 +44,7 @@ class _Entry:
 
 @dataclass
 class CacheStats:
-    """Token counts since the cache was made (or :meth:`PrefixKVCache.reset_stats`).
+    """Token counts since the cache was made.
 
     Attributes:
         prompt_tokens: prompt tokens asked for.
@@ -89,9 +88,6 @@ class PrefixKVCache:
     def clear(self) -> None:
         """Drop every entry (the counts in :attr:`stats` stay)."""
         self.entries.clear()
-
-    def reset_stats(self) -> None:
-        self.stats = CacheStats()
 
     def lookup(self, ids: Sequence[int]) -> tuple[int, _Entry | None]:
         """``(n, entry)``: the longest common prefix of ``ids`` with a cached sequence,

@@ -12,7 +12,7 @@ reply call of a dialogue repeats) prefills only the tokens after the shared part
 
 Seeding: each conversation gets its own ``torch.Generator`` seeded with its seed, and
 its next token is drawn from its own (temperature, top-p) distribution with that
-generator (as :class:`PerRowSampler`). A conversation's completion therefore depends on
+generator (:func:`~empathy_gym.backends.prefix_cache.sample_batch`). A conversation's completion therefore depends on
 its seed and its own logits only, not on which other conversations share its batch
 or on the global torch RNG; the one caveat is that its logits can differ in the last
 bits between batches of different widths (padding changes the shapes of the
@@ -30,44 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from empathy_gym.backends.base import BackendError, ChatBackend, Conversation, Sampling, option_token_ids
 from empathy_gym.backends.models import ALIASES, load_causal_lm
 from empathy_gym.backends.prefix_cache import PrefixKVCache, next_token_logits, sample_batch
 from empathy_gym.boundary import ChatEncoder
-
-
-class PerRowSampler(LogitsProcessor):
-    """Sample each row's next token with that row's own ``torch.Generator``.
-
-    Used with greedy decoding (``do_sample=False``): the scores it returns are ``-inf``
-    everywhere except 0 at the sampled token, so ``argmax`` picks the sample. Runs
-    after the model's other logits processors (e.g. ``repetition_penalty``).
-
-    Args:
-        temperature: > 0; logits are divided by it (transformers' ``TemperatureLogitsWarper``).
-        top_p: in (0, 1]; nucleus filtering (transformers' ``TopPLogitsWarper``) when < 1.
-        generators: one ``torch.Generator`` per batch row, on the scores' device.
-    """
-
-    def __init__(self, temperature: float, top_p: float, generators: Sequence[torch.Generator]):
-        self.warpers = [TemperatureLogitsWarper(temperature)]
-        if top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p))
-        self.generators = list(generators)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """scores: (B, V) float logits -> (B, V), 0 at each row's sampled token, -inf elsewhere."""
-        for warper in self.warpers:
-            scores = warper(input_ids, scores)
-        probs = torch.softmax(scores.float(), dim=-1)
-        chosen = torch.stack(
-            [torch.multinomial(probs[row], 1, generator=generator) for row, generator in enumerate(self.generators)]
-        )
-        forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(1, chosen, 0.0)
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
