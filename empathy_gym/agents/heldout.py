@@ -179,7 +179,7 @@ def paired_difference(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The mean over personas of (after - before) with a percentile bootstrap interval
-    over personas (``scipy.stats.bootstrap``, ``method="percentile"``).
+    over personas (:func:`~empathy_gym.evaluation.benchmark.bootstrap_ci`).
 
     Args:
         before, after: dialogue records (``persona_id``, ``final_emotion`` in [0, 100])
