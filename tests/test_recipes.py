@@ -226,3 +226,13 @@ def test_a_config_built_in_python_refuses_a_value_outside_its_choices():
         GRPOConfig(loss_type="mean")
     config = GRPOConfig(loss_type="dr_grpo")  # a member that is its string
     assert config.loss_type == "dr_grpo" and f"{config.loss_type}" == "dr_grpo"
+
+
+@pytest.mark.parametrize("field", ["env.kwargs.personas", "env.personas"])
+def test_training_personas_named_beside_a_held_out_bank_are_refused_not_ignored(field):
+    """The held-out split used to replace them without a word (a newcomer's override
+    trained on the recipe's bank)."""
+    with pytest.raises(RecipeError, match=rf"{field}=zh and heldout.bank=en both choose the training personas"):
+        load_recipe("agents/smollm2-cpu-grpo.yaml", [f"{field}=zh"], algorithm="grpo")
+    config = load_recipe("agents/smollm2-cpu-grpo.yaml", [f"{field}=zh", "heldout.bank=null"], algorithm="grpo")
+    assert config.heldout.bank is None

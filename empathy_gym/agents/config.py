@@ -537,7 +537,7 @@ def validate(config: TrainerConfig) -> None:
     )
     if problems:  # the divisibility checks below need positive divisors
         raise RecipeError("invalid configuration: " + "; ".join(problems))
-    problems = _batch_problems(config) + _user_problems(config) + _process_problems(config)
+    problems = _batch_problems(config) + _user_problems(config) + _process_problems(config) + _persona_problems(config)
     if problems:
         raise RecipeError("invalid configuration: " + "; ".join(problems))
 
@@ -614,6 +614,21 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
                     "another user (rule, transformers:PATH, openai:MODEL@URL)"
                 )
     return problems
+
+
+def _persona_problems(config: TrainerConfig) -> list[str]:
+    """Training personas named twice: ``heldout.bank``'s split would silently win."""
+    if config.heldout.bank is None:
+        return []
+    split = str(Path(config.output_dir) / "heldout" / "train_personas.jsonl")  # what heldout.prepare sets
+    named = {"env.personas": config.env.personas, "env.kwargs.personas": (config.env.kwargs or {}).get("personas")}
+    return [
+        f"{name}={value} and heldout.bank={config.heldout.bank} both choose the training personas (training "
+        f"would use heldout.bank's training part); give your bank as heldout.bank={value} (split into training "
+        f"and held-out personas), or heldout.bank=null to train on all of {name} without a held-out evaluation"
+        for name, value in named.items()
+        if value is not None and str(value) != split
+    ]
 
 
 def _policy_problems(config: TrainerConfig) -> list[str]:
