@@ -2,6 +2,7 @@
 the bootstrap interval, resuming after a crash, transformers policies."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -377,3 +378,16 @@ def test_no_max_tokens_generates_up_to_the_context(tiny_model_dir):
     assert backend.context_length == length + 5
     (text,) = backend.generate([chat], max_tokens=None, temperature=0.0)
     assert 0 < len(backend.tokenizer.encode(text, add_special_tokens=False)) <= 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "message"),
+    [
+        ("python:os:nope", SpecError, "'python:os:nope': module 'os' has no attribute 'nope'"),
+        ("python:os:sep", SpecError, "'python:os:sep': os.sep is a str, not a callable"),
+        ("python:no_such_module_here:fn", ImportError, "'python:no_such_module_here:fn': cannot import"),
+    ],
+)
+def test_a_python_policy_spec_that_names_nothing_callable_says_which_spec(spec, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        make_policy(spec)

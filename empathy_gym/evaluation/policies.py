@@ -199,6 +199,26 @@ def load_transformers_policy(
     return backend
 
 
+def _python_callable(policy: str, module: str, attr: str) -> Callable[..., Any]:
+    """The callable a ``python:MODULE:ATTR`` spec names (a class: an instance of it).
+
+    Raises:
+        ImportError: the module does not import (naming the spec).
+        SpecError: no such attribute, or one that is not callable.
+    """
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f"{policy!r}: cannot import {module!r}: {error}") from error
+    if not hasattr(obj, attr):
+        raise SpecError(f"{policy!r}: module {module!r} has no attribute {attr!r}")
+    obj = getattr(obj, attr)
+    fn = obj() if isinstance(obj, type) else obj
+    if not callable(fn):
+        raise SpecError(f"{policy!r}: {module}.{attr} is a {type(fn).__name__}, not a callable messages -> str")
+    return fn
+
+
 def make_policy(
     policy: str | Policy | Callable[..., Any],
     *,
@@ -258,8 +278,7 @@ def make_policy(
         module, _, attr = spec.target.partition(":")
         if not module or not attr:
             raise SpecError(f"{policy!r}: expected python:MODULE:ATTR, e.g. python:my_agents:reply")
-        obj = getattr(importlib.import_module(module), attr)
-        fn = obj() if isinstance(obj, type) else obj
+        fn = _python_callable(policy, module, attr)
         return CallablePolicy(fn, batched=bool(spec.options.get("batched", False)), name=policy)
     raise SpecError(
         f"{policy!r}: unknown policy kind {spec.kind!r}; expected one of "
