@@ -257,6 +257,9 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
     "appraisal_line": re.compile(
         r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score\s*(?=[:=]\s*[+-]))\s*[:=]\s*[+-]?\d+[^\n]*"
         r"|^[^\w\n]{0,4}(?:情绪|心情|变化)(?:变化|值|分数)?\s*[:=]\s*[+-]?\d+[^\n]*"
+        # inside a line only with an explicit sign (English) or an emotion word (Chinese): "a change: 3 jobs" is prose
+        r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)\s*[:=]\s*[+-]\d+[^\n]*"
+        r"|(?:情绪|心情)(?:变化|值|分数)\s*[:=]\s*[+-]?\d+[^\n]*"
     ),
     "instruction": re.compile(
         r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|everything\s+)?(?:(?:the|your|my)\s+)?"

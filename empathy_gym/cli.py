@@ -56,7 +56,7 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)
 PERSONAS_HELP = (
     "persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
     "training profiles; rlver_minus_sage: those without the 47 players that also "
-    "occur in sage; en; zh) or a JSONL path, in our format or RLVER/SAGE's "
+    "occur in sage; en; zh; adversarial: users who try to break the agent) or a JSONL path, in our format or RLVER/SAGE's "
     "(first_talk is the opening line)"
 )
 MAX_TOKENS_HELP = (
@@ -286,7 +286,7 @@ def replay_command(
     MAE, a sign confusion table, per-log means, and Kendall's tau between the rankings
     of the tested models.
 
-        empathy-gym replay ../shared/data/sage/logs --user rule --out runs/replay-rule
+        empathy-gym replay tests/data/sage_logs --user rule --out runs/replay-rule
 
         empathy-gym replay runs/listener --user rule,difficulty=challenging --out runs/rejudged
 
@@ -605,7 +605,7 @@ def personas_show(
         else persona.hidden_intention
     )
     for key, value in record.items():
-        table.add_row(key, escape(", ".join(value) if isinstance(value, list) else str(value)))
+        table.add_row(key, escape(", ".join(value) if isinstance(value, (list, tuple)) else str(value)))
     console.print(table)
 
 
