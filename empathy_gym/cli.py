@@ -56,8 +56,8 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)
 PERSONAS_HELP = (
     "persona bank: a name (sage: SAGE's 100 test profiles; rlver: the 500 RLVER "
     "training profiles; rlver_minus_sage: those without the 47 players that also "
-    "occur in sage; en; zh; adversarial: users who try to break the agent) or a JSONL path, in our format or RLVER/SAGE's "
-    "(first_talk is the opening line)"
+    "occur in sage; en; zh; adversarial: users who try to break the agent) or a JSONL "
+    "path, in our format or RLVER/SAGE's (first_talk is the opening line)"
 )
 MAX_TOKENS_HELP = (
     f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "

@@ -384,7 +384,7 @@ def _records(path: Path) -> Iterable[tuple[int, Any]]:
             if not text.strip():
                 continue
             try:
-                yield number, json.loads(text)
+                yield number, json.loads(text.rstrip("\r\n"))  # a column past the newline would read "1"
             except json.JSONDecodeError as error:
                 yield (
                     number,

@@ -139,6 +139,10 @@ def test_bad_json_line(tmp_path):
     path.write_text(json.dumps(GOOD) + "\n\n{oops\n", encoding="utf-8")
     with pytest.raises(PersonaError, match=r"bank.jsonl:3: not valid JSON"):
         load_personas_file(path)
+    # a line cut short: the column is where it ends (38 characters), not 1 on the "line" after its newline
+    path.write_text(json.dumps(GOOD) + '\n{"id": "clinic-03", "language": "en", \n', encoding="utf-8")
+    with pytest.raises(PersonaError, match=r"bank.jsonl:2: not valid JSON: .* \(column 39\)"):
+        load_personas_file(path)
 
 
 def test_a_line_that_is_not_utf8(tmp_path):

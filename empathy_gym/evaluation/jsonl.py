@@ -15,7 +15,7 @@ def json_object(text: str, path: str | os.PathLike, line: int, error: type[Excep
             an object; the message starts with ``path:line``.
     """
     try:
-        record = json.loads(text)
+        record = json.loads(text.rstrip("\r\n"))  # a column past the newline would read "1"
     except json.JSONDecodeError as exc:
         raise error(f"{path}:{line}: not valid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(record, dict):
