@@ -77,7 +77,7 @@ def test_the_report_says_which_features_moved():
     assert "Where the change came from" not in report(config, records({"a": [40]}), records({"a": [41]}), 1)["text"]
 
 
-def test_before_and_after_are_paired_and_held_out(tmp_path):
+def test_before_and_after_are_paired_and_held_out(tmp_path, caplog):
     from empathy_gym.agents import GRPOTrainer
 
     config = load_recipe(
@@ -113,7 +113,11 @@ def test_before_and_after_are_paired_and_held_out(tmp_path):
     saved = json.loads((tmp_path / "heldout" / "report.json").read_text())
     assert saved["difference"]["personas"] == 8
     assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
+    caplog.set_level(logging.INFO, logger="empathy_gym.agents.heldout")
     trainer.train()  # from Python, with heldout.bank: the trainer's own evaluations run too
+    # its evaluation before training is the file written above, read back: no time estimate from 0 s of play
+    assert f"16 dialogues read back from {tmp_path / 'heldout'}" in caplog.text
+    assert "takes about as long" not in caplog.text
     assert trainer.heldout_report is not None and trainer.heldout_report["steps"] == 1
     assert json.loads((tmp_path / "heldout" / "report.json").read_text())["steps"] == 1
     after = evaluation.run("after")

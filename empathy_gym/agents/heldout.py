@@ -474,17 +474,22 @@ class HeldoutEvaluation(TrainerCallback):
         self.judged = self.config.heldout.user is not None
         self.before: list[dict[str, Any]] | None = None
         self.before_judge: list[dict[str, Any]] | None = None
+        self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
 
     def on_train_begin(self, trainer: Any) -> None:
         """Play (or read back) the evaluation before training (and the second judge's)."""
-        started = time.perf_counter()
+        started, self.read_back = time.perf_counter(), 0
         self.before = self.run("before")
         if self.judged:
             self.before_judge = self.run("before", judge=True)
+        dialogues = len(self.before) * (1 + self.judged)
+        if self.read_back == dialogues:  # nothing played: no time to go by
+            log.info("held-out evaluation before training: %d dialogues read back from %s", dialogues, self.folder)
+            return
         log.info(
             "held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
             "about as long); now %d training steps",
-            len(self.before) * (1 + self.judged),
+            dialogues,
             time.perf_counter() - started,
             self.config.total_steps,
         )
@@ -519,6 +524,7 @@ class HeldoutEvaluation(TrainerCallback):
         if name == "before":
             records = _read_records(path, self.dialogues)
             if records is not None:
+                self.read_back += len(records)
                 return records
         self.folder.mkdir(parents=True, exist_ok=True)
         with tqdm(
