@@ -236,3 +236,8 @@ def test_training_personas_named_beside_a_held_out_bank_are_refused_not_ignored(
         load_recipe("agents/smollm2-cpu-grpo.yaml", [f"{field}=zh"], algorithm="grpo")
     config = load_recipe("agents/smollm2-cpu-grpo.yaml", [f"{field}=zh", "heldout.bank=null"], algorithm="grpo")
     assert config.heldout.bank is None
+
+
+def test_an_override_without_a_value_is_refused_as_such():
+    with pytest.raises(RecipeError, match=r"command-line override 'total_steps': expected KEY=VALUE"):
+        load_recipe("agents/tiny-cpu.yaml", ["total_steps"], algorithm="ppo")

@@ -274,3 +274,10 @@ def test_a_rule_user_spec_can_name_its_own_difficulty():
     moderate = UserSpec.parse("rule").build("moderate")
     challenging = UserSpec.parse("rule,difficulty=challenging").build("moderate")
     assert moderate.difficulty.name == "moderate" and challenging.difficulty.name == "challenging"
+
+
+def test_an_option_no_user_takes_is_called_unknown():
+    with pytest.raises(SpecError, match=r"user: unknown option\(s\) \['bogus'\]; the rule user takes model"):
+        UserSpec.parse("rule,bogus=1").build()
+    with pytest.raises(SpecError, match="the others are LLM-user options"):  # an LLM user's option on the rule user
+        UserSpec.parse("rule,temperature=1").build()

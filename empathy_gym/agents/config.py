@@ -461,6 +461,9 @@ def load_recipe(
         line = _yaml_line(source, key) if source is not None else None
         where = f"{source}:{line}" if line else str(source)
         raise RecipeError(f"{where}: field {key!r}: {str(error).splitlines()[0]}") from None
+    for override in overrides or []:
+        if "=" not in override:  # OmegaConf reads a bare key as KEY=None
+            raise RecipeError(f"command-line override {override!r}: expected KEY=VALUE, e.g. {override}=...")
     try:
         merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides or [])))
     except OmegaConfBaseException as error:

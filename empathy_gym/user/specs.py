@@ -211,6 +211,11 @@ class UserSpec:
                     "user uses no LLM); set backend='openai', 'transformers' or 'vllm'"
                 )
             unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
+            if set(unknown) - _llm_user_keywords():  # no user's option: say so, not "use an LLM user"
+                raise SpecError(
+                    f"user: unknown option(s) {sorted(set(unknown) - _llm_user_keywords())}; the rule user takes "
+                    f"{', '.join(RULE_USER_KEYWORDS)}, LLM users {', '.join(sorted(_llm_user_keywords()))}"
+                )
             if unknown:
                 raise SpecError(
                     f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
