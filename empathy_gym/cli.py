@@ -409,12 +409,18 @@ def play(
     import gymnasium as gym
 
     import empathy_gym  # noqa: F401  (registers the ids)
+    from empathy_gym.registration import ENTRY_POINT
 
     with _exit_codes():
-        try:
-            env = gym.make(env_id, **({"user": user} if user else {})).unwrapped
-        except gym.error.Error as error:
-            raise ValueError(f"--env {env_id}: {error}; see `empathy-gym envs`") from None
+        ours = sorted(name for name, spec in gym.registry.items() if spec.entry_point == ENTRY_POINT)
+        if env_id not in ours:  # gymnasium's own suggestion is the closest of every env, e.g. Hopper
+            raise ValueError(f"--env {env_id}: not a dialogue env; the registered ones: {', '.join(ours)}")
+        env = gym.make(env_id, **({"user": user} if user else {})).unwrapped
+        if persona and persona not in {p.id for p in env.personas}:
+            raise ValueError(
+                f"--persona {persona!r}: not in {env_id}'s {len(env.personas)} personas; "
+                f"see `empathy-gym personas list`"
+            )
         options = {"persona": persona} if persona else None
         episode = 0
         try:

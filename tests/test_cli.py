@@ -515,3 +515,21 @@ def test_a_policy_spec_says_how_it_samples_and_the_run_records_it(tmp_path, monk
     assert set(backend.sampling) == {(0.0, 0.9)}
     generation = json.loads((out / "report.json").read_text())["config"]["generation"]
     assert generation == {"max_tokens": 128, "temperature": 0.0, "top_p": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--persona", "nope"],
+            "--persona 'nope': not in EmpathyDialogue-v0's 56 personas; see `empathy-gym personas list`",
+        ),
+        (["--env", "Nope-v0"], "--env Nope-v0: not a dialogue env; the registered ones: EmpathyDialogue-Easy-v0"),
+    ],
+)
+def test_play_names_a_wrong_persona_or_env_in_the_options_terms(args, message):
+    """Was: options['persona']: unknown persona id (the env's internals), and gymnasium's
+    'Did you mean: Hopper?'."""
+    result = runner.invoke(app, ["play", *args], input="/quit\n")
+    assert result.exit_code == 1
+    assert message in " ".join(result.stderr.split())
