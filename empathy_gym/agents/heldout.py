@@ -482,14 +482,14 @@ class HeldoutEvaluation(TrainerCallback):
         self.before = self.run("before")
         if self.judged:
             self.before_judge = self.run("before", judge=True)
-        dialogues = len(self.before) * (1 + self.judged)
-        if self.read_back == dialogues:  # nothing played: no time to go by
-            log.info("held-out evaluation before training: %d dialogues read back from %s", dialogues, self.folder)
+        played = f"{len(self.before)} dialogues" + (" and as many with the second judge" if self.judged else "")
+        if self.read_back == len(self.before) * (1 + self.judged):  # nothing played: no time to go by
+            log.info("held-out evaluation before training: %s read back from %s", played, self.folder)
             return
         log.info(
-            "held-out evaluation before training: %d dialogues in %.0f s (the one after training takes "
-            "about as long); now %d training steps",
-            dialogues,
+            "held-out evaluation before training: %s in %.0f s (the one after training takes about as long); "
+            "now %d training steps",
+            played,
             time.perf_counter() - started,
             self.config.total_steps,
         )
