@@ -100,7 +100,7 @@ def eval_command(
         typer.Option(
             "--policy",
             "-p",
-            help="the agent: baseline:generic|echo|listener|esconv | hf:PATH[,adapter=DIR]"
+            help="the agent: baseline:NAME (generic, echo, listener, esconv) | hf:PATH[,adapter=DIR] "
             "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR; model policies "
             "sample at ,temperature=0.7,top_p=1.0 unless the spec says otherwise",
         ),
