@@ -621,9 +621,11 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
 
 def _persona_problems(config: TrainerConfig) -> list[str]:
     """Training personas named twice: ``heldout.bank``'s split would silently win."""
+    from empathy_gym.agents.heldout import training_split_path
+
     if config.heldout.bank is None:
         return []
-    split = str(Path(config.output_dir) / "heldout" / "train_personas.jsonl")  # what heldout.prepare sets
+    split = str(training_split_path(config))  # what heldout.prepare sets
     named = {"env.personas": config.env.personas, "env.kwargs.personas": (config.env.kwargs or {}).get("personas")}
     return [
         f"{name}={value} and heldout.bank={config.heldout.bank} both choose the training personas (training "

@@ -125,12 +125,18 @@ def prepare(config: Any) -> tuple[Persona, ...]:
     if config.heldout.bank is None:
         return ()
     train, test = split_bank(config)
-    folder = Path(config.output_dir) / HELDOUT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    write_personas(train, folder / "train_personas.jsonl")
-    write_personas(test, folder / "test_personas.jsonl")
-    config.env.personas = str(folder / "train_personas.jsonl")
+    train_path = training_split_path(config)
+    train_path.parent.mkdir(parents=True, exist_ok=True)
+    write_personas(train, train_path)
+    write_personas(test, train_path.parent / "test_personas.jsonl")
+    config.env.personas = str(train_path)
     return test
+
+
+def training_split_path(config: Any) -> Path:
+    """Where :func:`prepare` writes the training part of the split (``env.personas`` then
+    names it): ``<output_dir>/heldout/train_personas.jsonl``."""
+    return Path(config.output_dir) / HELDOUT_DIR / "train_personas.jsonl"
 
 
 def play(
