@@ -155,23 +155,33 @@ def eval_command(
             f"--max-tokens N to change, 0 for no cap)"
         )
     with _resumable("dialogues", f"finished dialogues are saved in {out / TRANSCRIPTS}") as on_progress:
+        judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = evaluate(
             policy,
             personas,
-            user=user,
-            difficulty=difficulty,
-            protocol=protocol.value,
             think=think,
             repeats=repeats,
-            limit=limit,
-            seed=seed,
-            out_dir=out,
-            batch_size=batch_size,
             max_tokens=max_tokens,
+            out_dir=out,
             on_progress=on_progress,
+            **judging,
         )
     _print_report(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, transcripts.jsonl, trajectories.png")
+
+
+def _judging(
+    user: str, difficulty: str, protocol: ProtocolName, seed: int, batch_size: int, limit: int | None
+) -> dict[str, Any]:
+    """The options ``eval`` and ``replay`` share: who judges, by which protocol, in what batches."""
+    return {
+        "user": user,
+        "difficulty": difficulty,
+        "protocol": protocol.value,
+        "seed": seed,
+        "batch_size": batch_size,
+        "limit": limit,
+    }
 
 
 @contextlib.contextmanager
@@ -296,18 +306,8 @@ def replay_command(
     from empathy_gym.evaluation.replay import TURNS, replay_logs
 
     with _resumable("turns", f"appraised turns are saved in {out / TURNS}") as on_progress:
-        result = replay_logs(
-            logs,
-            user,
-            difficulty=difficulty,
-            protocol=protocol.value,
-            seed=seed,
-            batch_size=batch_size,
-            limit=limit,
-            personas=personas,
-            out_dir=out,
-            on_progress=on_progress,
-        )
+        judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
+        result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
 

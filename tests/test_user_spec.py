@@ -281,3 +281,10 @@ def test_an_option_no_user_takes_is_called_unknown():
         UserSpec.parse("rule,bogus=1").build()
     with pytest.raises(SpecError, match="the others are LLM-user options"):  # an LLM user's option on the rule user
         UserSpec.parse("rule,temperature=1").build()
+
+
+@pytest.mark.parametrize("text,bad", [("rule,", "''"), ("rule,bogus", "'bogus'"), ("policy,x", "'x'")])
+def test_a_malformed_option_names_the_spec_as_written(text, bad):
+    """The spec is named as the user wrote it (it was shown as 'rule:,' before)."""
+    with pytest.raises(SpecError, match=f"^{text!r}: option {bad} is not key=value$"):
+        UserSpec.parse(text)

@@ -43,35 +43,17 @@ class Choice(str, enum.Enum):
         return format(str(self.value), spec)
 
 
-class Engine(Choice):
-    transformers = "transformers"
-    vllm = "vllm"
+def _choices(name: str, values: str) -> Any:
+    """A :class:`Choice` enum whose members are ``values`` (space-separated), each named as itself."""
+    return Choice(name, [(value, value) for value in values.split()], module=__name__)
 
 
-class Schedule(Choice):
-    constant = "constant"
-    cosine = "cosine"
-
-
-class ReportTo(Choice):
-    tensorboard = "tensorboard"
-    none = "none"
-
-
-class Critic(Choice):
-    shared = "shared"
-    separate = "separate"
-
-
-class Advantage(Choice):
-    episode = "episode"
-    reward_to_go = "reward_to_go"
-
-
-class LossType(Choice):
-    token_mean = "token_mean"
-    sequence_mean = "sequence_mean"
-    dr_grpo = "dr_grpo"
+Engine = _choices("Engine", "transformers vllm")
+Schedule = _choices("Schedule", "constant cosine")
+ReportTo = _choices("ReportTo", "tensorboard none")
+Critic = _choices("Critic", "shared separate")
+Advantage = _choices("Advantage", "episode reward_to_go")
+LossType = _choices("LossType", "token_mean sequence_mean dr_grpo")
 
 
 class Checked:

@@ -46,12 +46,13 @@ OpenAI schema (mind ``extra_body``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -270,14 +271,18 @@ class OpenAIBackend(ChatBackend):
                 f"{self._mask(response.text[:200])!r}"
             ) from exc
 
-    def _gave_up(self, error: TransientHTTPError) -> BackendError:
-        """The error after the last retry; one that never connected asks whether a
-        server runs at ``base_url`` (:meth:`unreachable_hint`)."""
-        hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
-        return BackendError(
-            f"POST {self.url} (model {self.model!r}): gave up after "
-            f"{self.max_retries + 1} attempts; last error: {error}{hint}"
-        )
+    @contextlib.contextmanager
+    def _giving_up(self) -> Iterator[None]:
+        """The retries' last error as a BackendError; one that never connected asks whether
+        a server runs at ``base_url`` (:meth:`unreachable_hint`)."""
+        try:
+            yield
+        except TransientHTTPError as error:
+            hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
+            raise BackendError(
+                f"POST {self.url} (model {self.model!r}): gave up after "
+                f"{self.max_retries + 1} attempts; last error: {error}{hint}"
+            ) from None
 
     def unreachable_hint(self) -> str:
         """What to check when nothing answers at ``base_url``: is a server running, and
@@ -288,46 +293,43 @@ class OpenAIBackend(ChatBackend):
             f'--host 127.0.0.1 --port 8000`, or see docs/backends.md, "Serving the simulated user"'
         )
 
-    def _transport_error(self, exc: httpx.TransportError) -> TransientHTTPError:
-        """A transient error to retry, except a read timeout, which fails at once."""
-        if isinstance(exc, httpx.ReadTimeout):
+    @contextlib.contextmanager
+    def _transport_errors(self) -> Iterator[None]:
+        """A transport error as a TransientHTTPError to retry, except a read timeout,
+        which fails at once."""
+        try:
+            yield
+        except httpx.ReadTimeout:
             raise BackendError(
                 f"POST {self.url} (model {self.model!r}): no answer within "
                 f"{self.timeout.read:g} s (timeout); the server is hanging or "
                 f"overloaded. Not retried; raise timeout= (backend_kwargs="
                 f"{{'timeout': ...}}) for long generations"
             ) from None
-        return TransientHTTPError(
-            f"{type(exc).__name__}: {self._mask(str(exc))}",
-            unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
-        )
+        except httpx.TransportError as exc:
+            raise TransientHTTPError(
+                f"{type(exc).__name__}: {self._mask(str(exc))}",
+                unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
+            ) from None
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
-        try:
-            for attempt in self._retrying():
-                with attempt:
-                    try:
-                        response = client.post(url or self.url, json=payload)
-                    except httpx.TransportError as exc:
-                        raise self._transport_error(exc) from None
-                    return self._read(response)
-        except TransientHTTPError as error:
-            raise self._gave_up(error) from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        def once() -> dict:
+            with self._transport_errors():
+                response = client.post(url or self.url, json=payload)
+            return self._read(response)
+
+        with self._giving_up():
+            return self._retrying()(once)
 
     async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore, payload: dict) -> dict:
-        try:
-            async for attempt in self._retrying(tenacity.AsyncRetrying):
-                with attempt:
-                    async with semaphore:
-                        try:
-                            response = await client.post(self.url, json=payload)
-                        except httpx.TransportError as exc:
-                            raise self._transport_error(exc) from None
-                    return self._read(response)
-        except TransientHTTPError as error:
-            raise self._gave_up(error) from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        async def once() -> dict:
+            async with semaphore:
+                with self._transport_errors():
+                    response = await client.post(self.url, json=payload)
+            return self._read(response)
+
+        with self._giving_up():
+            return await self._retrying(tenacity.AsyncRetrying)(once)
 
     # ----- batches -----
 

@@ -130,6 +130,18 @@ T = TypeVar("T")
 Steps = Generator[BackendCall, Any, T]
 
 
+def _resume(
+    steps: Steps[T], outcome: tuple[Any, BaseException | None] = (None, None)
+) -> tuple[BackendCall | None, Any]:
+    """Send the last backend call's ``(result, exception)`` into ``steps`` (the exception
+    is raised at their ``yield``): their next call, or ``(None, value)`` once they return."""
+    result, error = outcome
+    try:
+        return (steps.throw(error) if error is not None else steps.send(result)), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
 def _parse_json(text: str, validator: jsonschema.protocols.Validator) -> tuple[dict[str, Any] | None, str | None]:
     reason = "no JSON object found"
     for match in re.finditer(r"\{", text):
@@ -490,37 +502,33 @@ class LLMUser(SimulatedUser):
     def _run(self, steps: Steps[T]) -> T:
         """Run ``steps``, answering each backend call with the blocking method; a call's
         exception is thrown back into ``steps`` at the ``yield``."""
-        result: Any = None
-        error: BaseException | None = None
-        while True:
+        call, value = _resume(steps)
+        while call is not None:
+            name, args, kwargs = call
             try:
-                name, args, kwargs = steps.throw(error) if error is not None else steps.send(result)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                result, error = getattr(self.backend, name)(*args, **kwargs), None
+                outcome = getattr(self.backend, name)(*args, **kwargs), None
             except Exception as exc:  # noqa: BLE001 (handed back to the logic)
-                result, error = None, exc
+                outcome = None, exc
+            call, value = _resume(steps, outcome)
+        return value
 
     async def _arun(self, steps: Steps[T]) -> T:
         """:meth:`_run` with the backend's ``a<name>`` twin awaited where it has one, else
         the blocking method in a worker thread."""
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                name, args, kwargs = steps.throw(error) if error is not None else steps.send(result)
-            except StopIteration as stop:
-                return stop.value
+        call, value = _resume(steps)
+        while call is not None:
+            name, args, kwargs = call
             native = getattr(self.backend, "a" + name, None)
             try:
                 if callable(native):
                     result = await native(*args, **kwargs)
                 else:
                     result = await asyncio.to_thread(getattr(self.backend, name), *args, **kwargs)
-                error = None
+                outcome = result, None
             except Exception as exc:  # noqa: BLE001 (handed back to the logic)
-                result, error = None, exc
+                outcome = None, exc
+            call, value = _resume(steps, outcome)
+        return value
 
     def close(self) -> None:
         if self.owns_backend:

@@ -68,15 +68,16 @@ class ModelSpec:
 
 
 def parse_spec(text: str) -> ModelSpec:
-    """Split ``KIND:TARGET[,key=value,...]`` into its parts.
+    """Split ``KIND[:TARGET][,key=value,...]`` into its parts.
 
     Raises:
         SpecError: an empty spec, or an option without ``=``.
     """
     if not text or not text.strip():
         raise SpecError("empty model spec; expected KIND:TARGET[,key=value,...]")
-    kind, _, rest = text.strip().partition(":")
-    target, *pairs = rest.split(",")
+    head, comma, tail = text.strip().partition(",")
+    kind, _, target = head.partition(":")  # a bare kind may take options: "rule,key=value"
+    pairs = tail.split(",") if comma else []
     options: dict[str, Any] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -263,8 +264,7 @@ class UserSpec:
             SpecError: an empty spec, an unknown kind, a malformed target or option, or a
                 field the kind does not take (naming the spec).
         """
-        head, comma, rest = (text or "").partition(",")
-        spec = parse_spec(text if ":" in head else f"{head}:{comma}{rest}")  # "rule,key=value"
+        spec = parse_spec(text)
         if spec.kind not in USER_KINDS:
             raise SpecError(
                 f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
