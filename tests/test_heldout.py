@@ -6,6 +6,7 @@ what it shows and what it does not."""
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -77,7 +78,7 @@ def test_the_report_says_which_features_moved():
     assert "Where the change came from" not in report(config, records({"a": [40]}), records({"a": [41]}), 1)["text"]
 
 
-def test_before_and_after_are_paired_and_held_out(tmp_path, caplog):
+def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     from empathy_gym.agents import GRPOTrainer
 
     config = load_recipe(
@@ -113,6 +114,12 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog):
     saved = json.loads((tmp_path / "heldout" / "report.json").read_text())
     assert saved["difference"]["personas"] == 8
     assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
+    capsys.readouterr()
+    HeldoutEvaluation(trainer, progress=True).run("after")
+    bar = capsys.readouterr().err
+    assert "held-out evaluation (after)" in bar and "16/16" in bar
+    # no time-left estimate: the dialogues play together (it said 33 min after the first one)
+    assert not re.search(r"\d:\d\d<", bar)
     caplog.set_level(logging.INFO, logger="empathy_gym.agents.heldout")
     trainer.train()  # from Python, with heldout.bank: the trainer's own evaluations run too
     # its evaluation before training is the file written above, read back: no time estimate from 0 s of play

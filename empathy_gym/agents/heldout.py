@@ -538,6 +538,8 @@ class HeldoutEvaluation(TrainerCallback):
             desc=f"held-out evaluation ({name}{', second judge' if judge else ''})",
             disable=not self.progress,
             dynamic_ncols=True,
+            # no time left: the dialogues play together, so the first to end says nothing of the rest
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]",
             file=tolerant(sys.stderr),
         ) as bar:
             records = play(
