@@ -286,6 +286,19 @@ def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert json.loads((out / "report.json").read_text())["dialogues"] == 3
 
 
+def test_ctrl_c_under_a_pipe_that_died_first_still_exits_130(tmp_path):
+    """``eval ... 2>&1 | tee log`` and Ctrl-C: tee dies first, so the "interrupted" line
+    fails with EPIPE; it exited 1 (a newcomer's strace: write(2, ...) = -1 EPIPE)."""
+    (tmp_path / "flaky_agent.py").write_text("def reply(messages):\n    raise KeyboardInterrupt\n")
+    command = [sys.executable, "-m", "empathy_gym.cli", "eval", "--personas", "en", "--limit", "1"]
+    command += ["--policy", "python:flaky_agent:reply", "--out", str(tmp_path / "run")]
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment)
+    child.stdout.close()  # tee, gone before the first line
+    assert child.wait(timeout=120) == 130
+    assert (tmp_path / "run" / "run.json").exists()  # the run started: a rerun resumes it
+
+
 def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
     bank = write_jsonl(tmp_path / "bank.jsonl", GOOD, {**GOOD, "id": "g2"})
     result = runner.invoke(
@@ -515,6 +528,31 @@ def test_a_policy_spec_says_how_it_samples_and_the_run_records_it(tmp_path, monk
     assert set(backend.sampling) == {(0.0, 0.9)}
     generation = json.loads((out / "report.json").read_text())["config"]["generation"]
     assert generation == {"max_tokens": 128, "temperature": 0.0, "top_p": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("hf:some/model,foo=1", "'hf:some/model,foo=1': unknown option(s) ['foo']; a hf policy takes adapter,"),
+        ("hf:some/model,temperature=-1", "'hf:some/model,temperature=-1': temperature must be >= 0, got -1"),
+        ("openai:m@http://127.0.0.1:9/v1,top_p=abc", "top_p must be a number, got 'abc'"),
+        ("baseline:listener,temperature=0", "unknown option(s) ['temperature']; a baseline policy takes no options"),
+    ],
+)
+def test_a_bad_policy_spec_is_refused_before_any_model_loads(tmp_path, monkeypatch, spec, message):
+    """Was: a traceback (TypeError from the backend) after loading, a bare 'could not
+    convert string to float', temperature=-1 refused at the first reply, the baseline's
+    option ignored."""
+    import empathy_gym.evaluation.policies
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(empathy_gym.evaluation.policies, "load_transformers_policy", never)
+    result = runner.invoke(app, ["eval", "--policy", spec, "--personas", "en", "--limit", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert message in " ".join(result.stderr.split())
+    assert not (tmp_path / "run.json").exists()
 
 
 @pytest.mark.parametrize(

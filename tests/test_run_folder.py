@@ -24,7 +24,9 @@ def test_a_run_folder_starts_appends_and_resumes(tmp_path):
 
 
 def test_a_run_folder_refuses_another_run_a_file_and_a_corrupt_line(tmp_path):
-    RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",)).start()
+    first = RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",))
+    first.start()
+    first.append([{"id": "a"}], where=["a"])
     with pytest.raises(EvaluationError, match=r"run\.json: .*seed: 0 -> 1"):
         RunFolder(tmp_path / "run", {"seed": 1}, "records.jsonl", ("id",))
     (tmp_path / "file").write_text("")
@@ -33,3 +35,15 @@ def test_a_run_folder_refuses_another_run_a_file_and_a_corrupt_line(tmp_path):
     (tmp_path / "run" / "records.jsonl").write_text('{"id": "a"}\n{"x": 1}\n')
     with pytest.raises(EvaluationError, match=r"records\.jsonl:2: field 'id': missing"):
         RunFolder(tmp_path / "run", {"seed": 0}, "records.jsonl", ("id",))
+
+
+def test_a_run_that_finished_nothing_is_replaced_by_the_corrected_command(tmp_path):
+    """A run that failed before its first record (a bad option, a dead server) left a
+    run.json that refused the corrected command."""
+    RunFolder(tmp_path / "run", {"temperature": -1}, "records.jsonl", ("id",)).start()
+    corrected = RunFolder(tmp_path / "run", {"temperature": 0.5}, "records.jsonl", ("id",))
+    corrected.start()
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"temperature": 0.5}
+    corrected.append([{"id": "a"}], where=["a"])
+    with pytest.raises(EvaluationError, match=r"temperature: 0\.5 -> -1"):  # now it holds a record
+        RunFolder(tmp_path / "run", {"temperature": -1}, "records.jsonl", ("id",))

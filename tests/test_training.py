@@ -279,6 +279,7 @@ def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpo
     with caplog.at_level("WARNING"):
         again.train(resume=True)
     assert "learning_rate: 0.01 -> 0.3" in caplog.text and "total_steps: 2 -> 3" in caplog.text
+    assert "except the learning rate and its schedule, which continue as saved" in caplog.text  # which value wins
     with pytest.raises(CheckpointError, match="is a ppo checkpoint, this is grpo"):
         trainer(tmp_path, "grpo", "run", 4, extra=("num_generations=2",)).train(resume=True)
     code = train_main(
@@ -293,6 +294,39 @@ def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpo
         ],
     )
     assert code == 1 and "is a ppo checkpoint, this is grpo" in capsys.readouterr().err
+
+
+def test_resume_with_another_models_recipe_is_refused_before_loading_and_keeps_the_run(tmp_path, capsys, monkeypatch):
+    """Was: the newest checkpoint failed to load (no adapter file), the older ones too,
+    and the run started over at step 0 in the folder, moving its logs to *.superseded."""
+    from empathy_gym.agents import trainer as trainer_module
+    from empathy_gym.agents.cli import train_main
+
+    trainer(tmp_path, "ppo", "run", 2).train()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(trainer_module.RLTrainer, "__init__", never)
+    argv = ["--recipe", "agents/tiny-cpu.yaml", "--resume", *OVERRIDES, f"output_dir={tmp_path / 'run'}"]
+    assert train_main("ppo", [*argv, "policy.use_lora=true"]) == 1
+    message = " ".join(capsys.readouterr().err.split())
+    assert "step-000002 holds another policy's weights (policy.use_lora: False -> True)" in message
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    assert not list((tmp_path / "run").glob("*.superseded*"))
+
+
+def test_resume_where_no_checkpoint_loads_is_refused_not_restarted(tmp_path):
+    from empathy_gym.agents.checkpoint import CheckpointError
+
+    trainer(tmp_path, "ppo", "run", 2).train()
+    (tmp_path / "run" / "checkpoints" / "step-000002" / "modules.pt").unlink()  # the only checkpoint, damaged
+    with pytest.raises(
+        CheckpointError, match=r"none of the 1 checkpoints in .* loads \(step-000002: FileNotFoundError"
+    ):
+        trainer(tmp_path, "ppo", "run", 3).train(resume=True)
+    assert not list((tmp_path / "run").glob("*.superseded*"))
 
 
 def test_resume_without_a_checkpoint_says_so(tmp_path, caplog):

@@ -126,6 +126,54 @@ def checkpoint_candidates(root: Path) -> list[Path]:
     return found
 
 
+#: The policy settings a resumed run shares with its checkpoint: its weights fit no other.
+SAME_POLICY = ("model", "use_lora")
+
+
+def check_resumable(path: Path, state: dict[str, Any], algorithm: str, config: dict[str, Any]) -> None:
+    """Refuse a checkpoint this run cannot continue: another algorithm's, or another
+    policy's (another model, or adapters where the run trains all weights or the reverse).
+
+    Args:
+        path: the checkpoint folder (named in the message).
+        state: its ``state.json``.
+        algorithm: this run's, ``"ppo"`` or ``"grpo"``.
+        config: this run's config as a dict (:func:`~empathy_gym.agents.config.to_dict`).
+
+    Raises:
+        CheckpointError: naming the checkpoint and each setting that differs.
+    """
+    if state.get("algorithm") != algorithm:
+        raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {algorithm}")
+    saved, now = (state.get("config") or {}).get("policy") or {}, config.get("policy") or {}
+    changed = [
+        f"policy.{key}: {saved[key]!r} -> {now.get(key)!r}"
+        for key in SAME_POLICY
+        if key in saved and saved[key] != now.get(key)
+    ]
+    if changed:
+        raise CheckpointError(
+            f"{path} holds another policy's weights ({'; '.join(changed)}); resume with the recipe the run "
+            f"was trained with, or give another output_dir="
+        )
+
+
+def check_resume(root: Path, algorithm: str, config: dict[str, Any]) -> None:
+    """:func:`check_resumable` on the best checkpoint under ``root`` whose ``state.json``
+    reads (none: nothing to check); only JSON is read, so it runs before any model loads.
+
+    Raises:
+        CheckpointError: as :func:`check_resumable`.
+    """
+    for candidate in checkpoint_candidates(root):
+        try:
+            state = json.loads((candidate / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        check_resumable(candidate, state, algorithm, config)
+        return
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(state, modules, rng)`` of a checkpoint folder (the policy weights are read by
     the trainer, which knows whether they are an adapter or a full model).

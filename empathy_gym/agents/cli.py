@@ -105,6 +105,15 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             file=sys.stderr,
         )
         return 1
+    if args.resume:  # another algorithm's or model's checkpoint: refused before any model loads
+        from empathy_gym.agents.checkpoint import CheckpointError, check_resume
+        from empathy_gym.agents.config import to_dict
+
+        try:
+            check_resume(Path(config.output_dir) / "checkpoints", algorithm, to_dict(config))
+        except CheckpointError as error:
+            say(f"error: --resume: {error}", file=sys.stderr)
+            return 1
     with _log_to_file(config.output_dir):
         return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)
 

@@ -43,6 +43,7 @@ from empathy_gym.agents import heldout
 from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.checkpoint import (
     CheckpointError,
+    check_resumable,
     checkpoint_candidates,
     load_checkpoint,
     save_checkpoint,
@@ -873,23 +874,29 @@ class RLTrainer:
         or when it is missing or damaged an older complete one; none: stay at step 0.
 
         Raises:
-            CheckpointError: another algorithm's checkpoint.
+            CheckpointError: another algorithm's or another policy's checkpoint, or
+                checkpoints of which none loads (starting over would supersede the run's logs).
         """
-        for candidate in checkpoint_candidates(checkpoints):
+        candidates = checkpoint_candidates(checkpoints)
+        failures = []
+        for candidate in candidates:
             try:
                 self.load(candidate)
             except CheckpointError:
                 raise
             except Exception as error:  # a damaged file: json, torch.load, safetensors, peft errors alike
-                log.warning(
-                    "cannot resume from %s (%s: %s); trying an older checkpoint",
-                    candidate,
-                    type(error).__name__,
-                    str(error).splitlines()[0] if str(error) else "",
+                failures.append(
+                    f"{candidate.name}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 )
+                log.warning("cannot resume from %s (%s); trying an older checkpoint", candidate, failures[-1])
                 continue
             log.info("resumed from %s (step %d)", candidate, self.step)
             return
+        if candidates:
+            raise CheckpointError(
+                f"--resume: none of the {len(candidates)} checkpoints in {checkpoints} loads ({failures[0]}); "
+                f"resume with the recipe the run was trained with, or give another output_dir="
+            )
         log.warning("--resume: no checkpoint in %s; starting at step 0", checkpoints)
 
     def _run_step(self, step: int, bar: Any) -> bool:
@@ -1083,8 +1090,8 @@ class RLTrainer:
             CheckpointError: another algorithm's checkpoint.
         """
         state, modules, rng = load_checkpoint(path)
-        if state.get("algorithm") != self.algorithm:
-            raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {self.algorithm}")
+        config = to_dict(self.config)
+        check_resumable(path, state, self.algorithm, config)
         policy_dir = path / "policy"
         # read everything before changing anything: a damaged file leaves this trainer as it was
         if self.config.policy.use_lora:
@@ -1095,9 +1102,13 @@ class RLTrainer:
             from transformers import AutoModelForCausalLM
 
             policy_state = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=self.model.dtype).state_dict()
-        changed = changed_settings(state.get("config") or {}, to_dict(self.config))
+        changed = changed_settings(state.get("config") or {}, config)
         if changed:
-            log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
+            log.warning(
+                "resuming with settings that differ from the checkpoint's: %s (they apply from now on, except the "
+                "learning rate and its schedule, which continue as saved with the optimiser)",
+                "; ".join(changed),
+            )
         if self.config.policy.use_lora:
             from peft import set_peft_model_state_dict
 

@@ -18,12 +18,13 @@ utterances (``str``). Three adapters cover the usual cases:
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from empathy_gym.backends.base import ChatBackend, Conversation
+from empathy_gym.backends.base import ChatBackend, Conversation, Sampling
 from empathy_gym.evaluation.baselines import BASELINES
 from empathy_gym.user.specs import SpecError, parse_spec, split_openai_target
 
@@ -54,13 +55,51 @@ SAMPLING_OPTIONS = ("temperature", "top_p")
 def spec_sampling(policy: Any, temperature: float = 0.7, top_p: float = 1.0) -> dict[str, float]:
     """``{"temperature", "top_p"}`` a policy samples with: a spec string's own options
     (``openai:M@URL,temperature=0``) over the given values; the given values for anything
-    else. Pure (nothing loads), so a run can record and check them before a model loads.
+    else. Pure (nothing loads), so a run can check and record them before a model loads.
 
     Raises:
-        SpecError: a malformed spec.
+        SpecError: a malformed spec, an unknown kind, an option the kind does not take,
+            or a sampling value that is not a number in its range (naming the spec).
     """
-    options = parse_spec(policy).options if isinstance(policy, str) else {}
-    return {"temperature": float(options.get("temperature", temperature)), "top_p": float(options.get("top_p", top_p))}
+    options: dict[str, Any] = {}
+    if isinstance(policy, str):
+        spec = parse_spec(policy)
+        _check_options(policy, spec.kind, spec.options)
+        options = spec.options
+    values = {"temperature": options.get("temperature", temperature), "top_p": options.get("top_p", top_p)}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"{policy!r}: {name} must be a number, got {value!r}")
+    try:
+        Sampling(None, **values)
+    except ValueError as error:
+        raise SpecError(f"{policy!r}: {str(error).removeprefix('generate: ')}") from None
+    return {name: float(value) for name, value in values.items()}
+
+
+def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
+    if kind not in POLICY_KINDS:
+        raise SpecError(
+            f"{policy!r}: unknown policy kind {kind!r}; expected one of "
+            f"baseline:NAME, hf:PATH[,adapter=DIR], openai:MODEL@URL, python:MODULE:ATTR"
+        )
+    taken = {"batched"} if kind == "python" else set()
+    if kind in LOCAL_POLICY_KINDS:
+        from empathy_gym.backends.transformers_backend import TransformersBackend
+
+        taken = _keywords(TransformersBackend) | {"adapter", *SAMPLING_OPTIONS}
+    elif kind == "openai":
+        from empathy_gym.backends.openai_backend import OpenAIBackend
+
+        taken = _keywords(OpenAIBackend) - {"base_url"} | set(SAMPLING_OPTIONS)
+    unknown = sorted(set(options) - taken)
+    if unknown:
+        takes = ", ".join(sorted(taken)) or "no options"
+        raise SpecError(f"{policy!r}: unknown option(s) {unknown}; a {kind} policy takes {takes}")
+
+
+def _keywords(backend: type) -> set[str]:
+    return set(inspect.signature(backend.__init__).parameters) - {"self", "model"}
 
 
 @runtime_checkable
@@ -280,7 +319,4 @@ def make_policy(
             raise SpecError(f"{policy!r}: expected python:MODULE:ATTR, e.g. python:my_agents:reply")
         fn = _python_callable(policy, module, attr)
         return CallablePolicy(fn, batched=bool(spec.options.get("batched", False)), name=policy)
-    raise SpecError(
-        f"{policy!r}: unknown policy kind {spec.kind!r}; expected one of "
-        f"baseline:NAME, hf:PATH[,adapter=DIR], openai:MODEL@URL, python:MODULE:ATTR"
-    )
+    raise AssertionError(f"unreachable: {spec.kind!r} passed spec_sampling")  # pragma: no cover

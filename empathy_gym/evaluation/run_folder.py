@@ -3,7 +3,7 @@ keeps what it must not lose.
 
 * ``run.json``: the run's configuration, written once the run has loaded what it needs,
   and checked on resume (a folder holding another configuration is refused, naming each
-  field that differs);
+  field that differs, unless it holds no finished record: then the new run replaces it);
 * a JSON Lines file of finished records (dialogues, appraised turns), appended and
   fsynced as they finish; a last line cut by a crash is ignored and repaired on resume;
 * ``report.json`` (written atomically) and a plot, when the run ends.
@@ -148,7 +148,7 @@ class RunFolder:
 
     Raises:
         EvaluationError: ``path`` is a file, ``run.json`` holds another configuration or
-            is not JSON, or the records file is corrupt (file and line).
+            is not JSON while records are saved, or the records file is corrupt (file and line).
     """
 
     def __init__(self, path: str | os.PathLike, config: Mapping[str, Any], records: str, key_fields: Sequence[str]):
@@ -158,18 +158,19 @@ class RunFolder:
         self.config = dict(config)
         self.records = self.path / records
         self.key_fields = tuple(key_fields)
-        check_run_config(self.path, self.config)
         self.done: dict[tuple[Any, ...], dict[str, Any]] = read_jsonl_records(
             self.records, self.key_fields, repair=True
         )
+        if self.done:  # a run that finished nothing (it failed at its first call) is replaced
+            check_run_config(self.path, self.config)
 
     def key(self, record: Mapping[str, Any]) -> tuple[Any, ...]:
         """The record's key: the values of ``key_fields``."""
         return tuple(record[name] for name in self.key_fields)
 
     def start(self) -> None:
-        """Create the folder and write ``run.json`` (once: a resumed run keeps its own)."""
-        if not (self.path / RUN_CONFIG).exists():
+        """Create the folder and write ``run.json`` (a resumed run keeps its own)."""
+        if not self.done or not (self.path / RUN_CONFIG).exists():
             self.path.mkdir(parents=True, exist_ok=True)
             write_json(self.path / RUN_CONFIG, self.config)
 
