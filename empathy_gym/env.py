@@ -208,6 +208,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             raise ValueError(f"reward_mode must be 'delta' or 'final', got {reward_mode!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if not isinstance(think, bool):
+            raise TypeError(f"think must be True or False, got {think!r}")
         if format_penalty < 0:
             raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
         self.personas: tuple[Persona, ...] = load_personas(personas)

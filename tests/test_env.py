@@ -352,3 +352,10 @@ def test_the_readme_example_and_llm_options_on_the_rule_user():
         gym.make("EmpathyDialogue-v0", user={"user_kwargs": {"temperature": 0.3}})
     with pytest.raises(ValueError, match=r"user_kwargs \['temperature'\] given, but backend='rule'"):
         gym.make("EmpathyDialogue-v0", user="rule,temperature=0.3")
+
+
+@pytest.mark.parametrize("think", ["yes", 1, None])
+def test_think_must_be_a_bool(think):
+    """``think="yes"`` was accepted (and "false" would have switched think mode on)."""
+    with pytest.raises(TypeError, match=f"think must be True or False, got {think!r}"):
+        gym.make("EmpathyDialogue-v0", think=think)

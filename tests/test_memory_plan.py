@@ -57,7 +57,9 @@ def test_the_qwen_lora_recipe_fits_one_h200_and_full_fine_tuning_does_not():
     assert rows["policy weights (frozen)"] == 7_615_616_512 * 2
     assert rows["LoRA adapters + grads + AdamW"] == 161_480_704 * 16
     plan.check()
-    assert "headroom" in plan.table()
+    assert "(CUDA context, fragmentation, workspaces)" in plan.table()
+    on_cpu = plan_memory(config, shape, capacity=H200, device="cpu", logprob_chunk_tokens=1024).table()
+    assert "headroom" in on_cpu and "CUDA" not in on_cpu  # a newcomer's CPU plan spoke of a CUDA context
     full = load_recipe("agents/qwen2.5-7b-ppo.yaml", ["policy.use_lora=false"], algorithm="ppo")
     with pytest.raises(MemoryPlanError, match="policy.use_lora=true"):
         plan_memory(full, shape, capacity=H200, device="cuda:0").check()

@@ -143,7 +143,12 @@ class MemoryPlan:
         if self.capacity is not None:
             lines.append(f"  {'device capacity':<{width}}{self.capacity / GIB:>9.2f}")
             lines.append(
-                f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  (CUDA context, fragmentation, workspaces)"
+                f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  "
+                + (
+                    "(CUDA context, fragmentation, workspaces)"
+                    if self.device.startswith("cuda")
+                    else "(the rest of the machine)"
+                )
             )
         return "\n".join(lines)
 
