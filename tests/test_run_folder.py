@@ -47,3 +47,13 @@ def test_a_run_that_finished_nothing_is_replaced_by_the_corrected_command(tmp_pa
     corrected.append([{"id": "a"}], where=["a"])
     with pytest.raises(EvaluationError, match=r"temperature: 0\.5 -> -1"):  # now it holds a record
         RunFolder(tmp_path / "run", {"temperature": -1}, "records.jsonl", ("id",))
+
+
+def test_a_folder_that_cannot_be_created_is_named_as_out_dir(tmp_path):
+    """Was: "[Errno 2] No such file or directory: '/proc/nope'", naming no option."""
+    (tmp_path / "file").write_text("")
+    folder = RunFolder(tmp_path / "file" / "run", {}, "records.jsonl", ("id",))
+    with pytest.raises(
+        EvaluationError, match=r"out_dir '.*file/run': cannot write there \(\[Errno 20\] Not a directory"
+    ):
+        folder.start()

@@ -169,10 +169,17 @@ class RunFolder:
         return tuple(record[name] for name in self.key_fields)
 
     def start(self) -> None:
-        """Create the folder and write ``run.json`` (a resumed run keeps its own)."""
+        """Create the folder and write ``run.json`` (a resumed run keeps its own).
+
+        Raises:
+            EvaluationError: the folder cannot be created or written, naming ``out_dir``.
+        """
         if not self.done or not (self.path / RUN_CONFIG).exists():
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_json(self.path / RUN_CONFIG, self.config)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                write_json(self.path / RUN_CONFIG, self.config)
+            except OSError as error:
+                raise EvaluationError(f"out_dir {str(self.path)!r}: cannot write there ({error})") from None
 
     def append(self, records: Sequence[Mapping[str, Any]], where: Sequence[str]) -> None:
         """Append finished records (:func:`append_records`; ``where`` names each in errors)."""
