@@ -871,7 +871,7 @@ class RLTrainer:
 
     def _resume(self, checkpoints: Path) -> None:
         """Load the best checkpoint that loads (:func:`checkpoint_candidates`): the newest,
-        or when it is missing or damaged an older complete one; none: stay at step 0.
+        or when it is missing or damaged an older complete one; no checkpoint: stay at step 0.
 
         Raises:
             CheckpointError: another algorithm's or another policy's checkpoint, or
@@ -1087,7 +1087,8 @@ class RLTrainer:
         settings that differ from the checkpoint's are logged as a warning.
 
         Raises:
-            CheckpointError: another algorithm's checkpoint.
+            CheckpointError: another algorithm's or another policy's checkpoint
+                (:func:`~empathy_gym.agents.checkpoint.check_resumable`).
         """
         state, modules, rng = load_checkpoint(path)
         config = to_dict(self.config)
