@@ -18,7 +18,6 @@ utterances (``str``). Three adapters cover the usual cases:
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from empathy_gym.backends.base import ChatBackend, Conversation, Sampling
 from empathy_gym.evaluation.baselines import BASELINES
-from empathy_gym.user.specs import SpecError, parse_spec, split_openai_target
+from empathy_gym.user.specs import SpecError, init_keywords, parse_spec, split_openai_target
 
 #: Policy kinds accepted by :func:`make_policy` (``transformers`` is an alias of ``hf``).
 POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "python")
@@ -87,19 +86,15 @@ def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
     if kind in LOCAL_POLICY_KINDS:
         from empathy_gym.backends.transformers_backend import TransformersBackend
 
-        taken = _keywords(TransformersBackend) | {"adapter", *SAMPLING_OPTIONS}
+        taken = init_keywords(TransformersBackend, "model") | {"adapter", *SAMPLING_OPTIONS}
     elif kind == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
 
-        taken = _keywords(OpenAIBackend) - {"base_url"} | set(SAMPLING_OPTIONS)
+        taken = init_keywords(OpenAIBackend, "model", "base_url") | set(SAMPLING_OPTIONS)
     unknown = sorted(set(options) - taken)
     if unknown:
         takes = ", ".join(sorted(taken)) or "no options"
         raise SpecError(f"{policy!r}: unknown option(s) {unknown}; a {kind} policy takes {takes}")
-
-
-def _keywords(backend: type) -> set[str]:
-    return set(inspect.signature(backend.__init__).parameters) - {"self", "model"}
 
 
 @runtime_checkable

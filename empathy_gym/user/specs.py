@@ -104,14 +104,15 @@ def split_openai_target(spec: ModelSpec, text: str) -> tuple[str, str]:
     return match["model"], match["url"]
 
 
+def init_keywords(cls: type, *excluded: str) -> set[str]:
+    """The arguments ``cls(...)`` takes by name, less ``excluded`` (the options a spec may give it)."""
+    return set(inspect.signature(cls.__init__).parameters) - {"self", *excluded}
+
+
 def _llm_user_keywords() -> set[str]:
     from empathy_gym.user.llm_user import LLMUser
 
-    return {
-        name
-        for name in inspect.signature(LLMUser.__init__).parameters
-        if name not in ("self", "backend", "difficulty", "protocol", "appraisal_mode", "owns_backend")
-    }
+    return init_keywords(LLMUser, "backend", "difficulty", "protocol", "appraisal_mode", "owns_backend")
 
 
 def _is_chat_backend(value: Any) -> bool:
