@@ -65,8 +65,8 @@ MAX_TOKENS_HELP = (
 )
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
-    "openai:MODEL@URL; options after commas: ,appraisal_mode=choice,temperature=0.3,"
-    "max_concurrency=16"
+    "openai:MODEL@URL; options as key=value after commas: appraisal_mode (free, choice), "
+    "difficulty, temperature, max_concurrency, ..."
 )
 
 
@@ -103,9 +103,10 @@ def eval_command(
         typer.Option(
             "--policy",
             "-p",
-            help="the agent: baseline:NAME (generic, echo, listener, esconv) | hf:PATH[,adapter=DIR] "
-            "[,device=cuda,dtype=bfloat16] | openai:MODEL@URL | python:MODULE:ATTR; model policies "
-            "sample at ,temperature=0.7,top_p=1.0 unless the spec says otherwise",
+            help="the agent: baseline:NAME (generic, echo, listener, esconv) | hf:PATH with options "
+            "after commas (adapter=DIR, device=cuda, dtype=bfloat16) | openai:MODEL@URL | "
+            "python:MODULE:ATTR; model policies sample at temperature=0.7, top_p=1.0 unless the "
+            "spec says otherwise",
         ),
     ],
     out: Annotated[

@@ -74,10 +74,11 @@ def test_the_console_script_points_at_main():
     ],
 )
 def test_every_command_has_help(args):
-    result = runner.invoke(app, [*args, "--help"])
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "Usage: empathy-gym" in result.output
     assert "130 interrupted" in result.output  # the exit codes are documented everywhere
+    assert "…" not in result.output  # no word of the help cut in a terminal 80 columns wide
 
 
 def test_validate_accepts_both_formats(tmp_path):

@@ -293,6 +293,8 @@ def test_user_specs_route_options_to_the_user_or_the_backend():
         user_kwargs={"temperature": 0.3},
     )
     assert parse_spec("python:mod:fn,batched=true").options == {"batched": True}
+    # spaces after the commas, as the help writes the options, are not part of a value
+    assert parse_spec("rule, difficulty= challenging, seed= 3").options == {"difficulty": "challenging", "seed": 3}
     with pytest.raises(SpecError, match="unknown user kind 'gpt'"):
         UserSpec.parse("gpt:4")
     with pytest.raises(SpecError, match="option 'fast' is not key=value"):

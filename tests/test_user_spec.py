@@ -263,7 +263,7 @@ def test_the_command_line_says_the_appraisal_mode_once_in_the_user_spec(command)
     from empathy_gym.cli import app
 
     runner = CliRunner(env={"COLUMNS": "300"})  # the help's lines unwrapped
-    assert ",appraisal_mode=choice" in runner.invoke(app, [command, "--help"]).stdout
+    assert "appraisal_mode (free, choice)" in runner.invoke(app, [command, "--help"]).stdout
     refused = runner.invoke(app, [command, "--appraisal-mode", "choice", "--out", "x"])
     assert refused.exit_code == 2 and "No such option: --appraisal-mode" in refused.stderr
 

@@ -86,7 +86,7 @@ def parse_spec(text: str) -> ModelSpec:
         try:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
-            options[key.strip()] = value
+            options[key.strip()] = value.strip()
     return ModelSpec(kind.strip().lower(), target.strip(), options)
 
 
