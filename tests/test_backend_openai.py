@@ -265,14 +265,18 @@ def test_connection_errors_are_retried(stub_server):
 
 
 @pytest.mark.parametrize("use_async", [False, True])
-def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async):
+def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async, caplog):
     url = f"http://127.0.0.1:{free_port()}/v1"  # bound, read, closed: nothing listens there
-    backend = OpenAIBackend(url, "m", max_retries=1, **FAST)
-    with pytest.raises(BackendError) as raised:
-        asyncio.run(backend.agenerate([HELLO])) if use_async else backend.generate([HELLO])
+    backend = OpenAIBackend(url, "m", max_retries=2, max_concurrency=2, **FAST)
+    with pytest.raises(BackendError) as raised, caplog.at_level("WARNING"):
+        asyncio.run(backend.agenerate([HELLO] * 2)) if use_async else backend.generate([HELLO] * 2)
+    # said once, at the first refusal, not after the retries' wait
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(f"POST {url}/chat/completions: ConnectError: ")
+    assert "; retrying up to 2 times (max_retries=0 in the spec fails at once); is a server running at" in warning
     message = str(raised.value)
     assert message.startswith(
-        f"POST {url}/chat/completions (model 'm'): gave up after 2 attempts; last error: ConnectError: "
+        f"POST {url}/chat/completions (model 'm'): gave up after 3 attempts; last error: ConnectError: "
     )
     assert message.endswith(
         f"; is a server running at {url}? Start one, e.g. `python -m vllm.entrypoints.openai.api_server "

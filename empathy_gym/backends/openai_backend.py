@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import email.utils
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -71,6 +72,8 @@ from empathy_gym.backends.base import (
 from empathy_gym.boundary import ChatEncoder, neutralise
 
 #: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
+logger = logging.getLogger(__name__)
+
 RETRY_AFTER_MAX = 60.0
 
 #: Top alternatives asked for by :meth:`OpenAIBackend.choice_logprobs` (OpenAI's maximum).
@@ -228,6 +231,7 @@ class OpenAIBackend(ChatBackend):
             tenacity.wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial),
             max(backoff_max, RETRY_AFTER_MAX),
         )
+        self._warned_unreachable = False
         self._api_key = os.environ.get(api_key_env) or None
         self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self._client: httpx.Client | None = None
@@ -245,6 +249,22 @@ class OpenAIBackend(ChatBackend):
             wait=self._wait,
             reraise=True,
             retry=tenacity.retry_if_exception_type(TransientHTTPError),
+            before_sleep=self._warn_unreachable,
+        )
+
+    def _warn_unreachable(self, retry_state: tenacity.RetryCallState) -> None:
+        """Say once, at the first refused connection, what the retries wait for (they
+        take tens of seconds before the error)."""
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if self._warned_unreachable or not getattr(error, "unreachable", False):
+            return
+        self._warned_unreachable = True
+        logger.warning(
+            "POST %s: %s; retrying up to %d times (max_retries=0 in the spec fails at once); %s",
+            self.url,
+            error,
+            self.max_retries,
+            self.unreachable_hint(),
         )
 
     def _mask(self, text: str) -> str:
