@@ -1,63 +1,22 @@
 """The simulated user in verl's agent loop (verl >= 0.8): one dialogue per sample, token in,
 token out.
 
-verl 0.8 moved multi-turn rollouts to the *agent loop* (``verl.experimental.agent_loop``:
-``AgentLoopBase``, ``@register(name)``, ``AgentLoopOutput``) and removed the older
-*interaction* interface; verl <= 0.7.1 is not supported. :class:`EmpathyAgentLoop`,
-registered as ``"empathy_dialogue"``, plays one dialogue of a dataset row (the rows of
-:func:`empathy_gym.integrations.verl.build_rows`):
+:class:`EmpathyAgentLoop`, registered as ``"empathy_dialogue"``
+(``verl.experimental.agent_loop``), plays the dialogue of one dataset row (the rows of
+:func:`empathy_gym.integrations.verl.build_rows`): it recreates the row's dialogue in an env
+and refuses a row whose prompt differs; the policy's replies come from verl's server manager
+as token ids, kept as sampled (response mask 1); the user's replies are appended as tokens
+(response mask 0) from text made data (:meth:`~empathy_gym.boundary.ChatEncoder.plain_text`).
+The env ends the dialogue, or verl's ``max_assistant_turns`` or ``response_length``. Each
+appraised reply's turn score (the env's reward) sits on the last token of that reply in
+``rm_scores``; ``reward_score`` is their sum. The loops of a worker process share one
+:class:`~empathy_gym.engine.DialogueEngine` (their user turns micro-batched into one call);
+the loop's keyword arguments are its entry in ``agents/verl/agent_loop.yaml``.
 
-1. it recreates the row's dialogue (``env.prepare_reset(seed, persona)`` then
-   ``finish_reset(persona, opening)``) and checks that the row's ``raw_prompt`` is the
-   dialogue's ``info["messages"]``;
-2. it renders the prompt once with verl's Continuous Token builder, then alternates:
-   the policy's reply comes from verl's server manager as token ids (kept as sampled,
-   response mask 1, with their log-probabilities); the text of the reply goes to the
-   simulated user; the user's reply is appended *as tokens* (response mask 0);
-3. it stops when the env ends the dialogue (success, failure, max turns), after
-   ``rollout.multi_turn.max_assistant_turns`` replies if that is set, or when the token
-   budget ``rollout.response_length`` is full. A reply that reaches the budget is not
-   appraised (the user never reads a cut-off message). A reply cut at the server's
-   ``max_tokens`` is appraised and then closed with the end-of-turn token (response
-   mask 0), as :class:`~empathy_gym.agents.rollout.RolloutEngine` closes it, so both
-   training paths show the policy the same context; the user's reply reaches verl's
-   tokenizer as data (:meth:`~empathy_gym.boundary.ChatEncoder.plain_text`: its
-   chat-template markers broken, since verl parses special tokens in message text).
-
-Rewards (how verl's advantage estimators see them). Each appraised reply gets the env's
-reward as its *turn score* (``reward_mode="delta"``: emotion change / 100;
-``"final"``: e_T / 100 on the last turn, 0 before). :class:`EmpathyAgentLoopOutput`
-carries ``reward_score`` = the sum of the turn scores (the return) and, in
-``as_dict()``, puts each turn score on the **last token of its agent turn** of the
-token-level ``rm_scores`` that verl's v1 trainer (``trainer.use_v1=true``, the default
-since 0.9) reads as ``token_level_scores``. So GAE (PPO) credits each reply with the
-emotion change it caused and the ones after it (gamma = 1), and GRPO, which sums the
-token rewards, sees the return. verl's legacy trainer (``trainer.use_v1=false``) builds
-``rm_scores`` itself from ``reward_score`` alone: there the return sits on the last token,
-which GRPO does not notice and GAE sees as one delayed reward. With
-``reward_mode="final"`` both put RLVER's e_T / 100 on the last reply.
-
-The simulated user is shared by the loops of one worker process: verl builds an agent
-loop object per sample, and every object built from an equal config shares one
-:class:`~empathy_gym.engine.DialogueEngine`, so concurrent dialogues of a worker send
-their user turns as one batched :func:`~empathy_gym.env.step_many` call (micro-batched
-within ``batch_window_ms``, at most ``max_batch_size``; see
-:mod:`empathy_gym.batching`). Each agent-loop worker
-(``rollout.agent.num_workers``) is its own process with its own user.
-
-Configuration: the loop's keyword arguments are the entry of the agent-loop YAML that
-``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names
-(``agents/verl/agent_loop.yaml``); verl instantiates the entry with
-``hydra.utils.instantiate``, so every key except ``name`` and ``_target_`` reaches
-:class:`EmpathyAgentLoop` and from there :class:`~empathy_gym.engine.DialogueEngine`
-(``env_id``, ``batch_window_ms``, ``max_batch_size``, and ``gym.make`` keywords such as
-``user`` (a spec string or a mapping of :class:`~empathy_gym.user.specs.UserSpec` fields:
-``backend``, ``model``, ``base_url``, ``appraisal_mode``, ...), ``protocol``,
-``max_turns``, ``reward_mode``, ``think``).
-
-Written against verl 0.9.1 (``verl/experimental/agent_loop/agent_loop.py`` and
-``tool_agent_loop.py``, the model for multi-turn rollouts with response masks).
-Importing this module needs verl; everything else in ``empathy_gym.integrations`` does not.
+What the loop does, step by step, where verl's estimators see the rewards (v1 and legacy
+trainers), and the settings: ``agents/verl/README.md``. Written against verl 0.9.1
+(``verl/experimental/agent_loop/agent_loop.py`` and ``tool_agent_loop.py``). Importing this
+module needs verl; everything else in ``empathy_gym.integrations`` does not.
 """
 
 from __future__ import annotations
