@@ -4,7 +4,8 @@ Exit codes: 0 success; 1 invalid input or a failed run (a persona file that does
 validate, a bad spec, an unreachable server; the message on stderr names the file, line
 and field where there is one); 2 usage error (unknown option, missing argument: typer's);
 130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue and ``replay`` every
-appraised batch: rerun the same command to resume).
+appraised batch: rerun the same command to resume); 141 the reader of the output went
+away (``| head``): the command ran to its end, only its output was cut.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from rich.table import Table
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 
 EXIT_CODES = (
-    "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; 130 interrupted (Ctrl-C)."
+    "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; 130 interrupted (Ctrl-C); "
+    "141 the output's reader went away (| head), the work done and saved."
 )
+#: 128 + SIGPIPE, what a shell reports for a program killed by writing to a closed pipe
+PIPE_CLOSED = 141
 
 app = typer.Typer(
     name="empathy-gym",
@@ -668,8 +672,16 @@ def main() -> None:
     handler is put back."""
     import signal
 
+    from empathy_gym.agents.console import tolerant_console
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    app(prog_name="empathy-gym")
+    code: int | str | None = 0
+    with tolerant_console() as (stdout, _):  # a closed stdout ends no run half-way
+        try:
+            app(prog_name="empathy-gym")
+        except SystemExit as exit_:
+            code = exit_.code
+    sys.exit(PIPE_CLOSED if code in (0, None) and stdout.broken else code)
 
 
 if __name__ == "__main__":

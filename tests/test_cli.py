@@ -300,6 +300,22 @@ def test_ctrl_c_under_a_pipe_that_died_first_still_exits_130(tmp_path):
     assert (tmp_path / "run" / "run.json").exists()  # the run started: a rerun resumes it
 
 
+@pytest.mark.parametrize(
+    "args", [["envs"], ["eval", "--policy", "baseline:listener", "--personas", "en", "--limit", "2"]]
+)
+def test_a_reader_gone_before_the_output_exits_141_after_the_work(args, tmp_path):
+    """``empathy-gym envs | head -1`` exited 1 with no message (Click's answer to EPIPE),
+    which the help reserves for a failed run; an eval whose report could not be printed
+    had done and saved its work, as a program killed by SIGPIPE would say: 141."""
+    if args[0] == "eval":
+        args = [*args, "--out", str(tmp_path / "run")]
+    child = subprocess.Popen([sys.executable, "-m", "empathy_gym.cli", *args], stdout=subprocess.PIPE)
+    child.stdout.close()  # head, gone before the first line
+    assert child.wait(timeout=120) == 141
+    if args[0] == "eval":
+        assert json.loads((tmp_path / "run" / "report.json").read_text())["dialogues"] == 2
+
+
 def test_eval_with_a_transformers_policy(tiny_model_dir, tmp_path):
     bank = write_jsonl(tmp_path / "bank.jsonl", GOOD, {**GOOD, "id": "g2"})
     result = runner.invoke(

@@ -88,15 +88,15 @@ def tolerant(stream: Any) -> Any:
 
 
 @contextlib.contextmanager
-def tolerant_console() -> Iterator[None]:
+def tolerant_console() -> Iterator[tuple[ConsoleStream, ConsoleStream]]:
     """Within the block, ``sys.stdout`` and ``sys.stderr`` drop output once they fail; after
     it, a stream that failed is pointed at /dev/null (:func:`point_at_devnull`), so that
     nothing written later (a warning during shutdown, Python's own flush at exit) turns
-    the exit status into 120."""
+    the exit status into 120. Yields the two wrappers (``.broken``: the stream failed)."""
     saved = sys.stdout, sys.stderr
     wrapped = sys.stdout, sys.stderr = tolerant(sys.stdout), tolerant(sys.stderr)
     try:
-        yield
+        yield wrapped
     finally:
         sys.stdout, sys.stderr = saved
         for wrapper, stream in zip(wrapped, saved):
