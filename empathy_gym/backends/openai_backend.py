@@ -301,7 +301,7 @@ class OpenAIBackend(ChatBackend):
             hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
             raise BackendError(
                 f"POST {self.url} (model {self.model!r}): gave up after "
-                f"{self.max_retries + 1} attempts; last error: {error}{hint}"
+                f"{self.max_retries + 1} attempt{'s' if self.max_retries else ''}; last error: {error}{hint}"
             ) from None
 
     def unreachable_hint(self) -> str:
