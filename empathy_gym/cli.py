@@ -85,15 +85,17 @@ def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
     that went away (``| tee``, whose Ctrl-C ended it first) changes neither."""
     from empathy_gym.agents.console import tolerant_console
     from empathy_gym.backends.base import BackendError
+    from empathy_gym.evaluation.policies import PolicyOutputError
     from empathy_gym.user.base import SimulatorError
 
+    known = (ValueError, KeyError, OSError, BackendError, SimulatorError, ImportError, PolicyOutputError)
     with tolerant_console():
         try:
             yield
         except KeyboardInterrupt:
             errors.print(f"\n{escape(interrupted)}")
             raise typer.Exit(130) from None
-        except (ValueError, KeyError, OSError, BackendError, SimulatorError, ImportError) as error:
+        except known as error:
             message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
             errors.print(f"[red]error:[/red] {escape(str(message))}")
             raise typer.Exit(1) from None

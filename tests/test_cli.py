@@ -287,6 +287,18 @@ def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert json.loads((out / "report.json").read_text())["dialogues"] == 3
 
 
+def test_a_python_policy_that_returns_no_str_is_one_error_line(tmp_path, monkeypatch):
+    """Was: a rich traceback ending in 'expected 2 str utterances, got 2 items (['int'])'."""
+    (tmp_path / "bad_agent.py").write_text("def reply(messages):\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["eval", "--personas", "en", "--limit", "1", "--policy", "python:bad_agent:reply"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert (
+        result.stderr.strip() == "error: policy 'python:bad_agent:reply': must return the reply as a str, returned int"
+    )
+
+
 def test_ctrl_c_under_a_pipe_that_died_first_still_exits_130(tmp_path):
     """``eval ... 2>&1 | tee log`` and Ctrl-C: tee dies first, so the "interrupted" line
     fails with EPIPE; it exited 1 (a newcomer's strace: write(2, ...) = -1 EPIPE)."""

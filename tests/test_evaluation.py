@@ -161,8 +161,12 @@ def test_all_dialogues_of_a_turn_go_to_the_user_and_the_policy_together():
 
 
 def test_a_batch_that_returns_the_wrong_number_of_replies_fails_loudly():
-    with pytest.raises(TypeError, match="expected 4 str utterances, got 1 items"):
+    with pytest.raises(
+        TypeError, match=r"must return a list of 4 str, one reply per conversation; returned a list of 1"
+    ):
         run(policy=CallablePolicy(lambda convs: ["x"], batched=True), batch_size=4)
+    with pytest.raises(TypeError, match=r"policy 'x': must return the reply as a str, returned int$"):
+        run(policy=CallablePolicy(lambda conv: 42, name="x"), batch_size=4)
 
 
 def test_bootstrap_interval_by_hand_and_deterministic():

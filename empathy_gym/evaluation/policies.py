@@ -116,6 +116,10 @@ class Policy(Protocol):
         """Release models or connections."""
 
 
+class PolicyOutputError(TypeError):
+    """A policy's callable returned something other than the utterances it owes."""
+
+
 class CallablePolicy:
     """A Python callable as a :class:`Policy`.
 
@@ -127,7 +131,8 @@ class CallablePolicy:
         name: defaults to the callable's qualified name (its class name for an instance).
 
     Raises (from :meth:`act`):
-        TypeError: ``fn`` returned something other than a ``str`` (or a list of B ``str``).
+        PolicyOutputError (a TypeError): ``fn`` returned something other than a ``str``
+            (or a list of B ``str``).
     """
 
     def __init__(self, fn: Callable[..., Any], *, batched: bool = False, name: str | None = None):
@@ -138,16 +143,21 @@ class CallablePolicy:
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
         """See :meth:`Policy.act`."""
-        out = self.fn(list(conversations)) if self.batched else [self.fn(c) for c in conversations]
-        if (
-            not isinstance(out, list)
-            or len(out) != len(conversations)
-            or not all(isinstance(text, str) for text in out)
-        ):
-            got = f"{len(out)} items" if isinstance(out, list) else type(out).__name__
-            raise TypeError(
-                f"policy {self.name!r}: expected {len(conversations)} str "
-                f"utterances, got {got}" + ("" if self.batched else f" ({sorted({type(t).__name__ for t in out})})")
+        if not self.batched:
+            out = [self.fn(c) for c in conversations]
+            wrong = sorted({type(text).__name__ for text in out if not isinstance(text, str)})
+            if wrong:
+                raise PolicyOutputError(
+                    f"policy {self.name!r}: must return the reply as a str, returned {', '.join(wrong)}"
+                )
+            return out
+        out = self.fn(list(conversations))
+        if not (isinstance(out, list) and len(out) == len(conversations) and all(isinstance(t, str) for t in out)):
+            got = f"a list of {len(out)}" if isinstance(out, list) else type(out).__name__
+            raise PolicyOutputError(
+                f"policy {self.name!r} (batched): must return a list of {len(conversations)} str, "
+                f"one reply per conversation; returned {got}"
+                + (f" ({sorted({type(t).__name__ for t in out})})" if isinstance(out, list) else "")
             )
         return out
 
