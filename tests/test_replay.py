@@ -167,3 +167,14 @@ def test_the_replay_command_with_the_rule_user(tmp_path):
     missing = runner.invoke(app, ["replay", str(tmp_path / "nope.jsonl"), "--out", str(out)])
     assert missing.exit_code == 1 and "no such log file" in missing.stderr
     assert runner.invoke(app, ["replay", str(LOGS)]).exit_code == 2  # no --out
+
+
+def test_a_log_without_an_appraised_turn_is_named_before_anything_is_written(tmp_path):
+    """Was: 'error: summarize_replay: no turns to summarize' (a function's name), after the
+    run folder was made."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = runner.invoke(app, ["replay", str(empty), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: nothing to replay: no appraised turn in {empty} (0 dialogues)")
+    assert not (tmp_path / "run").exists()

@@ -604,8 +604,9 @@ def replay_logs(
     Raises:
         SageLogError: a malformed log line (file, line, field). FileNotFoundError: a
             missing log.
-        EvaluationError: a run directory with another configuration, an ``out_dir`` that
-            is a file, a corrupt ``turns.jsonl``, bad ``batch_size`` / ``limit``.
+        EvaluationError: logs without an appraised turn, a run directory with another
+            configuration, an ``out_dir`` that is a file, a corrupt ``turns.jsonl``, bad
+            ``batch_size`` / ``limit``.
         SpecError: a malformed user spec (TypeError: of another type). SimulatorError, BackendError: from the user;
             turns already appraised stay in ``turns.jsonl``.
     """
@@ -628,8 +629,14 @@ def replay_logs(
         "protocol": dataclasses.asdict(protocol_obj),
         "seed": seed,
     }
-    folder = RunFolder(out_dir, config, TURNS, TURN_KEY) if out_dir is not None else None
     todo = _scored_turns(files, seed)
+    if not todo:
+        raise EvaluationError(
+            f"nothing to replay: no appraised turn in {', '.join(str(log.path) for log in files)} "
+            f"({sum(len(log.dialogues) for log in files)} dialogues); replay reads dialogues whose turns carry "
+            "the user's emotion change (SAGE's *_result.jsonl, eval's transcripts.jsonl, training's episodes.jsonl)"
+        )
+    folder = RunFolder(out_dir, config, TURNS, TURN_KEY) if out_dir is not None else None
     keys = [(log.name, dialogue.id, turn.turn) for log, dialogue, turn, _ in todo]
     done = folder.done if folder is not None else {}
     pending = [item for item, key in zip(todo, keys) if key not in done]
