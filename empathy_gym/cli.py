@@ -294,7 +294,10 @@ def replay_command(
     limit: Annotated[int | None, typer.Option(min=1, help="only the first N dialogues of each log")] = None,
     personas: Annotated[
         str | None,
-        typer.Option(help="our own logs: the persona bank they were played with (default: the one run.json names)"),
+        typer.Option(
+            help="our own logs: the persona bank they were played with (default: the one run.json names, "
+            "or the personas.jsonl beside them)"
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,

@@ -297,6 +297,25 @@ def test_resume_warns_of_changed_settings_and_refuses_another_algorithms_checkpo
     assert code == 1 and "is a ppo checkpoint, this is grpo" in capsys.readouterr().err
 
 
+def test_a_training_run_keeps_its_personas_so_replay_needs_no_bank(tmp_path):
+    """Was: replay of a training folder asked for --personas, and a run on the env's default
+    bank (English and Chinese together) had no bank name to give."""
+    from empathy_gym.agents.run_log import RunLog
+    from empathy_gym.evaluation.replay import replay_logs
+
+    trainer(tmp_path, "ppo", "run", 1).train()
+    played = load_personas(tmp_path / "run" / "personas.jsonl")
+    assert played == load_personas("en")[:6]
+    result = replay_logs([tmp_path / "run"], "rule")  # no personas=
+    assert result.report["config"]["logs"] == [str(tmp_path / "run" / "episodes.jsonl")]
+    assert sum(len(log.dialogues) for log in result.logs) == 4
+    # resumed with another bank: both are kept, the newer copy of a shared id wins
+    log = RunLog(tmp_path / "run", tensorboard=False, resume_step=1)
+    log.record_personas(load_personas("en")[4:8])
+    log.close()
+    assert [p.id for p in load_personas(tmp_path / "run" / "personas.jsonl")] == [p.id for p in load_personas("en")[:8]]
+
+
 def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_traceback(tmp_path, capsys):
     """Was: a 93-line traceback ending in the BackendError (eval printed one line)."""
     from empathy_gym.agents.cli import train_main

@@ -3,7 +3,8 @@
 ``<output_dir>/``:
 
 * ``episodes.jsonl``: every finished dialogue (step, persona, rewards, emotions,
-  transcript), appended and flushed as soon as it ends;
+  transcript), appended and flushed as soon as it ends; ``personas.jsonl``: the personas
+  they were played with (what ``replay`` reads them with);
 * ``metrics.jsonl``: one line of metrics per step, strict JSON (a statistic that is
   undefined in a step, NaN, is written ``null``); ``tb/``: the same for TensorBoard;
 * ``transcripts/step-000001.txt``: a few rendered dialogues per step;
@@ -20,10 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from empathy_gym.agents.rollout import Trajectory
+from empathy_gym.personas import Persona, load_personas, write_personas
 
 
 def _keep_steps_upto(path: Path, step: int) -> None:
@@ -93,6 +96,15 @@ class RunLog:
             self._writer = SummaryWriter(
                 str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None
             )
+
+    def record_personas(self, personas: Sequence[Persona]) -> None:
+        """Write ``personas.jsonl``: ``personas`` after those a resumed run's file holds
+        under other ids (a run resumed with another bank keeps both)."""
+        path = self.dir / "personas.jsonl"
+        ids = {persona.id for persona in personas}
+        kept = [persona for persona in load_personas(path) if persona.id not in ids] if path.exists() else []
+        write_personas([*kept, *personas], path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
 
     def episode(self, step: int, trajectory: Trajectory) -> None:
         self.episode_record(step, trajectory.record())

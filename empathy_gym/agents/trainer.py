@@ -838,6 +838,8 @@ class RLTrainer:
                 f"{config.output_dir} already holds a run (see the first process); "
                 "pass --resume to continue it, or choose another output_dir"
             )
+        if self.run_log is not None:
+            self.run_log.record_personas(self.envs[0].unwrapped.personas)
         self._saved_step = self.step if resume_step is not None else -1
         if main and self.memory_plan is not None:
             (Path(config.output_dir) / "memory_plan.txt").write_text(self.memory_plan.table() + "\n", encoding="utf-8")

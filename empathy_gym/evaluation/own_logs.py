@@ -57,7 +57,8 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
         path: the file.
         personas: the bank the dialogues were played with (anything
             :func:`~empathy_gym.personas.load_personas` takes); ``None``: the bank that
-            ``run.json`` beside the file names.
+            ``run.json`` beside the file names (eval), else ``personas.jsonl`` beside it
+            (training).
         limit: read at most this many dialogues.
 
     Returns:
@@ -66,15 +67,19 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
 
     Raises:
         SageLogError: a line that is not JSON, lacks a field, or names a persona that is
-            not in the bank (file, line and field named); no bank given and no
-            ``run.json`` naming one.
+            not in the bank (file, line and field named); no bank given and none
+            beside the file.
     """
     if personas is None:
-        personas = run_record(path).get("personas")
-        if not isinstance(personas, str):
+        named, beside = run_record(path).get("personas"), Path(path).parent / "personas.jsonl"
+        if isinstance(named, str):
+            personas = named
+        elif beside.exists():
+            personas = beside
+        else:
             raise SageLogError(
-                f"{path}: which personas played these dialogues? no run.json beside it names a bank; "
-                f"pass the bank the run used (--personas en, rlver, a JSONL path, ...)"
+                f"{path}: which personas played these dialogues? no run.json or personas.jsonl beside it names "
+                f"them; pass the bank the run used (--personas en, rlver, a JSONL path, ...)"
             )
     bank = {persona.id: persona for persona in load_personas(personas)}
     dialogues = []

@@ -325,7 +325,8 @@ def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, pers
 
     Args:
         personas: the bank our own logs were played with (``None``: the one their
-            ``run.json`` names); not used for SAGE's logs, which carry their profiles.
+            ``run.json`` names, or the ``personas.jsonl`` beside them); not used for
+            SAGE's logs, which carry their profiles.
 
     Raises:
         SageLogError: a malformed line (file, line, field). FileNotFoundError: a missing
@@ -592,7 +593,7 @@ def replay_logs(
         batch_size: turns per appraise call (>= 1); results are saved after each batch.
         limit: the first ``limit`` dialogues of each log (>= 1).
         personas: the persona bank our own logs were played with (``None``: the one
-            their ``run.json`` names).
+            their ``run.json`` names, or the ``personas.jsonl`` beside them).
         out_dir: where to write ``run.json``, ``turns.jsonl``, ``report.json`` and
             ``scatter.png``, and to resume from (``None``: nothing written).
         on_progress: ``on_progress(done, total)`` in turns, once before the first batch
