@@ -199,6 +199,17 @@ def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_p
     assert code == 1 and "holds no run to continue" in capsys.readouterr().err
 
 
+def test_a_fresh_run_into_a_previous_runs_folder_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """It was refused after the policy loaded and the memory plan printed."""
+    from empathy_gym.agents import cli
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    monkeypatch.setattr(cli, "_train", lambda *args, **kwargs: pytest.fail("a model was loaded"))
+    code = cli.train_main("grpo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path / 'run'}"])
+    assert code == 1 and "already holds a run (metrics.jsonl); pass --resume" in capsys.readouterr().err
+
+
 def test_the_gap_between_judges_by_hand():
     training = {"difference": 3.0, "low": 1.0, "high": 5.0, "per_persona": {"a": 2.0, "b": 4.0}}
     falling = {"difference": -0.5, "low": -1.0, "high": 0.0, "per_persona": {"a": -1.0, "b": 0.0}}

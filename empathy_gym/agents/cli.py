@@ -105,6 +105,14 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             file=sys.stderr,
         )
         return 1
+    if not args.resume:  # a previous run's folder: refused before any model loads
+        from empathy_gym.agents.run_log import check_fresh
+
+        try:
+            check_fresh(config.output_dir)
+        except FileExistsError as error:
+            say(f"error: {error}", file=sys.stderr)
+            return 1
     if args.resume:  # another algorithm's or model's checkpoint: refused before any model loads
         from empathy_gym.agents.checkpoint import CheckpointError, check_resume
         from empathy_gym.agents.config import to_dict

@@ -61,6 +61,20 @@ def _json_value(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def check_fresh(output_dir: str | os.PathLike) -> None:
+    """A fresh run may write in ``output_dir``: no previous run's metrics are there.
+
+    Raises:
+        FileExistsError: ``metrics.jsonl`` there is not empty.
+    """
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size:
+        raise FileExistsError(
+            f"{output_dir} already holds a run (metrics.jsonl); pass --resume to continue it "
+            "or choose another output_dir"
+        )
+
+
 class RunLog:
     """Appends episodes and metrics; optional TensorBoard.
 
@@ -79,11 +93,8 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.episodes_path = self.dir / "episodes.jsonl"
         self.metrics_path = self.dir / "metrics.jsonl"
-        if resume_step is None and self.metrics_path.exists() and self.metrics_path.stat().st_size:
-            raise FileExistsError(
-                f"{self.dir} already holds a run (metrics.jsonl); pass --resume "
-                f"to continue it or choose another output_dir"
-            )
+        if resume_step is None:
+            check_fresh(self.dir)
         if resume_step is not None:  # only lines of steps after the resumed one move aside
             _keep_steps_upto(self.episodes_path, resume_step)
             _keep_steps_upto(self.metrics_path, resume_step)
