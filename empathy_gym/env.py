@@ -39,6 +39,8 @@ calls of many dialogues (:mod:`empathy_gym.vector`). :meth:`EmpathyDialogueEnv.a
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsFloat
@@ -177,7 +179,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         SpecError (a ``ValueError``): a bad user spec, naming the field (``user.model``...).
         TypeError: an unknown keyword, e.g. the removed ``backend=``, ``model=``,
             ``base_url=``, ``appraisal_mode=``, ``backend_kwargs=``, ``user_kwargs=``
-            (now fields of ``user=``).
+            (now fields of ``user=``); a keyword of the wrong type (``think``,
+            ``system_prompt``, ``personas``, ``difficulty``).
 
     Example:
         >>> import gymnasium as gym, empathy_gym
@@ -210,8 +213,12 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if not isinstance(think, bool):
             raise TypeError(f"think must be True or False, got {think!r}")
-        if format_penalty < 0:
-            raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
+        if not _is_number(format_penalty) or not 0 <= format_penalty < math.inf:
+            raise ValueError(f"format_penalty must be a finite number >= 0, got {format_penalty!r}")
+        if not _is_number(max_utterance_chars, numbers.Integral) or max_utterance_chars < 1:
+            raise ValueError(f"max_utterance_chars must be an int >= 1, got {max_utterance_chars!r}")
+        if not (system_prompt is None or isinstance(system_prompt, str) or _maps_str_to_str(system_prompt)):
+            raise TypeError(f"system_prompt must be a str, a dict {{language: str}} or None, got {system_prompt!r}")
         self.personas: tuple[Persona, ...] = load_personas(personas)
         self._by_id = {p.id: p for p in self.personas}
         self.difficulty = load_difficulty(difficulty)
@@ -242,9 +249,12 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
         Raises:
             KeyError: an unknown persona id.
-            ValueError: an options key other than ``"persona"``.
+            ValueError: an options key other than ``"persona"``. TypeError: options
+                that are not a dict.
         """
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
         unknown = set(options or {}) - {"persona"}
         if unknown:
             raise ValueError(f"reset options: unknown key(s) {sorted(unknown)}; known: ['persona']")
@@ -555,3 +565,11 @@ def step_many(
         env.finish_step(pending, outcome)  # type: ignore[arg-type]
         for env, pending, outcome in zip(envs, pendings, outcomes)
     ]
+
+
+def _is_number(value: Any, kind: type = numbers.Real) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _maps_str_to_str(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())

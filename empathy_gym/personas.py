@@ -485,6 +485,7 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
         PersonaError: as :func:`load_personas_file`; for lists the "line" is the
             1-based index.
         FileNotFoundError: a name that is neither a file nor a built-in bank.
+        TypeError: a source of none of these types.
     """
     if source is None:
         return builtin_bank("en") + builtin_bank("zh")
@@ -499,6 +500,10 @@ def load_personas(source: PersonaSource | None = None) -> tuple[Persona, ...]:
         return load_personas_file(source)
     if isinstance(source, (Persona, Mapping)):
         source = [source]
+    if not isinstance(source, Iterable):
+        raise TypeError(
+            f"personas: expected a bank name, a JSONL path, or a list of personas or dicts; got {type(source).__name__}"
+        )
     personas = []
     for index, item in enumerate(source, start=1):
         if isinstance(item, Persona):

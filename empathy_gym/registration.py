@@ -21,11 +21,12 @@ num_envs=N)`` builds :class:`~empathy_gym.vector.EmpathyDialogueVectorEnv`.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
-from empathy_gym.personas import PersonaSource, load_personas
+from empathy_gym.personas import BUILTIN_BANKS, DERIVED_BANKS, PersonaSource, load_personas
 from empathy_gym.user import SimulatedUser
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.specs import as_user_spec
@@ -60,7 +61,8 @@ def register_persona_env(
         id: a Gymnasium id, version last: ``"MyClinic-v0"``, ``"MyClinic-Hard-v0"``.
         personas: a JSONL path (either format), a bank name, or a list of personas or
             dicts; ``None`` for the built-in bank.
-        difficulty: preset name, JSON path or dict.
+        difficulty: preset name, JSON path or dict. Paths are kept absolute, so that
+            ``gym.make`` finds them from any working folder.
         override: replace an existing id instead of raising.
         **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
             (``user``, ``protocol``, ``reward_mode``, ``think``, ...); ``gym.make``
@@ -82,8 +84,10 @@ def register_persona_env(
         raise gym.error.Error(f"environment id {id!r} is already registered; pass override=True to replace it")
     if personas is not None and not isinstance(personas, (str, os.PathLike)):
         personas = bank  # keep validated Persona objects, not raw dicts
-    elif isinstance(personas, os.PathLike):
-        personas = os.fspath(personas)
+    elif personas is not None and os.path.isfile(personas) and personas not in (*BUILTIN_BANKS, *DERIVED_BANKS):
+        personas = os.path.abspath(personas)  # gym.make may run in another folder
+    if isinstance(difficulty, (str, os.PathLike)) and Path(difficulty).suffix:  # a file, not a preset's name
+        difficulty = os.path.abspath(difficulty)
     user = kwargs.get("user", "rule")
     deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).is_rule
     gym.register(

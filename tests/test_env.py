@@ -330,6 +330,18 @@ def test_step_many_batches_user_calls_and_keeps_each_dialogue():
         ({"max_turns": "3"}, TypeError, r"max_turns must be an int, got '3' \(str\)"),
         ({"user": {"appraisal_mode": "x"}}, ValueError, r"appraisal_mode must be 'free' or 'choice', got 'x'"),
         ({"user": {"model": "m", "base_url": "http://h/v1"}}, ValueError, r"model, base_url given, but backend='rule'"),
+        # a newcomer's finds: accepted (a NaN reward in think mode, an empty observation) or a cryptic error
+        ({"format_penalty": float("nan")}, ValueError, r"format_penalty must be a finite number >= 0, got nan"),
+        ({"max_utterance_chars": 0}, ValueError, r"max_utterance_chars must be an int >= 1, got 0"),
+        ({"max_utterance_chars": "10"}, ValueError, r"max_utterance_chars must be an int >= 1, got '10'"),
+        ({"max_utterance_chars": 2.7}, ValueError, r"max_utterance_chars must be an int >= 1, got 2.7"),
+        ({"personas": 123}, TypeError, r"personas: expected a bank name, a JSONL path, or a list .*; got int"),
+        (
+            {"difficulty": 5},
+            TypeError,
+            r"difficulty: expected a preset name, a JSON path, a dict or a Difficulty; got int",
+        ),
+        ({"system_prompt": 5}, TypeError, r"system_prompt must be a str, a dict \{language: str\} or None, got 5"),
     ],
 )
 def test_settings_that_would_be_ignored_or_misread_are_refused(kwargs, error, message):
@@ -341,6 +353,10 @@ def test_an_unknown_reset_option_is_refused():
     env = gym.make("EmpathyDialogue-v0")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['personna'\]; known: \['persona'\]"):
         env.reset(options={"personna": "x"})
+    with pytest.raises(
+        TypeError, match=r"reset options must be a dict or None, got str"
+    ):  # was: unknown key(s) ['a', ...]
+        env.reset(options="notadict")
 
 
 def test_the_readme_example_and_llm_options_on_the_rule_user():

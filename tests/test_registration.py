@@ -5,6 +5,7 @@ import pytest
 
 import empathy_gym
 from empathy_gym.personas import PersonaError
+from empathy_gym.resources import envs_dir
 from empathy_gym.user.scripted import ScriptedUser
 
 GOOD = {
@@ -40,6 +41,22 @@ def test_register_from_a_path_and_make(tmp_path):
     obs, info = env.reset(seed=0)
     assert obs == "So it's my fault now." and info["persona_id"] in {"c1", "c2"}
     assert env.unwrapped.difficulty.name == "challenging" and env.unwrapped.protocol.max_turns == 3
+
+
+def test_relative_paths_registered_in_one_folder_are_found_from_another(tmp_path, monkeypatch):
+    """Was: FileNotFoundError at gym.make after a chdir (the relative path was kept)."""
+    (tmp_path / "clinic.jsonl").write_text(json.dumps(GOOD) + "\n")
+    preset = json.loads((envs_dir() / "difficulty" / "challenging.json").read_text())
+    (tmp_path / "hard.json").write_text(json.dumps({**preset, "name": "hard-clinic"}))
+    monkeypatch.chdir(tmp_path)
+    spec = empathy_gym.register_persona_env(
+        "ClinicRel-v0", personas="clinic.jsonl", difficulty="hard.json", override=True
+    )
+    assert spec.kwargs["personas"] == str(tmp_path / "clinic.jsonl")
+    monkeypatch.chdir(tmp_path.parent)
+    env = gym.make("ClinicRel-v0").unwrapped
+    assert [p.id for p in env.personas] == ["c1"] and env.difficulty.name == "hard-clinic"
+    assert empathy_gym.register_persona_env("EnRel-v0", personas="en", override=True).kwargs["personas"] == "en"
 
 
 def test_register_from_a_list_keeps_validated_personas():

@@ -162,8 +162,10 @@ def test_bad_actions_name_the_problem():
         envs.step(["one"])
     with pytest.raises(TypeError, match=r"actions\[1\] must be a str"):
         envs.step(["fine", 7])
-    with pytest.raises(ValueError, match="num_envs must be >= 1"):
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got 0"):
         EmpathyDialogueVectorEnv(0)
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got 2.5"):  # was: 2 dialogues
+        EmpathyDialogueVectorEnv(2.5)
 
 
 def test_disabled_autoreset_leaves_ended_dialogues_to_the_caller():

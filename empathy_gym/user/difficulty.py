@@ -98,11 +98,16 @@ def load_difficulty(difficulty: str | os.PathLike | Mapping[str, Any] | Difficul
 
     Raises:
         KeyError: unknown name. ValueError: invalid preset (names file and field).
+        TypeError: none of these types.
     """
     if isinstance(difficulty, Difficulty):
         return difficulty
     if isinstance(difficulty, Mapping):
         return difficulty_from_dict(difficulty)
+    if not isinstance(difficulty, (str, os.PathLike)):
+        raise TypeError(
+            f"difficulty: expected a preset name, a JSON path, a dict or a Difficulty; got {type(difficulty).__name__}"
+        )
     path = Path(difficulty)
     if not path.suffix:
         path = envs_dir() / "difficulty" / f"{difficulty}.json"
