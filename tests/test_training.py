@@ -316,6 +316,29 @@ def test_a_training_run_keeps_its_personas_so_replay_needs_no_bank(tmp_path):
     assert [p.id for p in load_personas(tmp_path / "run" / "personas.jsonl")] == [p.id for p in load_personas("en")[:8]]
 
 
+def test_a_callbacks_metrics_must_be_numbers(tmp_path):
+    """Was: {"x": "not a number"} written to metrics.jsonl as a string."""
+    import numpy as np
+
+    from empathy_gym.agents.callbacks import TrainerCallback
+
+    class Metrics(TrainerCallback):
+        def __init__(self, value):
+            self.value = value
+
+        def on_step_end(self, trainer, step, trajectories):
+            return {"custom/x": self.value}
+
+    good = trainer(tmp_path, "ppo", "good", 1)
+    good.callbacks.append(Metrics(np.float32(0.5)))
+    good.train()
+    assert json.loads((tmp_path / "good" / "metrics.jsonl").read_text())["custom/x"] == 0.5
+    bad = trainer(tmp_path, "ppo", "bad", 1)
+    bad.callbacks.append(Metrics("not a number"))
+    with pytest.raises(TypeError, match=r"Metrics.on_step_end: metric 'custom/x' must be a number, got 'not a number'"):
+        bad.train()
+
+
 def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_traceback(tmp_path, capsys):
     """Was: a 93-line traceback ending in the BackendError (eval printed one line)."""
     from empathy_gym.agents.cli import train_main

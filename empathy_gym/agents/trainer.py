@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import numbers
 import os
 import signal
 import sys
@@ -942,10 +943,19 @@ class RLTrainer:
 
     def _callback_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """The callbacks' ``on_step_end`` metrics, in the first process only (with every
-        process's trajectories): a second judge re-judges each reply once."""
+        process's trajectories): a second judge re-judges each reply once.
+
+        Raises:
+            TypeError: a callback returned a metric that is not a number (by name)."""
         metrics: dict[str, float] = {}
         for callback in self.callbacks:
-            metrics.update(callback.on_step_end(self, step, trajectories) or {})
+            returned = dict(callback.on_step_end(self, step, trajectories) or {})
+            for key, value in returned.items():
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise TypeError(
+                        f"{type(callback).__name__}.on_step_end: metric {key!r} must be a number, got {value!r}"
+                    )
+            metrics.update({key: float(value) for key, value in returned.items()})
         return metrics
 
     def _rollout(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
