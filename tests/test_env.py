@@ -370,6 +370,21 @@ def test_the_readme_example_and_llm_options_on_the_rule_user():
         gym.make("EmpathyDialogue-v0", user="rule,temperature=0.3")
 
 
+@pytest.mark.parametrize("env_id", ["EmpathyDialogue-v0", "EmpathyStrategy-v0"])
+def test_an_env_with_the_rule_user_pickles_and_goes_on_alike(env_id):
+    """Was: "Can't pickle local object" (lambdas in the rule user's caches)."""
+    import pickle
+
+    env = gym.make(env_id)
+    env.reset(seed=3)
+    copy = pickle.loads(pickle.dumps(env))
+    action = "That sounds hard. What happened?" if env_id == "EmpathyDialogue-v0" else 1
+    for _ in range(3):
+        mine, theirs = env.step(action), copy.step(action)
+        assert np.array_equal(mine[0], theirs[0]) and mine[1:4] == theirs[1:4]
+        assert mine[4]["messages"] == theirs[4]["messages"]
+
+
 @pytest.mark.parametrize("think", ["yes", 1, None])
 def test_think_must_be_a_bool(think):
     """``think="yes"`` was accepted (and "false" would have switched think mode on)."""

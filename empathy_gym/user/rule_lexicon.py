@@ -191,7 +191,7 @@ class LanguageRules:
         self.stop_bigrams = frozenset(data.get("stop_bigrams", ()))
         self.common_chars = frozenset(data.get("common_chars", ""))
         self._scans = Memo(self._compute_scan, self._MAX_CACHE)
-        self._units = Memo(lambda text: self._compute_units(normalise(text)), self._MAX_CACHE)
+        self._units = Memo(self._compute_normalised_units, self._MAX_CACHE)  # a method: envs pickle
 
     def _compile(self, key: str, patterns: Sequence[str], source: str) -> re.Pattern:
         """One lexicon's patterns as one alternation (never matching when empty)."""
@@ -214,6 +214,9 @@ class LanguageRules:
     def units(self, text: str) -> tuple[frozenset[str], frozenset[str]]:
         """``(all units, content units)`` of ``text`` (see :class:`Scan`; cached)."""
         return self._units[text]
+
+    def _compute_normalised_units(self, text: str) -> tuple[frozenset[str], frozenset[str]]:
+        return self._compute_units(normalise(text))
 
     def _compute_units(self, low: str) -> tuple[frozenset[str], frozenset[str]]:
         """The uncached :meth:`units` of the normalised text ``low``."""

@@ -383,7 +383,7 @@ class RuleUser(SimulatedUser):
         self.rules_dir = Path(rules_dir) if rules_dir is not None else RULES_DIR
         self._languages = load_rules(str(self.rules_dir.resolve()))
         self.model: AppraisalModel = model if isinstance(model, AppraisalModel) else AppraisalModel.load(model)
-        self._stories = Memo(lambda persona: persona_story(persona, self._language(persona)), 20_000)
+        self._stories = Memo(self._new_story, 20_000)  # a method, not a lambda: envs pickle
 
     # -- the persona ------------------------------------------------------------------
     def _language(self, persona: Persona) -> LanguageRules:
@@ -402,6 +402,9 @@ class RuleUser(SimulatedUser):
     def _story(self, persona: Persona) -> PersonaStory:
         """The persona's story, derived once (cached)."""
         return self._stories[persona]
+
+    def _new_story(self, persona: Persona) -> PersonaStory:
+        return persona_story(persona, self._language(persona))
 
     # -- opening ----------------------------------------------------------------------
     def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
