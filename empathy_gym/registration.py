@@ -54,8 +54,9 @@ def register_persona_env(
 ) -> gym.envs.registration.EnvSpec:
     """Register a dialogue environment with its own persona bank and difficulty.
 
-    The bank and the difficulty are validated now, so a bad file fails at
-    registration with its path, line and field, not at the first ``gym.make``.
+    The bank, the difficulty and the env's other keywords are validated now, so a bad
+    file or value fails at registration (a file with its path, line and field), not at
+    the first ``gym.make``.
 
     Args:
         id: a Gymnasium id, version last: ``"MyClinic-v0"``, ``"MyClinic-Hard-v0"``.
@@ -76,6 +77,7 @@ def register_persona_env(
     Raises:
         PersonaError: an invalid bank. ValueError/KeyError: an invalid difficulty.
         SpecError (a ``ValueError``): an invalid ``user`` spec, naming the field.
+        TypeError/ValueError: another keyword the env refuses (``max_turns=-1``...).
         gymnasium.error.Error: the id exists and ``override`` is false.
     """
     bank = load_personas(personas)
@@ -90,6 +92,9 @@ def register_persona_env(
         difficulty = os.path.abspath(difficulty)
     user = kwargs.get("user", "rule")
     deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).is_rule
+    from empathy_gym.env import EmpathyDialogueEnv
+
+    EmpathyDialogueEnv(bank, difficulty, **{**kwargs, "user": "rule"}).close()  # the other keywords, checked now
     gym.register(
         id=id,
         entry_point=ENTRY_POINT,

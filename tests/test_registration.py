@@ -84,6 +84,17 @@ def test_bad_difficulty_fails_at_registration():
         )
 
 
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"max_turns": -1}, "max_turns"), ({"reward_mode": "x"}, "reward_mode"), ({"think": "y"}, "think")],
+)
+def test_the_envs_other_keywords_fail_at_registration(kwargs, message):
+    """Was: registered, and refused only at the first gym.make."""
+    with pytest.raises((TypeError, ValueError), match=message):
+        empathy_gym.register_persona_env("BadKeyword-v0", personas=[GOOD], **kwargs)
+    assert "BadKeyword-v0" not in gym.registry
+
+
 def test_duplicate_id_needs_override():
     empathy_gym.register_persona_env("Dup-v0", personas=[GOOD], override=True)
     with pytest.raises(gym.error.Error, match="already registered"):
