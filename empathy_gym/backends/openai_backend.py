@@ -71,9 +71,9 @@ from empathy_gym.backends.base import (
 )
 from empathy_gym.boundary import ChatEncoder, neutralise
 
-#: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
 logger = logging.getLogger(__name__)
 
+#: Longest ``Retry-After`` honoured (seconds) unless ``backoff_max`` is longer.
 RETRY_AFTER_MAX = 60.0
 
 #: Top alternatives asked for by :meth:`OpenAIBackend.choice_logprobs` (OpenAI's maximum).
