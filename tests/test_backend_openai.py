@@ -284,6 +284,18 @@ def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async, c
     )
 
 
+def test_a_failed_request_fails_its_batch_without_sending_the_rest(stub_server):
+    """Was: the threads freed by the first failures took the next requests and sent them
+    (with their retries), so a batch of 16 to a dead server took two rounds of retries
+    (34 s) instead of one (17 s)."""
+    stub = stub_server([(400, {}, {"error": {"message": "no"}})], delay=0.3)
+    backend = OpenAIBackend(stub.url, "m", max_retries=0, max_concurrency=2, **FAST)
+    with pytest.raises(BackendError, match="HTTP 400: no"):
+        backend.generate([HELLO] * 8)
+    time.sleep(0.5)  # anything still going would have reached the stub by now
+    assert len(stub.requests) == 2  # the first two; none after a failure
+
+
 def test_an_http_error_gives_no_server_hint(stub_server):
     stub = stub_server([(500, {}, {"detail": "boom"})])
     with pytest.raises(BackendError) as raised:

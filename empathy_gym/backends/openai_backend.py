@@ -52,6 +52,7 @@ import email.utils
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -359,13 +360,29 @@ class OpenAIBackend(ChatBackend):
         client = self._client
         if len(payloads) <= 1 or self.max_concurrency == 1:
             return [self._post(client, payload, url) for payload in payloads]
+        failed = threading.Event()
+
+        def post(payload: dict) -> dict:
+            if failed.is_set():  # a request of the batch gave up, so the batch has failed: send no more
+                raise BackendError("not sent: another request of the batch failed")
+            try:
+                return self._post(client, payload, url)
+            except BaseException:
+                failed.set()
+                raise
+
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(payloads))) as pool:
-            return list(pool.map(lambda payload: self._post(client, payload, url), payloads))
+            return list(pool.map(post, payloads))
 
     async def _apost_all(self, payloads: list[dict]) -> list[dict]:
         semaphore = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
-            return list(await asyncio.gather(*(self._apost(client, semaphore, payload) for payload in payloads)))
+            tasks = [asyncio.ensure_future(self._apost(client, semaphore, payload)) for payload in payloads]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:  # after a failure, the waiting requests are not sent
+                for task in tasks:
+                    task.cancel()
 
     @staticmethod
     def _messages(conversation: Conversation) -> list[dict]:
