@@ -283,6 +283,17 @@ def test_an_option_no_user_takes_is_called_unknown():
         UserSpec.parse("rule,temperature=1").build()
 
 
+@pytest.mark.parametrize("kind", ["openai:m@http://127.0.0.1:9/v1", "hf:/models/x", "vllm:/models/x"])
+def test_an_option_no_llm_user_or_its_backend_takes_is_refused_before_anything_is_built(kind):
+    """Was: 'max_token' (for max_tokens) went to the backend and failed as a TypeError
+    traceback when it was built."""
+    with pytest.raises(
+        SpecError, match=r"user: unknown option\(s\) \['max_token'\]; the \w+ user takes appraisal_mode, "
+    ):
+        UserSpec.parse(f"{kind},max_token=32")
+    assert UserSpec.parse(f"{kind},max_tokens=32").user_kwargs == {"max_tokens": 32}
+
+
 @pytest.mark.parametrize("text,bad", [("rule,", "''"), ("rule,bogus", "'bogus'"), ("policy,x", "'x'")])
 def test_a_malformed_option_names_the_spec_as_written(text, bad):
     """The spec is named as the user wrote it (it was shown as 'rule:,' before)."""

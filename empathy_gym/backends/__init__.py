@@ -35,23 +35,17 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
         ImportError: the backend's library is not installed (with the pip command).
     """
     if name == "transformers":
-        from empathy_gym.backends.transformers_backend import TransformersBackend
-
         if model is None:
             raise ValueError("the transformers backend needs model= (a path, hub id or .gguf file)")
-        return TransformersBackend(model, **kwargs)
+        return backend_class(name)(model, **kwargs)
     if name == "vllm":
-        from empathy_gym.backends.vllm_backend import VLLMBackend
-
         if model is None:
             raise ValueError("the vllm backend needs model= (a path or hub id)")
-        return VLLMBackend(model, **kwargs)
+        return backend_class(name)(model, **kwargs)
     if name == "openai":
-        from empathy_gym.backends.openai_backend import OpenAIBackend
-
         if base_url is None or model is None:
             raise ValueError("the openai backend needs base_url= and model=")
-        return OpenAIBackend(base_url=base_url, model=model, **kwargs)
+        return backend_class(name)(base_url=base_url, model=model, **kwargs)
     if name == "policy":
         raise ValueError(
             "backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
@@ -61,8 +55,31 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
     raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
 
 
+def backend_class(name: str) -> type[ChatBackend]:
+    """The class of a backend named in :data:`BACKENDS` (imported now: transformers and
+    torch for ``"transformers"``; vllm itself is imported only when one is built).
+
+    Raises:
+        ValueError: a name not in :data:`BACKENDS`.
+    """
+    if name == "transformers":
+        from empathy_gym.backends.transformers_backend import TransformersBackend
+
+        return TransformersBackend
+    if name == "vllm":
+        from empathy_gym.backends.vllm_backend import VLLMBackend
+
+        return VLLMBackend
+    if name == "openai":
+        from empathy_gym.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend
+    raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)}")
+
+
 __all__ = [
     "BACKENDS",
+    "backend_class",
     "BackendError",
     "ChatBackend",
     "ChoiceScoringUnavailable",

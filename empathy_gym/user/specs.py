@@ -231,6 +231,16 @@ class UserSpec:
             raise SpecError(
                 f"user.user_kwargs: {unknown} are not LLMUser options; known: {sorted(_llm_user_keywords())}"
             )
+        if backend in ("transformers", "vllm", "openai"):  # a typo would reach the backend as a TypeError
+            from empathy_gym.backends import backend_class
+
+            taken = init_keywords(backend_class(backend), "model", "base_url")
+            unknown = sorted(set(self.backend_kwargs) - taken)
+            if unknown:
+                raise SpecError(
+                    f"user: unknown option(s) {unknown}; the {backend} user takes appraisal_mode, "
+                    f"{', '.join(sorted(_llm_user_keywords()))} (the user) and {', '.join(sorted(taken))} (its backend)"
+                )
         if not isinstance(backend, str):
             if set_fields:
                 raise SpecError(
