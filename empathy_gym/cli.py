@@ -80,9 +80,10 @@ class ProtocolName(str, Enum):
 
 
 @contextlib.contextmanager
-def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
+def _exit_codes(interrupted: str = "interrupted", resume: str | None = None) -> Iterator[None]:
     """Turn known errors into exit code 1 with their message, Ctrl-C into 130; a console
-    that went away (``| tee``, whose Ctrl-C ended it first) changes neither."""
+    that went away (``| tee``, whose Ctrl-C ended it first) changes neither. ``resume``
+    follows the message of a user or server that failed mid-run (what is kept, how to go on)."""
     from empathy_gym.agents.console import tolerant_console
     from empathy_gym.backends.base import BackendError
     from empathy_gym.evaluation.policies import PolicyOutputError
@@ -97,6 +98,8 @@ def _exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
             raise typer.Exit(130) from None
         except known as error:
             message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+            if resume and isinstance(error, (BackendError, SimulatorError)):
+                message = f"{message}\n{resume}"
             errors.print(f"[red]error:[/red] {escape(str(message))}")
             raise typer.Exit(1) from None
 
@@ -164,7 +167,7 @@ def eval_command(
             f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
             f"--max-tokens N to change, 0 for no cap)"
         )
-    with _resumable("dialogues", f"finished dialogues are saved in {out / TRANSCRIPTS}") as on_progress:
+    with _resumable("dialogues", f"finished dialogues (if any) are saved in {out / TRANSCRIPTS}") as on_progress:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = evaluate(
             policy,
@@ -197,8 +200,10 @@ def _judging(
 @contextlib.contextmanager
 def _resumable(task: str, saved: str) -> Iterator[Callable[[int, int], None]]:
     """A long, resumable run: its progress bar (yields ``on_progress(done, total)``) and
-    exit codes; Ctrl-C says what is ``saved`` and that the same command resumes."""
-    with _exit_codes(f"interrupted: {saved}; rerun the same command to resume"), _progress() as progress:
+    exit codes; Ctrl-C and a failed user or server say what is ``saved`` and that the same
+    command resumes."""
+    resume = f"{saved}; rerun the same command to resume"
+    with _exit_codes(f"interrupted: {resume}", resume), _progress() as progress:
         bar = progress.add_task(task, total=None)
         yield lambda done, total: progress.update(bar, completed=done, total=total)
 
@@ -318,7 +323,7 @@ def replay_command(
     """
     from empathy_gym.evaluation.replay import TURNS, replay_logs
 
-    with _resumable("turns", f"appraised turns are saved in {out / TURNS}") as on_progress:
+    with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}") as on_progress:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
     _print_replay(result.report, result.resumed)

@@ -287,6 +287,25 @@ def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path, monkeypatch):
     assert json.loads((out / "report.json").read_text())["dialogues"] == 3
 
 
+def test_a_user_server_that_fails_mid_run_says_what_is_kept_and_how_to_resume(tmp_path):
+    """Was: the server's error alone (Ctrl-C said that the same command resumes)."""
+    import socket
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+    url = f"http://127.0.0.1:{port.getsockname()[1]}/v1"
+    args = ["eval", "--policy", "baseline:listener", "--personas", "en", "--limit", "1", "--out", str(tmp_path / "r")]
+    result = runner.invoke(app, [*args, "--user", f"openai:m@{url},max_retries=0"])
+    port.close()
+    assert result.exit_code == 1 and f"is a server running at {url}?" in result.stderr
+    saved = tmp_path / "r" / "transcripts.jsonl"
+    assert result.stderr.rstrip().endswith(
+        f"finished dialogues (if any) are saved in {saved}; rerun the same command to resume"
+    )
+    refused = runner.invoke(app, [*args, "--user", f"openai:m@{url},max_token=3"])  # nothing ran: no such hint
+    assert refused.exit_code == 1 and "rerun" not in refused.stderr
+
+
 def test_a_python_policy_that_returns_no_str_is_one_error_line(tmp_path, monkeypatch):
     """Was: a rich traceback ending in 'expected 2 str utterances, got 2 items (['int'])'."""
     (tmp_path / "bad_agent.py").write_text("def reply(messages):\n    return 42\n")
