@@ -144,6 +144,9 @@ def test_free_appraisal_raises_with_raw_text_after_max_repairs():
         user.appraise([request()])
     assert info.value.raw == "no json, sorry" and info.value.attempts == 3
     assert "no valid appraisal after 3 attempts" in str(info.value) and "'en1'" in str(info.value)
+    assert "no JSON object found; a model too small to write it can score options: appraisal_mode=choice\n" in str(
+        info.value
+    )
     assert len(backend.generate_calls) == 3
 
 
@@ -224,8 +227,9 @@ def test_a_planned_reply_is_repaired_and_a_plain_reply_is_the_text():
     (turn,) = LLMUser(backend, reply_plan=False).respond([request()], SAGE)
     assert turn.reply == "just this"
     assert "output only the rewritten message" in backend.generate_calls[1][0][0][1]["content"]
-    with pytest.raises(SimulatorError, match="no valid reply after 3 attempts"):
+    with pytest.raises(SimulatorError, match="no valid reply after 3 attempts") as info:
         LLMUser(FakeBackend(lambda chat: appraisal(5) if is_appraisal(chat) else "nope")).respond([request()], SAGE)
+    assert "appraisal_mode=choice" not in str(info.value)  # the hint is for appraisals only
 
 
 def test_unclamped_protocol_is_described_without_bounds():

@@ -424,9 +424,14 @@ class LLMUser(SimulatedUser):
                     results[i] = (value, text, attempt)
                     continue
                 if attempt == self.max_repairs:
+                    hint = (
+                        "; a model too small to write it can score options: appraisal_mode=choice"
+                        if (kind == "appraisal" and self.appraisal_mode == "free")
+                        else ""
+                    )
                     raise SimulatorError(
                         f"the simulated user gave no valid {what} after {attempt + 1} attempts "
-                        f"(persona {requests[i].persona.id!r}, turn {requests[i].turn}): {error}",
+                        f"(persona {requests[i].persona.id!r}, turn {requests[i].turn}): {error}{hint}",
                         raw=text,
                         attempts=attempt + 1,
                     )
