@@ -296,6 +296,15 @@ def test_a_failed_request_fails_its_batch_without_sending_the_rest(stub_server):
     assert len(stub.requests) == 2  # the first two; none after a failure
 
 
+def test_a_404_from_a_url_without_v1_asks_about_the_v1(stub_server):
+    stub = stub_server([(404, {}, {"detail": "Not Found"})])
+    root = stub.url.removesuffix("/v1")
+    with pytest.raises(BackendError, match=r"HTTP 404: Not Found; OpenAI-compatible servers answer under /v1: does"):
+        OpenAIBackend(root, "m", **FAST).generate([HELLO])
+    with pytest.raises(BackendError, match=r"HTTP 404: Not Found$"):  # with /v1, no such hint
+        OpenAIBackend(stub.url, "m", **FAST).generate([HELLO])
+
+
 def test_an_http_error_gives_no_server_hint(stub_server):
     stub = stub_server([(500, {}, {"detail": "boom"})])
     with pytest.raises(BackendError) as raised:

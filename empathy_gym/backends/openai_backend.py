@@ -280,9 +280,14 @@ class OpenAIBackend(ChatBackend):
                 parse_retry_after(response.headers.get("retry-after")),
             )
         if status >= 400:
+            hint = (
+                "; OpenAI-compatible servers answer under /v1: does base_url end in /v1?"
+                if (status == 404 and not self.base_url.endswith("/v1"))
+                else ""
+            )
             raise BackendError(
                 f"POST {response.request.url} (model {self.model!r}) failed with HTTP {status}: "
-                f"{self._mask(server_message(response))}"
+                f"{self._mask(server_message(response))}{hint}"
             )
         try:
             return response.json()
