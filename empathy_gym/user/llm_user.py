@@ -117,8 +117,8 @@ class PromptTooLongError(SimulatorError):
             f"dialogue with persona {persona_id!r}, turn {turn}: the {stage} prompt is "
             f"{prompt_tokens:,} tokens and {max_tokens:,} new tokens are reserved "
             f"({prompt_tokens + max_tokens:,} in all), but the user model's context is "
-            f"{context_length:,} tokens. Use a user model with a longer context, fewer turns "
-            f"(max_turns), or a smaller max_tokens"
+            f"{context_length:,} tokens. Use a user model with a longer context, a smaller "
+            f"max_tokens, or (playing, not replaying logs) fewer turns: max_turns"
         )
         self.persona_id, self.turn, self.stage = persona_id, turn, stage
         self.prompt_tokens, self.max_tokens, self.context_length = prompt_tokens, max_tokens, context_length
