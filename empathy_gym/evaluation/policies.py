@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from empathy_gym.backends import backend_class
 from empathy_gym.backends.base import ChatBackend, Conversation, Sampling
 from empathy_gym.evaluation.baselines import BASELINES
 from empathy_gym.user.specs import SpecError, init_keywords, parse_spec, split_openai_target
@@ -84,13 +85,9 @@ def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
         )
     taken = {"batched"} if kind == "python" else set()
     if kind in LOCAL_POLICY_KINDS:
-        from empathy_gym.backends.transformers_backend import TransformersBackend
-
-        taken = init_keywords(TransformersBackend, "model") | {"adapter", *SAMPLING_OPTIONS}
+        taken = init_keywords(backend_class("transformers"), "model") | {"adapter", *SAMPLING_OPTIONS}
     elif kind == "openai":
-        from empathy_gym.backends.openai_backend import OpenAIBackend
-
-        taken = init_keywords(OpenAIBackend, "model", "base_url") | set(SAMPLING_OPTIONS)
+        taken = init_keywords(backend_class("openai"), "model", "base_url") | set(SAMPLING_OPTIONS)
     unknown = sorted(set(options) - taken)
     if unknown:
         takes = ", ".join(sorted(taken)) or "no options"

@@ -231,9 +231,9 @@ class UserSpec:
             raise SpecError(
                 f"user.user_kwargs: {unknown} are not LLMUser options; known: {sorted(_llm_user_keywords())}"
             )
-        if backend in ("transformers", "vllm", "openai"):  # a typo would reach the backend as a TypeError
-            from empathy_gym.backends import backend_class
+        from empathy_gym.backends import BACKENDS, backend_class
 
+        if backend in BACKENDS:  # a typo would reach the backend as a TypeError
             taken = init_keywords(backend_class(backend), "model", "base_url")
             unknown = sorted(set(self.backend_kwargs) - taken)
             if unknown:
