@@ -231,16 +231,7 @@ class UserSpec:
             raise SpecError(
                 f"user.user_kwargs: {unknown} are not LLMUser options; known: {sorted(_llm_user_keywords())}"
             )
-        from empathy_gym.backends import BACKENDS, backend_class
-
-        if backend in BACKENDS:  # a typo would reach the backend as a TypeError
-            taken = init_keywords(backend_class(backend), "model", "base_url")
-            unknown = sorted(set(self.backend_kwargs) - taken)
-            if unknown:
-                raise SpecError(
-                    f"user: unknown option(s) {unknown}; the {backend} user takes appraisal_mode, "
-                    f"{', '.join(sorted(_llm_user_keywords()))} (the user) and {', '.join(sorted(taken))} (its backend)"
-                )
+        self._check_backend_options()
         if not isinstance(backend, str):
             if set_fields:
                 raise SpecError(
@@ -260,6 +251,23 @@ class UserSpec:
             )
         elif backend != "openai" and self.base_url is not None:
             raise SpecError(f"user.base_url: only the openai backend takes a URL, not backend={backend!r}")
+
+    def _check_backend_options(self) -> None:
+        """A typo in an option would reach the backend as a TypeError when it is built."""
+        from empathy_gym.backends import BACKENDS, backend_class
+
+        if self.backend not in BACKENDS:
+            return
+        try:
+            taken = init_keywords(backend_class(self.backend), "model", "base_url")
+        except ImportError:  # its library (httpx, torch) is not here: building it will say so
+            return
+        unknown = sorted(set(self.backend_kwargs) - taken)
+        if unknown:
+            raise SpecError(
+                f"user: unknown option(s) {unknown}; the {self.backend} user takes appraisal_mode, "
+                f"{', '.join(sorted(_llm_user_keywords()))} (the user) and {', '.join(sorted(taken))} (its backend)"
+            )
 
     @classmethod
     def parse(cls, text: str) -> UserSpec:
