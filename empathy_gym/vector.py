@@ -79,7 +79,7 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         user: the shared :class:`~empathy_gym.user.SimulatedUser`.
 
     Raises:
-        ValueError: ``num_envs < 1``, an unknown ``autoreset_mode``, or (``step``) a
+        ValueError: ``num_envs`` not an int >= 1, an unknown ``autoreset_mode``, or (``step``) a
             number of actions other than N; and whatever ``EmpathyDialogueEnv`` raises
             for bad arguments.
         TypeError: (``step``) an action that is not a ``str``, naming its index.
