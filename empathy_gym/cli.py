@@ -81,27 +81,26 @@ class ProtocolName(str, Enum):
 
 @contextlib.contextmanager
 def _exit_codes(interrupted: str = "interrupted", resume: str | None = None) -> Iterator[None]:
-    """Turn known errors into exit code 1 with their message, Ctrl-C into 130; a console
-    that went away (``| tee``, whose Ctrl-C ended it first) changes neither. ``resume``
-    follows the message of a user or server that failed mid-run (what is kept, how to go on)."""
-    from empathy_gym.agents.console import tolerant_console
+    """Turn known errors into exit code 1 with their message, Ctrl-C into 130 (a console
+    that went away changes neither: :func:`main` runs every command in a tolerant console).
+    ``resume`` follows the message of a user or server that failed mid-run (what is kept,
+    how to go on)."""
     from empathy_gym.backends.base import BackendError
     from empathy_gym.evaluation.policies import PolicyOutputError
     from empathy_gym.user.base import SimulatorError
 
     known = (ValueError, KeyError, OSError, BackendError, SimulatorError, ImportError, PolicyOutputError)
-    with tolerant_console():
-        try:
-            yield
-        except KeyboardInterrupt:
-            errors.print(f"\n{escape(interrupted)}")
-            raise typer.Exit(130) from None
-        except known as error:
-            message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-            if resume and isinstance(error, (BackendError, SimulatorError)):
-                message = f"{message}\n{resume}"
-            errors.print(f"[red]error:[/red] {escape(str(message))}")
-            raise typer.Exit(1) from None
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(f"\n{escape(interrupted)}")
+        raise typer.Exit(130) from None
+    except known as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        if resume and isinstance(error, (BackendError, SimulatorError)):
+            message = f"{message}\n{resume}"
+        errors.print(f"[red]error:[/red] {escape(str(message))}")
+        raise typer.Exit(1) from None
 
 
 # -- eval ------------------------------------------------------------------------------
@@ -686,7 +685,7 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     code: int | str | None = 0
-    with tolerant_console() as (stdout, _):  # a closed stdout ends no run half-way
+    with tolerant_console() as (stdout, _):  # a console gone (| head, | tee) ends no run half-way
         try:
             app(prog_name="empathy-gym")
         except SystemExit as exit_:
