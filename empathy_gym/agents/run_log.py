@@ -95,7 +95,7 @@ class RunLog:
         self.metrics_path = self.dir / "metrics.jsonl"
         if resume_step is None:
             check_fresh(self.dir)
-        if resume_step is not None:  # only lines of steps after the resumed one move aside
+        else:  # only lines of steps after the resumed one move aside
             _keep_steps_upto(self.episodes_path, resume_step)
             _keep_steps_upto(self.metrics_path, resume_step)
         self._episodes = open(self.episodes_path, "a", encoding="utf-8")
