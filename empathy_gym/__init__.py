@@ -1,9 +1,8 @@
 """empathy-gym: Gymnasium environments with simulated users for training emotionally
 intelligent LLM agents with reinforcement learning (RLVER, arXiv 2507.03112).
 
-``import empathy_gym`` registers the built-in ids (``EmpathyDialogue-v0``,
-``EmpathyDialogue-Hard-v0``, ``EmpathyDialogue-Easy-v0``, ``EmpathyDialogue-RLVER-v0``)
-and imports neither torch, transformers nor vllm.
+``import empathy_gym`` registers the built-in ids (docs/environment.md) and imports
+neither torch, transformers nor vllm.
 """
 
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaError, load_personas

@@ -1,20 +1,12 @@
 """An asyncio micro-batcher: many concurrent coroutines, one batched call.
 
-Trainers such as verl run each dialogue as its own coroutine and ask for the simulated
-user's turn one dialogue at a time, while the user's backend is fastest when it gets
-all dialogues at once (one batched ``generate`` for an LLM user). :class:`MicroBatcher`
-sits between the two: it collects the requests that arrive within ``window_s`` of the
-first one (at most ``max_batch``), runs the batch function once in a worker thread
-(``asyncio.to_thread``, so the event loop keeps serving the policy's generations), and
-hands every caller its own result.
-
-Trade-off: each request may wait up to ``window_s`` (default 5 ms) before its batch
-starts, and batches run one at a time, so requests that arrive while a batch runs wait
-for it and then form the next, larger batch. That is what a batched GPU backend wants
-(and it keeps backends that are not thread-safe, such as an in-process transformers
-model, to one call at a time), but with a backend that serves single requests in
-parallel anyway (a remote server with spare capacity) ``max_batch=1`` and
-``window_s=0`` give one thread per request instead.
+Trainers such as verl ask for the simulated user's turn one dialogue (one coroutine) at
+a time, while the user's backend is fastest with all dialogues at once. The batch
+function runs in a worker thread, so the event loop keeps serving the policy. Each
+request may wait up to ``window_s`` before its batch starts, and batches run one at a
+time (which also keeps backends that are not thread-safe to one call at a time); for a
+backend that serves single requests in parallel anyway, ``max_batch=1`` and
+``window_s=0`` give one thread per request.
 """
 
 from __future__ import annotations
@@ -40,9 +32,9 @@ class MicroBatcher(Generic[Item, Result]):
     Raises:
         ValueError: ``window_s < 0`` or ``max_batch < 1``.
 
-    One batcher serves one event loop at a time; used from a new loop (a second
-    ``asyncio.run``) it starts afresh there. If ``batch_fn`` raises, every caller of
-    that batch gets the exception; other batches are unaffected.
+    One batcher serves one event loop at a time; from a new loop (a second
+    ``asyncio.run``) it starts afresh. If ``batch_fn`` raises, every caller of that batch
+    gets the exception.
 
     Example:
         >>> batcher = MicroBatcher(lambda xs: [x * 2 for x in xs], window_s=0.005)

@@ -1,20 +1,10 @@
-"""The dialogue engine: one simulated user, many dialogues, and the loops that play them.
+"""The dialogue engine: one simulated user, many dialogues, and the loops that play them:
+:class:`DialogueEngine`, :func:`play` (lock step) and :func:`play_one` (a coroutine).
+Training's rollouts, the evaluations, verl's agent loop and verifiers drive it with only
+their own policy step. See docs/integrations.md.
 
-Every place that plays dialogues drives the same pieces with only its own policy step:
-
-* :class:`DialogueEngine` owns one simulated user and hands out envs that share it; their
-  user turns go to it in batches, from one thread (:func:`~empathy_gym.env.step_many`) or
-  from many coroutines (:meth:`DialogueEngine.submit`, micro-batched).
-* :func:`play` plays many dialogues in lock step: one batched policy step for every
-  running dialogue, one batched user call, and a finished dialogue's slot is refilled with
-  the next waiting one. The rollout engine (training), the evaluation and the held-out
-  evaluation drive it.
-* :func:`play_one` plays one dialogue as a coroutine, for trainers that run each dialogue
-  on its own (verl's agent loop, verifiers); concurrent dialogues still meet in one user
-  call through :meth:`DialogueEngine.submit`.
-
-The env alone decides when a dialogue ends (success, failure, the turn limit). A driver
-may only stop one early for a reason of its own: no room left in its token budget.
+The env alone decides when a dialogue ends; a driver may stop one early only for a reason
+of its own (no room left in its token budget).
 """
 
 from __future__ import annotations
@@ -45,15 +35,12 @@ class DialogueEngine:
     Args:
         config: ``env_id`` (default ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms``
             (5: how long :meth:`submit` waits for more turns after the first) and
-            ``max_batch_size`` (64), plus any ``gym.make`` keyword. ``user`` names the
-            simulated user (a spec string, a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields, or from Python a ``UserSpec`` or
-            a ready :class:`~empathy_gym.user.SimulatedUser`). ``name`` is ignored.
+            ``max_batch_size`` (64), plus any ``gym.make`` keyword (``user``: as for
+            :class:`~empathy_gym.env.EmpathyDialogueEnv`). ``name`` is ignored.
 
     Raises:
         gymnasium.error.Error: an unknown ``env_id``. TypeError: ``env_id`` is not an
-            :class:`~empathy_gym.env.EmpathyDialogueEnv`. ValueError/KeyError: bad env
-            options.
+            :class:`~empathy_gym.env.EmpathyDialogueEnv`. ValueError/KeyError: bad options.
     """
 
     def __init__(self, config: Mapping[str, Any]):
@@ -74,17 +61,15 @@ class DialogueEngine:
         )
 
     def new_env(self) -> EmpathyDialogueEnv:
-        """An env with this config and the shared simulated user (closing it leaves the
-        user open)."""
+        """An env with this config and the shared user (closing it leaves the user open)."""
         return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
 
     async def submit(self, env: EmpathyDialogueEnv, action: str) -> StepResult:
-        """``env.step(action)``, batched with the other coroutines' turns: one call of the
-        simulated user for all turns queued within ``batch_window_ms``.
+        """``env.step(action)``, batched with the other coroutines' turns queued within
+        ``batch_window_ms`` into one call of the simulated user.
 
         Raises:
-            As ``env.step``; SimulatorError for every dialogue of a batch the LLM user
-            failed.
+            As ``env.step``; SimulatorError for every dialogue of a batch the user failed.
         """
         return await self.batcher.submit((env, action))
 
@@ -102,9 +87,8 @@ class Start:
 
 
 class Driver(Generic[State]):
-    """What a caller of :func:`play` supplies: its own per-dialogue state and policy step.
-
-    Subclasses implement all three methods.
+    """What a caller of :func:`play` supplies: its own per-dialogue state and policy step
+    (subclasses implement all three methods).
 
     Attributes:
         user_seconds: wall-clock seconds :func:`play` spent in the envs' resets and steps
@@ -132,11 +116,10 @@ def play(envs: Sequence[EmpathyDialogueEnv], starts: Sequence[Start], driver: Dr
     """Play one dialogue per start, ``len(envs)`` at a time, in lock step.
 
     Each round: the waiting dialogues take the free envs (one batched reset), the driver
-    answers every running dialogue in one call (:meth:`Driver.act`), the users answer in
-    one call per shared user (:func:`~empathy_gym.env.step_many`), and the driver records
-    each result. Every dialogue keeps its own env until it ends, so one that ends never
-    shifts the others (RLVER's released rollout sent replies to the wrong user once one
-    had ended).
+    answers every running dialogue in one call (:meth:`Driver.act`), each shared user
+    answers in one call (:func:`~empathy_gym.env.step_many`), and the driver records each
+    result. Every dialogue keeps its own env until it ends, so one that ends never shifts
+    the others (RLVER's released rollout sent replies to the wrong user once one had ended).
 
     Args:
         envs: the slots: unwrapped envs, ideally sharing one user (at least one).

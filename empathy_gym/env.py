@@ -1,39 +1,10 @@
 """``EmpathyDialogueEnv``: a Gymnasium text environment in which the agent talks with a
-simulated user and is rewarded by the user's emotion (RLVER, arXiv 2507.03112).
+simulated user and is rewarded by the user's emotion (RLVER, arXiv 2507.03112). See
+docs/environment.md.
 
-An episode is one dialogue with one persona. The observation is the user's newest
-utterance; the action is the agent's next utterance. After each action the simulated
-user appraises it, its emotion e (an int in [0, 100]) moves, and it answers in
-character (see :mod:`empathy_gym.user.base`).
-
-Rewards (``reward_mode``):
-
-* ``"delta"`` (default): r_t = (e_t - e_{t-1}) / 100, in [-1, 1]. The undiscounted
-  return telescopes to (e_T - e_0) / 100, RLVER's objective minus a per-persona
-  constant.
-* ``"final"``: 0 until the last step, then e_T / 100 (RLVER, section 3.1).
-
-Episode length (``max_turns``, :mod:`empathy_gym.user.protocol`): one step is one agent
-reply that the user appraises and answers, and ``max_turns`` counts steps. Under
-``protocol="sage"`` it is 9: SAGE takes at most 10 agent replies but never appraises the
-10th, which can therefore never change the score, so the env stops after the 9th
-(``truncated=True``). Under ``protocol="rlver_training"`` it is 9 too: RLVER checks its
-``max_turns=8`` after the user's answer. The user ends a dialogue earlier
-(``terminated=True``) at success (e >= 100, SAGE only), failure (SAGE e < 10, RLVER
-e <= 0) or when its answer says goodbye (再见 or 拜拜 in Chinese, "goodbye" or "bye" in
-English); ``info["termination_reason"]`` says which.
-
-In think mode (``think=True``) the agent writes ``<think>...</think>`` before its reply;
-only the reply reaches the user. A missing or unclosed block costs ``format_penalty``
-(default 0.1, i.e. ten emotion points) on that step's reward and sets
-``info["format_error"]``; the user still appraises whatever reply text there was
-(nothing, for an unclosed block). RLVER gives malformed output zero reward; a penalty
-keeps the per-turn reward informative.
-
-``step`` and ``reset`` are split into a *prepare* half and a *finish* half around one
-call to the simulated user, so the vector env and the rollout engine can batch the user
-calls of many dialogues (:mod:`empathy_gym.vector`). :meth:`EmpathyDialogueEnv.areset` and
-:meth:`EmpathyDialogueEnv.astep` are their asyncio twins, for code that gathers many envs.
+``step`` and ``reset`` are split into a *prepare* and a *finish* half around one call of
+the simulated user, so that :func:`step_many` (the vector env, the dialogue engine) can
+batch the user calls of many dialogues; ``areset`` and ``astep`` are their asyncio twins.
 """
 
 from __future__ import annotations
@@ -55,9 +26,8 @@ from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, resolve_proto
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.specs import UserSpec, as_user_spec
 
-#: Default longest utterance, in characters, in both spaces. Longer actions are accepted
-#: but cut to this length before they reach the user (``info["action_truncated"]``);
-#: longer user replies are cut before they reach the agent (``info["user_reply_truncated"]``).
+#: Default longest utterance, in characters, in both spaces; longer ones are cut
+#: (``info["action_truncated"]``, ``info["user_reply_truncated"]``).
 MAX_UTTERANCE_CHARS = 4096
 
 AGENT_SYSTEM_PROMPTS: dict[str, str] = {
@@ -68,9 +38,8 @@ AGENT_SYSTEM_PROMPTS: dict[str, str] = {
     "zh": "你是一位温暖、敏锐的倾听者。和你聊天的人正经历一些困难。请用中文回复，用几句自然的话。",
 }
 #: SAGE's agent system prompt (Tencent/digitalhuman ``SAGE/npc_response.py`` line 14) in
-#: our own words: a smart chat partner with high emotional intelligence who leaves the
-#: user comfortable, happier or helped. :func:`empathy_gym.evaluation.benchmark.evaluate` uses it
-#: under ``protocol="sage"``. It asks for no particular length, as SAGE's does not.
+#: our own words; like SAGE's it asks for no particular length.
+#: :func:`empathy_gym.evaluation.benchmark.evaluate` uses it under ``protocol="sage"``.
 SAGE_AGENT_SYSTEM_PROMPTS: dict[str, str] = {
     "en": (
         "You are a smart chat companion with high emotional intelligence: you talk with "
@@ -127,60 +96,64 @@ class PendingStep:
 class EmpathyDialogueEnv(gym.Env[str, str]):
     """A dialogue with a simulated user who holds a persona and a hidden intention.
 
+    An episode is one dialogue with one persona. After each action the user appraises
+    it, its emotion e (an int in [0, 100]) moves, and it answers in character.
+
+    Observation: the user's newest utterance. Action: the agent's next utterance. Both are
+    ``str`` of at most ``max_utterance_chars`` characters (:class:`~empathy_gym.spaces.AnyText`);
+    a longer action is cut before it reaches the user.
+
+    Reward (``reward_mode``): ``"delta"`` gives r_t = (e_t - e_{t-1}) / 100, in [-1, 1];
+    the undiscounted return telescopes to (e_T - e_0) / 100, RLVER's objective minus a
+    per-persona constant. ``"final"`` gives 0 until the last step, then e_T / 100 (RLVER,
+    section 3.1).
+
+    Episode end: a step is one agent reply that the user appraises and answers.
+    ``truncated=True`` at ``max_turns`` steps (9 under both protocols: SAGE never appraises
+    its 10th reply; RLVER checks its ``max_turns=8`` after the user's answer).
+    ``terminated=True`` when the user ends it: success (e >= 100, SAGE only), failure
+    (SAGE e < 10, RLVER e <= 0) or a goodbye in its answer; ``info["termination_reason"]``
+    says which.
+
     Args:
         personas: the persona bank: ``None`` (built-in English and Chinese bank), a bank
-            name (``"en"``, ``"zh"``, ``"rlver"``), a JSONL path, or a list of
-            :class:`~empathy_gym.personas.Persona` / dicts. Validated at construction.
+            name, a JSONL path, or a list of :class:`~empathy_gym.personas.Persona` or dicts.
         difficulty: ``"moderate"``, ``"challenging"``, ``"easy"``, a preset path or dict.
-        user: the simulated user: a spec string (``"rule"``, the default: the rule-based
-            user, no LLM; ``"transformers:PATH"``, ``"vllm:PATH"``,
-            ``"openai:MODEL@URL"``, with ``,key=value`` options such as
-            ``appraisal_mode=choice``), a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields (``{"backend": "openai",
-            "model": ..., "base_url": ...}``), a ``UserSpec`` (all three built here and
-            closed by :meth:`close`), or a ready :class:`~empathy_gym.user.SimulatedUser`
-            (shared: used as it is and not closed here).
-        protocol: ``"sage"`` (default: initial 40, change in [-10, 10], success at 100,
-            failure below 10, goodbye ends, 9 appraised turns), ``"rlver_training"``
-            (initial 30, unclamped, failure at 0, goodbye ends, 9 turns), a dict or an
+        user: the simulated user: a spec string (``"rule"``, the default, needs no LLM;
+            ``"transformers:PATH"``, ``"vllm:PATH"``, ``"openai:MODEL@URL"``, with
+            ``,key=value`` options), a mapping of :class:`~empathy_gym.user.specs.UserSpec`
+            fields or a ``UserSpec`` (built here and closed by :meth:`close`), or a ready
+            :class:`~empathy_gym.user.SimulatedUser` (shared: not closed here).
+        protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
             :class:`~empathy_gym.user.EmotionProtocol`.
-        initial_emotion, max_turns: override the protocol's (``max_turns``: the most
-            steps, i.e. appraised agent replies; see the module docstring).
-        reward_mode: ``"delta"`` or ``"final"`` (see the module docstring).
-        think: expect ``<think>...</think>`` before each reply.
-        format_penalty: subtracted from the reward of a malformed think-mode action (>= 0).
+        initial_emotion, max_turns: override the protocol's.
+        reward_mode: ``"delta"`` or ``"final"``.
+        think: expect ``<think>...</think>`` before each reply; only the reply reaches the user.
+        format_penalty: subtracted (>= 0) from the reward of a think-mode action whose block
+            is missing or unclosed (``info["format_error"]``); the user still appraises the
+            reply text there was (none for an unclosed block). RLVER gives such output zero
+            reward; a penalty keeps the per-turn reward informative.
         system_prompt: the agent's system prompt in ``info["messages"]``: a ``str``, a
-            dict ``{language: str}``, or ``None`` for :data:`AGENT_SYSTEM_PROMPTS` in the
-            persona's language (the think instruction is added to dict and default
-            prompts in think mode).
+            dict ``{language: str}``, or ``None`` for :data:`AGENT_SYSTEM_PROMPTS` (the
+            think instruction is added to dict and default prompts in think mode).
         max_utterance_chars: the spaces' ``max_length``.
         render_mode: ``None``, ``"ansi"`` or ``"human"``.
 
-    Observation and action: ``str`` of at most ``max_utterance_chars`` characters
-    (:class:`~empathy_gym.spaces.AnyText`).
-
-    ``info`` (reset and step): ``messages``, ``emotion`` (0-100), ``turn``,
-    ``persona_id``, ``language``, ``user_reply_truncated`` (the user's utterance was cut
-    to ``max_utterance_chars``) and ``user_reply_sanitized`` (it held control characters,
-    removed). Step adds ``emotion_change`` (the applied change),
-    ``termination_reason``, ``format_error``, ``action_truncated``,
-    ``action_sanitized`` (control characters removed or lone surrogates replaced,
-    :func:`~empathy_gym.boundary.clean_text`), ``action_injection`` (the kinds of
-    injection found in the reply, :func:`~empathy_gym.boundary.find_injection`; the user
-    scores it no higher than the reply without them), ``utterance`` (what reached the
-    user), and, **privileged** (for analysis, never for the policy's input):
-    ``appraisal`` (proposed change, thoughts, raw text, repairs, features),
-    ``hidden_intention`` and ``character_type``.
+    ``info`` (reset and step): ``messages``, ``emotion``, ``turn``, ``persona_id``,
+    ``language``, ``user_reply_truncated`` and ``user_reply_sanitized``
+    (:func:`~empathy_gym.boundary.clean_text`). Step adds ``emotion_change``,
+    ``termination_reason``, ``format_error``, ``action_truncated``, ``action_sanitized``,
+    ``action_injection`` (:func:`~empathy_gym.boundary.find_injection`), ``utterance``
+    (what reached the user) and, **privileged** (never for the policy's input):
+    ``appraisal``, ``hidden_intention`` and ``character_type``.
 
     Raises:
-        TypeError: ``step`` with a non-``str`` action.
+        TypeError: ``step`` with a non-``str`` action; an unknown keyword (``backend=``,
+            ``model=``, ``base_url=``... are now fields of ``user=``); a keyword of the
+            wrong type.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
         PersonaError: an invalid persona bank. ValueError/KeyError: bad options.
         SpecError (a ``ValueError``): a bad user spec, naming the field (``user.model``...).
-        TypeError: an unknown keyword, e.g. the removed ``backend=``, ``model=``,
-            ``base_url=``, ``appraisal_mode=``, ``backend_kwargs=``, ``user_kwargs=``
-            (now fields of ``user=``); a keyword of the wrong type (``think``,
-            ``system_prompt``, ``personas``, ``difficulty``).
 
     Example:
         >>> import gymnasium as gym, empathy_gym
@@ -248,9 +221,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         otherwise it is drawn uniformly with ``self.np_random``.
 
         Raises:
-            KeyError: an unknown persona id.
-            ValueError: an options key other than ``"persona"``. TypeError: options
-                that are not a dict.
+            KeyError: an unknown persona id. ValueError: an options key other than
+                ``"persona"``. TypeError: options that are not a dict.
         """
         super().reset(seed=seed)
         if options is not None and not isinstance(options, Mapping):
@@ -308,10 +280,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
 
     # -- step --------------------------------------------------------------------
     def prepare_step(self, action: str) -> PendingStep:
-        """First half of :meth:`step`: check the action, clean it
-        (:func:`~empathy_gym.boundary.clean_text`; ``info["action_sanitized"]``), split off
-        thinking, look for injection (:func:`~empathy_gym.boundary.find_injection`;
-        ``info["action_injection"]``), build the request for the simulated user.
+        """First half of :meth:`step`: check and clean the action, split off thinking,
+        look for injection, build the request for the simulated user.
 
         Raises:
             TypeError: ``action`` is not a ``str``.
@@ -403,24 +373,14 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """:meth:`reset` for asyncio: the same results for the same seed, awaiting the
-        user's opening (:meth:`SimulatedUser.aopening <empathy_gym.user.SimulatedUser.aopening>`).
-
-        Example:
-            >>> import asyncio
-            >>> envs = [EmpathyDialogueEnv() for _ in range(3)]
-            >>> async def play():
-            ...     await asyncio.gather(*(e.areset(seed=i) for i, e in enumerate(envs)))
-            ...     return await asyncio.gather(*(e.astep("That sounds hard.") for e in envs))
-            >>> results = asyncio.run(play())   # one (obs, reward, terminated, truncated, info) per env
-        """
+        """:meth:`reset` for asyncio: the same results for the same seed (example:
+        docs/integrations.md)."""
         persona, user_seed = self.prepare_reset(seed=seed, options=options)
         (opening,) = await self.user.aopening([persona], [user_seed])
         return self.finish_reset(persona, opening)
 
     async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """:meth:`step` for asyncio: the same results and errors, awaiting the user's turn
-        (:meth:`SimulatedUser.arespond <empathy_gym.user.SimulatedUser.arespond>`)."""
+        """:meth:`step` for asyncio: the same results and errors."""
         pending = self.prepare_step(action)
         (outcome,) = await self.user.arespond([pending.request], self.protocol)
         return self.finish_step(pending, outcome)
@@ -487,12 +447,10 @@ def render_transcript(dialogue: Dialogue | None) -> str:
     if dialogue is None:
         return "(no dialogue: call reset())"
     lines = [f"persona {dialogue.persona.id} ({dialogue.persona.language})"]
-    user_turn = 0
+    emotions = iter(dialogue.emotions)
     for role, text in dialogue.history:
         if role == "user":
-            lines.append(f"USER : {text}")
-            lines.append(f"       emotion {emotion_bar(dialogue.emotions[user_turn])}")
-            user_turn += 1
+            lines += [f"USER : {text}", f"       emotion {emotion_bar(next(emotions))}"]
         else:
             lines.append(f"AGENT: {text}")
     if dialogue.done_reason:
@@ -510,11 +468,7 @@ def _grouped_by_user(envs: Sequence[EmpathyDialogueEnv]) -> dict[tuple[int, Any]
 def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwargs: Any) -> list[EmpathyDialogueEnv]:
     """``count`` (>= 1) envs ``make(**kwargs)`` that share one simulated user: the first
     builds it from ``kwargs`` (and owns it: closing the first closes the user), the others
-    get it as ``user=``, so :func:`step_many` batches their user turns in one call.
-
-    Raises:
-        As ``make`` for bad keywords (raised by the first).
-    """
+    get it as ``user=``, so :func:`step_many` batches their user turns in one call."""
     first = make(**kwargs)
     return [first] + [make(**{**kwargs, "user": first.user}) for _ in range(count - 1)]
 
@@ -524,9 +478,8 @@ def reset_many(
     seeds: Sequence[int | None],
     options: Sequence[dict[str, Any] | None] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Reset several envs, asking each simulated user for all its openings in one
-    batched call. Equivalent to ``[env.reset(seed=s, options=o) ...]``, result for
-    result, when the user is deterministic.
+    """Reset several envs, asking each simulated user for all its openings in one call;
+    with a deterministic user, result for result ``[env.reset(seed=s, options=o) ...]``.
 
     Args:
         envs: unwrapped :class:`EmpathyDialogueEnv` instances (they may share a user).
@@ -535,36 +488,29 @@ def reset_many(
     """
     options = options if options is not None else [None] * len(envs)
     prepared = [env.prepare_reset(seed=s, options=o) for env, s, o in zip(envs, seeds, options)]
-    openings: list[str] = [""] * len(envs)
+    openings: dict[int, str] = {}
     for indices in _grouped_by_user(envs).values():
-        user = envs[indices[0]].user
-        texts = user.opening([prepared[i][0] for i in indices], [prepared[i][1] for i in indices])
-        for i, text in zip(indices, texts):
-            openings[i] = text
-    return [env.finish_reset(persona, opening) for env, (persona, _), opening in zip(envs, prepared, openings)]
+        personas = [prepared[i][0] for i in indices]
+        user_seeds = [prepared[i][1] for i in indices]
+        openings.update(zip(indices, envs[indices[0]].user.opening(personas, user_seeds)))
+    return [env.finish_reset(persona, openings[i]) for i, (env, (persona, _)) in enumerate(zip(envs, prepared))]
 
 
 def step_many(
     envs: Sequence[EmpathyDialogueEnv], actions: Sequence[str]
 ) -> list[tuple[str, SupportsFloat, bool, bool, dict[str, Any]]]:
-    """Step several envs, sending all simulated-user turns that share a user to it as one
-    batch (one batched generate per phase for LLM users). Each env keeps its own
-    dialogue, seed and result: the i-th result always belongs to ``envs[i]``.
+    """Step several envs, sending the turns of envs that share a simulated user to it as
+    one batch. The i-th result always belongs to ``envs[i]``.
 
     Raises:
         TypeError, RuntimeError: as :meth:`EmpathyDialogueEnv.step`, before any user call.
     """
     pendings = [env.prepare_step(action) for env, action in zip(envs, actions)]
-    outcomes: list[UserTurn | None] = [None] * len(envs)
+    outcomes: dict[int, UserTurn] = {}
     for (_, protocol), indices in _grouped_by_user(envs).items():
         user = envs[indices[0]].user
-        turns = user.respond([pendings[i].request for i in indices], protocol)
-        for i, turn in zip(indices, turns):
-            outcomes[i] = turn
-    return [
-        env.finish_step(pending, outcome)  # type: ignore[arg-type]
-        for env, pending, outcome in zip(envs, pendings, outcomes)
-    ]
+        outcomes.update(zip(indices, user.respond([pendings[i].request for i in indices], protocol)))
+    return [env.finish_step(pending, outcomes[i]) for i, (env, pending) in enumerate(zip(envs, pendings))]
 
 
 def _is_number(value: Any, kind: type = numbers.Real) -> bool:

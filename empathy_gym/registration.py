@@ -1,21 +1,6 @@
-"""Registering environment ids with Gymnasium: the built-in ones and your own.
-
-Built-in ids (all with the rule-based user unless ``user=`` says otherwise at
-``gym.make``, e.g. ``gym.make("EmpathyDialogue-v0", user="openai:MODEL@URL")``):
-
-=============================  ===========  =======================================
-id                             difficulty   personas
-=============================  ===========  =======================================
-``EmpathyDialogue-v0``         moderate     built-in bank (English and Chinese)
-``EmpathyDialogue-Hard-v0``    challenging  built-in bank
-``EmpathyDialogue-Easy-v0``    easy         built-in bank
-``EmpathyDialogue-RLVER-v0``   moderate     the 500 RLVER training profiles (Chinese)
-``EmpathyStrategy-v0``         moderate     built-in bank; the action is one of the eight
-                                            ESConv strategies (:mod:`empathy_gym.integrations.strategy_env`)
-=============================  ===========  =======================================
-
-Every ``EmpathyDialogue`` id also has a ``vector_entry_point``: ``gym.make_vec(id,
-num_envs=N)`` builds :class:`~empathy_gym.vector.EmpathyDialogueVectorEnv`.
+"""Registering environment ids with Gymnasium: the built-in ones (:data:`BUILTIN_IDS` and
+:data:`STRATEGY_ENV_ID`, all with the rule-based user unless ``gym.make`` passes
+``user=``; table in docs/environment.md) and your own (:func:`register_persona_env`).
 """
 
 from __future__ import annotations
@@ -52,11 +37,8 @@ def register_persona_env(
     override: bool = False,
     **kwargs: Any,
 ) -> gym.envs.registration.EnvSpec:
-    """Register a dialogue environment with its own persona bank and difficulty.
-
-    The bank, the difficulty and the env's other keywords are validated now, so a bad
-    file or value fails at registration (a file with its path, line and field), not at
-    the first ``gym.make``.
+    """Register a dialogue environment with its own persona bank and difficulty; the bank,
+    the difficulty and the other keywords are validated now, not at the first ``gym.make``.
 
     Args:
         id: a Gymnasium id, version last: ``"MyClinic-v0"``, ``"MyClinic-Hard-v0"``.
@@ -65,11 +47,8 @@ def register_persona_env(
         difficulty: preset name, JSON path or dict. Paths are kept absolute, so that
             ``gym.make`` finds them from any working folder.
         override: replace an existing id instead of raising.
-        **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
-            (``user``, ``protocol``, ``reward_mode``, ``think``, ...); ``gym.make``
-            keyword arguments override them. ``user`` (a spec string, a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec``) is checked
-            now; an id with an LLM user is registered ``nondeterministic=True``.
+        **kwargs: default :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments (those of
+            ``gym.make`` override them); an id with an LLM user is ``nondeterministic``.
 
     Returns:
         The registered ``EnvSpec``.
@@ -122,12 +101,11 @@ def register_builtin_envs() -> None:
             kwargs={"personas": None, "difficulty": "moderate"},
         )
     for env_id, kwargs in BUILTIN_IDS.items():
-        if env_id in gym.registry:
-            continue
-        gym.register(
-            id=env_id,
-            entry_point=ENTRY_POINT,
-            vector_entry_point=VECTOR_ENTRY_POINT,
-            nondeterministic=False,
-            kwargs={"personas": kwargs.get("personas"), "difficulty": kwargs["difficulty"]},
-        )
+        if env_id not in gym.registry:
+            gym.register(
+                id=env_id,
+                entry_point=ENTRY_POINT,
+                vector_entry_point=VECTOR_ENTRY_POINT,
+                nondeterministic=False,
+                kwargs={"personas": kwargs.get("personas"), "difficulty": kwargs["difficulty"]},
+            )

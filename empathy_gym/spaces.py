@@ -1,13 +1,9 @@
 """A text space that accepts real sentences.
 
-Gymnasium's :class:`gymnasium.spaces.Text` accepts only the characters of its charset
-(letters and digits by default), so ordinary sentences fail ``contains`` and
-``check_env``. :class:`AnyText` accepts any ``str`` from ``min_length`` to
-``max_length`` characters and samples, like its parent, from the charset.
-
-Gymnasium's ``AsyncVectorEnv`` with shared memory (its default) stores a Text
-observation as charset indices and fails on real sentences with a bare ``KeyError``;
-for :class:`AnyText` it now refuses with a message saying what to use instead.
+Gymnasium's :class:`gymnasium.spaces.Text` accepts only its charset's characters, so
+sentences fail ``contains`` and ``check_env``. ``AsyncVectorEnv``'s shared memory, which
+stores text as charset indices, is refused for :class:`AnyText` with a message saying
+what to use instead.
 """
 
 from __future__ import annotations
@@ -20,7 +16,8 @@ from gymnasium.vector.utils.shared_memory import create_shared_memory
 
 class AnyText(Text):
     """Any Python ``str`` of ``min_length`` to ``max_length`` characters (Unicode code
-    points, so one Chinese character counts as one).
+    points, so one Chinese character counts as one); samples, like its parent, from the
+    charset.
 
     Example:
         >>> space = AnyText(max_length=100, min_length=0)

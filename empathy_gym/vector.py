@@ -1,50 +1,10 @@
 """``EmpathyDialogueVectorEnv``: N dialogues stepped together, their simulated-user turns
-sent to the backend as one batch.
+sent to the backend as one batch; ``gym.make_vec(id, num_envs=N, **make_kwargs)`` builds it.
 
-With an LLM user nearly all of a step's time is the user's generation, and a batched
-``generate`` of N conversations costs far less than N single ones. Gymnasium's
-``SyncVectorEnv`` steps its sub-envs one after another (N single calls), and its
-``AsyncVectorEnv`` copies observations through shared memory that encodes text by
-charset index (real sentences break it) and gives every process its own copy of the
-model. This vector env keeps N unwrapped :class:`~empathy_gym.env.EmpathyDialogueEnv`
-sub-envs that share ONE simulated user and steps them with
-:func:`~empathy_gym.env.step_many` and :func:`~empathy_gym.env.reset_many`: one batched
-call of the user per phase (one batched generate for the transformers and vLLM
-backends; concurrent requests, at most ``max_concurrency`` in flight, for the openai
-backend). ``gym.make_vec("EmpathyDialogue-v0", num_envs=N, **kwargs)`` builds it, with
-the keyword arguments of ``gym.make``.
-
-Gymnasium conventions (1.x, as ``gymnasium.vector.SyncVectorEnv``):
-
-* observations: a ``tuple`` of N ``str`` (what ``gymnasium.vector.utils.concatenate``
-  gives for Text spaces); ``observation_space`` is ``batch_space`` of the single space,
-  a ``Tuple`` of N :class:`~empathy_gym.spaces.AnyText`. Actions: any sequence of N
-  ``str`` (tuple, list or NumPy object array).
-* rewards: float64 array (N,); terminations, truncations: bool arrays (N,).
-* infos: one dict, each key an array over the sub-envs plus a ``_key`` bool mask
-  saying which sub-envs have it (``VectorEnv._add_info``; nested dicts such as
-  ``appraisal`` become nested dicts of arrays).
-* seeds: ``reset(seed=s)`` resets sub-env i with ``s + i``; a list gives one seed per
-  sub-env. A sub-env's later (auto)resets continue its own ``np_random``, so each
-  sub-env keeps its own seed and persona stream, and sub-env i of a vector env seeded
-  with s plays exactly the dialogues of a single env reset with ``s + i``.
-* ``reset(options={"reset_mask": mask})`` resets only the sub-envs where the bool
-  array ``mask`` (N,) is True; other options go to every reset sub-env.
-
-Autoreset (``autoreset_mode=``, see https://farama.org/Vector-Autoreset-Mode):
-
-* ``AutoresetMode.NEXT_STEP`` (default, Gymnasium's): a sub-env whose episode ended is
-  reset on the *next* ``step``; its action in that step is ignored, it returns the new
-  opening line, reward 0, ``terminated = truncated = False`` and the reset ``info``.
-* ``AutoresetMode.SAME_STEP``: an ended sub-env is reset within the same ``step``; the
-  observation returned is already the new opening line, the last reply and ``info`` are
-  in ``infos["final_obs"]`` and ``infos["final_info"]`` (masked by ``_final_obs``).
-* ``AutoresetMode.DISABLED``: never reset; reset ended sub-envs yourself with
-  ``reset_mask``. Stepping an ended sub-env raises ``RuntimeError``.
-
-Every sub-env is keyed by its index: its dialogue, seed and result stay its own, and an
-episode that ends never shifts the user turns of another sub-env (RLVER's released
-rollout did; DESIGN.md section 2).
+Gymnasium's ``SyncVectorEnv`` would call the user N times a step, and its
+``AsyncVectorEnv`` gives every process its own model and breaks on sentences in shared
+memory. Here N unwrapped envs share ONE user and step through
+:func:`~empathy_gym.env.step_many`. See docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -62,36 +22,42 @@ from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user, st
 
 class EmpathyDialogueVectorEnv(VectorEnv):
     """N :class:`~empathy_gym.env.EmpathyDialogueEnv` dialogues sharing one simulated
-    user, stepped as one batch (see the module docstring for the conventions).
+    user, stepped as one batch.
+
+    Gymnasium 1.x conventions, as ``SyncVectorEnv``: observations are a tuple of N ``str``
+    (``observation_space`` is ``batch_space`` of the single space); actions any sequence of
+    N ``str``; rewards float64 (N,); terminations and truncations bool (N,); infos merged
+    into arrays with ``_key`` masks (nested dicts such as ``appraisal`` stay nested).
+    Sub-env i seeded ``s + i`` (:meth:`reset`) plays exactly the dialogues of a single env
+    reset with ``s + i``: its later (auto)resets continue its own ``np_random``.
+
+    Autoreset (https://farama.org/Vector-Autoreset-Mode): ``NEXT_STEP`` (default) resets
+    an ended sub-env on the next ``step``, ignoring its action there and returning the new
+    opening line, reward 0, no flags and the reset ``info``; ``SAME_STEP`` resets it
+    within the step, its last reply and ``info`` in ``infos["final_obs"]`` and
+    ``infos["final_info"]``; ``DISABLED`` never does (``reset(options={"reset_mask":
+    mask})`` does; stepping an ended sub-env raises ``RuntimeError``).
 
     Args:
         num_envs: N, the number of dialogues (>= 1).
         autoreset_mode: an :class:`~gymnasium.vector.AutoresetMode` or its value
             (``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
         **kwargs: the :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments, as for
-            ``gym.make`` (``personas``, ``difficulty``, ``user``, ``protocol``,
-            ``think``, ...). The first sub-env builds the simulated user from a ``user=``
-            spec (and closes it in :meth:`close`); the others share it. A ready
-            ``SimulatedUser`` given as ``user=`` is shared by all and not closed.
+            ``gym.make``. The first sub-env builds the simulated user from a ``user=`` spec
+            (and closes it in :meth:`close`); a ready ``SimulatedUser`` is not closed.
 
     Attributes:
         envs: the N sub-envs (``list[EmpathyDialogueEnv]``), index = sub-env id.
         user: the shared :class:`~empathy_gym.user.SimulatedUser`.
 
     Raises:
-        ValueError: ``num_envs`` not an int >= 1, an unknown ``autoreset_mode``, or (``step``) a
-            number of actions other than N; and whatever ``EmpathyDialogueEnv`` raises
-            for bad arguments.
-        TypeError: (``step``) an action that is not a ``str``, naming its index.
+        ValueError: ``num_envs`` not an int >= 1, an unknown ``autoreset_mode``; and
+            whatever ``EmpathyDialogueEnv`` raises for bad arguments.
 
     Example:
-        >>> import gymnasium as gym, empathy_gym
         >>> envs = gym.make_vec("EmpathyDialogue-v0", num_envs=4)
-        >>> observations, infos = envs.reset(seed=0)     # a tuple of 4 opening lines
-        >>> observations, rewards, terminations, truncations, infos = envs.step(
-        ...     ["That sounds really hard. What happened?"] * 4)
-        >>> rewards.shape, infos["emotion"].shape
-        ((4,), (4,))
+        >>> observations, infos = envs.reset(seed=0)  # a tuple of 4 opening lines
+        >>> observations, rewards, terminations, truncations, infos = envs.step(["That sounds hard."] * 4)
     """
 
     def __init__(
@@ -184,14 +150,11 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         """Send one utterance per sub-env to the simulated user, as one batch.
 
         Args:
-            actions: N ``str`` (any sequence); the action of a sub-env being autoreset
-                (``NEXT_STEP``) is ignored.
+            actions: N ``str``; the action of a sub-env being autoreset is ignored.
 
         Returns:
             ``(observations, rewards, terminations, truncations, infos)``: a tuple of N
-            ``str``, float64 (N,) rewards (emotion change / 100 with
-            ``reward_mode="delta"``), bool (N,) arrays, and the merged infos (see the
-            module docstring for autoreset).
+            ``str``, float64 (N,) rewards, bool (N,) arrays, and the merged infos.
 
         Raises:
             ValueError: not N actions. TypeError: a non-``str`` action (its index named).
@@ -202,25 +165,21 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
-        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
-            resetting = self._autoreset.copy()
-        else:
-            resetting = np.zeros(n, dtype=np.bool_)
+        next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
+        resetting = self._autoreset.copy() if next_step else np.zeros(n, dtype=np.bool_)
         stepping = np.flatnonzero(~resetting)
         actions = self._check_actions(actions, stepping)
         env_infos: list[dict[str, Any]] = [{}] * n
-        final: dict[int, tuple[str, dict[str, Any]]] = {}
+        final: dict[int, dict[str, Any]] = {}
 
-        if len(stepping):
-            results = step_many([self.envs[i] for i in stepping], [actions[i] for i in stepping])
-            for i, (obs, reward, terminated, truncated, info) in zip(stepping, results):
-                self._observations[i] = obs
-                rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
-                env_infos[i] = info
+        results = step_many([self.envs[i] for i in stepping], [actions[i] for i in stepping])
+        for i, (obs, reward, terminated, truncated, info) in zip(stepping, results):
+            self._observations[i] = obs
+            rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
+            env_infos[i] = info
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             ended = np.flatnonzero(terminations | truncations)
-            for i in ended:
-                final[i] = (self._observations[i], env_infos[i])
+            final = {i: {"final_obs": self._observations[i], "final_info": env_infos[i]} for i in ended}
             resetting[ended] = True
         to_reset = np.flatnonzero(resetting)
         for i, (obs, info) in zip(to_reset, self._reset(to_reset, [None] * len(to_reset), None)):
@@ -230,9 +189,9 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for i in range(n):
             if i in final:
-                infos = self._add_info(infos, {"final_obs": final[i][0], "final_info": final[i][1]}, i)
+                infos = self._add_info(infos, final[i], i)
             infos = self._add_info(infos, env_infos[i], i)
-        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+        if next_step:
             self._autoreset = terminations | truncations
         return tuple(self._observations), rewards, terminations, truncations, infos
 
@@ -254,11 +213,8 @@ class EmpathyDialogueVectorEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every sub-env (or read the attribute, if not callable)."""
-        results = []
-        for env in self.envs:
-            value = getattr(env, name)
-            results.append(value(*args, **kwargs) if callable(value) else value)
-        return tuple(results)
+        values = (getattr(env, name) for env in self.envs)
+        return tuple(value(*args, **kwargs) if callable(value) else value for value in values)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every sub-env."""
