@@ -22,20 +22,8 @@ def make_user(
     backend_kwargs: Mapping[str, Any] | None = None,
     user_kwargs: Mapping[str, Any] | None = None,
 ) -> SimulatedUser:
-    """Build a simulated user from :class:`~empathy_gym.user.specs.UserSpec` fields: the same
-    as ``UserSpec(backend, model, ...).build(difficulty, protocol)``.
-
-    Args:
-        backend, model, base_url, appraisal_mode, backend_kwargs, user_kwargs: the
-            :class:`~empathy_gym.user.specs.UserSpec` fields (see there).
-        difficulty: preset name, path, dict or :class:`Difficulty`.
-        protocol: the emotion protocol (tells the LLM user the allowed change range).
-
-    Raises:
-        SpecError (a ``ValueError``): a bad field (an unknown backend or
-            ``appraisal_mode``; ``model``, ``base_url`` or ``backend_kwargs`` with the
-            rule user; ...). ValueError, ImportError: from the backend.
-    """
+    """``UserSpec(backend, model, ...).build(difficulty, protocol)``: the fields, errors and
+    arguments of :class:`~empathy_gym.user.specs.UserSpec` and its ``build``."""
     from empathy_gym.user.specs import UserSpec
 
     return UserSpec(backend, model, base_url, appraisal_mode, backend_kwargs or {}, user_kwargs or {}).build(

@@ -1,19 +1,10 @@
-"""The simulated-user protocol shared by the LLM user and the rule-based user.
-
-One agent turn (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv 2507.03112, section 3.1):
-
-1. **appraisal**: the user reads the agent's newest utterance in the light of its
-   persona, scenario, hidden intention, the history and its current emotion, and
-   proposes a signed emotion change (with its inner thoughts);
-2. the :class:`~empathy_gym.user.protocol.EmotionProtocol` clamps the change and
-   updates the emotion: e <- clip(e + clamp(change), 0, 100);
-3. **reply**: the user answers in character, in a tone that fits the new emotion.
+"""The simulated-user protocol shared by the LLM user and the rule-based user: appraise,
+update the emotion, reply (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv
+2507.03112, section 3.1; docs/simulated-user.md).
 
 Every method is batched: a list of requests in, a list of results out, in the same
 order. Each request carries its own seed, so a dialogue's outcome never depends on
-which other dialogues share the batch. :meth:`SimulatedUser.aopening` and
-:meth:`SimulatedUser.arespond` are the asyncio twins of :meth:`~SimulatedUser.opening`
-and :meth:`~SimulatedUser.respond`, with the same results.
+which other dialogues share the batch.
 """
 
 from __future__ import annotations
@@ -60,9 +51,7 @@ class UserRequest:
         turn: 1-based index of this agent turn.
         seed: seed for any sampling this turn needs (int, >= 0).
         injection: the kinds of injection found in ``utterance``
-            (:func:`empathy_gym.boundary.find_injection`); when there are any,
-            :meth:`SimulatedUser.respond` also appraises the utterance without them and
-            keeps the lower change.
+            (:func:`empathy_gym.boundary.find_injection`; see :meth:`SimulatedUser.respond`).
     """
 
     persona: Persona
@@ -178,12 +167,9 @@ class SimulatedUser(abc.ABC):
         new emotion (int in [0, 100])."""
 
     def respond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
-        """Appraise, update the emotion with ``protocol``, and reply, for a batch.
-
-        A request with ``injection`` is appraised twice, as it is and without its
-        injection (:func:`~empathy_gym.boundary.without_injection`), and the appraisal
-        with the lower change is kept, so imitating the chat template, the appraisal's
-        format or an instruction to the judge never raises the emotion."""
+        """Appraise, update the emotion with ``protocol``, and reply, for a batch. A request
+        with ``injection`` is appraised twice, as it is and without its injection, and the
+        lower change is kept: injection never raises the emotion."""
         if not requests:
             return []
         plain = injection_free(requests)
@@ -195,15 +181,9 @@ class SimulatedUser(abc.ABC):
         return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
 
     async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
-        """:meth:`opening` for asyncio: same arguments, results and errors.
-
-        This default runs :meth:`opening` in a worker thread (``asyncio.to_thread``), so
-        the event loop keeps running; concurrent calls run in parallel threads, each
-        with its own batch (gather many dialogues into one batch with
-        :func:`empathy_gym.env.step_many` or the vector env instead). Users with a
-        native async path override it (:class:`~empathy_gym.user.llm_user.LLMUser`
-        on a backend with ``agenerate``).
-        """
+        """:meth:`opening` for asyncio: same arguments, results and errors. By default
+        :meth:`opening` in a worker thread; concurrent calls do not share a batch (gather
+        dialogues into one with :func:`empathy_gym.env.step_many` or the vector env)."""
         return await asyncio.to_thread(self.opening, personas, seeds)
 
     async def arespond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:

@@ -1,51 +1,16 @@
 """The LLM simulated user: an LLM plays the persona, appraises each agent utterance and
 answers in character (SAGE, arXiv 2505.02847, section 2.2; RLVER, arXiv 2507.03112,
-section 3.1).
+section 3.1). Prompts, appraisal modes and the context check: docs/simulated-user.md.
 
-The prompts follow SAGE's simulator design (:mod:`empathy_gym.user.prompts`): a
-five-step analysis before the signed change, and a reply planned from the emotion band
-and the appraisal.
-
-Two appraisal modes:
-
-* ``"free"`` (SAGE's): the model writes one JSON object with a field per analysis step,
-  ``{"content", "goal_fit", "inner_thoughts", "feeling", "change": <int>}``. It is
-  validated against :data:`APPRAISAL_SCHEMA`; an invalid answer is sent back with a
-  repair instruction up to ``max_repairs`` times (counted in
-  :attr:`Appraisal.repairs`), then :class:`SimulatorError` is raised with the raw text.
-  It never silently scores zero. Sampled, so two runs can differ.
-* ``"choice"``: the change is one of a fixed set (default -10, -5, 0, +5, +10, the
-  values SAGE's logs cluster at), offered as lettered options; the chosen change is the
-  option with the highest next-token log-probability (logits with transformers,
-  ``logprobs`` with vLLM and OpenAI-compatible servers). It cannot fail to parse and is
-  deterministic for a deterministic model, but it writes no inner thoughts (the reply
-  then rests on the emotion alone) and it cannot express changes between the options.
-  Where a server returns no log-probabilities (``transformers serve`` ignores the
-  ``logprobs`` field), ``choice_fallback="generate"`` asks for the letter with greedy
-  decoding instead (repaired and then failing like the free mode), and
-  ``choice_fallback="error"`` raises :class:`ChoiceScoringUnavailable`. The same goes for
-  an appraisal none of whose options is among the top log-probabilities a server
-  returned: its letter is generated (``features["generated_choice"]``, in
-  ``info["appraisal"]``), or the error is raised; it never defaults to the first option.
-
-The reply is a JSON object too (``reply_plan=True``, SAGE's design: attitude, goal,
-tone, content, draft, then the ``response``), validated against :data:`REPLY_SCHEMA`
-and repaired like the appraisal; ``reply_plan=False`` asks for the bare message (for
-small models that cannot write the JSON).
-
-Context: before each call the prompt's tokens plus ``max_tokens`` are checked against
-the user model's context where the backend can count them (transformers, vLLM); a
-prompt that does not fit raises :class:`PromptTooLongError`, naming the dialogue (the
-persona id), the turn and both lengths. Nothing is cut from the history: a shorter
-history would be another simulator. (An OpenAI-compatible server answers such a
-request with a 400 that names the lengths.)
+An answer that fails its schema is repaired, then raises :class:`SimulatorError`; it
+never silently scores zero. In choice mode an appraisal with no option among the
+returned log-probabilities has its letter generated (``features["generated_choice"]``)
+or raises :class:`ChoiceScoringUnavailable`; it never defaults to the first option.
 
 The logic of each method is written once, as a generator that yields the backend calls
 it needs (``("generate", args, kwargs)``) and receives their results: :meth:`LLMUser._run`
 drives it with the backend's blocking methods, :meth:`LLMUser._arun` with its asyncio
-twins (``agenerate``, ``achoice_logprobs``) when the backend has them, so
-:meth:`LLMUser.arespond` on an OpenAI-compatible server awaits the requests without
-threads.
+twins (``agenerate``, ``achoice_logprobs``) where the backend has them.
 """
 
 from __future__ import annotations
@@ -188,7 +153,7 @@ class LLMUser(SimulatedUser):
         backend: the chat engine.
         difficulty: preset name, path, dict or :class:`Difficulty`.
         protocol: the emotion protocol, used to state the allowed change range.
-        appraisal_mode: ``"free"`` or ``"choice"`` (see the module docstring).
+        appraisal_mode: ``"free"`` or ``"choice"`` (docs/simulated-user.md).
         choices: the emotion changes offered in choice mode (ints).
         choice_fallback: ``"generate"`` or ``"error"``, when the backend has no logprobs.
         max_repairs: repair retries for an invalid appraisal or planned reply before
@@ -400,19 +365,18 @@ class LLMUser(SimulatedUser):
     ) -> Steps[list[tuple[Any, str, int]]]:
         """Generate for every chat; re-ask the invalid ones (batched) with a repair
         message, at most ``max_repairs`` times. Returns (parsed, raw, repairs) per chat.
-        ``temperature`` and ``max_tokens`` default to the user's own."""
+        ``kind``: ``"appraisal"`` or ``"reply"``."""
         temperature = self.temperature if temperature is None else temperature
         max_tokens = self.max_tokens if max_tokens is None else max_tokens
         results: list[tuple[Any, str, int] | None] = [None] * len(chats)
         pending = list(range(len(chats)))
         chats = [list(chat) for chat in chats]
-        what = "appraisal" if kind == "appraisal" else "reply"
         for attempt in range(self.max_repairs + 1):
             texts = yield self._generate(
                 [chats[i] for i in pending],
                 [requests[i].persona for i in pending],
                 [requests[i].turn for i in pending],
-                what,
+                kind,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 seeds=[requests[i].seed + seed_offset + 7919 * attempt for i in pending],
@@ -430,15 +394,14 @@ class LLMUser(SimulatedUser):
                         else ""
                     )
                     raise SimulatorError(
-                        f"the simulated user gave no valid {what} after {attempt + 1} attempts "
+                        f"the simulated user gave no valid {kind} after {attempt + 1} attempts "
                         f"(persona {requests[i].persona.id!r}, turn {requests[i].turn}): {error}{hint}",
                         raw=text,
                         attempts=attempt + 1,
                     )
-                language = requests[i].persona.language
                 chats[i] += [
                     {"role": "assistant", "content": text},
-                    prompts.repair_message(language, error, letters, kind),
+                    prompts.repair_message(requests[i].persona.language, error, letters, kind),
                 ]
                 still.append(i)
             pending = still
@@ -476,9 +439,7 @@ class LLMUser(SimulatedUser):
     # -- asyncio -----------------------------------------------------------------
     @property
     def native_async(self) -> bool:
-        """True when the backend has ``agenerate`` (the OpenAI-compatible backend): then
-        :meth:`aopening` and :meth:`arespond` await its requests instead of running the
-        blocking methods in a thread."""
+        """True when the backend has ``agenerate``: the async methods then await it, not a thread."""
         return callable(getattr(self.backend, "agenerate", None))
 
     async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:

@@ -2,30 +2,13 @@
 ``empathy_gym/user/prompts/<language>/``.
 
 The design follows SAGE's simulator (Tencent/digitalhuman ``SAGE/simulator_response.py``;
-``../shared/SAGE.md``), in our own words:
+``../shared/SAGE.md``) in our own words: the appraisal sees the emotion as a number and
+works through :data:`APPRAISAL_STEPS`; the reply sees only the emotion band and the
+appraisal, and plans before it answers (:data:`REPLY_STEPS`). See
+docs/simulated-user.md#the-llm-users-prompts.
 
-* the system prompt (:func:`system_prompt`) gives the persona, the scenario (with the
-  reactions it describes), the hidden need, and the conversation goal: a heart-to-heart
-  talk in which the person confides through concrete events, seeks emotional value and
-  follows the hidden need without revealing it;
-* the appraisal (:func:`appraisal_messages`) sees the emotion as a number and works
-  through five analysis steps in order (what the listener means; whether and where it
-  fits the goal and the hidden need; the inner thoughts in character; the feeling; the
-  signed change, normally +-5 or +-10), answered as one JSON object with one field per
-  step (``content``, ``goal_fit``, ``inner_thoughts``, ``feeling``, ``change``);
-* the reply (:func:`reply_messages`) sees the emotion band only (S/A/B/C/F, not the
-  number) and the appraisal (``goal_fit`` as the objective part, the thoughts and
-  feeling as the subjective part); it plans attitude, goal, tone and content, writes a
-  draft and rewrites it under SAGE's rules (short, colloquial, emotion through tone, a
-  new detail, no repetition, at most two questions, no change of topic, a passive
-  character does not ask, hint at needs but never state the hidden one), answered as a
-  JSON object (``attitude``, ``goal``, ``tone``, ``content``, ``draft``, ``response``) or,
-  with ``plan=False``, as the bare message.
-
-The agent's words never enter a prompt as free text: the history and the newest
-utterance are inserted as JSON (``json.dumps``), and the system prompt tells the
-model they are data, not instructions. JSON leaves chat-template markers as they are;
-the backends then encode every message content as data (:mod:`empathy_gym.boundary`).
+The agent's words enter a prompt only as JSON (``json.dumps``), and the system prompt
+tells the model they are data, not instructions (:mod:`empathy_gym.boundary`).
 """
 
 from __future__ import annotations
@@ -165,10 +148,9 @@ def reply_messages(
     request: UserRequest, difficulty: Difficulty, appraisal: Appraisal, emotion: int, *, plan: bool = True
 ) -> Messages:
     """The chat for the in-character reply at the new ``emotion`` (0-100; shown as its
-    band only), given the ``appraisal`` (its ``goal_fit`` step as the objective part, its
-    thoughts and feeling as the subjective part; ``-`` where the mode wrote none).
-    ``plan``: ask for the planned JSON answer (:data:`REPLY_STEPS`), else for the bare
-    message."""
+    band only), given the ``appraisal`` (``goal_fit`` as the objective part, thoughts and
+    feeling as the subjective part). ``plan``: ask for the planned JSON answer
+    (:data:`REPLY_STEPS`), else for the bare message."""
     persona = request.persona
     prompts = prompt_set(persona.language)
     words = prompts.words

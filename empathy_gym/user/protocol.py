@@ -1,26 +1,15 @@
-"""The emotion protocol: initial emotion, clamping, when a dialogue ends.
+"""The emotion protocol: initial emotion, clamping, when a dialogue ends
+(docs/environment.md#protocol).
 
-Two presets, each following its reference code (facts in ``../shared/SAGE.md``):
+Two presets follow their reference code (facts in ``../shared/SAGE.md``): :data:`SAGE`
+(arXiv 2505.02847; Tencent/digitalhuman ``SAGE/test_npc.py`` lines 88-115 and
+``SAGE/simulator_response.py`` lines 150-155) and :data:`RLVER_TRAINING` (arXiv
+2507.03112, its training simulator in verl's multi-turn rollout).
 
-* ``SAGE`` (Sentient Agent as a Judge, arXiv 2505.02847; Tencent/digitalhuman
-  ``SAGE/test_npc.py`` lines 88-115 and ``SAGE/simulator_response.py`` lines 150-155):
-  start at 40; each change clamped to [-10, 10]; the dialogue ends when the user's
-  answer says goodbye (contains 再见 or 拜拜), when the emotion is >= 100 or < 10, or
-  after 10 agent replies, of which the 10th is never appraised.
-* ``RLVER_TRAINING`` (RLVER, arXiv 2507.03112, its training simulator in verl's
-  multi-turn rollout): start at 30; changes not clamped; no stop at 100; the dialogue
-  ends when the user says goodbye or the emotion is <= 0, or when the turn counter
-  passes ``max_turns=8``, which it checks after the user's answer: 9 appraised turns.
-
-How this maps onto Gymnasium: one env step is one agent reply that the user appraises
-and answers. ``max_turns`` counts those steps. SAGE's 10th reply is never appraised and
-so can never change the score; the env therefore does not ask for it, and a SAGE
-dialogue is at most 9 steps (``SAGE.max_turns == 9``): the step that reaches it returns
-``truncated=True``. A goodbye, success or failure returns ``terminated=True`` (the user
-ended the dialogue). The final emotion, and so the Sentient score, equals SAGE's for
-the same appraisals (tested against SAGE's released logs).
-
-Emotions and changes are integers, as in both simulators' outputs.
+One env step is one agent reply that the user appraises and answers; both presets have
+9 (docs/environment.md#episode-end). The final emotion, and so the Sentient score,
+equals SAGE's for the same appraisals (tested against SAGE's released logs). Emotions
+and changes are ints, as in both simulators' outputs.
 """
 
 from __future__ import annotations
@@ -43,17 +32,10 @@ GOODBYE_EN = re.compile(r"\b(?:good-?bye|bye)\b", re.IGNORECASE)
 
 
 def says_goodbye(text: str, language: str | None = None) -> bool:
-    """Whether a user answer ends the dialogue by saying goodbye.
-
-    Chinese (``language="zh"``): SAGE's rule, the text contains 再见 or 拜拜. English
-    (``"en"``): :data:`GOODBYE_EN`. ``None``: either rule.
-    """
-    chinese = any(word in text for word in GOODBYE_ZH)
-    english = GOODBYE_EN.search(text) is not None
-    if language == "zh":
-        return chinese
-    if language == "en":
-        return english
+    """Whether a user answer says goodbye: :data:`GOODBYE_ZH` for ``language="zh"``,
+    :data:`GOODBYE_EN` for ``"en"``, either for ``None``."""
+    chinese = language != "en" and any(word in text for word in GOODBYE_ZH)
+    english = language != "zh" and GOODBYE_EN.search(text) is not None
     return chinese or english
 
 
@@ -123,11 +105,10 @@ class EmotionProtocol:
         """``(terminated, truncated, reason)`` after agent turn ``turn`` (1-based), given
         the new emotion and the user's answer ``reply`` (in ``language``).
 
-        In this order: success (e >= ``success_emotion``), failure (e <
-        ``failure_below``), goodbye (``reply`` says goodbye) terminate; reaching
-        ``max_turns`` truncates (Gymnasium's distinction: a time limit is not a terminal
-        state of the user). Success and failure come first, so a dialogue counts as a
-        success exactly when its final emotion reaches the threshold, as SAGE counts.
+        In this order: success, failure, goodbye terminate; reaching ``max_turns``
+        truncates (a time limit is not a terminal state of the user). Success and failure
+        come first, so a dialogue is a success exactly when its final emotion reaches the
+        threshold, as SAGE counts.
         """
         if self.success_emotion is not None and emotion >= self.success_emotion:
             return True, False, "success"

@@ -1,11 +1,6 @@
 """The rule user's lexicons: load ``rules/<language>.json``, compile the cue phrases, and
-scan an utterance once for everything the appraisal counts.
-
-A scan (:class:`Scan`) holds the utterance's units (en: words; zh: character bigrams
-and Latin words; for repetition), its content units (for grounding), its length, its
-question marks, its share of non-words (for gibberish), and the cue phrases of any
-lexicon, found on first use. Nothing here weighs anything: the weights live in
-:mod:`empathy_gym.user.rule_user`.
+scan an utterance once for everything the appraisal counts (:class:`Scan`). Nothing here
+weighs anything (:mod:`empathy_gym.user.rule_model` does).
 
 Example:
     >>> rules = load_rules(str(RULES_DIR))["en"]
@@ -92,7 +87,7 @@ class _WordCheck:
         return self._verdicts[token]
 
     def _judge(self, token: str) -> bool:
-        """The uncached :meth:`is_nonword` (see the class docstring for the tests)."""
+        """The uncached :meth:`is_nonword`."""
         low = token.lower().strip("'")
         if not low or self.is_known(token):
             return False
@@ -110,10 +105,8 @@ class _WordCheck:
 
 @dataclass(frozen=True, eq=False)
 class Scan:
-    """Everything the appraisal needs from one utterance, computed once and cached.
-
-    Lexicon matches are computed on first use (:meth:`find`): a persona needs only some
-    lexicons, and most utterances are appraised once.
+    """Everything the appraisal needs from one utterance, computed once and cached;
+    lexicon matches on first use (:meth:`find`), as a persona needs only some lexicons.
 
     Attributes:
         low: the normalised (lower-cased) text the lexicons match against.
@@ -237,7 +230,6 @@ class LanguageRules:
         return self._scans[text]
 
     def _compute_scan(self, text: str) -> Scan:
-        """The uncached :meth:`scan`."""
         words, content = self.units(text)
         tokens = _ASCII_TOKEN.findall(text)
         cjk_chars = CJK.findall(text)
@@ -288,11 +280,9 @@ def _read_json(path: Path) -> dict:
 @functools.lru_cache(maxsize=8)
 def load_rules(rules_dir: str) -> dict[str, LanguageRules]:
     """Every language's rules from ``rules_dir`` (``<code>.json`` per code in
-    :data:`~empathy_gym.personas.LANGUAGES`), compiled once per directory.
-
-    Injection cues of every language apply to every persona: an attack can come in
-    either language. The English word list (``common_words``, ``stopwords`` and the
-    words in every lexicon) also judges Latin words in Chinese text.
+    :data:`~empathy_gym.personas.LANGUAGES`), compiled once per directory. Injection cues
+    of every language apply to every persona; the English word list (``common_words``,
+    ``stopwords`` and the words in every lexicon) also judges Latin words in Chinese text.
 
     Raises:
         FileNotFoundError: a rules file is missing.

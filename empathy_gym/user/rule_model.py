@@ -1,57 +1,19 @@
-"""The rule user's fitted appraisal: named features of a reply, weighed by a linear model
-fitted to the appraisals of SAGE's LLM simulators.
+"""The rule user's fitted appraisal: named features of a reply
+(:func:`appraisal_features`), weighed by a linear model fitted to the appraisals of
+SAGE's LLM simulators (docs/simulated-user.md#the-rule-based-user).
 
-The rule user (:mod:`empathy_gym.user.rule_user`) turns every agent reply into a dict of
-**named, language-neutral features** (:func:`appraisal_features`): how long the reply is
-and how it is laid out, how many questions it asks, how much it repeats the agent's
-earlier replies or echoes the user, which cue lexicons fire (validation, named
-feelings, generic comfort, praise, dismissal, lecturing ...; ``rules/<language>.json``),
-whether it serves the persona's hidden intention or spreads over many, and the user's
-state (emotion, turn, and the mean change so far). The same names come out of English
-and Chinese replies, through the parallel lexicons of the two languages.
+:class:`AppraisalModel`: with ``logit = bias + sum_i w_i * x_i``, a logistic regression
+of the sign of SAGE's logged change (P(+) = sigmoid(logit); Cox 1958), the change in
+emotion points is ``scale * logit + step * sign(logit)``, where ``scale`` and ``step``
+are the least-squares fit of the logged change on ``logit`` and its sign (SAGE's
+simulators move by 5 or 10 points: the step keeps a small logit from rounding to 0).
+Each feature's contribution ``scale * w_i * x_i`` is in emotion points; with the bias
+(reported as ``"mood"``) and the step they add up to the change.
 
-:class:`AppraisalModel` weighs them: with ``logit = bias + sum_i w_i * x_i``, a
-logistic regression of the sign of SAGE's logged change (P(+) = sigmoid(logit); Cox
-1958), the change in emotion points is ``scale * logit + step * sign(logit)``, where
-``scale`` and ``step`` are the least-squares fit of the logged change on ``logit`` and
-its sign (SAGE's simulators move by 5 or 10 points, rarely by less: the step keeps a
-small logit from rounding to a change of 0). The fit also takes, as negatives, logged
-replies moved into another profile's dialogue (``benchmarks/fit_rule_model.py``,
-``mismatched``): the logs hold almost no reply that ignores the user, and without them
-a reply meant for someone else went up like a good one (a word salad that carries the
-user's own words still does: a known hole of surface features). Each feature's contribution
-``scale * w_i * x_i`` is in emotion points; with the bias (reported as ``"mood"``) and
-the step they add up to the change.
-
-The weights ship as package data (``rules/appraisal_model.json``, a few KB of JSON,
-loaded with the standard library; no scikit-learn at run time), with their provenance
-(which logs, which turns, which regularisation) and licence (SAGE's logs are MIT). The
-script ``benchmarks/fit_rule_model.py`` rebuilds the file from SAGE's released logs and
-writes the held-out agreement table to ``benchmarks/results/rule_user_agreement.txt``.
-
-**English.** SAGE's logs are Chinese, so the weights are fitted on Chinese replies only.
-An English reply gets the same named features through the English lexicons (written
-in parallel with the Chinese ones, feature for feature), its length converted to
-Chinese units at ``en_units_per_word`` (1.23, measured on the package's parallel en/zh
-templates), and the same questions, layout, repetition, grounding and state features.
-Its agreement with an LLM judge is not measured (there are no English logs); what is
-tested is that the English side keeps the properties the hand-set user had: serving the
-need beats generic replies, and no cheap trick raises the emotion.
-
-Bounds on the weights encode what must never pay, whatever a judge's habits: generic
-praise, generic comfort, dismissal, lecturing and repeating earlier replies have weights
-<= 0, and serving the hidden intention has a weight of at least :data:`NEED_MIN_WEIGHT`
-(:data:`SIGN_CONSTRAINTS`; the fit respects them as bounds). The cheap tricks that void a
-reply (injection, gibberish, the wrong language, near-verbatim repetition, a reply too short
-for the model) are rules in :mod:`empathy_gym.user.rule_user`, outside the fit.
-
-Example:
-    >>> model = AppraisalModel.load()
-    >>> points, parts = model.contributions({"length<80": 1.0, "questions:1": 1.0})
-    >>> sorted(parts)[:3]
-    ['length', 'mood', 'questions']
-    >>> round(points, 3) == round(sum(parts.values()), 3)
-    True
+The weights ship as ``rules/appraisal_model.json``, fitted on SAGE's Chinese logs by
+``benchmarks/fit_rule_model.py`` within :data:`SIGN_CONSTRAINTS`; an English reply's
+length is converted to Chinese units at ``en_units_per_word``. A word salad that carries
+the user's own words can still gain: a known hole of surface features.
 """
 
 from __future__ import annotations
@@ -100,25 +62,21 @@ GROUNDING_EDGES = (2, 5, 10, 20)
 #: momentum feature.
 START_EMOTION = 40
 
-#: Feature name pattern -> (lowest, highest) weight, in logit units (``None``: no
-#: bound): the design's guarantees, enforced as bounds in the fit
-#: (``benchmarks/fit_rule_model.py``). Generic praise and comfort, dismissal, lecturing
-#: and repeating earlier replies never pay; serving the hidden intention always pays at
-#: least :data:`NEED_MIN_WEIGHT` (SAGE's simulators are told the hidden theme, but our
-#: cue lexicons find it too crudely for the fit alone to carry it); advice hurts a user
-#: who wants to vent or wants deep empathy, and comfort hurts the latter.
-SIGN_CONSTRAINTS: dict[str, tuple[float | None, float | None]] = {}
+#: Serving the hidden intention always pays at least this (logit units): SAGE's simulators
+#: are told the hidden theme, but our cue lexicons find it too crudely for the fit alone.
 NEED_MIN_WEIGHT = 2.0
-SIGN_CONSTRAINTS.update(
-    {
-        r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)(?:\|again)?": (None, 0.0),
-        r"repetition": (None, 0.0),
-        r"need:own": (NEED_MIN_WEIGHT, None),
-        r"need:own\|.*": (0.0, None),
-        r"cue:practical_advice\|(?:venting_listened|deep_empathy)": (None, -1.0),
-        r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
-    }
-)
+#: Feature name pattern -> (lowest, highest) weight, in logit units (``None``: no bound),
+#: enforced as bounds in the fit: generic praise and comfort, dismissal, lecturing and
+#: repeating earlier replies never pay; advice hurts a user who wants to vent or wants
+#: deep empathy, and comfort hurts the latter.
+SIGN_CONSTRAINTS: dict[str, tuple[float | None, float | None]] = {
+    r"lexicon:(?:praise|generic_comfort|dismissive|lecturing)(?:\|again)?": (None, 0.0),
+    r"repetition": (None, 0.0),
+    r"need:own": (NEED_MIN_WEIGHT, None),
+    r"need:own\|.*": (0.0, None),
+    r"cue:practical_advice\|(?:venting_listened|deep_empathy)": (None, -1.0),
+    r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
+}
 
 _LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·]\s|[一二三四五六七八九十][、.])", re.M)
 
@@ -283,8 +241,7 @@ def group_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class AppraisalModel:
-    """A fitted linear appraisal: ``points = scale * logit + step * sign(logit)`` with
-    ``logit = bias + sum_i weights[i] * x_i``.
+    """A fitted linear appraisal: ``scale * logit + step * sign(logit)`` points (module docstring).
 
     Attributes:
         weights: feature name -> weight (logit units); features not listed weigh 0.

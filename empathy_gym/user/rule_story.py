@@ -1,39 +1,18 @@
 """The rule user's story: a persona's scenario turned into first-person sentences it can
-tell, in English and Chinese.
+tell, in English and Chinese (:func:`persona_story`).
 
-From the scenario (third person, or second person "You ...") the rule user derives once
-per persona (:func:`persona_story`):
+The rewriting is a heuristic (the name and the persona's pronoun become I / me / my, 我;
+third-person verbs lose their -s), right for the plain sentences scenarios are written
+in. A sentence where it could go wrong is not told: en, one quoting others' words about
+the persona, or with a pronoun of the persona's gender after another person's name; zh,
+one where the persona's name or pronoun is left after the rewriting. No sentence voices
+the hidden intention (:class:`_LeakCheck`): the agent has to find the need.
 
-* ``state``: the opening's sentence(s), the scenario's current state (en: its last
-  sentence; zh RLVER scenes: one or two sentences of ``事件当前状态``, else
-  ``当前面对的问题``, else the story's last paragraph);
-* ``fragment``: a short first-person clause for the ``{fragment}`` slots of replies;
-* ``details``: further story sentences, told one per turn as the dialogue warms up;
-* ``content``: the story's content units, for grounding.
-
-The rewriting into the first person is a heuristic (names and the persona's pronoun
-become I / me / my, 我; third-person verbs lose their -s): right for the plain sentences
-scenarios are written in, not for every sentence. A sentence where it could go wrong is
-not told at all: en, one quoting others' words about the persona, or with a pronoun of
-the persona's gender after another person's name (unless the scenario shows that
-person to be of the other gender: "Tom ... his work"); zh, one where the persona's
-name or pronoun is left after the rewriting. Markdown, list markers and headings are
-removed. No sentence voices the hidden intention (:class:`_LeakCheck`): the agent has
-to find the need, not read it.
-
-Example:
-    >>> from empathy_gym.personas import Persona
-    >>> from empathy_gym.user.rule_lexicon import RULES_DIR, load_rules
-    >>> persona = Persona(id="maya", language="en", name="Maya", profile="Maya is a nurse.",
-    ...                   scenario="Maya covered night shifts for months. Last week her manager "
-    ...                            "promoted Tom instead of her and praised his work. She now dreads "
-    ...                            "going back to the ward.",
-    ...                   hidden_intention="not_at_fault", character_type="passive")
-    >>> story = persona_story(persona, load_rules(str(RULES_DIR))["en"])
-    >>> story.state
-    'I now dread going back to the ward.'
-    >>> story.details
-    ('I covered night shifts for months.', 'Last week my manager promoted Tom instead of me and praised his work.')
+Example: the scenario "Maya covered night shifts for months. Last week her manager
+promoted Tom instead of her and praised his work. She now dreads going back to the
+ward." gives the state "I now dread going back to the ward." and the details "I covered
+night shifts for months.", "Last week my manager promoted Tom instead of me and praised
+his work."
 """
 
 from __future__ import annotations
@@ -58,13 +37,11 @@ class PersonaStory:
             :class:`~empathy_gym.user.rule_lexicon.Scan`), for grounding.
         intention_content: content units of a free-text hidden intention (empty for the
             eight standard ones, which have lexicons).
-        state: the opening's sentence(s), in the first person ("" when none).
+        state: the opening's sentence(s), the scenario's current state (en: its last
+            sentence; zh: :func:`_zh_state`), "" when none.
         fragment: a short first-person clause for ``{fragment}`` slots ("" when none).
-        details: story sentences in the first person, at most :data:`MAX_DETAILS`,
-            told one per turn in :data:`~empathy_gym.user.rule_user.DETAIL_BANDS` so
-            the agent learns more as the dialogue goes on.
-
-    No sentence here voices the hidden intention (see :class:`_LeakCheck`).
+        details: further story sentences, at most :data:`MAX_DETAILS`, told one per turn
+            in :data:`~empathy_gym.user.rule_user.DETAIL_BANDS`.
     """
 
     content: frozenset[str]
@@ -75,8 +52,7 @@ class PersonaStory:
 
 
 def persona_story(persona: Persona, language: LanguageRules) -> PersonaStory:
-    """A persona's :class:`PersonaStory`, in the persona's language (``"en"`` or
-    ``"zh"``); ``language`` supplies the content units (stopwords, function characters)."""
+    """A persona's :class:`PersonaStory`; ``language``: the persona's language rules."""
     leaks = _LeakCheck(persona, language)
     if persona.language == "zh":
         story = _zh_plain(_zh_story(persona.scenario))
@@ -130,7 +106,6 @@ class _LeakCheck:
         self.language = language
 
     def __call__(self, sentence: str) -> bool:
-        """Does ``sentence`` give the hidden intention away?"""
         if self.code == "zh":
             shared = frozenset(cjk_bigrams(sentence)) & self.units
             return bool(_ZH_WISH.search(sentence)) or len(shared) >= LEAK_OVERLAP["zh"]
@@ -251,8 +226,7 @@ def _en_pronoun(persona: Persona) -> str | None:
 def _en_first_person(sentence: str, name: str | None, pronoun: str | None, second_person: bool) -> str:
     """Turn a third-person (or second-person) sentence about the persona into the first
     person: the name and the persona's pronoun become I / me / my, and the verb after
-    "I" loses its third-person -s. A heuristic: right for the plain sentences scenarios
-    are written in, not for every English sentence."""
+    "I" loses its third-person -s."""
 
     def subject_or_object(match: re.Match) -> str:
         return "I" if _subject_position(match.string[: match.start()], match.string[match.end() :]) else "me"

@@ -1,53 +1,23 @@
-"""The rule-based simulated user: no LLM, deterministic, fast, English and Chinese.
+"""The rule-based simulated user: no LLM, deterministic, English and Chinese.
 
-**A stand-in for tests and CPU runs, calibrated against LLM judges.** It makes
-``gym.make("EmpathyDialogue-v0")`` work on a fresh machine without a model, its
-appraisal is a linear model fitted to the appraisals of SAGE's LLM simulators
-(:mod:`empathy_gym.user.rule_model`; agreement on held-out logs in
-``benchmarks/results/rule_user_agreement.txt``), and it cannot be gamed by the cheap
-tricks that inflate LLM judges (generic praise, prompt injection, random strings,
-repeating oneself). It does not understand language: it counts cue phrases and
-measures form. Use an LLM user (:mod:`empathy_gym.user.llm_user`) for real evaluation.
+A stand-in for tests and CPU runs, not a judge (docs/simulated-user.md). It counts cue
+phrases and measures form; it does not understand language. It follows the SAGE / RLVER
+turn protocol (:mod:`empathy_gym.user.base`). One appraisal:
 
-It follows the SAGE / RLVER turn protocol (SAGE, arXiv 2505.02847, section 2.2; RLVER,
-arXiv 2507.03112, section 3.1): for each agent utterance the user *appraises* it (a
-signed emotion change, int, and one sentence of inner thoughts), the
-:class:`~empathy_gym.user.protocol.EmotionProtocol` moves the emotion (an int in
-[0, 100]), and the user *replies* in character from templates chosen by the emotion
-band (S >= 100, A >= 70, B >= 40, C >= 10, F < 10), telling its story a piece at a time
-and never saying the same sentence twice in a dialogue while it has something new to say.
+1. scan the utterance with the persona's lexicons (:mod:`empathy_gym.user.rule_lexicon`);
+2. weigh its named features with the fitted
+   :class:`~empathy_gym.user.rule_model.AppraisalModel` (emotion points);
+3. add the hand-set :data:`GUARDS`; one in :data:`VOIDING`, or (under a difficulty with
+   ``intention_required``) a reply without a cue of the hidden intention, turns a
+   positive model change into 0 (reported as ``"voided"``);
+4. multiply a positive sum by the difficulty's ``gain_scale``, a negative one by its
+   ``loss_scale`` (reported as ``"difficulty"``);
+5. round half away from zero and clip to [-:data:`MAX_CHANGE`, +:data:`MAX_CHANGE`].
 
-How one change is computed:
-
-1. The utterance is scanned once with the persona's language lexicons
-   (``rules/en.json``, ``rules/zh.json``: cue phrases as regular expressions; see
-   :mod:`empathy_gym.user.rule_lexicon`).
-2. Its named features (:func:`~empathy_gym.user.rule_model.appraisal_features`: form,
-   tone cues, the hidden need, the user's state) are weighed by the fitted
-   :class:`~empathy_gym.user.rule_model.AppraisalModel`: a change in emotion points.
-3. The guards (:data:`GUARDS`, emotion points, set by hand): injection, gibberish, the
-   wrong language, repeating an earlier utterance, parroting the user's newest message,
-   a reply too short for the model, or
-   cues of :data:`UNFOCUSED_INTENTIONS` or more intentions at once void the model's
-   gain (a positive model change becomes 0, reported as ``"voided"``) and add their
-   penalty; generic praise repeated costs per earlier praising turn.
-   Under a difficulty with ``intention_required`` a reply without a cue of the
-   hidden intention gains nothing either.
-4. A positive sum is multiplied by the difficulty's ``gain_scale``, a negative one by
-   its ``loss_scale`` (reported as ``"difficulty"``).
-5. The sum is rounded half away from zero and clipped to [-:data:`MAX_CHANGE`,
-   +:data:`MAX_CHANGE`]: an int in [-10, 10].
-
-:attr:`Appraisal.features` holds each group's contribution in emotion points (model
-groups such as ``"intention"``, ``"length"``, ``"validation"``, ``"mood"`` (the user's state),
-the guards, ``"voided"`` and ``"difficulty"``); they add up to the change before
-rounding and clipping.
-
-The agent's words are only ever matched against lexicons: they are data, never
-instructions (an injection attempt is itself a strongly negative guard).
-
-What the user says about itself (the opening's state, the story sentences it tells)
-comes from :mod:`empathy_gym.user.rule_story`.
+:attr:`Appraisal.features` holds each group's contribution in emotion points; they add
+up to the change before rounding and clipping. Replies come from templates chosen by
+the emotion band, and tell the story of :mod:`empathy_gym.user.rule_story` a piece at a
+time, never saying a sentence twice while there is something new to say.
 """
 
 from __future__ import annotations
@@ -80,9 +50,7 @@ from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-expor
     persona_story,
 )
 
-# --------------------------------------------------------------------------------------
-# The guards: hand-set rules outside the fitted model (emotion points).
-# --------------------------------------------------------------------------------------
+# -- the guards: hand-set rules outside the fitted model (emotion points) -----------------
 
 #: Penalty of each guard, in emotion points (praise_repeated: per earlier praising turn,
 #: at most :data:`PRAISE_REPEATED_CAP` turns; unfocused: per intention beyond
@@ -111,34 +79,28 @@ VOIDING: tuple[str, ...] = (
     "unfocused",
 )
 PRAISE_REPEATED_CAP = 3
-#: Cues of this many different intentions (or more) in one utterance void it. In SAGE's
-#: logs the share of positive appraisals falls from 74% (no intention cued) to 34%
-#: (5 cued) and 0 of 14 (6 cued); fewer are left to the model (``spread:<n>``).
+#: Cues of this many different intentions (or more) in one utterance void it; fewer are
+#: left to the model (``spread:<n>``). In SAGE's logs no reply cueing 6 gained.
 UNFOCUSED_INTENTIONS = 6
 
 #: The change is clipped to [-MAX_CHANGE, MAX_CHANGE] (SAGE's clamp; RLVER training
 #: does not clamp, so the rule user does it itself).
 MAX_CHANGE = 10
-#: Jaccard similarity (word sets; zh: character bigrams) that counts as repeating an
-#: earlier agent utterance, or parroting a user utterance: near-verbatim. Lower
-#: similarity is left to the model's ``repetition`` feature (weight <= 0): in SAGE's
-#: logs 29% of replies this similar still gained, and a guard at 0.7 cost 1.2 points
-#: of sign agreement (benchmarks/fit_rule_model.py, leave one model out).
+#: Jaccard similarity (word sets; zh: character bigrams) with an earlier utterance that
+#: counts as repeating it: near-verbatim. Lower similarity is left to the model's
+#: ``repetition`` feature (weight <= 0): in SAGE's logs many such replies still gained.
 REPEAT_SIMILARITY = 0.8
 #: An utterance repeats itself (the ``repetition`` guard) when at least SELF_REPEATS of its
 #: sentences, and SELF_REPEAT_SHARE of them, repeat an earlier sentence of the same utterance
 #: (list items, headings and lead-ins aside): "I'm here. What? I'm here. I don't. I'm here."
-#: Of SAGE's 5,944 logged replies, one reaches it (a reply that says two sentences twice, -5).
 SELF_REPEATS = 2
 SELF_REPEAT_SHARE = 0.2
 #: Share of the utterance's units (words; zh: character bigrams) found in the user's
 #: newest message that makes it parroting ("It sounds like you're saying: <their words>").
-#: In SAGE's logs 99.9% of replies stay below 0.28 (3 of 5,944 reach 0.5).
 PARROT_SHARE = 0.6
 #: An English persona's reply of FOREIGN_MIN_TOKENS or more Latin-script words, fewer than
-#: FOREIGN_SHARE of them known English words (stopwords, common words), is in another
-#: language: "Lo siento mucho, entiendo que estás pasando por un momento difícil." The
-#: built-in English personas' scenarios and openings hold at least 59%.
+#: FOREIGN_SHARE of them known English words, is in another language ("Lo siento mucho,
+#: entiendo que estás pasando por un momento difícil.").
 FOREIGN_MIN_TOKENS = 5
 FOREIGN_SHARE = 0.25
 #: Share of non-words (or implausible characters) that makes an utterance gibberish.
@@ -154,9 +116,7 @@ DETAIL_BANDS = ("A", "B")
 #: Bands from worst to best, for ``Difficulty.hint_below_band``.
 BAND_ORDER = "FCBAS"
 
-# --------------------------------------------------------------------------------------
-# The appraisal
-# --------------------------------------------------------------------------------------
+# -- the appraisal ------------------------------------------------------------------------
 
 
 def _round_half_away(value: float) -> int:
@@ -175,13 +135,10 @@ def _cues(key: str, scan: Scan, earlier: Sequence[Scan]) -> float:
 
 
 def _intention_cues(persona: Persona, scan: Scan, earlier: Sequence[Scan], shared: int, story: PersonaStory) -> float:
-    """How many cues of the persona's hidden intention the utterance holds.
-
-    deep_empathy adds named feelings when the utterance also refers to the story;
-    specific_praise counts praise only when it is tied to the story
-    (:data:`SPECIFIC_GROUNDING` shared units); a free-text intention counts the content
-    words it shares with the utterance.
-    """
+    """How many cues of the persona's hidden intention the utterance holds. deep_empathy
+    adds named feelings when the utterance also refers to the story; specific_praise
+    counts praise only when tied to the story (:data:`SPECIFIC_GROUNDING` shared units);
+    a free-text intention counts the content words it shares with the utterance."""
     intention = persona.hidden_intention
     if intention not in INTENTIONS:
         return float(len(scan.content & story.intention_content))
@@ -204,11 +161,9 @@ def _guards(
     shared: int,
     self_repeating: bool = False,
 ) -> dict[str, float]:
-    """The guards that fire on the utterance (:data:`GUARDS`), with their penalties.
-    ``similarity`` is the utterance's highest Jaccard similarity with any earlier
-    utterance (agent and user: repeating oneself or the user); ``parroted`` the share of
-    its units found in the user's newest message; ``self_repeating``:
-    :func:`repeats_itself`."""
+    """The guards that fire (:data:`GUARDS`), with their penalties. ``similarity``: the
+    highest Jaccard similarity with any earlier utterance, agent's or user's; ``parroted``:
+    the share of its units found in the user's newest message."""
     fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
@@ -261,14 +216,10 @@ def _combine(
     return max(-MAX_CHANGE, min(MAX_CHANGE, change)), contributions
 
 
-# --------------------------------------------------------------------------------------
-# The user
-# --------------------------------------------------------------------------------------
+# -- the user -----------------------------------------------------------------------------
 
 _ZH_SENTENCE_END = re.compile(r"(?<=[。！？!?…])|\n+")
 _EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
 _NOT_WORD = re.compile(r"[\W_]+")
 
 
@@ -282,8 +233,7 @@ def sentences_of(code: str, text: str) -> list[str]:
 
 @functools.lru_cache(maxsize=8192)
 def _sentence_set(code: str, text: str) -> frozenset[str]:
-    """:func:`sentences_of` as a set, cached for the user's own lines (a fixed bank,
-    asked about on every turn; agent text is not cached)."""
+    """:func:`sentences_of` as a set, cached for the user's own lines (agent text is not)."""
     return frozenset(sentences_of(code, text))
 
 
@@ -295,8 +245,7 @@ _LIST_OR_HEADING = re.compile(
 
 def repeats_itself(code: str, text: str) -> bool:
     """Whether ``text`` says the same sentence over (:data:`SELF_REPEATS`,
-    :data:`SELF_REPEAT_SHARE`; :func:`sentences_of`, without list items, headings and
-    lead-ins). ``code``: the persona's language, ``"en"`` or ``"zh"``."""
+    :data:`SELF_REPEAT_SHARE`). ``code``: the persona's language, ``"en"`` or ``"zh"``."""
     sentences = sentences_of(code, _LIST_OR_HEADING.sub("", text))
     repeats = len(sentences) - len(set(sentences))
     return repeats >= SELF_REPEATS and repeats >= SELF_REPEAT_SHARE * len(sentences)
@@ -333,10 +282,6 @@ def _pick(options: Sequence[str], *key: int) -> str:
 class RuleUser(SimulatedUser):
     """A deterministic simulated user driven by cue lexicons and templates (no LLM).
 
-    A stand-in for tests and CPU runs, not a judge: see the module docstring for how an
-    appraisal is computed, :mod:`empathy_gym.user.rule_model` for the fitted weights and
-    :data:`GUARDS` for the hand-set rules.
-
     Args:
         difficulty: a preset name (``"easy"``, ``"moderate"``, ``"challenging"``), a path,
             a dict or a :class:`~empathy_gym.user.difficulty.Difficulty`. Uses
@@ -353,17 +298,6 @@ class RuleUser(SimulatedUser):
             regular expression, a missing intention lexicon; names the file), or an
             invalid model artefact.
         FileNotFoundError: a rules file or the model artefact is missing.
-
-    Example:
-        >>> from empathy_gym.personas import load_personas
-        >>> from empathy_gym.user.protocol import SAGE
-        >>> user = RuleUser("moderate")
-        >>> persona = load_personas("rlver")[0]
-        >>> opening, = user.opening([persona], [0])
-        >>> request = UserRequest(persona, (("user", opening),), "听起来你真的很累。", 40, 1)
-        >>> turn, = user.respond([request], SAGE)
-        >>> isinstance(turn.appraisal.change, int) and 0 <= turn.emotion <= 100
-        True
     """
 
     deterministic = True
@@ -408,11 +342,9 @@ class RuleUser(SimulatedUser):
 
     # -- opening ----------------------------------------------------------------------
     def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
-        """The first utterance of each dialogue: the persona's ``opening_line`` if set;
-        otherwise a template for the character type followed by the scenario's current
-        state in the first person (en: the last sentence; zh RLVER profiles: one or two
-        sentences of ``事件当前状态``, else ``当前面对的问题``). ``seeds`` (ints, one per
-        persona) choose the template; the same seed gives the same opening.
+        """The first utterance of each dialogue: the persona's ``opening_line`` if set,
+        else a template for the character type (chosen by the int ``seeds``) followed by
+        the story's current state (:class:`~empathy_gym.user.rule_story.PersonaStory`).
 
         Raises:
             ValueError: ``personas`` and ``seeds`` differ in length; unknown language or
@@ -423,7 +355,6 @@ class RuleUser(SimulatedUser):
         return [self._opening_one(persona, int(seed)) for persona, seed in zip(personas, seeds)]
 
     def _opening_one(self, persona: Persona, seed: int) -> str:
-        """One opening (see :meth:`opening`)."""
         if persona.opening_line:
             return persona.opening_line
         language = self._language(persona)
@@ -434,8 +365,7 @@ class RuleUser(SimulatedUser):
     # -- appraisal --------------------------------------------------------------------
     def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
         """One :class:`~empathy_gym.user.base.Appraisal` per request: ``change`` an int in
-        [-10, 10], ``thoughts`` one sentence in the persona's language, ``features`` each
-        group's contribution in emotion points (module docstring).
+        [-10, 10], ``thoughts`` one sentence, ``features`` as in the module docstring.
 
         Raises:
             ValueError: a persona with an unknown language or character type.
@@ -443,11 +373,9 @@ class RuleUser(SimulatedUser):
         return [self._appraise_one(request) for request in requests]
 
     def features(self, request: UserRequest) -> tuple[dict[str, float], dict[str, float], bool]:
-        """``(model features, guards, has_cue)`` of one request: the named features the
-        appraisal model weighs (:func:`~empathy_gym.user.rule_model.appraisal_features`),
-        the guards that fire (:data:`GUARDS`, emotion points) and whether the utterance
-        holds a cue of the hidden intention. Used by the appraisal and by the fitting
-        script (``benchmarks/fit_rule_model.py``).
+        """``(model features, guards, has_cue)`` of one request: the named features
+        (:func:`~empathy_gym.user.rule_model.appraisal_features`), the :data:`GUARDS` that
+        fire, and whether it cues the hidden intention. Used by ``benchmarks/fit_rule_model.py``.
 
         Raises:
             ValueError: a persona with an unknown language or character type.
@@ -483,7 +411,7 @@ class RuleUser(SimulatedUser):
         return features, guards, cues > 0
 
     def _appraise_one(self, request: UserRequest) -> Appraisal:
-        """One appraisal: features, the model's points, guards, combine (module docstring)."""
+        """One appraisal (module docstring)."""
         features, guards, has_cue = self.features(request)
         points, parts = self.model.contributions(features)
         change, contributions = _combine(points, parts, guards, self.difficulty, has_cue)
@@ -546,20 +474,14 @@ class RuleUser(SimulatedUser):
         self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
     ) -> list[str]:
         """The user's in-character answer: an optional reaction to the worst guard or
-        tone (e.g. "You already said that."), a line for the emotion band and character
-        type (S: thanks and goodbye; F: gives up and leaves), in bands A and B the next
-        sentence of the story it has not told yet (story order), and, when the
-        difficulty's ``hint_below_band`` covers the band (never in S or F), a hint at
-        the hidden need in the user's own words.
+        tone ("You already said that."), a line for the band of the new emotion
+        (``emotions``, ints in [0, 100]) and the character type, in :data:`DETAIL_BANDS`
+        the next untold story sentence, and, where the difficulty's ``hint_below_band``
+        covers the band (never in S or F), a hint at the hidden need.
 
-        The user never says a sentence twice in a dialogue (:func:`said_sentences` of
-        the history): a line, reaction or hint it already said is not chosen again,
-        and a part with nothing new left is left out (in S and F, which end the
-        dialogue, a line is always said).
-
-        ``emotions`` are the emotions after the appraisals (ints in [0, 100]); they pick
-        the band. Lines are chosen by ``request.seed`` and ``request.turn``: the same
-        request gives the same reply.
+        A sentence the user already said in the dialogue is not said again; a part with
+        nothing new left is left out (in S and F, which end the dialogue, a line is
+        always said). Lines are chosen by ``request.seed`` and ``request.turn``.
 
         Raises:
             ValueError: the three sequences differ in length; unknown language or
@@ -576,7 +498,6 @@ class RuleUser(SimulatedUser):
         ]
 
     def _reply_one(self, request: UserRequest, appraisal: Appraisal, emotion: int) -> str:
-        """One reply (see :meth:`reply`)."""
         persona = request.persona
         code = persona.language
         language = self._language(persona)
@@ -633,8 +554,7 @@ class RuleUser(SimulatedUser):
         ]
 
     def _hints_in(self, band: str) -> bool:
-        """Does the difficulty hint at the need in this band? Never in S or F (the user
-        is leaving)."""
+        """Does the difficulty hint at the need in this band? Never in S or F (the user is leaving)."""
         limit = self.difficulty.hint_below_band
         if limit is None or band in ("S", "F"):
             return False

@@ -1,27 +1,11 @@
-"""Naming a model: ``KIND:TARGET[,key=value,...]``, and the simulated user: :class:`UserSpec`.
+"""Naming a model: ``KIND:TARGET[,key=value,...]`` (:func:`parse_spec`), and the simulated
+user: :class:`UserSpec` (docs/backends.md).
 
-One grammar serves both sides of a dialogue:
-
-* the simulated user (``gym.make(..., user=...)``, recipes' ``env.kwargs.user``,
-  ``empathy-gym eval --user``, ``empathy-gym play --user``): ``rule``,
-  ``transformers:PATH`` (or ``hf:PATH``), ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``
-  (:meth:`UserSpec.parse`);
-* the policy (``empathy-gym eval --policy``, :func:`empathy_gym.evaluation.policies.make_policy`):
-  ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
-  ``python:MODULE:ATTR``.
-
-``key=value`` options after the target go to the backend's constructor (or, for a user,
-to :class:`~empathy_gym.user.llm_user.LLMUser` when it takes that keyword, and
-``appraisal_mode=choice`` to :attr:`UserSpec.appraisal_mode`); values are read as JSON
-when they parse (``8`` is an int, ``true`` a bool) and as strings otherwise.
-
-Examples::
-
-    >>> parse_spec("openai:Qwen/Qwen2.5-7B@http://localhost:8000/v1,max_concurrency=16")
-    ModelSpec(kind='openai', target='Qwen/Qwen2.5-7B@http://localhost:8000/v1', options={'max_concurrency': 16})
-    >>> spec = UserSpec.parse("openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1,appraisal_mode=choice")
-    >>> spec.backend, spec.model, spec.base_url, spec.appraisal_mode
-    ('openai', 'Qwen/Qwen2.5-7B-Instruct', 'http://localhost:8000/v1', 'choice')
+One grammar serves the simulated user (``rule``, ``transformers:PATH`` or ``hf:PATH``,
+``vllm:PATH``, ``openai:MODEL@URL``, ``policy``) and the policy of ``empathy-gym eval
+--policy`` (``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
+``python:MODULE:ATTR``). Option values are read as JSON when they parse (``8`` is an
+int, ``true`` a bool) and as strings otherwise.
 """
 
 from __future__ import annotations
@@ -123,19 +107,13 @@ def _is_chat_backend(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class UserSpec:
-    """Which simulated user: the one way to name it, for ``gym.make(..., user=...)``,
-    recipes (``env.kwargs.user``), :func:`~empathy_gym.evaluation.benchmark.evaluate` and the
-    command line (``--user``). Write it as a string (:meth:`parse`), a mapping of these
-    fields or a ``UserSpec``; :func:`as_user_spec` turns any of them into a ``UserSpec``
-    and :meth:`build` into a :class:`~empathy_gym.user.SimulatedUser`.
+    """Which simulated user (``user=``, ``--user``): a string (:meth:`parse`), a mapping
+    of these fields or a ``UserSpec`` (:func:`as_user_spec`); :meth:`build` makes it.
 
     Attributes:
-        backend: the user's engine: ``"rule"`` (default: the rule-based user, no LLM),
-            ``"transformers"`` (``"hf"`` is read as it), ``"vllm"``, ``"openai"`` (an
-            OpenAI-compatible server), ``"policy"`` (the trained policy's own base
-            weights; only a trainer can build it, :mod:`empathy_gym.agents`), or a ready
-            :class:`~empathy_gym.backends.base.ChatBackend` object (Python only; not
-            closed by the user).
+        backend: one of :data:`USER_BACKENDS` (``"hf"`` is read as ``"transformers"``;
+            only a trainer can build ``"policy"``), or a ready
+            :class:`~empathy_gym.backends.base.ChatBackend` (not closed by the user).
         model: the LLM user's model: a path, hub id or GGUF file (transformers, vllm),
             or the server's model name (openai, required there). ``None`` for ``rule``,
             ``policy`` and a ready backend.
@@ -148,24 +126,15 @@ class UserSpec:
             :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`:
             ``max_batch_size``, ``prefix_cache_tokens``). Not with ``rule`` or a ready backend.
         user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` arguments
-            (``temperature``, ``max_tokens``, ``max_repairs``, ``reply_plan``, ...), or for
-            ``rule`` those of :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, an
-            appraisal model artefact; ``rules_dir``; ``difficulty``, its own over the env's:
-            ``"rule,difficulty=challenging"``, a second judge on CPU).
+            (``temperature``, ``max_tokens``, ...), or for ``rule`` those of
+            :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, ``rules_dir``, and
+            ``difficulty``, its own over the env's: ``"rule,difficulty=challenging"``).
 
     Raises:
         SpecError (a ``ValueError``): a bad field, named as ``user.FIELD``: an unknown
             backend or appraisal mode, a missing ``model``/``base_url``, options the
             backend does not take (``model`` with ``rule``...), a non-mapping
             ``backend_kwargs``/``user_kwargs``.
-
-    Example:
-        >>> spec = UserSpec.parse("hf:/models/tiny,max_tokens=8,device=cpu")
-        >>> spec == UserSpec("transformers", "/models/tiny", backend_kwargs={"device": "cpu"},
-        ...                  user_kwargs={"max_tokens": 8})
-        True
-        >>> str(UserSpec("openai", "m", "http://localhost:8000/v1", appraisal_mode="choice"))
-        'openai:m@http://localhost:8000/v1,appraisal_mode=choice'
     """
 
     backend: Any = "rule"
@@ -213,9 +182,10 @@ class UserSpec:
                     "user uses no LLM); set backend='openai', 'transformers' or 'vllm'"
                 )
             unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
-            if set(unknown) - _llm_user_keywords():  # no user's option: say so, not "use an LLM user"
+            strange = sorted(set(unknown) - _llm_user_keywords())
+            if strange:  # no user's option: say so, not "use an LLM user"
                 raise SpecError(
-                    f"user: unknown option(s) {sorted(set(unknown) - _llm_user_keywords())}; the rule user takes "
+                    f"user: unknown option(s) {strange}; the rule user takes "
                     f"{', '.join(RULE_USER_KEYWORDS)}, LLM users {', '.join(sorted(_llm_user_keywords()))}"
                 )
             if unknown:
@@ -271,13 +241,10 @@ class UserSpec:
 
     @classmethod
     def parse(cls, text: str) -> UserSpec:
-        """Read the ``--user`` grammar: ``rule``, ``transformers:PATH`` (or ``hf:PATH``),
-        ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``, each optionally followed by
-        ``,key=value`` options: ``appraisal_mode=choice`` sets :attr:`appraisal_mode`,
-        options that :class:`~empathy_gym.user.llm_user.LLMUser` takes (``temperature``,
-        ``max_tokens``, ``max_repairs``, ``reply_plan``, ...) go to :attr:`user_kwargs`,
-        the others to :attr:`backend_kwargs` (``device``, ``max_concurrency``,
-        ``api_key_env``, ...); for ``rule`` all options go to :attr:`user_kwargs`.
+        """Read the ``--user`` grammar. Of the ``,key=value`` options, ``appraisal_mode``
+        sets :attr:`appraisal_mode`, those :class:`~empathy_gym.user.llm_user.LLMUser`
+        takes go to :attr:`user_kwargs`, the others to :attr:`backend_kwargs`; for
+        ``rule`` all go to :attr:`user_kwargs`.
 
         Raises:
             SpecError: an empty spec, an unknown kind, a malformed target or option, or a
@@ -290,8 +257,7 @@ class UserSpec:
                 f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL, policy"
             )
         options = dict(spec.options)
-        appraisal_mode = options.pop("appraisal_mode", "free")
-        values: dict[str, Any] = {"appraisal_mode": appraisal_mode}
+        values: dict[str, Any] = {"appraisal_mode": options.pop("appraisal_mode", "free")}
         if spec.kind in ("rule", "policy"):
             if spec.target:
                 raise SpecError(f"{text!r}: the {spec.kind} user takes no target; write just '{spec.kind}'")
@@ -313,9 +279,8 @@ class UserSpec:
             raise SpecError(f"{text!r}: {error}") from None
 
     def __str__(self) -> str:
-        """The spec in the ``--user`` grammar (:meth:`parse` reads it back to an equal
-        spec when the options are JSON values); a ready backend shows as
-        ``<TypeName>``, which does not parse."""
+        """The spec in the ``--user`` grammar (:meth:`parse` reads it back when the options
+        are JSON values); a ready backend shows as ``<TypeName>``, which does not parse."""
         kind = self.backend if isinstance(self.backend, str) else f"<{type(self.backend).__name__}>"
         text = kind
         if self.backend == "openai":
@@ -347,8 +312,7 @@ class UserSpec:
 
         Returns:
             a :class:`~empathy_gym.user.rule_user.RuleUser` or an
-            :class:`~empathy_gym.user.llm_user.LLMUser` that owns (and closes) the backend
-            it built; a ready :attr:`backend` object is shared, not closed.
+            :class:`~empathy_gym.user.llm_user.LLMUser`, which closes a backend it built.
 
         Raises:
             SpecError: ``backend="policy"`` (a trainer builds that user from its policy).
