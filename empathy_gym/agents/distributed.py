@@ -1,16 +1,10 @@
-"""Data parallelism over processes: one process per device, launched by ``accelerate
-launch`` or ``torchrun`` (accelerate's ``PartialState`` joins the process group: NCCL on
-GPUs, gloo on CPUs).
+"""Data parallelism: one process per device under ``accelerate launch`` or ``torchrun``
+(see docs/training.md, "Several GPUs"). With one process every method is a no-op.
 
-Each process plays its share of a step's dialogues (whole GRPO groups) and computes
-gradients on them, each loss already divided by the mini-batch's count of trainable
-tokens summed over all processes; every optimiser step then uses the *sum* of the
-processes' gradients, which is the gradient of the mini-batch's token mean. (The all-
-reduce is DistributedDataParallel's, Li et al. 2020, "PyTorch Distributed", arXiv
-2006.15704, section 3.2; DDP averages instead because each of its processes divides by
-its own count, which weighs a token of a short shard more than one of a long shard.)
-All processes therefore hold the same weights; the first one writes logs and
-checkpoints. With one process (no launcher) every method is a no-op.
+Each loss is already divided by the token count of all processes, so gradients are
+*summed*, not averaged as in DDP (Li et al. 2020, "PyTorch Distributed", arXiv
+2006.15704, section 3.2), whose per-process division weighs a token of a short shard
+more than one of a long shard.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 T = TypeVar("T")
 
@@ -57,8 +52,6 @@ class Processes:
         gradient, e.g. GRPO with no signal in its groups, adds zeros)."""
         if self.world == 1:
             return
-        import torch.distributed as dist
-
         for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
@@ -68,8 +61,6 @@ class Processes:
         """True when ``flag`` is True in any process (e.g. a Ctrl-C seen by one)."""
         if self.world == 1:
             return flag
-        import torch.distributed as dist
-
         value = torch.tensor([float(flag)], device=self._collective_device())
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
@@ -78,8 +69,6 @@ class Processes:
         """Element-wise sums over the processes."""
         if self.world == 1:
             return list(values)
-        import torch.distributed as dist
-
         tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor)
         return tensor.tolist()
@@ -97,8 +86,6 @@ class Processes:
         every process; an exception it raises is raised in every process."""
         if self.world == 1:
             return compute()
-        import torch.distributed as dist
-
         box: list[Any] = [None]
         if self.is_main:
             try:
@@ -121,8 +108,6 @@ class Processes:
 
     def barrier(self) -> None:
         if self.world > 1:
-            import torch.distributed as dist
-
             dist.barrier()
 
     def _collective_device(self) -> Any:
@@ -149,9 +134,8 @@ def pool_metrics(parts: list[dict[str, float]], summed: Iterable[str] = ()) -> d
     * anything else: the mean over the parts that have a number (NaN in none).
     """
     summed = set(summed)
-    keys = list(parts[0])
     out: dict[str, float] = {}
-    for key in keys:
+    for key in parts[0]:
         values = [part[key] for part in parts]
         finite = [v for v in values if not math.isnan(v)]
         prefix = key.rsplit("/", 1)[0]

@@ -1,21 +1,12 @@
 """Policy samplers for rollouts: token prompts in, sampled token ids and log-probs out.
 
-* :class:`TransformersGenerator`: a decoding loop on the training model itself (CPU or
-  GPU), so it always samples from the current weights; each dialogue's key/value states
-  are kept between turns, so a turn prefills only the user's new message.
-* :class:`VLLMGenerator`: an in-process ``vllm.LLM`` (GPU), given the current LoRA
-  adapter (or full weights) by :meth:`VLLMGenerator.sync` before each rollout phase.
-
-Both seed each row's sampling with its own seed, so a dialogue's turn does not depend
-on which dialogues share the batch.
-
-The sampler is the policy: both draw from softmax(logits / temperature) with nothing
-else applied, which is the distribution whose log-probs the trainer's loss takes.
-A model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty``
-1.05, ``top_k`` 20, ``top_p`` 0.8) is not inherited: the transformers sampler is its own
-loop and applies none of it (``model.generate`` would fill every setting a
-``GenerationConfig`` leaves unset from it); vLLM takes only its end-of-sequence ids when
-given explicit ``SamplingParams``, and those are end-of-turn ids here too.
+:class:`TransformersGenerator` samples on the training model itself;
+:class:`VLLMGenerator` on an in-process ``vllm.LLM`` synced before each rollout phase.
+Both seed each row on its own, so a turn does not depend on its batch, and both draw from
+softmax(logits / temperature) with nothing else applied (docs/training.md, "Sampling"):
+the model's own ``generation_config`` is not inherited (``model.generate`` would fill
+every setting a ``GenerationConfig`` leaves unset from it, hence our own loop; vLLM
+takes only its eos ids when given explicit ``SamplingParams``).
 """
 
 from __future__ import annotations
@@ -46,12 +37,11 @@ def end_of_turn_ids(tokenizer: Any, model: Any = None, generation_config: Any = 
 
 
 class TransformersGenerator:
-    """Samples turns on the training model itself, left-padded batches, reusing each
-    dialogue's key/value states from one turn to the next.
+    """Samples turns on the training model itself, in left-padded batches.
 
     Args:
         model: the policy (a ``PreTrainedModel`` or peft model), used as it is now.
-        tokenizer: its tokenizer (pad token required; eos used when missing).
+        tokenizer: its tokenizer (eos used when it has no pad token).
         max_new_tokens: per turn.
         temperature: > 0 samples (each row with its own ``torch.Generator``); 0 is greedy.
         top_p: nucleus mass in (0, 1].
@@ -61,17 +51,11 @@ class TransformersGenerator:
         should_stop: polled before every token; True ends the batch at once (Ctrl-C in
             the trainer: the rollout is then discarded, so nobody waits for a full turn).
         reuse_kv: keep each dialogue's key/value states between turns, so a turn
-            prefills only the user's new message (:mod:`empathy_gym.backends.prefix_cache`);
-            the states are dropped at :meth:`sync`, when the weights have changed.
+            prefills only the user's new message; they are dropped at :meth:`sync`.
 
-    Samples are drawn from softmax(logits / temperature) (nucleus-truncated when
-    ``top_p`` < 1), with no other logits processor: the model's own
-    ``generation_config`` (repetition penalty, top-k, ...) is never applied
-    (:func:`~empathy_gym.backends.prefix_cache.sample_batch` is its own decoding loop);
-    its eos ids still end a turn. The returned log-probs are
-    ``log_softmax(logits / temperature)`` at the sampled token, from the model's raw
-    logits, as the trainer computes them (top-p truncation not renormalised: the
-    trainers refuse ``top_p`` < 1).
+    The returned log-probs are ``log_softmax(logits / temperature)`` of the raw logits at
+    the sampled token, as the trainer computes them (top-p truncation not renormalised:
+    the trainers refuse ``top_p`` < 1).
 
     Attributes:
         prefix_cache: the :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`
@@ -144,10 +128,8 @@ def _model_generation_config(model: str) -> Any:
 def write_adapter(model: Any, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> None:
     """Write a peft model's active LoRA adapter as ``adapter_model.safetensors`` and
     ``adapter_config.json`` into ``path``, replacing what is there, its weights cast to
-    ``dtype`` (the trainer keeps them in float32; a 7B model's r=64 adapter is ~0.65 GB
-    in float32, half that in bfloat16). Each file is written beside its target and
-    renamed over it, so a reader never sees half a file.
-    """
+    ``dtype``. Each file is written beside its target and renamed over it, so a reader
+    never sees half a file."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -202,9 +184,8 @@ class VLLMGenerator:
         model: the base model's path or hub id (as the policy was loaded).
         tokenizer: the policy's tokenizer.
         max_new_tokens, temperature, top_p: sampling.
-        lora_rank: > 0 enables LoRA; :meth:`sync` then writes the current adapter (into
-            one folder, overwritten each step) and generation uses it. 0: :meth:`sync`
-            copies the full weights into vLLM, which
+        lora_rank: > 0 enables LoRA; :meth:`sync` then writes the current adapter and
+            generation uses it. 0: :meth:`sync` copies the full weights into vLLM, which
             then runs in this process (``distributed_executor_backend="external_launcher"``,
             as TRL's colocate mode) so that its model is reachable.
         gpu_memory_utilization: vLLM's share of GPU memory (the trainer needs the rest).
@@ -212,9 +193,7 @@ class VLLMGenerator:
         llm_kwargs: more ``vllm.LLM`` arguments.
 
     Log-probs are vLLM's ``processed_logprobs``: after temperature scaling, as the
-    trainer's ``log_softmax(logits / temperature)``. A turn ends at the tokenizer's eos
-    or at any eos id of the model's ``generation_config.json`` (vLLM stops at those
-    too; Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``).
+    trainer's. A turn ends at any of :func:`end_of_turn_ids`.
 
     Raises:
         ImportError: vllm is not installed (``pip install empathy-gym[vllm]``).
@@ -270,13 +249,9 @@ class VLLMGenerator:
 
     def sync(self, model: Any, step: int) -> None:
         """Give vLLM the policy's current weights: the LoRA adapter, or the full state
-        dict through the model's ``load_weights`` (then the prefix cache, computed with
-        the old weights, is dropped).
-
-        The adapter goes into one folder, overwritten each step (:func:`write_adapter`,
-        in the engine's dtype: bfloat16 unless ``dtype="float32"``), under a new
-        ``LoRARequest`` id, since vLLM caches adapters by id; the previous id is removed
-        from the engine. A run therefore holds one adapter on disk, not one per step.
+        dict through the model's ``load_weights`` (then the stale prefix cache is dropped).
+        The adapter overwrites one folder each step (:func:`write_adapter`) under a new
+        ``LoRARequest`` id, since vLLM caches adapters by id; the previous id is removed.
 
         Raises:
             NotImplementedError: full weights, and this vLLM does not expose its model.

@@ -1,9 +1,8 @@
 """GRPO for LLM policies in multi-turn dialogue (RLVER, arXiv 2507.03112, section 3).
 
-A group is ``num_generations`` dialogues that share one env seed: the same persona and
-the same opening line, different sampled replies. Advantages are the group-normalised
-returns; no value function. Groups whose members all got the same return carry no
-signal: they are skipped and counted.
+A group is ``num_generations`` dialogues that share one env seed (persona and opening
+line); advantages are normalised within it, and groups without spread are skipped.
+See docs/training.md.
 
 References:
     [GRPO] Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, section 4.1 (eq. 3 the
@@ -78,20 +77,16 @@ def reward_to_go_advantages(
     turn_rewards: Sequence[torch.Tensor], groups: Sequence[int], scale: bool = True
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Turn-level advantages: each turn's return-to-go, normalised across the group's
-    rollouts at the same turn index.
+    rollouts j that have a turn k.
 
         G_k^i = r_k^i + r_{k+1}^i + ...                  (rollout i's return from turn k)
         A_k^i = (G_k^i - mean_j G_k^j) / (std_j G_k^j + 1e-4)
 
-    the mean and (sample) standard deviation taken over the group's rollouts j that
-    have a turn k. This is the per-step baseline of DeepSeekMath's process supervision
-    [GRPO 4.1.3] with the comparison made between rollouts at the same turn rather than
-    over the group's pooled rewards: pooling would subtract the mean reward once per
-    turn, so every turn of a long dialogue would pay it again (with rewards only at the
-    end, every zero reward of a long dialogue would count against it).
-
-    A turn index that fewer than two rollouts reach, or whose returns-to-go are all
-    equal (within :data:`RETURN_ATOL`), gets advantage 0 there.
+    The per-step baseline of process supervision [GRPO 4.1.3], but compared between
+    rollouts at the same turn rather than over the group's pooled rewards: pooling would
+    subtract the mean reward once per turn, so every turn of a long dialogue would pay it
+    again. A turn index that fewer than two rollouts reach, or without spread (within
+    :data:`RETURN_ATOL`), gets advantage 0.
 
     Args:
         turn_rewards: per rollout, (K_i,) float, one reward per agent turn.
@@ -139,17 +134,16 @@ def grpo_loss(
         L_t     = -w_t * min(ratio_t * A_t, clip(ratio_t, 1-eps_low, 1+eps_high) * A_t)
                   + beta * (pi_ref/pi - log(pi_ref/pi) - 1)        [GRPO eq. 4, k3 KL]
 
-    ``eps_low = epsilon``; ``eps_high = epsilon_high`` (DAPO's clip-higher [DAPO eq. 10]:
-    a higher upper bound lets unlikely tokens gain probability; ``None``: ``epsilon``).
-    ``w_t``: truncated importance weights [TIS] (``None``: 1). The caller averages
-    with :func:`aggregate`.
+    The caller averages with :func:`aggregate`.
 
     Args:
         logprobs, old_logprobs, advantages: (n,) float.
         epsilon: lower clip range eps_low.
-        epsilon_high: upper clip range eps_high (``None``: ``epsilon``).
+        epsilon_high: upper clip range eps_high, DAPO's clip-higher [DAPO eq. 10]: a
+            higher upper bound lets unlikely tokens gain probability (``None``: ``epsilon``).
         ref_logprobs: (n,) float, needed when ``beta`` > 0.
-        weights: (n,) float, from :func:`~empathy_gym.agents.mismatch.tis_weights`.
+        weights: (n,) float truncated importance weights w_t [TIS], from
+            :func:`~empathy_gym.agents.mismatch.tis_weights` (``None``: 1).
 
     Returns:
         ``(L, stats)``: (n,) float, and per-token (n,) ``clipfrac`` (1 where the clipped
@@ -190,18 +184,15 @@ def aggregate(
     sequences: float,
     max_tokens: int | None = None,
 ) -> torch.Tensor:
-    """This micro-batch's share of a mini-batch's loss (a sum over micro-batches and
-    processes of these shares is the mini-batch's loss).
+    """This micro-batch's share of a mini-batch's loss (the shares of all micro-batches
+    and processes sum to it).
 
-    ``"token_mean"``: sum_t L_t / tokens, every trainable token of the mini-batch weighs
-    the same [DAPO]. ``"sequence_mean"``: sum_i (mean of rollout i's L_t) / sequences,
-    each rollout weighs the same [GRPO eq. 3's 1/|o_i| then 1/G]. ``"dr_grpo"``:
-    sum_t L_t / (sequences * max_tokens), a constant that does not depend on how long
-    the rollouts are [DrGRPO section 3.1; TRL divides by ``max_completion_length``, the
-    budget of a whole completion], so a long wrong answer is not penalised less per token
-    than a short one. A dialogue is the completion here: its budget is every agent turn
-    at ``max_new_tokens``, or the context if that is less (the trainer's
-    ``dialogue_token_budget``).
+    ``"token_mean"``: sum_t L_t / tokens, every trainable token weighs the same [DAPO].
+    ``"sequence_mean"``: sum_i (mean of rollout i's L_t) / sequences, each rollout weighs
+    the same [GRPO eq. 3's 1/|o_i| then 1/G]. ``"dr_grpo"``: sum_t L_t / (sequences *
+    max_tokens), a constant independent of the rollouts' lengths [DrGRPO section 3.1;
+    TRL divides by ``max_completion_length``], so a long wrong answer is not penalised
+    less per token than a short one.
 
     Args:
         per_token: (n,) float, this micro-batch's per-token losses.
@@ -209,8 +200,8 @@ def aggregate(
         loss_type: one of :data:`LOSS_TYPES`.
         tokens, sequences: the mini-batch's trainable tokens and rollouts, counted over
             every micro-batch and process.
-        max_tokens: the constant of ``"dr_grpo"``: a rollout's token budget (the trainer's
-            ``dialogue_token_budget``).
+        max_tokens: the constant of ``"dr_grpo"``: a dialogue's token budget (the
+            trainer's ``dialogue_token_budget``).
 
     Raises:
         ValueError: unknown ``loss_type``, or ``"dr_grpo"`` without ``max_tokens``.
@@ -229,29 +220,32 @@ def aggregate(
     raise ValueError(f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}")
 
 
-def degenerate_groups(trajectories: Sequence[Trajectory], advantage: str = "episode") -> set[int]:
-    """The groups of ``trajectories`` that carry no signal under ``advantage``
-    (:func:`group_advantages` or :func:`reward_to_go_advantages` on the outcome rewards)."""
-    if not trajectories:
-        return set()
+def _advantages(
+    trajectories: Sequence[Trajectory], advantage: str, scale: bool = True
+) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    """:func:`group_advantages` (``advantage="episode"``) or :func:`reward_to_go_advantages`
+    of the trajectories' outcome rewards."""
     groups = [t.group for t in trajectories]
     rewards = [t.outcome_rewards() for t in trajectories]
     if advantage == "episode":
-        _, degenerate = group_advantages(
-            torch.tensor([sum(r) for r in rewards], dtype=torch.float64), torch.tensor(groups)
-        )
-    else:
-        _, degenerate = reward_to_go_advantages([torch.tensor(r, dtype=torch.float64) for r in rewards], groups)
-    return {g for g, d in zip(groups, degenerate.tolist()) if d}
+        returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float64)
+        return group_advantages(returns, torch.tensor(groups), scale)
+    return reward_to_go_advantages([torch.tensor(r, dtype=torch.float64) for r in rewards], groups, scale)
+
+
+def degenerate_groups(trajectories: Sequence[Trajectory], advantage: str = "episode") -> set[int]:
+    """The groups of ``trajectories`` that carry no signal under ``advantage``."""
+    if not trajectories:
+        return set()
+    _, degenerate = _advantages(trajectories, advantage)
+    return {t.group for t, d in zip(trajectories, degenerate.tolist()) if d}
 
 
 # -- the trainer ----------------------------------------------------------------------------
 @dataclass
 class GRPOBatch:
-    """The rollouts of a step that carry signal, ready for the epochs (flat per
-    trajectory over its trainable tokens): ``data``, ``old_logprobs``, ``advantages``,
-    with ``beta`` > 0 ``ref_logprobs``, and with truncated importance sampling the
-    ``weights``."""
+    """The rollouts of a step that carry signal, flat per trajectory over its trainable
+    tokens; ``ref_logprobs`` only with ``beta`` > 0, ``weights`` only with TIS."""
 
     data: list[TokenData]
     old_logprobs: list[torch.Tensor]
@@ -264,19 +258,11 @@ class GRPOTrainer(RLTrainer):
     """GRPO against the simulated user (loop, checkpoints and Ctrl-C as
     :class:`~empathy_gym.agents.trainer.RLTrainer`).
 
-    Each step plays ``rollout_batch_size / num_generations`` groups of
-    ``num_generations`` dialogues; a group's dialogues share an env seed. With
-    ``beta`` > 0 the loss adds the k3 KL to the reference (LoRA: the base model with
-    adapters off). Loss aggregation (``loss_type``) counts the mini-batch's tokens (or
-    rollouts) over every micro-batch and process first, so accumulation does not change
-    it. A dialogue cut at the context limit is scored as if it had ended there
-    (:meth:`~empathy_gym.agents.rollout.Trajectory.outcome_rewards`).
-
-    Dynamic sampling [DAPO 3.2] (``dynamic_sampling_budget`` > 0): the groups skipped
-    for want of signal are replaced by fresh groups (new env seeds), played and checked
-    in rounds until every skipped group is replaced or the budget of extra groups is
-    spent; the rollout statistics (``reward/``, ``emotion/``, ``episode/``) stay those of
-    the step's first round, an unbiased sample of the policy.
+    Each step plays ``rollout_batch_size / num_generations`` groups. A dialogue cut at
+    the context limit is scored as if it had ended there
+    (:meth:`~empathy_gym.agents.rollout.Trajectory.outcome_rewards`). With dynamic
+    sampling (:meth:`refill`) the rollout statistics stay those of the step's first
+    round, an unbiased sample of the policy.
     """
 
     algorithm = "grpo"
@@ -317,17 +303,10 @@ class GRPOTrainer(RLTrainer):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Per-rollout flat advantages (every token of a turn gets its turn's) and the
         degenerate-group mask."""
-        config = self.config
-        groups = [t.group for t in trajectories]
-        rewards = [t.outcome_rewards() for t in trajectories]
-        if config.advantage == "episode":
-            returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float64)
-            adv, degenerate = group_advantages(returns, torch.tensor(groups), config.scale_rewards)
-            return [torch.full((d.num_trainable,), float(a)) for a, d in zip(adv, data)], degenerate
-        per_turn, degenerate = reward_to_go_advantages(
-            [torch.tensor(r, dtype=torch.float64) for r in rewards], groups, config.scale_rewards
-        )
-        return [a[d.turn_index] for a, d in zip(per_turn, data)], degenerate
+        advantages, degenerate = _advantages(trajectories, self.config.advantage, self.config.scale_rewards)
+        if self.config.advantage == "episode":
+            return [torch.full((d.num_trainable,), float(a)) for a, d in zip(advantages, data)], degenerate
+        return [a[d.turn_index] for a, d in zip(advantages, data)], degenerate
 
     def refill(
         self, trajectories: list[Trajectory], step: int, collect: Any
@@ -343,9 +322,8 @@ class GRPOTrainer(RLTrainer):
             collect: ``collect(env_seeds, groups)`` plays dialogues (the trainer's rollout).
 
         Returns:
-            ``(trajectories followed by every refill round's, metrics)``: metrics
-            ``grpo/refill_groups`` (extra groups played) and ``grpo/refill_rounds``;
-            none when dynamic sampling is off.
+            ``(trajectories followed by every refill round's, metrics)``:
+            ``grpo/refill_groups`` and ``grpo/refill_rounds`` (none when it is off).
         """
         config = self.config
         budget = config.dynamic_sampling_budget // self.processes.world
@@ -370,25 +348,20 @@ class GRPOTrainer(RLTrainer):
         return played, {"grpo/refill_groups": float(extra), "grpo/refill_rounds": float(round_)}
 
     def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[GRPOBatch, dict[str, float]]:
-        """Advantages; the rollouts of groups without signal left out; old (and
-        reference) log-probs; the sampler mismatch over the kept rollouts' tokens (and
-        truncated importance weights when ``tis_cap`` is in force). Returns the batch
-        and its statistics: group counts, mismatch, and the mean, standard deviation,
-        minimum and maximum of the kept tokens' advantages."""
+        """Advantages; the groups without signal left out; old (and reference) log-probs;
+        the sampler mismatch over the kept tokens (and TIS weights). Returns the batch and
+        its statistics: group counts, mismatch, and ``describe`` of the kept advantages."""
         data = self.token_data(trajectories)
         advantages, degenerate = self.token_advantages(trajectories, data)
         keep = [i for i in range(len(data)) if not degenerate[i]]
 
         def count(first_round: bool, skipped: bool) -> float:
-            return float(
-                len(
-                    {
-                        t.group
-                        for i, t in enumerate(trajectories)
-                        if (t.round == 0) == first_round and (degenerate[i] or not skipped)
-                    }
-                )
-            )
+            groups = {
+                t.group
+                for i, t in enumerate(trajectories)
+                if (t.round == 0) == first_round and (degenerate[i] or not skipped)
+            }
+            return float(len(groups))
 
         stats = {"grpo/groups": count(True, False), "grpo/skipped_groups": count(True, True)}
         if self.config.dynamic_sampling_budget > 0:
@@ -404,12 +377,9 @@ class GRPOTrainer(RLTrainer):
     def micro_loss(
         self, batch: GRPOBatch, indices: Sequence[int], size: MinibatchSize
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """One micro-batch's share of the mini-batch's loss:
-
-            L = aggregate(L_t - entropy_coef * H_t)
-
-        with :func:`grpo_loss`'s L_t, H the entropy, and :func:`aggregate`'s token and
-        rollout counts those of the whole mini-batch over every process (``size``).
+        """One micro-batch's share of the mini-batch's loss, L = aggregate(L_t -
+        entropy_coef * H_t) with :func:`grpo_loss`'s L_t and H the entropy, counted over
+        the whole mini-batch and every process (``size``).
 
         Returns:
             ``(L, sums)``: a 0-dim float tensor, and the micro-batch's sums of
@@ -460,9 +430,8 @@ class GRPOTrainer(RLTrainer):
         self, batch: GRPOBatch, prepared: dict[str, float], trained: dict[str, float]
     ) -> dict[str, float]:
         """:meth:`prepare`'s statistics, then the optimiser steps' means: NaN when no
-        group had signal (in any process: no step, the statistics are undefined); no
-        ``policy/kl_to_reference_k3`` with ``beta`` 0 (no reference model, nothing
-        measured; it was reported as 0)."""
+        group had signal in any process (no step); no ``policy/kl_to_reference_k3`` with
+        ``beta`` 0 (no reference, nothing measured)."""
         if not trained:
             names = (*self.loss_metrics, *(f"{group}/grad_norm" for group in self.gradient_groups))
             trained = dict.fromkeys(names, float("nan"))

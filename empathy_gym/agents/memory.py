@@ -1,35 +1,9 @@
-"""How much device memory a training recipe needs, worked out before any weight is loaded.
+"""How much device memory a training recipe needs, worked out from the model's config
+before any weight is loaded (:func:`plan_memory`; see docs/training.md, "Memory plan").
 
-:func:`plan_memory` reads the model's config (sizes only) and the recipe and adds up, in
-bytes: the frozen weights, the trained weights (LoRA adapters, or every weight) with
-their gradients and AdamW's two moments, a separate critic or a frozen reference when
-the recipe has one, the activations of one micro-batch, the log-prob pass over the
-vocabulary, the generation engine (key/value cache and the logits it keeps), and the
-simulated user when the policy's own weights play it. :class:`MemoryPlan` prints the
-table and refuses a recipe that cannot fit (:meth:`MemoryPlan.check`);
-:func:`device_capacity` and :func:`read_shape` supply the device's memory and the
-model's sizes to the trainer before it loads anything.
-
-Counts assume a Llama/Qwen2-style decoder (attention q, k, v, o; gated MLP gate, up,
-down; RMSNorm), which covers the models the recipes use. They are estimates: allocator
-fragmentation, CUDA context (~0.5-1 GB) and library workspaces come on top, which is
-what the headroom is for.
-
-Sources: mixed-precision AdamW keeps float32 master weights, gradients and two moments,
-16 bytes per trained parameter (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054,
-section 3.1, with float32 gradients). Activations: what autograd saves per token and
-layer of a transformers Llama/Qwen2 layer in half precision, counted tensor by tensor
-as Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1) count a GPT layer, but for
-this layer's parts: the two RMSNorms keep a float32 copy of their input (2 x 4h), the
-attention keeps its input (2h), q through projection, rotation, the rotated copy, the
-attention output and the output projection's input (5 x 2q), k and v (4 x 2kv), the
-gated MLP its input (2h) and gate, SiLU, up and product (4 x 2I):
-``8h + 2h + 10q + 8kv + 2h + 8I`` bytes, 67h for Qwen2.5-7B (Korthikanti's GPT layer:
-34h), plus ``8 * heads * T`` for the scores of eager attention (fused attention keeps
-none). ``tests/test_memory_plan.py`` checks the count against the bytes autograd
-actually saves. With activation checkpointing only each layer's input (2h) stays, and
-one layer is recomputed at a time. KV cache = 2 * layers * kv_heads * head_dim * bytes
-per token (vLLM, arXiv 2309.06180, section 2).
+Counts assume a Llama/Qwen2-style decoder (q, k, v, o; gated MLP; RMSNorm). They are
+estimates: allocator fragmentation, the CUDA context and library workspaces come on top,
+which is what the headroom is for.
 """
 
 from __future__ import annotations
@@ -115,6 +89,7 @@ class DecoderShape:
         return self.layers * sum(rank * sum(shapes[name]) for name in names)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """2 * layers * kv_heads * head_dim * bytes (vLLM, arXiv 2309.06180, section 2)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
 
@@ -142,14 +117,9 @@ class MemoryPlan:
         lines.append(f"  {'total':<{width}}{self.total / GIB:>9.2f}")
         if self.capacity is not None:
             lines.append(f"  {'device capacity':<{width}}{self.capacity / GIB:>9.2f}")
-            lines.append(
-                f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  "
-                + (
-                    "(CUDA context, fragmentation, workspaces)"
-                    if self.device.startswith("cuda")
-                    else "(the rest of the machine)"
-                )
-            )
+            cuda = self.device.startswith("cuda")
+            spent_on = "(CUDA context, fragmentation, workspaces)" if cuda else "(the rest of the machine)"
+            lines.append(f"  {'headroom':<{width}}{self.headroom / GIB:>9.2f}  {spent_on}")
         return "\n".join(lines)
 
     def check(self, min_headroom: float = 0.05) -> None:
@@ -176,8 +146,16 @@ def _count(n: int) -> str:
 def activation_bytes_per_token(
     shape: DecoderShape, dtype_bytes: int = 2, *, fused_attention: bool = True, sequence: int = 0
 ) -> int:
-    """Bytes autograd keeps per token for one decoder layer without recomputation
-    (see the module docstring for the count).
+    """Bytes autograd keeps per token for one decoder layer without recomputation.
+
+    Counted tensor by tensor as Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1)
+    count a GPT layer, but for a transformers Llama/Qwen2 layer: the two RMSNorms keep a
+    float32 copy of their input (2 x 4h), the attention its input (2h), q through
+    projection, rotation, the rotated copy, the attention output and the output
+    projection's input (5 x 2q), k and v (4 x 2kv), the gated MLP its input (2h) and
+    gate, SiLU, up and product (4 x 2I): ``8h + 2h + 10q + 8kv + 2h + 8I`` bytes
+    (Korthikanti's GPT layer: 34h). ``tests/test_memory_plan.py`` checks it against the
+    bytes autograd saves.
 
     Args:
         shape: the decoder's sizes.
@@ -239,46 +217,27 @@ def read_shape(name: str) -> DecoderShape:
 
 def _weight_rows(config: Any, shape: DecoderShape, half: int) -> list[tuple[str, int, str]]:
     """The rows of the weights, gradients and optimizer state: the policy's, a separate
-    critic's, and a reference copy for the KL term (without LoRA)."""
+    critic's, and a reference copy for the KL term (without LoRA). Mixed-precision AdamW
+    keeps 16 bytes per trained parameter: float32 master weight, gradient and two moments
+    (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, section 3.1)."""
     policy, total = config.policy, shape.parameters()
+    trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
     rows: list[tuple[str, int, str]] = []
     if policy.use_lora:
-        trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules)
         rows.append(("policy weights (frozen)", total * half, f"{_count(total)} params x {half} B"))
-        rows.append(
-            (
-                "LoRA adapters + grads + AdamW",
-                trained * 16,
-                f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)",
-            )
-        )
+        note = f"{_count(trained)} params x 16 B (fp32 weight, grad, 2 moments)"
+        rows.append(("LoRA adapters + grads + AdamW", trained * 16, note))
     else:
-        rows.append(
-            (
-                "policy weights + grads + AdamW",
-                total * 16,
-                f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)",
-            )
-        )
+        note = f"{_count(total)} params x 16 B (fp32 master weight, grad, 2 moments)"
+        rows.append(("policy weights + grads + AdamW", total * 16, note))
         if half == 2:
-            rows.append(
-                (
-                    "autocast's bf16 weight copies",
-                    total * 2,
-                    "torch.autocast caches a half-precision copy of each fp32 weight in a forward",
-                )
-            )
-    critic = getattr(config, "critic", None)
-    if critic == "separate":
-        critic_trained = shape.lora_parameters(policy.lora_r, policy.lora_target_modules) if policy.use_lora else total
+            note = "torch.autocast caches a half-precision copy of each fp32 weight in a forward"
+            rows.append(("autocast's bf16 weight copies", total * 2, note))
+    if getattr(config, "critic", None) == "separate":
         body = total - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)  # no language-model head
-        rows.append(
-            (
-                "critic (separate)",
-                (body * half if policy.use_lora else 0) + critic_trained * 16,
-                "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained"),
-            )
-        )
+        size = (body * half if policy.use_lora else 0) + trained * 16
+        note = "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained")
+        rows.append(("critic (separate)", size, note))
     kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
     if kl and not policy.use_lora:
         rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
@@ -290,33 +249,17 @@ def _generation_rows(
 ) -> list[tuple[str, int, str]]:
     """The rows of the policy's sampler: the transformers engine's KV cache and kept
     logits for ``batch`` dialogues per ``generate`` call, or vLLM's share of the device."""
-    rows: list[tuple[str, int, str]] = []
-    context = generation.max_context_tokens
     if generation.engine == "transformers":
-        rows.append(
-            (
-                "generation KV cache",
-                batch * context * shape.kv_bytes_per_token(half),
-                f"{batch} dialogues per generate call x {context} tokens",
-            )
-        )
-        rows.append(
-            (
-                "generation logits kept",
-                batch * generation.max_new_tokens * shape.vocab * 4 * 2,
-                f"{batch} x {generation.max_new_tokens} new tokens x {shape.vocab} x fp32, stacked once",
-            )
-        )
-    else:
-        share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
-        rows.append(
-            (
-                "vLLM (its share of the device)",
-                int(share * (capacity or 0)),
-                f"gpu_memory_utilization={share}: weights + KV cache",
-            )
-        )
-    return rows
+        context, new = generation.max_context_tokens, generation.max_new_tokens
+        kv = batch * context * shape.kv_bytes_per_token(half)
+        logits = batch * new * shape.vocab * 4 * 2
+        return [
+            ("generation KV cache", kv, f"{batch} dialogues per generate call x {context} tokens"),
+            ("generation logits kept", logits, f"{batch} x {new} new tokens x {shape.vocab} x fp32, stacked once"),
+        ]
+    share = getattr(generation, "vllm_gpu_memory_utilization", 0.5)
+    note = f"gpu_memory_utilization={share}: weights + KV cache"
+    return [("vLLM (its share of the device)", int(share * (capacity or 0)), note)]
 
 
 def plan_memory(
@@ -349,12 +292,11 @@ def plan_memory(
     """
     policy, generation = config.policy, config.generation
     half = BYTES.get(policy.dtype, 2)
-    rows: list[tuple[str, int, str]] = []
     dialogues = max(1, config.rollout_batch_size // max(1, processes))
     micro = max(1, -(-dialogues // (config.num_mini_batches * config.gradient_accumulation_steps)))
     context = generation.max_context_tokens
     tokens = micro * context
-    rows.extend(_weight_rows(config, shape, half))
+    rows = _weight_rows(config, shape, half)
     critic = getattr(config, "critic", None)
     fused = policy.attn_implementation != "eager"
     per_layer = tokens * activation_bytes_per_token(
@@ -364,23 +306,13 @@ def plan_memory(
     copies = 2 if critic == "separate" else 1  # the critic's backbone runs its own pass
     if policy.gradient_checkpointing:
         inputs = shape.layers * tokens * shape.hidden * half
-        rows.append(
-            (
-                "activations (checkpointed)",
-                int(copies * inputs + per_layer),
-                how + "; layer inputs, one layer recomputed at a time",
-            )
-        )
+        size = int(copies * inputs + per_layer)
+        rows.append(("activations (checkpointed)", size, how + "; layer inputs, one layer recomputed at a time"))
     else:
         rows.append(("activations", int(copies * shape.layers * per_layer), how + ", no checkpointing"))
     chunk = min(tokens, logprob_chunk_tokens or getattr(policy, "logprob_chunk_tokens", tokens) or tokens)
-    rows.append(
-        (
-            "log-prob pass over the vocabulary",
-            chunk * shape.vocab * 14,
-            f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)",
-        )
-    )
+    note = f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)"
+    rows.append(("log-prob pass over the vocabulary", chunk * shape.vocab * 14, note))
     rows.extend(_generation_rows(generation, shape, half, min(dialogues, generation_rows), capacity))
     from empathy_gym.agents.config import env_user_spec
 
@@ -390,11 +322,7 @@ def plan_memory(
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
         users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))
         user_context = min(context, 8192)
-        rows.append(
-            (
-                "simulated user (policy's base weights)",
-                (cached + users * user_context) * shape.kv_bytes_per_token(half),
-                f"KV: {cached} prefix-cache tokens + {users} prompts x {user_context} tokens; no weights of its own",
-            )
-        )
+        size = (cached + users * user_context) * shape.kv_bytes_per_token(half)
+        note = f"KV: {cached} prefix-cache tokens + {users} prompts x {user_context} tokens; no weights of its own"
+        rows.append(("simulated user (policy's base weights)", size, note))
     return MemoryPlan(rows, capacity, device)

@@ -1,30 +1,16 @@
 """The sampler is not quite the trainer: statistics of their mismatch and truncated
-importance sampling.
+importance sampling (the ``sampler/*`` metrics: docs/training.md, "Sampling").
 
-The rollout's tokens are drawn by a generation engine (vLLM, or ``generate`` with a
-key/value cache) whose log-probs differ from the ones the trainer computes for the same
-tokens with the same weights: other kernels, other reduction orders, bfloat16 adapters.
-PPO's ratio is taken against the trainer's "old" log-probs, so the update is then
-slightly off-policy. Yao et al. 2025 ("Your Efficient RL Framework Secretly Brings You
-Off-Policy RL Training", fengyao.notion.site/off-policy-rl, section "Truncated
-Importance Sampling") weight each token's policy-gradient loss by the truncated ratio
+The engine's log-probs differ from the trainer's for the same tokens and weights (other
+kernels, reduction orders, bfloat16 adapters), so the update is slightly off-policy.
+Yao et al. 2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
+Training", fengyao.notion.site/off-policy-rl, section "Truncated Importance Sampling")
+weight each token's policy-gradient loss by
 
     w_t = min(pi_trainer(a_t | s_t) / pi_sampler(a_t | s_t), C)        (C = 2 there)
 
-which corrects the expectation for sampling from the engine's distribution while the
-cap bounds the variance. verl applies it the same way (``tis_imp_ratio_cap``: the ratio
-of the old log-prob to the rollout log-prob, clamped, multiplying the per-token policy
-loss).
-
-Statistics per step (every trainable token of the rollout), written to ``metrics.jsonl``:
-
-* ``sampler/kl``: KL(sampler || trainer), the k3 estimate
-  mean(r - 1 - log r), r = pi_trainer / pi_sampler, unbiased because the tokens were
-  drawn from the sampler, and never negative (Schulman 2020, "Approximating KL
-  divergence");
-* ``sampler/max_ratio`` and ``sampler/min_ratio``: the extremes of r;
-* ``sampler/tis_capped``: the share of tokens whose weight the cap bounded (0 without
-  correction).
+as verl does (``tis_imp_ratio_cap``: old over rollout log-prob, clamped, multiplying
+the per-token policy loss).
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ import torch
 def mismatch_stats(
     trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: Sequence[torch.Tensor | None], cap: float = 0.0
 ) -> dict[str, float]:
-    """Per-step statistics of the sampler/trainer mismatch (see the module docstring).
+    """Per-step statistics of the sampler/trainer mismatch, with r = pi_trainer / pi_sampler.
 
     Args:
         trainer_logprobs: per trajectory, (n_i,) float, the trainer's old log-probs.
@@ -46,8 +32,11 @@ def mismatch_stats(
         cap: the truncated importance sampling cap (0: no correction).
 
     Returns:
-        ``sampler/kl``, ``sampler/max_ratio``, ``sampler/min_ratio``,
-        ``sampler/tis_capped``; NaN when no token has both; and ``sampler/count``, the
+        ``sampler/kl``: KL(sampler || trainer), the k3 estimate mean(r - 1 - log r),
+        unbiased as the tokens were drawn from the sampler (Schulman 2020,
+        "Approximating KL divergence"); ``sampler/max_ratio``, ``sampler/min_ratio``: the
+        extremes of r; ``sampler/tis_capped``: the share of tokens with r > cap (0
+        without correction); NaN when no token has both; and ``sampler/count``, the
         tokens they are over.
     """
     pairs = [(t, s) for t, s in zip(trainer_logprobs, sampler_logprobs) if s is not None and len(s)]
@@ -67,15 +56,12 @@ def mismatch_stats(
 
 
 def tis_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance weights w_t = min(exp(log pi_trainer - log pi_sampler), cap)
-    (Yao et al. 2025; see the module docstring), without gradient.
+    """(n,) float32 truncated importance weights w_t = min(exp(log pi_trainer - log
+    pi_sampler), cap) (Yao et al. 2025; see the module docstring), without gradient.
 
     Args:
         trainer_logprobs, sampler_logprobs: (n,) float, the same tokens.
         cap: C > 0.
-
-    Returns:
-        (n,) float32.
 
     Raises:
         ValueError: ``cap`` <= 0, or the two have different lengths.

@@ -1,39 +1,7 @@
-"""Reward-hacking monitors: what the sampled replies of one training step look like,
-read without the simulated user, so that a rising reward can be checked against replies
-a reader would accept.
-
-Each monitor is a transparent check on the reply text (and, for parroting, the user
-message it answers); :func:`reply_monitors` gives them as ``monitor/*`` metrics, one
-value per step, and :func:`tripped` names those past the thresholds a recipe sets.
-
-* ``monitor/reply_words_mean``: words per reply (en: Latin words; zh: CJK characters
-  plus Latin words).
-* ``monitor/distinct_2``: distinct bigrams over all bigrams of the step's replies
-  (distinct-n: Li et al. 2016, "A Diversity-Promoting Objective Function for Neural
-  Conversation Models", section 4.3), in [0, 1]; low when replies repeat each other.
-* ``monitor/self_repeat_share``: share of replies that say a sentence twice, or a word
-  bigram three times or more ("I'm here. What? I'm here.").
-* ``monitor/parrot_share``: share of replies with at least 5 content units of which at
-  least 60% come from the user message they answer (the rule user's content units:
-  en words of 4+ letters outside its stopwords, cut to 6 letters; zh character bigrams).
-* ``monitor/wrong_script_share``: share of replies mostly in another script than the
-  persona's language (an English persona's reply with more CJK characters than Latin
-  words; a Chinese persona's with more Latin words than CJK characters).
-* ``monitor/nonword_share``: share of replies of which over 20% of units are non-words
-  (the rule user's word check).
-* ``monitor/injection_share``: share of replies holding a string that looks like a prompt
-  injection or appraisal output (:func:`empathy_gym.boundary.find_injection`: role
-  headers, ``"change": 10``, ``Change: +10``, "ignore the rules").
-
-Every share is in [0, 1] over the step's replies (NaN for a step without replies).
-
-The trainer adds ``monitor/reference_nll``: the reference model's mean negative
-log-likelihood of the step's sampled tokens, in nats per token
-(:meth:`~empathy_gym.agents.trainer.RLTrainer.reference_nll`); it rises as the replies
-drift from anything the model before training would write. It costs a forward pass per
-step, so it is measured only when the recipe sets a threshold for it or trains with a KL
-term (NaN otherwise, and without a reference). It does not catch repetition: a reply
-that repeats the user's words is likely under the base model.
+"""Reward-hacking monitors: transparent checks on a training step's sampled replies, read
+without the simulated user (docs/reward-hacking.md). :func:`reply_monitors` gives the
+``monitor/*`` metrics, :func:`tripped` those past a recipe's thresholds; the trainer adds
+``monitor/reference_nll`` (:meth:`~empathy_gym.agents.trainer.RLTrainer.reference_nll`).
 """
 
 from __future__ import annotations
@@ -93,8 +61,10 @@ def bigrams(units: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def distinct_2(texts: Sequence[str], language: str | Sequence[str]) -> float:
-    """Distinct bigrams / all bigrams over ``texts`` (Li et al. 2016), in [0, 1]; NaN
-    when the texts hold no bigram. ``language``: one for all, or one per text."""
+    """Distinct bigrams / all bigrams over ``texts`` (distinct-n: Li et al. 2016, "A
+    Diversity-Promoting Objective Function for Neural Conversation Models", section
+    4.3), in [0, 1]; NaN when the texts hold no bigram. ``language``: one for all, or one
+    per text."""
     languages = [language] * len(texts) if isinstance(language, str) else list(language)
     pairs = [pair for text, code in zip(texts, languages) for pair in bigrams(words(text, code))]
     return len(set(pairs)) / len(pairs) if pairs else math.nan
@@ -111,20 +81,23 @@ def repeats_itself(text: str, language: str) -> bool:
 
 def parrots(text: str, user_message: str, language: str) -> bool:
     """At least :data:`PARROT_MIN_UNITS` content units, :data:`PARROT_SHARE` of them from
-    ``user_message``."""
+    ``user_message`` (the rule user's units: en words of 4+ letters outside its
+    stopwords, cut to 6 letters; zh character bigrams)."""
     rules = _rules()[language]
     mine, theirs = rules.units(text)[1], rules.units(user_message)[1]
     return len(mine) >= PARROT_MIN_UNITS and len(mine & theirs) >= PARROT_SHARE * len(mine)
 
 
 def wrong_script(text: str, language: str) -> bool:
-    """Mostly in the other script than ``language``'s (see the module docstring)."""
+    """Mostly in the other script: more CJK characters than Latin words for ``en``, more
+    Latin words than CJK characters for ``zh``."""
     latin, cjk = len(_LATIN_WORD.findall(text)), len(CJK.findall(text))
     return cjk > latin if language == "en" else latin > cjk
 
 
 def mostly_nonwords(text: str, language: str) -> bool:
-    """Over :data:`NONWORD_REPLY_SHARE` of the reply's units are non-words."""
+    """Over :data:`NONWORD_REPLY_SHARE` of the reply's units are non-words (the rule
+    user's word check)."""
     return _rules()[language].scan(text).nonword_ratio > NONWORD_REPLY_SHARE
 
 
@@ -134,8 +107,8 @@ def looks_like_injection(text: str) -> bool:
 
 
 def reply_monitors(replies: Sequence[Reply]) -> dict[str, float]:
-    """The ``monitor/*`` metrics of one step's replies (module docstring); NaN shares
-    and means for an empty step."""
+    """The ``monitor/*`` metrics of one step's replies: shares of replies in [0, 1], a
+    mean length and distinct-2; NaN for an empty step."""
 
     def share(check) -> float:
         return sum(map(check, replies)) / len(replies) if replies else math.nan

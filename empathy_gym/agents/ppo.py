@@ -1,10 +1,8 @@
 """PPO for LLM policies in multi-turn dialogue (RLVER, arXiv 2507.03112, section 3).
 
-Reads top to bottom: the estimators and losses first (each line names its equation),
-then :class:`PPOTrainer`. Token-level PPO as in Ouyang et al. 2022 / TRL / verl: every
-sampled token is an action, the state is the dialogue so far; the user's turns are
-part of the state, never actions (they are masked out, and GAE runs over the
-trainable tokens only).
+Token-level PPO as in Ouyang et al. 2022 / TRL / verl: every sampled token is an action;
+the user's turns are state, never actions (masked out; GAE runs over the trainable
+tokens only). See docs/training.md.
 
 References:
     [PPO]  Schulman et al. 2017, "Proximal Policy Optimization Algorithms", arXiv 1707.06347.
@@ -99,8 +97,7 @@ def ppo_policy_loss(
         L_t     = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1-eps, 1+eps))     [PPO eq. 7, negated]
         L_t    <- w_t * L_t      with truncated importance weights            [TIS]
 
-    The caller aggregates: the trainer's loss is the sum of L_t over a mini-batch
-    divided by its count of trainable tokens (a token mean, as verl's ``token-mean``).
+    The caller aggregates (a token mean over the mini-batch, as verl's ``token-mean``).
 
     Args:
         logprobs, old_logprobs, advantages: (n,) float over trainable tokens.
@@ -167,15 +164,13 @@ def load_backbone(
     name: str, *, dtype: Any = "float32", device: Any = "cpu", attn_implementation: str | None = None
 ) -> Any:
     """The policy's base model without its language-model head (``AutoModel``), for a
-    separate critic: a value head reads its last hidden states, so the head's
-    vocabulary x hidden weights (1.09 GB in bfloat16 for Qwen2.5-7B) and the logits
-    would be dead weight.
+    separate critic: a value head reads its last hidden states, so the LM head and the
+    logits would be dead weight.
 
     Args:
         name: as ``policy.model`` (path, hub id, ``.gguf`` file or alias, see
             :mod:`empathy_gym.backends.models`).
-        dtype: ``torch.dtype`` or its name.
-        device: where to put it.
+        dtype, device: ``torch.dtype`` (or its name) and device.
         attn_implementation: transformers' attention implementation (``None``: default).
 
     Raises:
@@ -216,7 +211,6 @@ class PPOBatch:
     trainable tokens (see :mod:`~empathy_gym.agents.tokens`).
 
     Attributes:
-        data: the token data.
         old_logprobs, old_values: (n_i,) float32, under the parameters of the rollout.
         advantages, returns: (n_i,) float32, from GAE (advantages whitened when asked).
         weights: (n_i,) float32 truncated importance weights, or ``None`` (no correction).
@@ -231,25 +225,16 @@ class PPOBatch:
 
 
 class PPOTrainer(RLTrainer):
-    """PPO against the simulated user (see :class:`~empathy_gym.agents.trainer.RLTrainer`
-    for the loop, checkpoints and Ctrl-C).
+    """PPO against the simulated user (loop, checkpoints and Ctrl-C:
+    :class:`~empathy_gym.agents.trainer.RLTrainer`; loss aggregation: docs/training.md).
 
     The value function is a :class:`ValueHead` on the policy's own backbone
-    (``critic="shared"``: its loss also trains the policy's LoRA adapters, weighted by
-    ``vf_coef``) or on a separate copy of the base model with its own adapters
-    (``critic="separate"``). With ``kl_coef`` > 0 the per-token reward gets
-    ``-kl_coef * (log pi_old - log pi_ref)`` [KL]; RLVER uses none.
-
-    Loss aggregation: every trainable token of a mini-batch weighs the same, however
-    the mini-batch is cut into micro-batches (``gradient_accumulation_steps``) or shared
-    out over processes: each micro-batch backpropagates the *sum* of its per-token
-    losses divided by the mini-batch's token count (summed over the processes).
-    Gradients are clipped for the policy and for the value function apart
-    (``policy/grad_norm``, ``value/grad_norm``; with ``critic="shared"`` the policy's
-    group holds the backbone, whose gradient includes ``vf_coef`` times the value loss's).
-
-    A dialogue cut at the context limit is a truncation: GAE bootstraps from the value
-    of the state it was cut in (its last token), not from 0.
+    (``critic="shared"``: its loss also trains the policy's adapters, weighted by
+    ``vf_coef``, so ``policy/grad_norm`` includes its gradient) or on a separate
+    copy of the base model with its own adapters (``critic="separate"``). With
+    ``kl_coef`` > 0 the per-token reward gets ``-kl_coef * (log pi_old - log pi_ref)``
+    [KL]; RLVER uses none. A dialogue cut at the context limit is a truncation: GAE
+    bootstraps from the value of the state it was cut in, not from 0.
 
     Example:
         >>> from empathy_gym.agents import PPOConfig, PPOTrainer, load_recipe
@@ -371,12 +356,11 @@ class PPOTrainer(RLTrainer):
         return logprobs, values, last_values
 
     def prepare(self, trajectories: Sequence[Trajectory]) -> tuple[PPOBatch, dict[str, float]]:
-        """Old log-probs and values, the sampler mismatch (and truncated importance
-        weights when ``tis_cap`` is in force), rewards (with the KL penalty when asked),
-        GAE and whitening. Returns the batch and its statistics: the mean KL to the
-        reference (NaN without), the sampler mismatch, and the mean, standard deviation,
-        minimum and maximum of the values, the value targets and the advantages (before
-        whitening) over the trainable tokens."""
+        """Old log-probs and values, the sampler mismatch (and TIS weights), rewards (with
+        the KL penalty), GAE and whitening. Returns the batch and its statistics: the
+        sampler mismatch, the KL to the reference (only with a KL term), and
+        :func:`~empathy_gym.agents.trainer.describe` of the values, the value targets and
+        the advantages (before whitening)."""
         config = self.config
         data = self.token_data(trajectories)
         old_logprobs, old_values, last_values = self._rollout_values(data)
@@ -420,8 +404,7 @@ class PPOTrainer(RLTrainer):
 
         Returns:
             ``(L, sums)``: a 0-dim float tensor, and the sums over the micro-batch's
-            tokens of each of :attr:`loss_metrics` (the losses, the entropy, the
-            clipping fractions, the approximate KL to the old policy).
+            tokens of each of :attr:`loss_metrics`.
         """
         config = self.config
         flat = partial(self.flat_tokens, indices=indices)

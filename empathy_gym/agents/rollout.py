@@ -1,26 +1,9 @@
-"""Multi-turn rollouts, token in, token out.
+"""Multi-turn rollouts, token in, token out (see docs/training.md, "Rollouts").
 
-Each dialogue is a growing token sequence. The policy's turns are appended exactly as
-sampled (their ids and log-probs kept); the user's turns are appended as tokens
-rendered with the model's own chat template; the history is never decoded and
-re-tokenised (re-tokenising changes the sampled tokens and causes KL spikes, TRL
-issue 5224). The loss mask is 1 exactly on the tokens the policy sampled, its
-end-of-turn token included, and 0 on the system prompt, the user's turns and the
-template's headers. In think mode the thinking is sampled, so it is trained on; only
-the reply reaches the user (the env splits it, :mod:`empathy_gym.think`).
-
-All dialogues of a batch advance together: one batched generate for the policy, then
-one batched call to the simulated user (:func:`empathy_gym.env.step_many`). Every
-dialogue is keyed by its own index, so a dialogue that ends never shifts the others
-(RLVER's released rollout sent replies to the wrong user once one had ended).
-
-The context limit (``max_context_tokens``) is never passed: a dialogue goes on to its
-next agent turn only while a whole turn (``max_new_tokens`` and an end-of-turn token)
-still fits; otherwise it is *cut* (``termination == "context_limit"``). The user's last
-reply is appended when it fits, so that the state a cut dialogue stops in is the one
-the policy would have answered. A cut is a truncation, not an end: PPO bootstraps from
-the value of that state, GRPO scores the dialogue as if it had ended there
-(:meth:`Trajectory.outcome_rewards`).
+The history is never decoded and re-tokenised (that changes the sampled tokens and
+causes KL spikes, TRL issue 5224); the loss mask is 1 exactly on the sampled tokens.
+A dialogue whose next whole turn would not fit in ``max_context_tokens`` is *cut*
+(``"context_limit"``), after the user's last reply when that fits: a truncation.
 """
 
 from __future__ import annotations
@@ -71,10 +54,9 @@ class ChatTokens:
     contents encoded as data (:class:`~empathy_gym.boundary.ChatEncoder`: a user's
     ``<|im_start|>`` stays text and never opens a turn in the policy's context).
 
-    The tokens that follow an assistant turn (the user's next message and the next
-    generation prompt) are found by encoding a fixed base conversation with and without
-    one more user message and taking the difference, so no template token is written
-    by hand.
+    The tokens after an assistant turn (the user's message, the next generation prompt)
+    are the difference between a fixed conversation encoded with and without one more
+    user message, so no template token is written by hand.
 
     Attributes:
         eos_id: the assistant's end-of-turn token.
@@ -130,8 +112,7 @@ class Trajectory:
     """One dialogue as the policy saw and produced it.
 
     Attributes:
-        key: the dialogue's index in its step's rollout (refill rounds number on after
-            the first round's).
+        key: the dialogue's index in its step's rollout (later rounds number on).
         group: its GRPO group (dialogues of a group share ``env_seed``).
         env_seed: the seed its env was reset with.
         persona_id, language, hidden_intention, character_type: the persona.
@@ -149,10 +130,10 @@ class Trajectory:
         thinking_tokens, reply_tokens: sampled tokens of all agent turns inside the
             ``<think>...</think>`` block (think mode; the closing tag included) and
             after it (everything outside think mode; end-of-turn tokens included).
-        reward_mode: the env's ``reward_mode`` ("delta" or "final"), which says what a
-            cut dialogue is owed (:meth:`outcome_rewards`).
+        reward_mode: the env's ``reward_mode`` ("delta" or "final"; see
+            :meth:`outcome_rewards`).
         round: the step's rollout round it was played in (0: the first; GRPO's dynamic
-            sampling adds refill rounds).
+            sampling adds more).
     """
 
     key: int
@@ -185,18 +166,16 @@ class Trajectory:
 
     @property
     def cut(self) -> bool:
-        """The rollout cut the dialogue at the context limit (a truncation: the user had
-        not ended it and the turn limit was not reached)."""
+        """The rollout cut the dialogue at the context limit (a truncation, not an end)."""
         return self.termination == "context_limit"
 
     def outcome_rewards(self) -> list[float]:
-        """The turn rewards, a cut dialogue scored as if it had ended where it was cut.
+        """The turn rewards, a cut dialogue scored as if it had ended where it was cut (for
+        GRPO; PPO bootstraps instead).
 
         Under ``reward_mode="final"`` the env pays e_T / 100 only when the dialogue ends
-        (RLVER, section 3.1), so a cut dialogue got 0 as if the user had given up; here
-        its last turn is paid e_T / 100, the emotion it reached. Under ``"delta"`` the
-        rewards already sum to (e_T - e_0) / 100 and are returned as they are. For
-        algorithms without a value function (GRPO); PPO bootstraps instead.
+        (RLVER, section 3.1), so a cut dialogue's last turn gets e_T / 100 here. Under
+        ``"delta"`` the rewards already sum to (e_T - e_0) / 100.
         """
         rewards = list(self.rewards)
         if self.cut and self.reward_mode == "final" and rewards:
@@ -236,10 +215,9 @@ class Trajectory:
 
 @dataclass
 class RolloutTimes:
-    """Wall-clock seconds of one :meth:`RolloutEngine.collect`, by phase: ``generation``
-    (the policy's batched generate calls), ``user`` (the envs' resets and steps: the
-    simulated user's batched calls), ``total`` (with the tokenisation and bookkeeping
-    between them); ``generated_tokens``."""
+    """Wall-clock seconds of one :meth:`RolloutEngine.collect`: ``generation`` (the
+    policy's generate calls), ``user`` (the envs' resets and steps), ``total`` (with the
+    bookkeeping between them); and ``generated_tokens``."""
 
     generation: float = 0.0
     user: float = 0.0
@@ -256,10 +234,9 @@ class RolloutEngine:
         generator: the policy sampler (:mod:`empathy_gym.agents.generation`).
         tokenizer: the policy's tokenizer (with a chat template).
         max_context_tokens: no dialogue grows past this many tokens: one whose next
-            turn might not fit is cut ("context_limit", see the module docstring).
-        max_new_tokens: the most tokens the generator samples per turn (default: its
-            ``max_new_tokens`` attribute). A generator that returns more than fits is
-            cut to fit (the turn then counts as unfinished).
+            turn might not fit is cut (``"context_limit"``).
+        max_new_tokens: the most tokens sampled per turn (default: the generator's
+            ``max_new_tokens``); a sample longer than the room left is cut (unfinished).
     """
 
     def __init__(
@@ -282,9 +259,8 @@ class RolloutEngine:
         self.times = RolloutTimes()
 
     def fits_a_turn(self, length: int) -> bool:
-        """A dialogue of ``length`` tokens has room for a whole agent turn: up to
-        ``max_new_tokens`` sampled tokens and the end-of-turn token appended to a turn
-        cut at ``max_new_tokens``."""
+        """A dialogue of ``length`` tokens has room for ``max_new_tokens`` sampled tokens
+        and the end-of-turn token a cut turn gets."""
         return length + self.max_new_tokens + 1 <= self.max_context_tokens
 
     def collect(
@@ -348,10 +324,9 @@ class RolloutEngine:
                     on_episode_end(trajectory)
             if driver.should_stop():
                 raise RolloutInterrupted(f"stopped after turn {driver.turn}")
-        times = driver.times
-        times.total = time.perf_counter() - started
-        times.user = driver.user_seconds
-        self.times = times
+        self.times = driver.times
+        self.times.total = time.perf_counter() - started
+        self.times.user = driver.user_seconds
         return [trajectories[key] for key in range(n)]
 
     def _start(
@@ -418,7 +393,7 @@ class RolloutEngine:
             if fits:
                 trajectory.extend(reply, trainable=False)
             if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
-                trajectory.termination = "context_limit"  # a truncation: see the module docstring
+                trajectory.termination = "context_limit"  # a truncation, not an end
         trajectory.done = trajectory.termination is not None
 
     def _fit(self, sample: Sample, length: int) -> Sample:
@@ -450,28 +425,22 @@ class RolloutEngine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+@dataclass
 class _TrainingDriver(Driver[Trajectory]):
     """The rollout engine's side of :func:`~empathy_gym.engine.play`: token-in-token-out
     trajectories and one batched generate per turn."""
 
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        *,
-        groups: list[int],
-        seeds: list[int],
-        seed_keys: list[int],
-        sampling_seed: int,
-        key_offset: int,
-        round_index: int,
-        should_stop: Callable[[], bool],
-    ):
-        self.engine, self.groups, self.seeds, self.seed_keys = engine, groups, seeds, seed_keys
-        self.sampling_seed, self.key_offset, self.round_index = sampling_seed, key_offset, round_index
-        self.should_stop: Callable[[], bool] = should_stop
-        self.times = RolloutTimes()
-        self.turn = 0
-        self._samples: dict[int, Sample] = {}
+    engine: RolloutEngine
+    groups: list[int]
+    seeds: list[int]
+    seed_keys: list[int]
+    sampling_seed: int
+    key_offset: int
+    round_index: int
+    should_stop: Callable[[], bool]
+    times: RolloutTimes = field(default_factory=RolloutTimes)
+    turn: int = 0
+    _samples: dict[int, Sample] = field(default_factory=dict)
 
     def begin(self, index: int, env: EmpathyDialogueEnv, info: dict[str, Any]) -> Trajectory:
         return self.engine._start(

@@ -1,10 +1,8 @@
 """From trajectories to training tensors, and log-probs from a forward pass.
 
-Every per-token quantity of the update (log-probs, values, rewards, advantages) lives
-in *flat* form: one 1-D tensor per trajectory holding only its trainable tokens (the
-ones the policy sampled), in order. Losses are then plain means over flat vectors, and
-GAE over the flat sequence is GAE over trainable tokens only (the user's turns never
-dilute it).
+Every per-token quantity of the update (log-probs, values, rewards, advantages) is
+*flat*: one 1-D tensor per trajectory holding only its trainable tokens, in order, so
+GAE over it runs over trainable tokens only.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ class TokenData:
         turn_rewards: (n,) float32 over the trainable tokens: each turn's reward on its
             last token, 0 elsewhere.
         turn_index: (n,) int64, the agent turn (0-based) each trainable token belongs to.
-        bootstrap: the dialogue was cut at the context limit, not ended: its return
-            continues past the last token, so PPO bootstraps from the value of the last
-            position (the state after the last turn).
+        bootstrap: the dialogue was cut at the context limit, not ended, so PPO
+            bootstraps from the value of its last position.
         rollout_logprobs: (n,) float32, the sampler's log-probs of the trainable tokens
             (``None`` when not recorded), for the sampler-mismatch statistics and
             truncated importance sampling (:mod:`~empathy_gym.agents.mismatch`).
@@ -116,25 +113,19 @@ def token_logprobs(
         ``(logprobs, entropy)``, each (n,) float32 over the True positions of
         ``target_mask`` in row-major order. Entropy H = logsumexp(z) - sum softmax(z) z.
     """
-    selected = logits[:, :-1][target_mask].float()
-    if temperature > 0 and temperature != 1.0:
-        selected = selected / temperature
-    targets = input_ids[:, 1:][target_mask]
-    log_z = torch.logsumexp(selected, dim=-1)
-    logprobs = selected.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = log_z - (torch.softmax(selected, dim=-1) * selected).sum(-1)
-    return logprobs, entropy
+    return _from_logits(logits[:, :-1][target_mask], input_ids[:, 1:][target_mask], temperature)
 
 
-#: Tokens per chunk of the log-prob pass: at Qwen2.5's vocabulary (152,064) a chunk's
-#: float32 logits take 0.58 GiB.
+#: Tokens per chunk of the log-prob pass.
 DEFAULT_CHUNK_TOKENS = 1024
 
 
-def _chunk_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, entropy: bool, entropy_grad: bool
+def _from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool = True, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()
+    """(n,) float32 log-probs of ``targets`` and entropies under softmax(logits / temperature)
+    (an empty entropy tensor without ``entropy``)."""
+    logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     log_z = torch.logsumexp(logits, dim=-1)
@@ -144,6 +135,12 @@ def _chunk_logprobs(
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         values = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logprobs, values
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _from_logits(head(hidden), targets, temperature, entropy, entropy_grad)
 
 
 def chunked_logprobs(
@@ -210,22 +207,27 @@ def chunked_logprobs(
 
 
 class Forward(NamedTuple):
-    """What :func:`forward_tokens` returns, over a micro-batch of b dialogues with n
-    trainable tokens in all.
+    """What :func:`forward_tokens` returns, over b dialogues with n trainable tokens.
 
     Attributes:
         logprobs: (n,) float32 (see :func:`chunked_logprobs`).
         entropy: (n,) float32, or ``None`` when not asked for.
         hidden: (n, H), the last layer's states at the positions that predict the
             trainable tokens (``None`` unless asked for).
-        last_hidden: (b, H), the last layer's state at each dialogue's last position:
-            the state after its last turn, for bootstrapping (``None`` unless asked for).
+        last_hidden: (b, H), the last layer's state at each dialogue's last position,
+            for bootstrapping (``None`` unless asked for).
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None
     hidden: torch.Tensor | None = None
     last_hidden: torch.Tensor | None = None
+
+
+def _last_states(states: torch.Tensor, data: Sequence[TokenData]) -> torch.Tensor:
+    """(b, H): each dialogue's state at its last (unpadded) position."""
+    ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=states.device)
+    return states[torch.arange(len(data), device=states.device), ends]
 
 
 def split_causal_lm(model: Any) -> tuple[Any, Any] | None:
@@ -305,11 +307,7 @@ def forward_tokens(
                 entropy_grad=entropy_grad,
             )
     selected = states[:, :-1][targets] if hidden else None
-    last = None
-    if last_hidden:
-        ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=ids.device)
-        last = states[torch.arange(len(data), device=ids.device), ends]
-    return Forward(logprobs, values, selected, last)
+    return Forward(logprobs, values, selected, _last_states(states, data) if last_hidden else None)
 
 
 def backbone_states(
@@ -331,8 +329,4 @@ def backbone_states(
     ids, attention, targets = collate(data, pad_id, device)
     with torch.autocast(device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
         states = backbone(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-    last = None
-    if last_hidden:
-        ends = torch.tensor([len(d.input_ids) - 1 for d in data], device=ids.device)
-        last = states[torch.arange(len(data), device=ids.device), ends]
-    return states[:, :-1][targets], last
+    return states[:, :-1][targets], _last_states(states, data) if last_hidden else None
