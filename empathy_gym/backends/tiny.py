@@ -1,21 +1,9 @@
-"""A tiny random chat model, built offline in seconds, for tests and smoke runs.
+"""A tiny random chat model, built offline, for tests and smoke runs.
 
-:func:`build_tiny_chat_model` writes a randomly initialised ``Qwen2ForCausalLM``
-(transformers) and a byte-level BPE tokenizer trained locally with the ``tokenizers``
-library on a small built-in corpus of English and Chinese sentences about feelings
-and support. The tokenizer speaks ChatML as Qwen2.5 does::
-
-    <|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n
-
-Its output is noise: the model is untrained. It exists so that every code path that
-needs a real causal LM (backends, rollouts, losses) runs without downloading weights.
-
-Example::
-
-    >>> from empathy_gym.backends.tiny import build_tiny_chat_model
-    >>> path = build_tiny_chat_model("/tmp/tiny-chat")        # doctest: +SKIP
-    >>> from transformers import AutoModelForCausalLM, AutoTokenizer
-    >>> model = AutoModelForCausalLM.from_pretrained(path)     # doctest: +SKIP
+:func:`build_tiny_chat_model` writes a randomly initialised ``Qwen2ForCausalLM`` and a
+byte-level BPE tokenizer trained locally on a small corpus of feelings and support
+(:func:`tiny_corpus`), speaking ChatML as Qwen2.5 does. Its output is noise: it exists
+so that every code path that needs a real causal LM runs without downloading weights.
 """
 
 from __future__ import annotations
@@ -132,15 +120,9 @@ def _builtin_sentences() -> Iterator[str]:
 
 
 def tiny_corpus() -> list[str]:
-    """The tokenizer's training corpus.
-
-    The fixed sentences of this module, then the text of the built-in persona bank
-    (``load_personas(None)``) and of the first 50 RLVER profiles (``load_personas("rlver")``)
-    where those banks are present; a bank that fails to load is skipped, so the
-    corpus (and so the tokenizer) can change when the shipped banks change.
-
-    Returns:
-        list of str, in a fixed order.
+    """The tokenizer's training corpus, in a fixed order: the fixed sentences of this module,
+    then the text of the built-in persona bank and of the first 50 RLVER profiles where
+    those banks load, so the corpus (and so the tokenizer) changes with the shipped banks.
     """
     corpus = list(_builtin_sentences())
     from empathy_gym.personas import load_personas
@@ -285,16 +267,14 @@ def build_tiny_chat_model(
     The model is a ``transformers.Qwen2ForCausalLM`` with tied embeddings, float32
     weights drawn from N(0, ``initializer_range``) under ``torch.manual_seed(seed)``
     (the global torch RNG is restored afterwards). The tokenizer is byte-level BPE
-    trained with ``tokenizers`` on :func:`tiny_corpus`, saved as a
-    ``PreTrainedTokenizerFast``: ``<|endoftext|>`` (id 0) is the pad token,
-    ``<|im_start|>`` (1) opens a turn, ``<|im_end|>`` (2) ends it and is the eos token;
-    ``<think>`` and ``</think>`` are added, non-special tokens; any byte string can be
-    encoded (no unknown token). The chat template is ChatML (:data:`CHAT_TEMPLATE`).
-    Its ``generation_config.json`` sets ``do_sample=True`` (as instruct checkpoints do), so
-    ``model.generate()`` without arguments samples.
+    trained on :func:`tiny_corpus`, saved as a ``PreTrainedTokenizerFast``:
+    ``<|endoftext|>`` (id 0) is the pad token, ``<|im_start|>`` (1) opens a turn,
+    ``<|im_end|>`` (2) ends it and is the eos token; ``<think>`` and ``</think>`` are
+    added, non-special tokens; any byte string can be encoded (no unknown token). The
+    chat template is :data:`CHAT_TEMPLATE`. ``generation_config.json`` sets
+    ``do_sample=True``, so ``model.generate()`` without arguments samples.
 
-    Same arguments (and same corpus), same files: the build is deterministic. It takes a
-    few seconds on one CPU core; about 0.2 M parameters with the defaults.
+    Same arguments (and same corpus), same files: the build is deterministic.
 
     Args:
         directory: where to write (created if needed). When it already holds a complete

