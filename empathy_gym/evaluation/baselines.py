@@ -1,11 +1,8 @@
-"""Baseline agents: fixed policies that need no model, for demos, tests and as floors
-in the benchmark.
+"""Baseline agents: fixed policies that need no model, for demos, tests and as floors in
+the benchmark.
 
-An agent here is a callable from the agent-side chat (``info["messages"]``: a list of
-``{"role", "content"}`` dicts ending with the user's newest message) to the next
-utterance (``str``). Each answers in the language of the conversation, read from the
-system prompt (the env writes it in the persona's language) or, without one, from the
-user's first message.
+Each is a callable from the agent-side chat (``info["messages"]``) to the next utterance,
+in the conversation's language (read from the system prompt, else the first user message).
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ class EchoAgent:
 class ListenerAgent:
     """A scripted active listener: reflects the user's words, validates the feeling,
     asks an open question, and later offers a balanced view and one gentle suggestion,
-    rotating by turn. A reasonable non-learned policy for demos."""
+    rotating by turn."""
 
     EN = (
         "It sounds like {f}. That must be really hard. What has been weighing on you the most?",
@@ -99,10 +96,9 @@ class ListenerAgent:
 
 
 class ESConvAgent:
-    """Cycles through ESConv support strategies (Liu et al., 2021) turn by turn, each
-    realised by :mod:`empathy_gym.integrations.strategies`' templates quoting the user's newest words:
-    reflection of feelings, question, restatement, affirmation and reassurance, providing
-    suggestions, then again. The template variant rotates with the turn too."""
+    """Cycles through the ESConv support strategies of :attr:`ORDER` (Liu et al., 2021) turn
+    by turn, with :mod:`empathy_gym.integrations.strategies`' templates quoting the user's
+    newest words; the template variant rotates with the turn too."""
 
     ORDER = (
         "reflection_of_feelings",

@@ -1,38 +1,12 @@
-"""The Sentient-style benchmark (SAGE, arXiv 2505.02847): run a policy against a persona
-set with a simulated user, and report the mean final emotion.
+"""The Sentient benchmark (SAGE, arXiv 2505.02847), ``empathy-gym eval``: play a policy
+against a persona bank with a simulated user and report the mean final emotion.
 
-Protocol (``protocol="sage"``, the default; :mod:`empathy_gym.user.protocol` gives
-SAGE's file and line for each rule): the persona bank is SAGE's 100 test profiles
-(``personas="sage"``); every dialogue starts at emotion 40 (or the persona's own
-``initial_emotion``) with the profile's opening line (SAGE's ``first_talk``), which is
-not appraised; each turn's change is clamped to [-10, 10]; the dialogue ends with
-*success* when the emotion reaches 100, with *failure* when it falls below 10, with a
-*goodbye* when the user's answer says one (再见 or 拜拜), and otherwise after 9 appraised
-agent replies (SAGE's 10th reply is never appraised, so it is not asked for). The agent
-gets SAGE's system prompt (:data:`~empathy_gym.env.SAGE_AGENT_SYSTEM_PROMPTS`) and no
-reply-length cap. The score is the mean final emotion; success and failure count the
-dialogues that ended at >= 100 and < 10, as SAGE's leaderboard.
-
-One dialogue per persona and repeat, each with its own seed
-(:func:`dialogue_seed`: from the run seed, the persona id and the repeat index), so a
-run is reproducible and a dialogue's outcome does not depend on which others ran with
-it (exactly so with the rule user; LLM backends as far as they honour seeds).
-
-Batching: up to ``batch_size`` dialogues run at once; each turn the policy gets all
-their chats in one :meth:`~empathy_gym.evaluation.policies.Policy.act` call and the simulated user
-all their replies in one call (:func:`~empathy_gym.env.step_many`); a finished dialogue's
-slot is refilled at once (:func:`~empathy_gym.env.reset_many`).
-
-Resuming: with an ``out_dir``, each finished dialogue is appended to
-``transcripts.jsonl`` (flushed and fsynced) as soon as it ends. A rerun with the same
-configuration skips the dialogues found there (keyed by persona id, repeat and seed), so
-an interrupted run loses nothing finished and ends with the same report as an
-uninterrupted one. A last line without its newline (a write cut short) is dropped and
-that dialogue rerun.
-
-Outputs in ``out_dir``: ``run.json`` (the configuration, checked on resume),
-``transcripts.jsonl`` (one record per dialogue, see :func:`dialogue_record`),
-``report.json`` (:func:`summarize`) and ``trajectories.png`` (:func:`plot_trajectories`).
+SAGE's rules, each with its file and line in SAGE's code: :mod:`empathy_gym.user.protocol`.
+Every dialogue has its own seed (:func:`dialogue_seed`), so its outcome does not depend on
+which others ran with it or on batching (exactly so with the rule user; LLM backends as far
+as they honour seeds). With an ``out_dir``, each finished dialogue is appended to
+``transcripts.jsonl`` as it ends and a rerun resumes (:class:`~empathy_gym.evaluation.run_folder.RunFolder`).
+See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -73,8 +47,7 @@ BOOTSTRAP_SOURCE = (
 
 @dataclass(frozen=True)
 class Task:
-    """One dialogue to run: a persona, a repeat index (0-based) and its seed (int in
-    [0, 2**31 - 1])."""
+    """One dialogue to run: a persona, a repeat index (0-based) and its seed (int in [0, 2**31 - 1])."""
 
     persona: Persona
     repeat: int
@@ -87,19 +60,14 @@ class Task:
 
 
 def dialogue_seed(seed: int, persona_id: str, repeat: int) -> int:
-    """The seed of one dialogue: a function of the run seed, the persona id and the
-    repeat index only (not of the persona's position, ``limit`` or batching)."""
+    """The seed of one dialogue: a function of the run seed, the persona id and the repeat
+    index only (not of the persona's position, ``limit`` or batching)."""
     return derive_seed(seed, persona_id, repeat)
 
 
 def plan_tasks(personas: Sequence[Persona], *, repeats: int = 1, seed: int = 0, limit: int | None = None) -> list[Task]:
-    """The dialogues of a run, persona by persona, repeats together.
-
-    Args:
-        personas: the persona set, in order.
-        repeats: dialogues per persona (>= 1).
-        seed: the run seed (int >= 0).
-        limit: keep only the first ``limit`` personas (>= 1), or ``None`` for all.
+    """The dialogues of a run, persona by persona, ``repeats`` (>= 1) each; ``limit`` (>= 1)
+    keeps the first ``limit`` personas (``None``: all).
 
     Raises:
         EvaluationError: ``repeats`` < 1 or ``limit`` < 1.
@@ -187,7 +155,6 @@ def run_dialogues(
 
     ``make_env`` builds the envs that serve as slots (at most ``batch_size``); give them a
     shared simulated user so that :func:`~empathy_gym.env.step_many` batches its calls.
-    Every dialogue is keyed by its own slot: one that ends never shifts the others.
 
     Raises:
         EvaluationError: ``batch_size`` < 1.
@@ -203,8 +170,7 @@ def run_dialogues(
 
 
 class _EvaluationDriver(Driver[_Running]):
-    """The evaluation's side of :func:`~empathy_gym.engine.play`: a chat policy and the
-    dialogue records."""
+    """The evaluation's side of :func:`~empathy_gym.engine.play`: a chat policy and the dialogue records."""
 
     def __init__(self, tasks: Sequence[Task], policy: Policy):
         self.tasks, self.policy = tasks, policy
@@ -249,13 +215,7 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, int, int]:
 
 def read_transcripts(path: str | os.PathLike, *, repair: bool = False) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The finished dialogues in a transcripts file, by ``(persona_id, repeat, seed)``
-    (:func:`read_jsonl_records`: an unfinished last line is ignored, and cut off with
-    ``repair=True``).
-
-    Raises:
-        EvaluationError: a complete line that is not a JSON object or lacks a key field,
-            naming the file and the line.
-    """
+    (:func:`read_jsonl_records`, whose ``repair`` and errors these are)."""
     records: dict[tuple[str, int, int], dict[str, Any]] = {}
     for record in read_jsonl_records(path, KEY_FIELDS, repair=repair).values():
         records.setdefault(record_key(record), record)
@@ -267,15 +227,12 @@ def bootstrap_ci(
     values: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean (Efron & Tibshirani 1993,
-    ch. 13), by ``scipy.stats.bootstrap`` (``method="percentile"``): resample ``values``
-    with replacement ``n_resamples`` times, take each resample's mean, and return the
-    (1 - confidence)/2 and (1 + confidence)/2 quantiles of those means. The one bootstrap
-    of the package (eval's interval, the held-out evaluation's differences).
+    ch. 13), by ``scipy.stats.bootstrap`` (``method="percentile"``): the (1 - confidence)/2
+    and (1 + confidence)/2 quantiles of the means of ``n_resamples`` resamples.
 
     Args:
         values: n >= 1 numbers (float64 after conversion), e.g. final emotions (0-100).
-        confidence: in (0, 1).
-        n_resamples: >= 1.
+        confidence, n_resamples: in (0, 1), and >= 1.
         seed: seeds ``numpy.random.default_rng``; the same seed gives the same interval.
 
     Returns:
@@ -396,13 +353,9 @@ def plot_trajectories(
     failure_below: int = 10,
     title: str | None = None,
 ) -> None:
-    """Save a PNG of the emotion trajectories: one thin line per dialogue (green: success,
-    red: failure, orange: goodbye, grey: ran out of turns), the mean trajectory in black
-    (a dialogue that has ended keeps its final emotion in the mean), and the thresholds
-    dashed (no success line when ``success_emotion`` is ``None``).
-
-    Axes: agent turn (0 = the opening) against emotion (0-100). Uses matplotlib's Agg
-    canvas directly (no pyplot, no display needed).
+    """Save a PNG of the emotion (0-100) per agent turn (0 = the opening): one thin line per
+    dialogue coloured by how it ended, the mean in black (an ended dialogue keeps its final
+    emotion in it), and the thresholds dashed (no success line when ``success_emotion`` is ``None``).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -497,11 +450,9 @@ class EvalConfig:
     match on resume.
 
     Attributes:
-        user: the simulated user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``,
-            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec`` (built by the
-            run, closed at its end), or a ready :class:`~empathy_gym.user.SimulatedUser`
-            (not closed by the run).
+        user: a ``--user`` spec (``"rule"``, ``"openai:MODEL@URL,appraisal_mode=choice"``),
+            a mapping of :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec``
+            (built and closed by the run), or a ready :class:`~empathy_gym.user.SimulatedUser`.
         difficulty: preset name, path or dict.
         protocol: ``"sage"`` (default), ``"rlver_training"``, a dict or an
             :class:`~empathy_gym.user.EmotionProtocol`.
@@ -510,9 +461,8 @@ class EvalConfig:
         limit: the first ``limit`` personas only (>= 1; ``None``: all).
         seed: the run seed (int >= 0); it also seeds the bootstrap.
         batch_size: dialogues run at once (>= 1).
-        max_tokens: new tokens per reply of model-backed policies; ``None``: 128 for a
-            local (``hf:``) policy spec, no cap for the others
-            (:func:`~empathy_gym.evaluation.policies.reply_token_cap`); 0: no cap but the
+        max_tokens: new tokens per reply of model-backed policies; ``None``:
+            :func:`~empathy_gym.evaluation.policies.reply_token_cap`; 0: no cap but the
             model's context, as SAGE.
         temperature, top_p: sampling settings of model-backed policies.
         system_prompt: the agent's system prompt (a ``str`` or ``{language: str}``);
@@ -540,11 +490,9 @@ class EvalConfig:
 def _run_record(personas: Any, config: EvalConfig, protocol: Any, policy: Any, policy_name: str) -> dict[str, Any]:
     """What ``run.json`` records of a run (and checks on resume)."""
     user_name, appraisal_mode = describe_user(config.user)
-    system_prompt = (
-        config.system_prompt
-        if config.system_prompt is not None
-        else (SAGE_AGENT_SYSTEM_PROMPTS if protocol_name(protocol) == "sage" else None)
-    )
+    system_prompt = config.system_prompt
+    if system_prompt is None and protocol_name(protocol) == "sage":
+        system_prompt = SAGE_AGENT_SYSTEM_PROMPTS
     return {
         "personas": _describe(personas),
         "policy": policy_name,
@@ -575,21 +523,18 @@ def evaluate(
             ``"openai:MODEL@URL"``, ``"python:MODULE:ATTR"``), a
             :class:`~empathy_gym.evaluation.policies.Policy`, or a callable ``messages -> str``
             (:func:`~empathy_gym.evaluation.policies.make_policy`).
-        personas: a bank name (``"sage"``, the default: SAGE's 100 test profiles;
-            ``"rlver"``, ``"rlver_minus_sage"``, ``"en"``, ``"zh"``), a JSONL path (our
-            format or RLVER/SAGE's, ``first_talk`` included), a list, or ``None``
-            (the built-in English and Chinese bank).
+        personas: anything :func:`~empathy_gym.personas.load_personas` takes (default
+            ``"sage"``: SAGE's 100 test profiles).
         config: an :class:`EvalConfig` (``None``: its defaults).
-        out_dir: the run folder (:class:`~empathy_gym.evaluation.run_folder.RunFolder`: written as
-            dialogues finish, resumed when it holds this run; ``None``: nothing written).
+        out_dir: the run folder (:class:`~empathy_gym.evaluation.run_folder.RunFolder`),
+            resumed when it holds this run; ``None``: nothing written.
         on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
             the first new dialogue (``done`` = those resumed) and after each one ends.
         **options: :class:`EvalConfig` fields, replacing ``config``'s
             (``evaluate(policy, "en", user="rule", limit=5)``).
 
     Returns:
-        :class:`EvalResult`; ``report["sentient_score"]`` is the mean final emotion
-        (0-100).
+        :class:`EvalResult`; ``report["sentient_score"]`` is the mean final emotion (0-100).
 
     Raises:
         PersonaError: an invalid persona bank (file, line, field).

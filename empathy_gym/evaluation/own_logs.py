@@ -1,15 +1,9 @@
-"""Our own finished dialogues as logged dialogues, so that another user can re-judge them.
+"""Our own finished dialogues (eval's ``transcripts.jsonl``, training's ``episodes.jsonl``)
+as :class:`~empathy_gym.evaluation.sage_logs.LoggedDialogue`, so that
+:func:`~empathy_gym.evaluation.replay.replay_logs` can re-judge them with another user.
 
-``empathy-gym eval`` writes ``transcripts.jsonl`` and training writes ``episodes.jsonl``;
-both hold, per dialogue, the persona id, the emotions after each turn and the agent-side
-chat. :func:`read_own_log` turns each line into a
-:class:`~empathy_gym.evaluation.sage_logs.LoggedDialogue`, the form SAGE's logs take, so
-:func:`~empathy_gym.evaluation.replay.replay_logs` re-appraises every turn with another user and
-reports the agreement with the user that played it, in the same tables as for SAGE.
-
-A record names its persona by id only; the persona itself comes from a bank: the one
-given, else the one the run's ``run.json`` names (``eval`` writes it beside
-``transcripts.jsonl``).
+A record names its persona by id only; the persona comes from a bank: the one given, else
+the one the run's ``run.json`` names, else ``personas.jsonl`` beside the file.
 """
 
 from __future__ import annotations
@@ -31,8 +25,8 @@ OWN_LOG_NAMES = ("transcripts.jsonl", "episodes.jsonl")
 
 
 def is_own_log(path: str | os.PathLike) -> bool:
-    """True when the first record of ``path`` is one of ours (it has ``persona_id`` and
-    ``emotions``), False for a SAGE log or an empty file."""
+    """True when the first record of ``path`` has ``persona_id`` and ``emotions`` (ours),
+    False for a SAGE log or an empty file."""
     with open(path, encoding="utf-8") as handle:
         for text in handle:
             if text.strip():
@@ -54,11 +48,9 @@ def read_own_log(path: str | os.PathLike, personas: Any = None, limit: int | Non
     """Every dialogue of one of our ``transcripts.jsonl`` or ``episodes.jsonl`` files.
 
     Args:
-        path: the file.
         personas: the bank the dialogues were played with (anything
-            :func:`~empathy_gym.personas.load_personas` takes); ``None``: the bank that
-            ``run.json`` beside the file names (eval), else ``personas.jsonl`` beside it
-            (training).
+            :func:`~empathy_gym.personas.load_personas` takes); ``None``: the one that
+            ``run.json`` beside the file names, else ``personas.jsonl`` beside it.
         limit: read at most this many dialogues.
 
     Returns:

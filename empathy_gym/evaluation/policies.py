@@ -1,18 +1,9 @@
 """Policies for evaluation and play: whatever writes the agent's next utterance.
 
-A policy is batched: :meth:`Policy.act` takes B agent-side chats (``info["messages"]``
-of :class:`~empathy_gym.env.EmpathyDialogueEnv`: ``{"role", "content"}`` dicts, system
-prompt first, ending with the user's newest message) and B seeds, and returns B
-utterances (``str``). Three adapters cover the usual cases:
-
-* :class:`CallablePolicy`: a Python function ``messages -> str`` (or a batched one,
-  ``list of messages -> list of str``), e.g. the baselines of :mod:`empathy_gym.evaluation.baselines`;
-* :class:`BackendPolicy`: any :class:`~empathy_gym.backends.base.ChatBackend`
-  (a local transformers model, optionally with a LoRA adapter; an OpenAI-compatible
-  server), one batched ``generate`` per call;
-* :func:`make_policy`: builds either from a spec string (:mod:`empathy_gym.user.specs`):
-  ``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
-  ``python:MODULE:ATTR``.
+A :class:`Policy` is batched: ``act`` takes B agent-side chats (``info["messages"]``) and B
+seeds and returns B utterances. :func:`make_policy` builds one from a spec string
+(``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``, ``python:MODULE:ATTR``)
+or a callable.
 """
 
 from __future__ import annotations
@@ -33,15 +24,14 @@ POLICY_KINDS: tuple[str, ...] = ("baseline", "hf", "transformers", "openai", "py
 
 
 #: New tokens per reply of a local (``hf:``) policy unless told otherwise: without a cap a
-#: small model can generate to its context limit at every turn (minutes per dialogue on CPU).
+#: small model can generate to its context limit at every turn.
 LOCAL_MAX_TOKENS = 128
 LOCAL_POLICY_KINDS = ("hf", "transformers")
 
 
 def reply_token_cap(policy: Any, max_tokens: int | None) -> int | None:
-    """The reply cap an evaluation uses: ``max_tokens`` as given, 0 meaning no cap
-    (``None``); unset (``None``), :data:`LOCAL_MAX_TOKENS` for a local (``hf:``) policy
-    spec and no cap for the others (servers, baselines, Python objects)."""
+    """The reply cap an evaluation uses: ``max_tokens`` as given, 0 meaning no cap (``None``);
+    unset (``None``): :data:`LOCAL_MAX_TOKENS` for a local (``hf:``) policy spec, else no cap."""
     if max_tokens == 0:
         return None
     local = isinstance(policy, str) and policy.strip().partition(":")[0].strip().lower() in LOCAL_POLICY_KINDS
@@ -54,8 +44,7 @@ SAMPLING_OPTIONS = ("temperature", "top_p")
 
 def spec_sampling(policy: Any, temperature: float = 0.7, top_p: float = 1.0) -> dict[str, float]:
     """``{"temperature", "top_p"}`` a policy samples with: a spec string's own options
-    (``openai:M@URL,temperature=0``) over the given values; the given values for anything
-    else. Pure (nothing loads), so a run can check and record them before a model loads.
+    (``openai:M@URL,temperature=0``) over the given values. Nothing loads.
 
     Raises:
         SpecError: a malformed spec, an unknown kind, an option the kind does not take,
@@ -96,11 +85,11 @@ def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
 
 @runtime_checkable
 class Policy(Protocol):
-    """The batched policy protocol used by :func:`empathy_gym.evaluation.benchmark.evaluate`.
+    """The batched policy protocol of :func:`empathy_gym.evaluation.benchmark.evaluate`.
 
     Attributes:
-        name: a short description, recorded in the evaluation's run configuration (a
-            changed name prevents resuming a run directory with another policy).
+        name: recorded in the run configuration (a changed name prevents resuming a run
+            directory with another policy).
     """
 
     name: str
@@ -139,7 +128,6 @@ class CallablePolicy:
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
-        """See :meth:`Policy.act`."""
         if not self.batched:
             out = [self.fn(c) for c in conversations]
             wrong = sorted({type(text).__name__ for text in out if not isinstance(text, str)})
@@ -163,8 +151,8 @@ class CallablePolicy:
 
 
 class BackendPolicy:
-    """A :class:`~empathy_gym.backends.base.ChatBackend` as a :class:`Policy`: one
-    batched ``generate`` over the B chats, each seeded with its own seed.
+    """A :class:`~empathy_gym.backends.base.ChatBackend` as a :class:`Policy`: one batched,
+    per-chat seeded ``generate`` per call.
 
     Args:
         backend: the chat engine.
@@ -192,13 +180,11 @@ class BackendPolicy:
         self.owns_backend = owns_backend
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
-        """See :meth:`Policy.act`. Raises what the backend raises (``BackendError``...)."""
         return self.backend.generate(
             conversations, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seeds=list(seeds)
         )
 
     def close(self) -> None:
-        """Close the backend when this policy owns it."""
         if self.owns_backend:
             self.backend.close()
 
@@ -207,9 +193,8 @@ def load_transformers_policy(
     model: str | os.PathLike, *, adapter: str | os.PathLike | None = None, **backend_kwargs: Any
 ) -> ChatBackend:
     """A :class:`~empathy_gym.backends.transformers_backend.TransformersBackend` for a local
-    model or hub id, with a LoRA adapter (a peft ``save_pretrained`` directory) merged in
-    when ``adapter`` is given. The tokenizer comes from the adapter directory when it
-    holds one (a trainer may have added tokens), else from ``model``.
+    model or hub id, with a LoRA adapter merged in. The tokenizer comes from the adapter
+    directory when it holds one (a trainer may have added tokens), else from ``model``.
 
     Args:
         model: base model path or hub id (or ``.gguf`` file).
@@ -241,12 +226,7 @@ def load_transformers_policy(
 
 
 def _python_callable(policy: str, module: str, attr: str) -> Callable[..., Any]:
-    """The callable a ``python:MODULE:ATTR`` spec names (a class: an instance of it).
-
-    Raises:
-        ImportError: the module does not import (naming the spec).
-        SpecError: no such attribute, or one that is not callable.
-    """
+    """The callable a ``python:MODULE:ATTR`` spec names (a class: an instance of it)."""
     try:
         obj = importlib.import_module(module)
     except ImportError as error:
@@ -304,12 +284,11 @@ def make_policy(
         if spec.target not in BASELINES:
             raise SpecError(f"{policy!r}: unknown baseline {spec.target!r}; known: {', '.join(sorted(BASELINES))}")
         return CallablePolicy(BASELINES[spec.target](), name=policy)
-    if spec.kind in ("hf", "transformers"):
+    if spec.kind in LOCAL_POLICY_KINDS:
         if not spec.target:
             raise SpecError(f"{policy!r}: expected hf:PATH[,adapter=DIR]")
-        options = dict(backend_options)
-        adapter = options.pop("adapter", None)
-        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **options), **generation)
+        adapter = backend_options.pop("adapter", None)
+        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **backend_options), **generation)
     if spec.kind == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
 

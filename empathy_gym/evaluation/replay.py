@@ -1,18 +1,10 @@
-"""Replay SAGE's logged dialogues through another simulated user, and measure agreement.
+"""Replay logged dialogues (SAGE's, or our own) through another simulated user, and measure agreement.
 
-Every logged agent reply that SAGE appraised is shown to our simulated user with the
-logged history before it and the logged emotion before it (:func:`reappraise`); the
-user's proposed change, clamped by the protocol, is compared with SAGE's applied change
-(:func:`agreement`): does it move the same way, how strongly do the changes correlate,
-and does it rank the tested models (one log file each) as SAGE's simulator did.
-
-:func:`replay_logs` is the whole harness (``empathy-gym replay LOG...``): it scores each
-log as SAGE's leaderboard does, checks that our ``sage`` protocol reproduces each logged
-dialogue from its logged changes (:func:`replay_with_logged_changes`), re-appraises
-every scored turn in batches, and writes ``report.json``, ``turns.jsonl`` (one line per
-turn, appended as each batch finishes, so a rerun resumes) and ``scatter.png``.
-
-The logs come from :mod:`empathy_gym.evaluation.sage_logs`.
+Each appraised agent reply is shown to the user with the logged history and emotion before
+it (:func:`reappraise`); its clamped change is compared with the logged one
+(:func:`agreement`). :func:`replay_logs` is ``empathy-gym replay``: it also checks that our
+protocol reproduces each logged dialogue (:func:`replay_with_logged_changes`), and a rerun
+resumes from ``turns.jsonl``. See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ from empathy_gym.user.specs import UserSpec, as_user_spec
 
 
 def turn_request(turn: LoggedTurn, persona, seed: int = 0) -> UserRequest:
-    """The :class:`~empathy_gym.user.base.UserRequest` our user gets for a logged turn:
-    the logged history, reply and emotion before it."""
+    """The request our user gets for a logged turn: the logged history, reply and emotion before it."""
     return UserRequest(
         persona=persona,
         history=turn.history,
@@ -87,10 +78,6 @@ def reappraise(
         if on_batch is not None:
             on_batch(len(appraisals))
     return changes
-
-
-def _sign(values: np.ndarray) -> np.ndarray:
-    return np.sign(values).astype(int)
 
 
 @dataclass(frozen=True)
@@ -149,7 +136,7 @@ def agreement(predicted: Sequence[float], logged: Sequence[float], models: Seque
             f"agreement needs equal, non-empty lengths: {len(predicted_a)} predicted, "
             f"{len(logged_a)} logged" + (f", {len(models)} models" if models is not None else "")
         )
-    p_sign, l_sign = _sign(predicted_a), _sign(logged_a)
+    p_sign, l_sign = np.sign(predicted_a).astype(int), np.sign(logged_a).astype(int)
     observed = float(np.mean(p_sign == l_sign))
     nonzero = l_sign != 0
     labels = (-1, 0, 1)
@@ -194,10 +181,8 @@ def agreement(predicted: Sequence[float], logged: Sequence[float], models: Seque
 
 
 class LoggedUser(SimulatedUser):
-    """A simulated user that replays SAGE's logs: at agent turn t of a logged dialogue
-    (found by the persona's id) it proposes the logged appraisal's change and answers
-    with the logged user message. Playing the logged agent replies against it in an
-    env reproduces the logged dialogue, so it checks a protocol against SAGE's
+    """A simulated user that replays SAGE's logs: at agent turn t of the dialogue of a
+    persona id it proposes the logged change and answers with the logged user message
     (:func:`replay_with_logged_changes`).
 
     Args:
@@ -266,8 +251,7 @@ class ProtocolReplay:
 
 def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtocol | str = "sage") -> ProtocolReplay:
     """Play a logged dialogue through :class:`~empathy_gym.env.EmpathyDialogueEnv` under
-    ``protocol``: the logged agent replies as actions, :class:`LoggedUser` proposing the
-    logged changes and answering with the logged messages.
+    ``protocol``, with the logged replies as actions against :class:`LoggedUser`.
 
     Under ``"sage"`` the env's emotions and stopping point should equal the log's: the
     same clamping and cap at 100, the same thresholds, the goodbye rule, and no
@@ -318,10 +302,9 @@ class LogFile:
 
 
 def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, personas: Any = None) -> list[LogFile]:
-    """Read dialogue logs for :func:`replay_logs`: SAGE's result logs, and our own
-    ``transcripts.jsonl`` (eval) and ``episodes.jsonl`` (training)
-    (:mod:`empathy_gym.evaluation.own_logs`). A folder stands for the ``*_result.jsonl`` files under
-    it (sorted), or else for the run's own file in it.
+    """Read SAGE's result logs and our own ``transcripts.jsonl`` / ``episodes.jsonl``
+    (:mod:`empathy_gym.evaluation.own_logs`). A folder stands for the ``*_result.jsonl``
+    files under it (sorted), or else for the run's own file in it.
 
     Args:
         personas: the bank our own logs were played with (``None``: the one their
@@ -395,22 +378,21 @@ def turn_record(
 
 
 def _agreement_dict(records: Sequence[Mapping[str, Any]], scores: Mapping[str, float]) -> dict[str, Any]:
+    from scipy import stats
+
     result = agreement(
         [r["predicted"] for r in records], [r["logged_change"] for r in records], models=[r["log"] for r in records]
     ).as_dict()
-    from scipy import stats
-
     per_model = result["per_model"]
-    result["kendall_tau_score"] = (
-        float(
-            stats.kendalltau(
-                [per_model[m]["mean_predicted"] for m in per_model], [scores[m] for m in per_model]
-            ).statistic
-        )
-        if len(per_model) >= 2
-        else None
-    )
+    result["kendall_tau_score"] = None
+    if len(per_model) >= 2:
+        predicted = [per_model[m]["mean_predicted"] for m in per_model]
+        result["kendall_tau_score"] = float(stats.kendalltau(predicted, [scores[m] for m in per_model]).statistic)
     return result
+
+
+def _mean(values: Sequence[Any]) -> float:
+    return float(np.mean(values)) if values else float("nan")
 
 
 def dialogue_agreement(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -442,24 +424,17 @@ def summarize_replay(
     records: Sequence[Mapping[str, Any]],
     protocol_checks: Mapping[str, Sequence[ProtocolReplay]],
 ) -> dict[str, Any]:
-    """The report of a replay.
-
-    Returns a dict with:
+    """The report of a replay: a dict with
 
     * ``logs``: per file ``name``, ``path``, ``simulator``, ``model``, ``dialogues``,
-      SAGE's leaderboard numbers (``score`` the mean final emotion, ``success``
-      (final >= 100), ``failure`` (final < 10)); ``replayed_score`` and
-      ``protocol_matches`` (dialogues whose logged changes, replayed through our
-      protocol, give the logged emotions and stop where the log stops); ``turns``
-      (scored turns), ``mean_logged``, ``mean_predicted`` (emotion points per turn),
-      ``sign_agreement``;
-    * ``agreement``: :func:`agreement` over all turns (``per_model`` keyed by log name,
-      ``kendall_tau`` between the ranking of the logs by mean predicted and by mean
-      logged change) plus ``kendall_tau_score`` (mean predicted change against the
-      log's score);
-    * ``dialogue_agreement``: :func:`dialogue_agreement`, the same statistics over whole
-      dialogues;
-    * ``by_simulator``: the same for the logs of each simulator (the user that played
+      SAGE's leaderboard numbers (``score``, ``success``, ``failure``:
+      :func:`~empathy_gym.evaluation.sage_logs.leaderboard`); ``replayed_score`` and
+      ``protocol_matches`` (:func:`replay_with_logged_changes`); ``turns`` (scored turns),
+      ``mean_logged``, ``mean_predicted`` (emotion points per turn), ``sign_agreement``;
+    * ``agreement``: :func:`agreement` over all turns (``per_model`` keyed by log name)
+      plus ``kendall_tau_score`` (mean predicted change against the log's score);
+    * ``dialogue_agreement``: :func:`dialogue_agreement`;
+    * ``by_simulator``: ``agreement`` for the logs of each simulator (the user that played
       them; rankings are comparable within one simulator only).
 
     Raises:
@@ -489,11 +464,9 @@ def summarize_replay(
                 "replayed_score": float(np.mean([c.emotions[-1] for c in checks])),
                 "protocol_matches": sum(c.matches for c in checks),
                 "turns": len(rows),
-                "mean_logged": float(np.mean([r["logged_change"] for r in rows])) if rows else float("nan"),
-                "mean_predicted": float(np.mean([r["predicted"] for r in rows])) if rows else float("nan"),
-                "sign_agreement": float(np.mean([np.sign(r["predicted"]) == np.sign(r["logged_change"]) for r in rows]))
-                if rows
-                else float("nan"),
+                "mean_logged": _mean([r["logged_change"] for r in rows]),
+                "mean_predicted": _mean([r["predicted"] for r in rows]),
+                "sign_agreement": _mean([np.sign(r["predicted"]) == np.sign(r["logged_change"]) for r in rows]),
             }
         )
     simulators: dict[str, list[Mapping[str, Any]]] = {}
@@ -510,10 +483,9 @@ def summarize_replay(
 
 
 def plot_agreement(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, title: str | None = None) -> None:
-    """Save a PNG: SAGE's logged change (x) against our user's predicted change (y), one
-    circle per pair of values with its area proportional to the turn count (the changes
-    are a few integers, so points would pile up), the diagonal dashed. Uses
-    matplotlib's Agg canvas (no display needed)."""
+    """Save a PNG: the logged change (x) against the predicted change (y), one circle per
+    pair of values with its area proportional to the turn count (the changes are a few
+    integers, so points would pile up), the diagonal dashed."""
     from collections import Counter
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -575,25 +547,20 @@ def replay_logs(
     out_dir: str | os.PathLike | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Measure a simulated user against the one that played the logged dialogues:
-    re-appraise every scored turn and compare with the logged changes.
+    """Re-appraise every scored turn of the logs with ``user`` and compare with the logged changes.
 
     Args:
-        logs: SAGE's ``*_result.jsonl`` files (SAGE.md: one dialogue per line), our own
-            ``transcripts.jsonl`` (eval) or ``episodes.jsonl`` (training), or folders of
-            them (:func:`read_logs`).
-        user: a ``--user`` spec (``"rule"``, ``"transformers:PATH"``, ``"vllm:PATH"``,
-            ``"openai:MODEL@URL,appraisal_mode=choice"``), a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields or a ``UserSpec`` (built here,
-            closed at the end), or a ready :class:`SimulatedUser` (not closed here).
+        logs: SAGE's ``*_result.jsonl`` files, our own ``transcripts.jsonl`` (eval) or
+            ``episodes.jsonl`` (training), or folders of them (:func:`read_logs`).
+        user: as :attr:`~empathy_gym.evaluation.benchmark.EvalConfig.user` (a spec is
+            built here and closed at the end; a ready :class:`SimulatedUser` is not closed).
         difficulty: preset name, path or dict (LLM users' instructions, rule weights).
         protocol: clamps the predicted change (``"sage"``: [-10, 10]) and is the protocol
             checked against the logs.
         seed: each turn's request seed is ``derive_seed(seed, log name, dialogue id, turn)``.
         batch_size: turns per appraise call (>= 1); results are saved after each batch.
         limit: the first ``limit`` dialogues of each log (>= 1).
-        personas: the persona bank our own logs were played with (``None``: the one
-            their ``run.json`` names, or the ``personas.jsonl`` beside them).
+        personas: the persona bank our own logs were played with (:func:`read_logs`).
         out_dir: where to write ``run.json``, ``turns.jsonl``, ``report.json`` and
             ``scatter.png``, and to resume from (``None``: nothing written).
         on_progress: ``on_progress(done, total)`` in turns, once before the first batch
@@ -603,13 +570,12 @@ def replay_logs(
         :class:`ReplayResult`.
 
     Raises:
-        SageLogError: a malformed log line (file, line, field). FileNotFoundError: a
-            missing log.
+        SageLogError, FileNotFoundError: as :func:`read_logs`.
         EvaluationError: logs without an appraised turn, a run directory with another
             configuration, an ``out_dir`` that is a file, a corrupt ``turns.jsonl``, bad
             ``batch_size`` / ``limit``.
-        SpecError: a malformed user spec (TypeError: of another type). SimulatorError, BackendError: from the user;
-            turns already appraised stay in ``turns.jsonl``.
+        SpecError, TypeError: a bad user spec.
+        SimulatorError, BackendError: from the user; turns already appraised stay in ``turns.jsonl``.
     """
     from empathy_gym.evaluation.benchmark import describe_user
     from empathy_gym.user import resolve_protocol
@@ -688,8 +654,7 @@ _Pending = tuple[LogFile, LoggedDialogue, LoggedTurn, UserRequest]
 
 
 def _scored_turns(files: Sequence[LogFile], seed: int) -> list[_Pending]:
-    """Every scored turn of ``files``, in log, dialogue and turn order, with its request
-    (seeded by ``derive_seed(seed, log name, dialogue id, turn)``)."""
+    """Every scored turn of ``files``, in log, dialogue and turn order, with its seeded request."""
     return [
         (
             log,
@@ -713,8 +678,7 @@ def _appraise_pending(
     done: dict[tuple[Any, ...], dict[str, Any]],
     progress: Callable[[], None],
 ) -> None:
-    """Appraise ``pending`` in batches; each batch's records go to ``done`` (and the
-    folder) before the next batch starts."""
+    """Appraise ``pending`` in batches; each batch's records go to ``done`` (and the folder)."""
     batches = _appraise_in_batches(user, [item[3] for item in pending], batch_size)
     for start, appraisals in zip(range(0, len(pending), batch_size), batches):
         batch = pending[start : start + len(appraisals)]

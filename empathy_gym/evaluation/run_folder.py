@@ -1,15 +1,11 @@
 """A run folder: where a resumable run (``empathy-gym eval``, ``empathy-gym replay``)
 keeps what it must not lose.
 
-* ``run.json``: the run's configuration, written once the run has loaded what it needs,
-  and checked on resume (a folder holding another configuration is refused, naming each
-  field that differs, unless it holds no finished record: then the new run replaces it);
-* a JSON Lines file of finished records (dialogues, appraised turns), appended and
-  fsynced as they finish; a last line cut by a crash is ignored and repaired on resume;
-* ``report.json`` (written atomically) and a plot, when the run ends.
-
-:class:`RunFolder` is the one place that does this; evaluation and replay say only
-which records they keep and how a record is keyed.
+``run.json`` holds the run's configuration, checked on resume (a folder holding another
+configuration is refused, unless it holds no finished record: then the new run replaces
+it); a JSON Lines file holds the finished records, appended and fsynced as they finish (a
+last line cut by a crash is ignored and repaired on resume); ``report.json`` is written
+atomically at the end.
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ class EvaluationError(ValueError):
 def read_jsonl_records(
     path: str | os.PathLike, key_fields: Sequence[str], *, repair: bool = False
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """The records of a JSON Lines file that is appended to as work finishes, by key
-    (the values of ``key_fields``; the first record of a key wins).
+    """The records of an append-only JSON Lines file, by key (the values of ``key_fields``;
+    the first record of a key wins).
 
     A last line without its newline is an unfinished write: it is ignored, and with
     ``repair=True`` cut off the file so that appends start on a fresh line.
@@ -74,10 +70,8 @@ def read_jsonl_records(
 def append_records(
     path: str | os.PathLike, records: Sequence[Mapping[str, Any]], *, where: Sequence[str] | None = None
 ) -> None:
-    """Append records as JSON lines (UTF-8), flushed and fsynced once before returning.
-
-    Every line is encoded before the file is opened, so records that cannot be written
-    leave the file unchanged.
+    """Append records as JSON lines (UTF-8), fsynced. Every line is encoded before the file
+    is opened, so records that cannot be written leave the file unchanged.
 
     Args:
         where: one description per record (e.g. the dialogue), for the error message.
@@ -134,7 +128,7 @@ def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
 
 
 class RunFolder:
-    """A run's folder (see the module docstring), opened for a run with ``config``.
+    """A run's folder, opened for a run with ``config``.
 
     Args:
         path: the folder (created by :meth:`start`; may exist and hold this run).

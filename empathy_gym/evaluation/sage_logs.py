@@ -11,10 +11,8 @@ the assistant message before it), ``planning`` (the appraisal: ``content``,
 ``TargetCompletion``, ``activity``, ``analyse``, ``change``) and ``thinking`` (the
 reply planning). See ``../shared/SAGE.md``.
 
-This module turns a log into :class:`LoggedTurn` records: for every agent reply, the
-history before it (as :class:`~empathy_gym.user.base.UserRequest` takes it), the
-emotion before it, and what SAGE's simulator made of it. It is the common input of
-the replay harness and of anything fitted to the logs.
+This module turns each agent reply of a log into a :class:`LoggedTurn`: the history and
+emotion before it, and what SAGE's simulator made of it.
 """
 
 from __future__ import annotations
@@ -110,9 +108,7 @@ def log_names(path: str | os.PathLike) -> tuple[str, str]:
     """``(simulator, model)`` from a log path ``.../<simulator>_based_simulator/<model>_result.jsonl``;
     the folder or file name itself where it does not follow that pattern."""
     path = Path(path)
-    simulator = re.sub(r"_based_simulator$", "", path.parent.name)
-    model = re.sub(r"_result$", "", path.stem)
-    return simulator, model
+    return re.sub(r"_based_simulator$", "", path.parent.name), re.sub(r"_result$", "", path.stem)
 
 
 def _history(value: Any, where: str) -> list[dict[str, Any]]:

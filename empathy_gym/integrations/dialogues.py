@@ -1,17 +1,11 @@
-"""Dialogues for trainer adapters (verl, verifiers): reproducible dialogue starts, and one
-simulated user shared by many concurrent dialogues.
+"""Dialogues for trainer adapters (verl, verifiers), which get one sample at a time (a
+dataset row, a task) and run many concurrently in one process.
 
-Trainers hand an adapter one sample at a time (a dataset row, a task) and run many of
-them concurrently in one process. Two things follow:
-
-* **Starts are data.** :func:`dialogue_starts` plays ``reset`` once per persona and keeps
-  what it produced (persona id, env seed, the user's opening line, the agent-side
-  messages), so a dataset row or task can recreate the very same dialogue later with
-  ``env.prepare_reset(seed=..., options={"persona": ...})`` and ``env.finish_reset(persona,
-  opening)``; an LLM user's opening is never regenerated differently.
-* **One user per process.** :func:`shared` returns the process-wide
-  :class:`~empathy_gym.engine.DialogueEngine` of a config, so the adapter objects that
-  trainers build per sample share one simulated user, and the user turns of concurrent
+* Starts are data: :func:`dialogue_starts` plays ``reset`` once per persona and keeps what
+  it produced, so a row can recreate the very same dialogue later (:func:`start_env`); an
+  LLM user's opening is never regenerated differently.
+* One user per process: :func:`shared` returns the process-wide
+  :class:`~empathy_gym.engine.DialogueEngine` of a config, so the user turns of concurrent
   dialogues meet in one batched call (:func:`~empathy_gym.engine.play_one`).
 """
 
@@ -82,10 +76,8 @@ def dialogue_starts(
     """Start one dialogue per persona, with one batched call of the user for the openings.
 
     Args:
-        config: as for :class:`~empathy_gym.engine.DialogueEngine` (keys it reads itself, and ``name``, are
-            ignored here; the rest are ``gym.make`` keywords), so
-            the starts match what an env with that config recreates (system prompt,
-            think mode).
+        config: as for :class:`~empathy_gym.engine.DialogueEngine` (its own keys and ``name``
+            are ignored here), so the starts match what an env with that config recreates.
         persona_ids: which personas, in order; ``None`` for the env's whole bank.
         seed: dialogue i gets env seed ``seed + i``.
 
@@ -102,10 +94,9 @@ def dialogue_starts(
     bank = persona_bank({**config, "env_id": env_id})
     ids = list(persona_ids) if persona_ids is not None else [p.id for p in bank]
     envs = sharing_one_user(lambda **options: gym.make(env_id, **options).unwrapped, max(1, len(ids)), **config)
-    first = envs[0]
     seeds = [seed + index for index in range(len(ids))]
     results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
-    first.close()  # closes the user only if it was built here
+    envs[0].close()  # closes the user only if it was built here
     return [
         DialogueStart(pid, row_seed, opening, info["messages"])
         for pid, row_seed, (opening, info) in zip(ids, seeds, results)

@@ -1,34 +1,13 @@
 """The eight support strategies of ESConv and the utterance templates that realise them.
 
-ESConv (Liu et al., 2021, "Towards Emotional Support Dialog Systems", ACL, section 3.3
-and table 2) annotates every supporter turn with one of eight strategies. The ids here
-follow its names; the definitions paraphrase the paper's:
-
-=============================  ==============================================================
-id                             ESConv strategy: what the supporter does
-=============================  ==============================================================
-``question``                   Question: asks for information to help the seeker say
-                               what they face (open questions preferred)
-``restatement_or_paraphrasing``  Restatement or Paraphrasing: a concise rephrasing of the
-                               seeker's words, so they see their situation more clearly
-``reflection_of_feelings``     Reflection of Feelings: articulates and describes the
-                               seeker's feelings
-``self_disclosure``            Self-disclosure: shares similar experiences or emotions, to
-                               express empathy
-``affirmation_and_reassurance``  Affirmation and Reassurance: affirms the seeker's strengths,
-                               motivation and capabilities, and reassures them
-``providing_suggestions``      Providing Suggestions: suggests ways forward, without
-                               telling the seeker what to do
-``information``                Information: useful information, e.g. data, facts, opinions
-                               or how others see the situation
-``others``                     Others: pleasantries and anything outside the seven
-=============================  ==============================================================
-
-The templates are data, one JSON file per language in ``empathy_gym/integrations/strategy_templates/``
-(``en.json``, ``zh.json``): several variants per strategy, with the placeholders
-``{words}`` (a short clause quoted from the user's newest utterance,
-:func:`user_words`) and ``{name}`` (the persona's name). The same files hold the crude
-cue word lists used by the strategy env's observation (``cues``).
+ESConv (Liu et al., 2021, "Towards Emotional Support Dialog Systems", ACL, section 3.3 and
+table 2) annotates every supporter turn with one of eight strategies; the ids here follow
+its names (:data:`STRATEGY_NAMES`) and :data:`STRATEGY_DEFINITIONS` paraphrases its
+definitions. The templates are data, one JSON file per language in
+``empathy_gym/integrations/strategy_templates/``: several variants per strategy, with the
+placeholders ``{words}`` (a clause quoted from the user's newest utterance,
+:func:`user_words`) and ``{name}`` (the persona's name), and the cue word lists of the
+strategy env's observation (``cues``).
 """
 
 from __future__ import annotations

@@ -1,47 +1,12 @@
 """``EmpathyStrategy-v0``: emotional support as a choice among the eight ESConv
 strategies, for RL libraries that cannot act in free text (Stable-Baselines3 and the like).
 
-The agent picks a support strategy (:data:`~empathy_gym.integrations.strategies.STRATEGIES`, ESConv,
-Liu et al., 2021); the env turns it into an utterance and plays it in an inner
-:class:`~empathy_gym.env.EmpathyDialogueEnv` (same personas, simulated users, protocol
-and reward). The utterance comes from
-
-* ``writer="templates"`` (default, offline, deterministic given the seed): a variant of
-  the strategy's templates in the persona's language (:mod:`empathy_gym.integrations.strategies`),
-  drawn with ``self.np_random`` among the variants not used yet in the episode, filled
-  with a clause quoted from the user's newest utterance and the persona's name;
-* ``writer="llm"``: an LLM backend (``writer_backend=``, a ``ChatBackend`` or a backend
-  name with ``writer_model=``...) asked to write the next reply with that strategy,
-  given the conversation so far.
-
-Observation: ``Box(low, high, (16,), float32)``, features the agent could see in the
-conversation itself (never the hidden intention or the character type):
-
-=====  ===========================  ========================================================
-index  feature                      value
-=====  ===========================  ========================================================
-0      emotion                      e / 100, in [0, 1]
-1      last emotion change          (e_t - e_{t-1}) / 10, clipped to [-1, 1]; 0 after reset
-2      turn                         agent turns so far / max_turns, in [0, 1]
-3      length of the user's         words (en; zh: CJK characters / 2) / 40, clipped to [0, 1]
-       newest utterance
-4      question                     1 if it contains "?" or "？", else 0
-5      negative cues                count of the language's negative cue words / 3, clipped
-6      positive cues                count of the positive cue words / 3, clipped to [0, 1]
-7      language                     0 for English, 1 for Chinese
-8-15   last action                  one-hot of the previous strategy; all 0 after reset
-=====  ===========================  ========================================================
-
-The emotion is an observable stand-in for what a supporter reads in the user's tone;
-the cue counts are crude word lists (``cues`` in the template files).
-
-Action: ``Discrete(8)``, the index into :data:`~empathy_gym.integrations.strategies.STRATEGIES`.
-Reward, termination and truncation: those of the inner env (``reward_mode="delta"``:
-emotion change / 100 per turn). ``info`` is the inner env's plus ``strategy`` (the id)
-and ``utterance`` (what was said).
-
-Held-out personas: :func:`~empathy_gym.personas.split_personas` splits a bank; pass each
-part as ``personas=`` (see ``examples/sb3_ppo_strategy.py``).
+Action: ``Discrete(8)``, the index into :data:`~empathy_gym.integrations.strategies.STRATEGIES`
+(ESConv, Liu et al., 2021). The env turns the strategy into an utterance (templates, or an
+LLM writer) and plays it in an inner :class:`~empathy_gym.env.EmpathyDialogueEnv`, whose
+reward, termination, truncation and ``info`` it returns (``info`` adds ``strategy``).
+Observation: ``Box((16,), float32)`` of :data:`FEATURES`, each in [0, 1] (the emotion
+change in [-1, 1]); the table of features and scales is in docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -64,7 +29,7 @@ from empathy_gym.integrations.strategies import (
 )
 from empathy_gym.personas import Persona, PersonaSource
 
-#: Names of the observation features, in order (see the module docstring).
+#: Names of the observation features, in order (docs/integrations.md has their scales).
 FEATURES: tuple[str, ...] = (
     "emotion",
     "emotion_change",
@@ -115,13 +80,11 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
 
 
 class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
-    """A dialogue in which each action is an ESConv support strategy (see the module
-    docstring for the observation, action and reward).
+    """A dialogue in which each action is an ESConv support strategy.
 
     Args:
-        personas, difficulty: as :class:`~empathy_gym.env.EmpathyDialogueEnv` (a bank
-            name, a JSONL path or a list, e.g. one part of
-            :func:`~empathy_gym.personas.split_personas`).
+        personas, difficulty: as :class:`~empathy_gym.env.EmpathyDialogueEnv` (e.g. one
+            part of :func:`~empathy_gym.personas.split_personas`).
         writer: ``"templates"`` (default) or ``"llm"``.
         writer_backend: for ``writer="llm"``: a ``ChatBackend`` or a backend name
             (``"transformers"``, ``"vllm"``, ``"openai"``), built with ``writer_model``,
@@ -130,22 +93,11 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         templates_dir: a folder with your own ``<language>.json`` template files.
         render_mode: ``None``, ``"ansi"`` or ``"human"`` (the inner env's transcript).
         **dialogue_kwargs: more :class:`~empathy_gym.env.EmpathyDialogueEnv` arguments
-            (``user``: a spec such as ``"openai:MODEL@URL"`` or a ready user;
-            ``protocol``, ``max_turns``, ...).
+            (``user``, ``protocol``, ``max_turns``, ...).
 
     Raises:
-        ValueError: an unknown ``writer``, or ``writer="llm"`` without a backend;
-            (``step``) an action outside ``Discrete(8)``.
+        ValueError: an unknown ``writer``, or ``writer="llm"`` without a backend.
         TemplateError: a bad template file (naming the file and the field).
-        RuntimeError: ``step`` before ``reset`` or after the episode ended.
-
-    Example:
-        >>> import gymnasium as gym, empathy_gym
-        >>> env = gym.make("EmpathyStrategy-v0")
-        >>> obs, info = env.reset(seed=0)           # obs: float32 (16,)
-        >>> obs, reward, terminated, truncated, info = env.step(2)   # Reflection of Feelings
-        >>> info["strategy"]
-        'reflection_of_feelings'
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
@@ -204,8 +156,8 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Start a dialogue (``options["persona"]`` picks a persona by id, as in the inner
-        env). Returns the observation (float32 (16,)) and the inner env's ``info``."""
+        """Start a dialogue (``options["persona"]`` picks a persona by id). Returns the
+        observation (float32 (16,)) and the inner env's ``info``."""
         super().reset(seed=seed)
         text, info = self.dialogue_env.reset(seed=seed, options=options)
         self._last_action, self._last_change, self._used = None, 0, {}
@@ -221,7 +173,7 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
 
         Raises:
             ValueError: ``action`` is not an integer in [0, 8).
-            RuntimeError: no episode is running (from the inner env).
+            RuntimeError: ``step`` before ``reset`` or after the episode ended.
         """
         index = self._action_index(action)
         dialogue = self.dialogue_env.dialogue
@@ -251,7 +203,9 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
 
     # -- strategy -> utterance -------------------------------------------------------
     def utterance(self, strategy: str) -> str:
-        """The utterance that realises ``strategy`` now (templates or the LLM writer)."""
+        """The utterance that realises ``strategy`` now: from the LLM writer, or a template
+        variant in the persona's language not used yet this episode (drawn with
+        ``self.np_random``), filled with the user's newest words and the persona's name."""
         dialogue = self.dialogue_env.dialogue
         if dialogue is None:
             raise RuntimeError("call reset() before utterance()")

@@ -1,44 +1,12 @@
-"""Multi-turn dialogues for TRL's ``GRPOTrainer``: a ``rollout_func`` and reward functions.
+"""Multi-turn dialogues for TRL's ``GRPOTrainer`` (TRL >= 1.x, experimental ``rollout_func``).
 
-TRL (>= 1.x, experimental API) lets a ``rollout_func(prompts, trainer)`` replace the
-trainer's own generation. It receives this process's slice of prompts (already repeated
-``num_generations`` times, consecutively: each GRPO group is a run of equal prompts) and
-must return one completion per prompt:
-
-* ``prompt_ids``: ``list[list[int]]``, the tokens before the first agent turn (system
-  prompt, the user's opening line, the generation prompt);
-* ``completion_ids``: ``list[list[int]]``, everything after: every agent turn as sampled,
-  and the user's turns appended as tokens in between;
-* ``logprobs``: ``list[list[float]]``, one per completion token: the sampler's
-  log-probability (temperature applied) on sampled tokens, 0.0 on the user's;
-* ``env_mask``: ``list[list[int]]``, 1 on the tokens the policy sampled (the agent's
-  end-of-turn token included), 0 on the user's turns and template headers; TRL
-  multiplies it into the loss mask;
-* any other key is handed to the reward functions as a keyword argument, one value per
-  completion: here ``episode_return`` (float, the sum of the env's turn rewards, i.e.
-  (e_T - e_0) / 100 with ``reward_mode="delta"``), ``final_emotion`` (int, 0-100),
-  ``emotions`` (list[int]), ``termination`` (str) and ``env_seed`` (int).
-
-The dialogues are played by :class:`~empathy_gym.agents.rollout.RolloutEngine`
-(token in, token out; the sampled ids are never re-tokenised, TRL issue 5224) against
-envs that share one simulated user, so each turn's user calls go to the backend as one
-batch. Equal prompts map to equal env seeds, so a GRPO group plays one persona with one
-opening line; its dialogues differ by the policy's samples.
-
-Which prompt is which dialogue: :meth:`EmpathyRollout.dataset` resets the env with seeds
-``seed, seed + 1, ...`` and writes each opening chat as the ``prompt`` column; the
-rollout function finds a prompt's env seed again by its content (the chat as JSON).
-Prompts not made by this object raise ``KeyError``.
-
-Example (a runnable version: ``examples/trl_grpo.py``)::
-
-    from trl import GRPOConfig, GRPOTrainer
-    from empathy_gym.integrations.trl import EmpathyRollout, episode_return_reward
-
-    rollout = EmpathyRollout("EmpathyDialogue-v0", max_new_tokens=64)
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=GRPOConfig(...),
-                          train_dataset=rollout.dataset(64), reward_funcs=[episode_return_reward],
-                          rollout_func=rollout)
+:class:`EmpathyRollout` is a ``rollout_func(prompts, trainer)``: TRL hands it this
+process's prompts, each repeated ``num_generations`` times consecutively (a GRPO group),
+and it plays one dialogue per prompt with :class:`~empathy_gym.agents.rollout.RolloutEngine`,
+token in, token out (the sampled ids are never re-tokenised, TRL issue 5224), against envs
+sharing one simulated user. The prompts come from :meth:`EmpathyRollout.dataset`, which
+knows each one's env seed, so a GRPO group plays one persona and opening. The fields it
+returns (:func:`to_trl_fields`): docs/integrations.md; a runnable example: ``examples/trl_grpo.py``.
 """
 
 from __future__ import annotations
@@ -67,19 +35,17 @@ class EmpathyRollout:
     """A TRL ``rollout_func`` that plays whole dialogues against an empathy-gym env.
 
     Args:
-        env_id: a registered dialogue id (``"EmpathyDialogue-v0"``, your own from
-            :func:`~empathy_gym.register_persona_env`); built with ``gym.make_vec`` so
-            all envs share one simulated user.
-        env_kwargs: ``gym.make`` keyword arguments (``user``: a spec such as
-            ``"openai:MODEL@URL"``; ``think``, ``max_turns``, ``protocol``...).
+        env_id: a registered dialogue id, built with ``gym.make_vec`` so all envs share one
+            simulated user.
+        env_kwargs: ``gym.make`` keyword arguments (``user``, ``think``, ``max_turns``...).
         max_new_tokens: the most tokens per agent turn.
         max_context_tokens: a dialogue reaching this many tokens stops
             (``termination == "context_limit"``).
         seed: mixed with the trainer's global step and each dialogue's index to seed the
             policy's sampling.
-        generator: a policy sampler (:class:`~empathy_gym.agents.rollout.Generator`) to
-            use instead of sampling from ``trainer.model`` with transformers (e.g. a
-            :class:`~empathy_gym.agents.generation.VLLMGenerator`, or a stub in tests).
+        generator: a policy sampler (:class:`~empathy_gym.agents.rollout.Generator`, e.g.
+            a :class:`~empathy_gym.agents.generation.VLLMGenerator`) to use instead of
+            sampling from ``trainer.model`` with transformers.
 
     Attributes:
         last_trajectories: the :class:`~empathy_gym.agents.rollout.Trajectory` list of
@@ -156,7 +122,7 @@ class EmpathyRollout:
 
     # -- the rollout function ----------------------------------------------------------
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
-        """Play one dialogue per prompt and return TRL's fields (see the module docstring).
+        """Play one dialogue per prompt and return TRL's fields (:func:`to_trl_fields`).
 
         Args:
             prompts: this process's prompts (each a chat from :meth:`dataset`).
@@ -204,9 +170,9 @@ def _groups(seeds: Sequence[int]) -> list[int]:
 
 
 def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
-    """Split each trajectory at its first sampled token into TRL's ``prompt_ids`` and
-    ``completion_ids`` (with ``logprobs`` and ``env_mask`` over the completion), plus the
-    reward fields (see the module docstring).
+    """TRL's fields: each trajectory split at its first sampled token into ``prompt_ids`` and
+    ``completion_ids`` (with ``logprobs`` and ``env_mask`` over the completion), plus
+    ``episode_return``, ``final_emotion``, ``emotions``, ``termination`` and ``env_seed``.
 
     Raises:
         ValueError: a trajectory with no sampled token (nothing to train on).

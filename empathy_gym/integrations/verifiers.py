@@ -1,34 +1,10 @@
 """The simulated user as a verifiers environment (verifiers >= 0.4, ``verifiers.v1``).
 
-verifiers (PrimeIntellect-ai/verifiers; ``vf-eval``, prime-rl) splits an environment into
-a *taskset* (the rows an episode starts from) and an *env* whose ``run(task, agents)``
-drives the agents. verifiers 0.4 has no ``MultiTurnEnv`` any more; a multi-turn
-environment is an ``Env`` whose ``run`` holds an agent's rollout open with
-``agent.interaction(task)`` and answers each of its turns, as verifiers' own TextArena
-env does with a game engine. Here the simulated user answers:
-
-* :class:`EmpathyTaskset` yields one task per persona: the dialogue as ``reset`` starts it
-  (:func:`~empathy_gym.integrations.dialogues.dialogue_starts`): the agent's system
-  prompt, the user's opening line as the task's prompt, and the persona id, env seed and
-  opening that recreate it;
-* :class:`EmpathyEnv` plays it: the agent answers the opening, the env steps our
-  ``EmpathyDialogueEnv`` with the reply (the user's turns of concurrent episodes go to one
-  shared simulated user in batched calls, :class:`~empathy_gym.engine.DialogueEngine`),
-  and the user's reply is the agent's next user turn, until the env ends the dialogue
-  (success, failure, max turns);
-* the trace's reward is the episode's **emotion change**: the sum of the env's turn
-  rewards (``reward_mode="delta"``: (e_T - e_0) / 100, in [-1, 1], less any think-format
-  penalty), or with ``reward="final_emotion"`` RLVER's e_T / 100. Metrics:
-  ``emotion_change``, ``final_emotion`` (e_T / 100), ``turns``, ``success`` (1.0 when the
-  user ended it satisfied); ``trace.info`` holds the ``emotions`` and the
-  ``termination_reason``.
-
-Use it from Python with :func:`load_environment`, or from verifiers' tools by the taskset
-id ``empathy-dialogue`` (the top-level module ``empathy_dialogue`` that empathy-gym ships
-re-exports these classes), e.g. ``vf-eval empathy-dialogue -m <model> --client.base-url
-<url>``. The agent's seat defaults to verifiers' tool-less ``null`` harness in a local
-subprocess runtime (``--env.agent.*`` changes it). Options of the env
-(``gym.make`` keywords) go to ``--env.taskset.task.env`` (TOML ``[env.taskset.task.env]``).
+verifiers 0.4 has no ``MultiTurnEnv``: a multi-turn ``Env.run`` holds the agent's rollout
+open with ``agent.interaction(task)`` and answers each turn, as verifiers' own TextArena
+env does. Here :class:`EmpathyTaskset` yields one task per persona (the dialogue as
+``reset`` starts it) and :class:`EmpathyEnv` answers each agent turn with the simulated
+user's reply until the env ends the dialogue. See docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -72,10 +48,8 @@ class EmpathyTaskConfig(vf.TaskConfig):
     """The registered gym id (``EmpathyDialogue-v0``: SAGE protocol, built-in bank;
     ``EmpathyDialogue-RLVER-v0``: the 500 RLVER training profiles)."""
     env: dict[str, Any] = Field(default_factory=dict)
-    """``gym.make`` keywords: ``user`` (a spec string such as ``"rule"`` or
-    ``"openai:MODEL@URL"``, or a mapping of :class:`~empathy_gym.user.specs.UserSpec` fields),
-    ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``, ``difficulty``,
-    ..."""
+    """``gym.make`` keywords: ``user`` (a spec string such as ``"openai:MODEL@URL"``),
+    ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``, ..."""
     reward: Literal["emotion_change", "final_emotion"] = "emotion_change"
     """The trace's reward: the sum of the env's turn rewards, or e_T / 100."""
     batch_window_ms: float = Field(5.0, ge=0)
@@ -113,8 +87,7 @@ class EmpathyTasksetConfig(vf.TasksetConfig):
 
 
 class EmpathyTaskset(vf.Taskset[EmpathyTask, EmpathyTasksetConfig]):
-    """One task per persona, with the user's opening written once (one batched call of
-    an LLM user) when the taskset loads."""
+    """One task per persona, the user's openings written in one batched call when the taskset loads."""
 
     def load(self) -> list[EmpathyTask]:
         task_config = self.config.task
@@ -153,7 +126,9 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
         """One episode: the agent answers the opening line, the simulated user answers
         each reply (steps of the task's recreated env, batched with the other episodes'),
         until the env ends the dialogue or verifiers ends the agent's run. Records the
-        reward and metrics on the agent's trace.
+        reward and the metrics ``emotion_change``, ``final_emotion`` (e_T / 100), ``turns``
+        and ``success`` on the agent's trace, and the ``emotions`` and
+        ``termination_reason`` in ``trace.info``.
 
         Raises:
             KeyError, TypeError: task data without a valid persona id, seed or opening.
@@ -210,19 +185,16 @@ def load_environment(
             ``"EmpathyDialogue-RLVER-v0"``, ...).
         persona_ids: one task per persona id, in order; ``None`` for the whole bank.
         seed: task i gets env seed ``seed + i``.
-        reward: ``"emotion_change"`` (the sum of the env's turn rewards; with
-            ``reward_mode="delta"`` (e_T - e_0) / 100) or ``"final_emotion"``
-            (e_T / 100, RLVER's reward).
+        reward: ``"emotion_change"`` (the sum of the env's turn rewards) or
+            ``"final_emotion"`` (e_T / 100, RLVER's reward).
         batch_window_ms, max_batch_size: micro-batching of concurrent episodes' user
             turns into one call of the simulated user.
         agent: the ``agent`` seat's ``vf.AgentConfig`` (or its dict); default: the
             ``null`` harness in a subprocess runtime.
-        **env_kwargs: ``gym.make`` keywords (``user``: a spec string such as
-            ``"openai:MODEL@URL"`` or a mapping of :class:`~empathy_gym.user.specs.UserSpec`
-            fields; ``protocol``, ``max_turns``, ``reward_mode``, ``think``, ``personas``
-            (a bank name or JSONL path), ...). JSON values, as verifiers records the
-            config (a ready ``SimulatedUser`` or ``UserSpec`` as ``user=`` works
-            in-process but cannot be recorded).
+        **env_kwargs: ``gym.make`` keywords (``user``, ``protocol``, ``max_turns``,
+            ``reward_mode``, ``think``, ``personas``, ...), as JSON values: verifiers
+            records the config (a ready ``SimulatedUser`` as ``user=`` works in-process but
+            cannot be recorded).
 
     Returns:
         An :class:`EmpathyEnv`. Run it as verifiers does: ``async with env.serving():``
@@ -232,10 +204,6 @@ def load_environment(
     Raises:
         pydantic.ValidationError: a bad option. As :func:`dialogue_starts` (when the
             taskset loads) for bad env options.
-
-    Example:
-        >>> env = load_environment("EmpathyDialogue-RLVER-v0", protocol="rlver_training",
-        ...                        max_turns=8)  # doctest: +SKIP
     """
     task = EmpathyTaskConfig(
         env_id=env_id, env=env_kwargs, reward=reward, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size

@@ -1,20 +1,12 @@
-"""verl plumbing that imports without verl: the dataset, the reward function and the
-``prepare`` command for the agent loop
-:class:`empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop` (verl >= 0.8, tested
-against 0.9.1; verl <= 0.7.1, whose multi-turn *interaction* interface 0.8.0 removed, is
-not supported).
+"""verl plumbing that imports without verl, for the agent loop
+:class:`empathy_gym.integrations.verl_agent_loop.EmpathyAgentLoop`: the dataset
+(:func:`build_rows`, ``python -m empathy_gym.integrations.verl prepare``), the reward
+function :func:`compute_score` and :func:`load_agent_loop_config`.
 
-* :func:`build_rows`, :func:`write_parquet`, :func:`prepare_dataset` and ``python -m
-  empathy_gym.integrations.verl prepare``: the dataset, one dialogue start per row;
-* :func:`compute_score`: the reward function (``reward.custom_reward_function``);
-* :func:`load_agent_loop_config`: the env options of our entry in an agent-loop YAML.
-
-The dataset builder writes verl's RL parquet format (as in verl's
-``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``): ``data_source``,
-``prompt`` (the agent-side chat), ``ability``, ``reward_model`` (``style``,
-``ground_truth``) and ``extra_info`` with ``interaction_kwargs`` (``name``,
-``persona_id``, ``seed``, ``opening``), which verl's ``RLHFDataset`` hands to agent loops
-as a top-level ``interaction_kwargs`` field.
+The rows follow verl's RL parquet format (as verl's
+``examples/data_preprocess/gsm8k_multiturn_w_interaction.py``); verl's ``RLHFDataset`` hands
+their ``extra_info.interaction_kwargs`` to agent loops as a top-level field. See
+agents/verl/README.md.
 """
 
 from __future__ import annotations
@@ -36,15 +28,14 @@ DEFAULT_NAME = "empathy"
 def compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> float:
-    """verl reward function (``reward.custom_reward_function``): the dialogue's return,
-    the sum of the turn scores that the agent loop records (``extra_fields["turn_scores"]``,
+    """verl reward function (``reward.custom_reward_function``): the dialogue's return, the
+    sum of the turn scores that the agent loop records (``extra_fields["turn_scores"]``,
     which verl's reward managers pass on in ``extra_info``).
 
     The agent loop sets each trajectory's reward itself, so verl calls no reward function
-    for its rows; this one gives the same sum for any path that would. With
-    ``reward_mode="delta"`` it is (e_T - e_0) / 100 in [-1, 1] (RLVER's e_T / 100 less a
-    per-persona constant; it stays right when verl cuts a dialogue short), with ``"final"``
-    it is e_T / 100 for a dialogue that the user ended.
+    for its rows; this one gives the same sum for any path that would: with
+    ``reward_mode="delta"`` (e_T - e_0) / 100 in [-1, 1], with ``"final"`` e_T / 100 for a
+    dialogue that the user ended.
 
     Raises:
         KeyError: ``extra_info`` has no ``turn_scores``.

@@ -1,22 +1,12 @@
 """The simulated user in verl's agent loop (verl >= 0.8): one dialogue per sample, token in,
 token out.
 
-:class:`EmpathyAgentLoop`, registered as ``"empathy_dialogue"``
-(``verl.experimental.agent_loop``), plays the dialogue of one dataset row (the rows of
-:func:`empathy_gym.integrations.verl.build_rows`): it recreates the row's dialogue in an env
-and refuses a row whose prompt differs; the policy's replies come from verl's server manager
-as token ids, kept as sampled (response mask 1); the user's replies are appended as tokens
-(response mask 0) from text made data (:meth:`~empathy_gym.boundary.ChatEncoder.plain_text`).
-The env ends the dialogue, or verl's ``max_assistant_turns`` or ``response_length``. Each
-appraised reply's turn score (the env's reward) sits on the last token of that reply in
-``rm_scores``; ``reward_score`` is their sum. The loops of a worker process share one
-:class:`~empathy_gym.engine.DialogueEngine` (their user turns micro-batched into one call);
-the loop's keyword arguments are its entry in ``agents/verl/agent_loop.yaml``.
-
-What the loop does, step by step, where verl's estimators see the rewards (v1 and legacy
-trainers), and the settings: ``agents/verl/README.md``. Written against verl 0.9.1
-(``verl/experimental/agent_loop/agent_loop.py`` and ``tool_agent_loop.py``). Importing this
-module needs verl; everything else in ``empathy_gym.integrations`` does not.
+:class:`EmpathyAgentLoop` (registered as ``"empathy_dialogue"``) replays the dialogue of a
+dataset row (:func:`empathy_gym.integrations.verl.build_rows`): the policy's replies stay
+as sampled (response mask 1), the user's are appended as tokens (mask 0), and each
+appraised reply's turn score sits on its last token in ``rm_scores``. Written against verl
+0.9.1 (``verl/experimental/agent_loop/agent_loop.py`` and ``tool_agent_loop.py``);
+importing this module needs verl. See agents/verl/README.md.
 """
 
 from __future__ import annotations
@@ -52,26 +42,16 @@ AGENT_NAME = "empathy_dialogue"
 
 
 def agent_turn_ends(response_mask: Sequence[int]) -> list[int]:
-    """The index of the last token of each agent turn: the last position of every run of
-    1s in a response mask.
-
-    Args:
-        response_mask: one int per response token, 1 for tokens the policy sampled and 0
-            for the user's turns (and for boundary tokens that verl's Continuous Token
-            builder inserts).
-
-    Returns:
-        Increasing indices into ``response_mask``, one per maximal run of 1s.
+    """The index of the last token of each agent turn: the last position of every run of 1s
+    in a response mask (1: sampled by the policy; 0: the user's turns and the boundary
+    tokens that verl's Continuous Token builder inserts).
 
     Example:
         >>> agent_turn_ends([1, 1, 0, 0, 1, 0, 1, 1])
         [1, 4, 7]
     """
-    ends = []
-    for index, flag in enumerate(response_mask):
-        if flag and (index + 1 == len(response_mask) or not response_mask[index + 1]):
-            ends.append(index)
-    return ends
+    last = len(response_mask) - 1
+    return [i for i, flag in enumerate(response_mask) if flag and (i == last or not response_mask[i + 1])]
 
 
 def turn_token_rewards(response_length: int, turn_ends: Sequence[int], turn_scores: Sequence[float]) -> torch.Tensor:
@@ -108,11 +88,9 @@ def turn_token_rewards(response_length: int, turn_ends: Sequence[int], turn_scor
 
 
 class EmpathyAgentLoopOutput(AgentLoopOutput):
-    """verl's ``AgentLoopOutput`` whose ``as_dict()`` (what verl's v1 trainer stores for
-    training) spreads the return over the turns: ``rm_scores`` holds each turn score of
-    ``extra_fields["turn_scores"]`` on the last token of its agent turn
-    (``extra_fields["turn_ends"]``) instead of the whole ``reward_score`` on the last
-    token. Everything else is verl's."""
+    """verl's ``AgentLoopOutput`` whose ``as_dict()`` (what verl's v1 trainer stores) puts
+    each turn score on the last token of its agent turn in ``rm_scores``, instead of the
+    whole ``reward_score`` on the last token."""
 
     def as_dict(self) -> dict[str, Any]:
         output = super().as_dict()
@@ -140,16 +118,13 @@ class EmpathyAgentLoop(AgentLoopBase):
 
     Args:
         trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
-            hf_model_type: what verl's ``AgentLoopWorker`` passes every agent loop (see
-            ``verl.experimental.agent_loop.AgentLoopBase``).
+            hf_model_type: what verl's ``AgentLoopWorker`` passes every agent loop.
         tools: verl's tool list; ignored (the user is the environment, not a tool).
         name: the agent-loop name from the YAML entry (default ``"empathy_dialogue"``).
-        **env_config: the session config: ``env_id`` (default
-            ``"EmpathyDialogue-RLVER-v0"``), ``batch_window_ms`` (5), ``max_batch_size``
-            (64) and any ``gym.make`` keyword (``user``: a spec string or a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields; ``protocol``, ``difficulty``,
-            ``personas``, ``max_turns``, ``reward_mode``, ``think``, ...). Loops with equal configs in one
-            process share one simulated user and one micro-batcher.
+        **env_config: the :class:`~empathy_gym.engine.DialogueEngine` config: ``env_id``,
+            ``batch_window_ms``, ``max_batch_size`` and any ``gym.make`` keyword (``user``,
+            ``protocol``, ``max_turns``, ``reward_mode``, ...). Loops with equal configs in
+            one process share one simulated user and one micro-batcher.
 
     Raises:
         gymnasium.error.Error, ValueError, KeyError: a bad env config (on the first loop
@@ -191,19 +166,13 @@ class EmpathyAgentLoop(AgentLoopBase):
                 ``opening``; verl lifts them out of ``extra_info``), ``index``, ...
 
         Returns:
-            An :class:`EmpathyAgentLoopOutput`: ``prompt_ids`` (the rendered system
-            prompt and opening line), ``response_ids`` (the policy's replies as sampled
-            and the user's turns as tokens, at most ``rollout.response_length``),
-            ``response_mask`` (1 on sampled tokens, 0 on the user's), ``response_logprobs``
-            (when the server returns them), ``reward_score`` (the return, the sum of the
-            turn scores), ``num_turns`` (1 + replies + user turns) and ``extra_fields``:
-            ``turn_scores`` (list of float, one per appraised reply), ``turn_ends``
-            (index of the last response token of each appraised reply), ``emotions``
-            (int 0-100 after reset and after each reply), ``termination_reason``
-            (the env's ``"success"``/``"failure"``/``"max_turns"``, or
-            ``"response_length"``, ``"max_assistant_turns"``), ``persona_id``,
-            ``tool_rewards`` ([]) and ``reward_extra_info`` (``score``,
-            ``final_emotion``).
+            An :class:`EmpathyAgentLoopOutput`, cut to ``rollout.response_length``:
+            ``reward_score`` is the return (the sum of the turn scores), ``num_turns`` 1 +
+            replies + user turns, and ``extra_fields`` holds ``turn_scores`` (one per
+            appraised reply), ``turn_ends``, ``emotions`` (after reset and each reply),
+            ``termination_reason`` (the env's, or ``"response_length"``,
+            ``"max_assistant_turns"``), ``persona_id``, ``tool_rewards`` ([]) and
+            ``reward_extra_info`` (``score``, ``final_emotion``).
 
         Raises:
             KeyError, TypeError: a row without valid ``persona_id``/``seed``/``opening``.
@@ -266,7 +235,7 @@ class EmpathyAgentLoop(AgentLoopBase):
         return self._output(env, rollout, rollout.reason)
 
     async def _generate(self, rollout: _Rollout, request_id: str, sampling_params: dict[str, Any]) -> Any:
-        """Sample the policy's next reply and add it to ``rollout`` (response mask 1)."""
+        """Sample the policy's next reply and add it to ``rollout`` (mask 1)."""
         with simple_timer("generate_sequences", rollout.metrics):
             output = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=rollout.token_ids, sampling_params=sampling_params
