@@ -64,8 +64,9 @@ def test_policy_backend_needs_adapters_and_a_trainer(tiny_model_dir):
     model, tokenizer = load_causal_lm(str(tiny_model_dir), dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="policy.use_lora=true"):
         PolicyUserBackend(model, tokenizer)
-    with pytest.raises(ValueError, match="PolicyUserBackend"):
+    with pytest.raises(ValueError, match="PolicyUserBackend") as refused:
         make_backend("policy")
+    assert "recipe env.kwargs.user: policy" in str(refused.value)  # the recipe key that exists
 
 
 # -- the trainer builds the user from its own policy (recipe env.kwargs.user: policy) ----

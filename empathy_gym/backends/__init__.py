@@ -42,7 +42,7 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
     if name == "policy":
         raise ValueError(
             "backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
-            "builds it from its policy (recipe env.kwargs.backend: policy); elsewhere pass "
+            "builds it from its policy (recipe env.kwargs.user: policy); elsewhere pass "
             "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)"
         )
     raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
