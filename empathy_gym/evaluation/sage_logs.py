@@ -9,7 +9,7 @@ a JSON string, or a Python literal of one) starts with the user's opening
 simulated user; each later user message carries ``emotion-point`` (after appraising
 the assistant message before it), ``planning`` (the appraisal: ``content``,
 ``TargetCompletion``, ``activity``, ``analyse``, ``change``) and ``thinking`` (the
-reply planning). See ``../shared/SAGE.md``.
+reply planning).
 
 This module turns each agent reply of a log into a :class:`LoggedTurn`: the history and
 emotion before it, and what SAGE's simulator made of it.

@@ -1,8 +1,8 @@
 """Prompts of the LLM simulated user, rendered from per-language template files in
 ``empathy_gym/user/prompts/<language>/``.
 
-The design follows SAGE's simulator (Tencent/digitalhuman ``SAGE/simulator_response.py``;
-``../shared/SAGE.md``) in our own words: the appraisal sees the emotion as a number and
+The design follows SAGE's simulator (Tencent/digitalhuman
+``SAGE/simulator_response.py``) in our own words: the appraisal sees the emotion as a number and
 works through :data:`APPRAISAL_STEPS`; the reply sees only the emotion band and the
 appraisal, and plans before it answers (:data:`REPLY_STEPS`). See
 docs/simulated-user.md#the-llm-users-prompts.

@@ -1,7 +1,7 @@
 """The emotion protocol: initial emotion, clamping, when a dialogue ends
 (docs/environment.md#protocol).
 
-Two presets follow their reference code (facts in ``../shared/SAGE.md``): :data:`SAGE`
+Two presets follow their reference code: :data:`SAGE`
 (arXiv 2505.02847; Tencent/digitalhuman ``SAGE/test_npc.py`` lines 88-115 and
 ``SAGE/simulator_response.py`` lines 150-155) and :data:`RLVER_TRAINING` (arXiv
 2507.03112, its training simulator in verl's multi-turn rollout).
