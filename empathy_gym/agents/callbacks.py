@@ -1,11 +1,6 @@
 """Trainer callbacks: work that runs around training, from Python as from the command
-line (the held-out evaluation, :class:`~empathy_gym.agents.heldout.HeldoutEvaluation`;
-the second judge during training, :class:`~empathy_gym.agents.judge.TrainingJudge`).
-
-The shape of Hugging Face's ``TrainerCallback`` (``on_train_begin``, ``on_step_end``,
-``on_train_end``), with the trainer passed in. ``on_train_begin`` runs before a resumed checkpoint loads
-(the weights are the initial ones), ``on_train_end`` only when ``total_steps`` is
-reached (not after Ctrl-C).
+line, in the shape of Hugging Face's ``TrainerCallback`` with the trainer passed in
+(docs/training.md, "Callbacks").
 """
 
 from __future__ import annotations
@@ -28,4 +23,4 @@ class TrainerCallback:
         return None
 
     def on_train_end(self, trainer: Any) -> None:
-        """After the last of ``total_steps`` steps, once the checkpoint is saved."""
+        """After the last of ``total_steps`` steps, once the checkpoint is saved (not after Ctrl-C)."""

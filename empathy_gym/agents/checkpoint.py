@@ -1,13 +1,10 @@
-"""Checkpoints written atomically: everything goes into a temporary folder, is synced
-to disk (``fsync``), and only then renamed into place; the ``latest`` pointer is
-replaced the same way. A crash or power loss mid-save leaves the previous checkpoint
-intact, and a resume that finds the newest checkpoint missing or damaged falls back to
-the newest complete one (:func:`checkpoint_candidates`).
+"""Checkpoints, written atomically: a temporary folder is synced to disk (``fsync``) and
+only then renamed into place, as is the ``latest`` pointer, so a crash mid-save leaves the
+previous checkpoint intact and a resume falls back to it (:func:`checkpoint_candidates`).
 
-Layout of ``<output_dir>/checkpoints/step-000010/``: ``policy/`` (the LoRA adapter, or
-the full model, with the tokenizer; loadable with peft / transformers), ``modules.pt``
-(value head or critic, optimizer and scheduler states), ``rng.pt`` (Python, NumPy and
-torch RNG states), ``state.json`` (step, config).
+``<output_dir>/checkpoints/step-000010/``: ``policy/`` (the LoRA adapter or the full
+model, with the tokenizer), ``modules.pt`` (value head or critic, optimizer and scheduler
+states), ``rng.pt`` (Python, NumPy and torch RNG states), ``state.json`` (step, config).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ POINTER = "latest"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot continue this run (another algorithm's)."""
+    """A checkpoint that cannot continue this run (another algorithm's or policy's)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -105,17 +102,15 @@ def save_checkpoint(
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint the ``latest`` pointer names when it is there, else the newest
-    ``step-*`` folder with a ``state.json``; ``None`` when there is none."""
+    """The first of :func:`checkpoint_candidates`, or ``None``."""
     candidates = checkpoint_candidates(root)
     return candidates[0] if candidates else None
 
 
 def checkpoint_candidates(root: Path) -> list[Path]:
     """The checkpoints to resume from, best first: the one the ``latest`` pointer names
-    (when it exists), then every ``step-*`` folder with a ``state.json``, newest first.
-    A resume tries them in order until one loads (a missing pointer target, a
-    damaged file, a half-deleted folder fall through to an older one)."""
+    (when it exists), then every ``step-*`` folder with a ``state.json``, newest first;
+    a resume tries them in order until one loads."""
     found = sorted((p for p in root.glob("step-*") if (p / "state.json").exists()), reverse=True)
     pointer = root / POINTER
     if pointer.exists():
@@ -132,13 +127,8 @@ SAME_POLICY = ("model", "use_lora")
 
 def check_resumable(path: Path, state: dict[str, Any], algorithm: str, config: dict[str, Any]) -> None:
     """Refuse a checkpoint this run cannot continue: another algorithm's, or another
-    policy's (another model, or adapters where the run trains all weights or the reverse).
-
-    Args:
-        path: the checkpoint folder (named in the message).
-        state: its ``state.json``.
-        algorithm: this run's, ``"ppo"`` or ``"grpo"``.
-        config: this run's config as a dict (:func:`~empathy_gym.agents.config.to_dict`).
+    policy's (:data:`SAME_POLICY`). ``state``: the checkpoint's ``state.json``; ``config``:
+    this run's (:func:`~empathy_gym.agents.config.to_dict`).
 
     Raises:
         CheckpointError: naming the checkpoint and each setting that differs.

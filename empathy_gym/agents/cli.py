@@ -1,13 +1,6 @@
-"""The command line of ``examples/train_ppo.py`` and ``examples/train_grpo.py``.
-
-Exit codes: 0 done, 1 invalid recipe or override (or a used output folder, another
-algorithm's checkpoint, or a recipe whose memory plan does not fit the device), 2 bad
-command line (e.g. no ``--recipe``), 130 stopped by Ctrl-C (after saving the last
-completed step; rerun with ``--resume``).
-
-The console may go away mid-run (``python examples/train_ppo.py ... | tee log``: Ctrl-C
-kills ``tee`` too): the trainer's progress output then stops quietly, the checkpoint is
-written all the same, and the messages are also in ``<output_dir>/train.log``.
+"""The command line of ``examples/train_ppo.py`` and ``examples/train_grpo.py``; its exit
+codes are in docs/training.md. Output to a console that has gone away (``... | tee log``,
+then Ctrl-C) is dropped; the log is also in ``<output_dir>/train.log``.
 """
 
 from __future__ import annotations
@@ -47,10 +40,8 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
 
 
 def say(*lines: str, file: object = None) -> None:
-    """Print to the console if it is still there (``file``: stdout by default). A dead
-    standard stream is pointed at /dev/null, so that Python's own flush at exit does
-    not fail on it too (the recipe of Python's ``signal`` documentation, "Note on
-    SIGPIPE")."""
+    """Print to the console if it is still there (``file``: stdout by default); a dead
+    stream is pointed at /dev/null (:func:`~empathy_gym.agents.console.settle`'s why)."""
     stream = file or sys.stdout
     for line in lines:
         print(line, file=stream)
@@ -98,22 +89,16 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
     except (RecipeError, FileNotFoundError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
-    if args.resume and not holds_a_run(Path(config.output_dir)):  # before any model loads
-        say(
-            f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
-            f"heldout/); run without --resume to start one there, or give the run's output_dir=",
-            file=sys.stderr,
-        )
-        return 1
-    if not args.resume:  # a previous run's folder: refused before any model loads
-        from empathy_gym.agents.run_log import check_fresh
-
-        try:
-            check_fresh(config.output_dir)
-        except FileExistsError as error:
-            say(f"error: {error}", file=sys.stderr)
+    # refused before any model loads: --resume with no run or another algorithm's or model's
+    # checkpoint; a fresh run in a previous run's folder
+    if args.resume:
+        if not holds_a_run(Path(config.output_dir)):
+            say(
+                f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
+                f"heldout/); run without --resume to start one there, or give the run's output_dir=",
+                file=sys.stderr,
+            )
             return 1
-    if args.resume:  # another algorithm's or model's checkpoint: refused before any model loads
         from empathy_gym.agents.checkpoint import CheckpointError, check_resume
         from empathy_gym.agents.config import to_dict
 
@@ -121,6 +106,14 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             check_resume(Path(config.output_dir) / "checkpoints", algorithm, to_dict(config))
         except CheckpointError as error:
             say(f"error: --resume: {error}", file=sys.stderr)
+            return 1
+    else:
+        from empathy_gym.agents.run_log import check_fresh
+
+        try:
+            check_fresh(config.output_dir)
+        except FileExistsError as error:
+            say(f"error: {error}", file=sys.stderr)
             return 1
     with _log_to_file(config.output_dir):
         return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)

@@ -1,15 +1,9 @@
-"""Training configuration: :class:`PPOConfig` and :class:`GRPOConfig`, and recipes.
+"""Training configuration: :class:`PPOConfig`, :class:`GRPOConfig` and recipes.
 
-A recipe (``agents/*.yaml``) is a YAML file whose keys are the config's fields, plus
-``algorithm: ppo`` or ``algorithm: grpo``. Command-line overrides use OmegaConf's
-dotlist syntax (``learning_rate=1e-5 policy.lora_r=8 env.kwargs.max_turns=4``).
-Names follow TRL where TRL has the setting (``learning_rate``, ``num_ppo_epochs``,
-``num_mini_batches``, ``cliprange``, ``vf_coef``, ``kl_coef``, ``num_generations``,
-``beta``, ``epsilon``, ``gradient_accumulation_steps``, ``max_grad_norm``).
-
-Defaults are RLVER's (arXiv 2507.03112, section 4.1 and DESIGN.md section 1): actor lr
-1e-6, critic lr 5e-6, no KL, entropy coefficient 0.001, clip 0.2, gamma = lambda = 1,
-temperature 1.0, GRPO with 4 rollouts per profile.
+A recipe (``agents/*.yaml``) holds the config's fields plus ``algorithm: ppo`` or ``grpo``;
+command-line overrides use OmegaConf's dotlist syntax (``policy.lora_r=8``). Names follow
+TRL where TRL has the setting; defaults are RLVER's (arXiv 2507.03112, section 4.1 and
+DESIGN.md section 1). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -31,10 +25,8 @@ from empathy_gym.user.specs import USER_FIELDS, SpecError, UserSpec, as_user_spe
 
 
 class Choice(str, enum.Enum):
-    """A config field with a fixed set of values. OmegaConf refuses any other value in a
-    recipe or an override (naming the file, line, field and choices); a config built in
-    Python is checked by :meth:`Checked.__post_init__`. A member is its value: it
-    compares, hashes, prints and serialises as that string."""
+    """A config field with a fixed set of values, checked by OmegaConf in recipes and by
+    :class:`Checked` in Python. A member compares, hashes, prints and serialises as its value."""
 
     def __str__(self) -> str:
         return str(self.value)
@@ -90,8 +82,7 @@ class PolicyConfig:
         gradient_checkpointing: trade compute for activation memory.
         attn_implementation: transformers' ``attn_implementation`` (``None``: default).
         check_memory: refuse, before loading, a recipe whose memory plan
-            (:mod:`~empathy_gym.agents.memory`, logged at start) does not fit the
-            device; ``false``: log the plan and go on.
+            (:mod:`~empathy_gym.agents.memory`) does not fit; ``false``: only log it.
         logprob_chunk_tokens: positions per chunk of the log-prob pass over the
             vocabulary (:func:`~empathy_gym.agents.tokens.chunked_logprobs`): its memory
             is about ``logprob_chunk_tokens x vocab x 10`` bytes, whatever the batch.
@@ -118,18 +109,11 @@ class EnvConfig:
     Attributes:
         id: a registered Gymnasium id.
         personas: a bank name or JSONL path, overriding the id's own (``None``: keep it).
-        kwargs: more ``gym.make`` keywords: ``user`` (the simulated user: a spec string
-            such as ``rule`` or ``openai:MODEL@URL``, or a mapping of
-            :class:`~empathy_gym.user.specs.UserSpec` fields: ``backend``, ``model``,
-            ``base_url``, ``appraisal_mode``, ``backend_kwargs``, ``user_kwargs``; write
-            the mapping to override single fields from the command line,
-            ``env.kwargs.user.appraisal_mode=choice``), ``protocol``, ``max_turns``,
-            ``reward_mode``, ... ``user: policy`` (or ``user: {backend: policy}``) makes
-            the policy's own base model the simulated user (its LoRA adapters off; with
-            vLLM, the policy's engine without a LoRA request): no second model, no
-            server; its ``backend_kwargs`` then go to
-            :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`
-            (``max_batch_size``, ``prefix_cache_tokens``).
+        kwargs: more ``gym.make`` keywords: ``protocol``, ``max_turns``, ``reward_mode``,
+            ..., and ``user``, the simulated user: a spec string (``rule``,
+            ``openai:MODEL@URL``, ``policy``: the policy's own base weights, see
+            docs/training.md) or a mapping of :class:`~empathy_gym.user.specs.UserSpec`
+            fields, which overrides can set one by one (``env.kwargs.user.appraisal_mode=choice``).
     """
 
     id: str = "EmpathyDialogue-RLVER-v0"
@@ -143,18 +127,13 @@ class GenerationConfig(Checked):
 
     Attributes:
         engine: ``"transformers"`` (``generate``, CPU or GPU) or ``"vllm"`` (GPU).
-        temperature: > 0 (RLVER: 1.0). The sampler draws from softmax(logits /
-            temperature) and nothing else (no model ``generation_config`` defaults such
-            as Qwen's ``repetition_penalty``), and the loss's log-probs are of that
-            same distribution. 0 (greedy) is refused for training.
-        top_p: must be 1.0 for training (RLVER: 1.0): nucleus truncation would sample
-            from another distribution than the loss's log-probs describe.
+        temperature: > 0 (RLVER: 1.0); the sampler draws from softmax(logits /
+            temperature) and nothing else, the distribution the loss's log-probs describe.
+        top_p: must be 1.0 for training (RLVER: 1.0), for the same reason.
         max_new_tokens: tokens per agent turn; a turn cut here gets an end-of-turn token
             appended (not trained on).
         max_context_tokens: no dialogue grows past this many tokens: one whose next turn
-            (``max_new_tokens`` + 1) would not fit is cut, a truncation (PPO bootstraps
-            from V of the state it was cut in; GRPO scores it as if it had ended there;
-            counted in ``episode/context_limit``).
+            would not fit is cut (a truncation, see docs/training.md).
         think: RLVER's think-then-say mode (``<think>...</think>`` before each reply).
         vllm_gpu_memory_utilization: vLLM's share of GPU memory.
     """
@@ -174,10 +153,9 @@ class HeldoutConfig:
     (:mod:`~empathy_gym.agents.heldout`).
 
     Attributes:
-        bank: the persona bank to split (a bank name such as ``"en"``, or a JSONL path);
-            the policy trains on one part (``env.personas`` is set to it) and is
-            evaluated on the other before the first step and after the last. ``None``
-            (default): no held-out evaluation, ``env.personas`` as given.
+        bank: the persona bank to split (a name such as ``"en"``, or a JSONL path): the
+            policy trains on one part (``env.personas``) and is evaluated on the other.
+            ``None`` (default): no held-out evaluation.
         test_fraction: the held-out share of each hidden intention, in (0, 1).
         split_seed: the split's seed (:func:`~empathy_gym.personas.split_personas`).
         repeats: dialogues per held-out persona (>= 1), each with its own env seed.
@@ -185,13 +163,10 @@ class HeldoutConfig:
         batch_size: dialogues played at once.
         confidence: of the bootstrap intervals, in (0, 1).
         n_resamples: bootstrap resamples.
-        user: a second judge: a user spec (``"rule"``, ``"openai:MODEL@URL"``, or a
-            mapping of :class:`~empathy_gym.user.specs.UserSpec` fields, e.g. the rule user
-            under another difficulty: ``{"backend": "rule", "user_kwargs": {...}}``)
-            that plays the same held-out personas and seeds before and after training,
-            so a run trained against one user is measured by another; the report gives
-            both judges and the gap between them, and warns when the training user's
-            score rose while the judge's fell. ``None`` (default): the training user only.
+        user: a second judge (docs/reward-hacking.md): a user spec (``"rule"``,
+            ``"openai:MODEL@URL"``, or a mapping of
+            :class:`~empathy_gym.user.specs.UserSpec` fields) that plays the same held-out
+            personas and seeds. ``None`` (default): the training user only.
     """
 
     bank: str | None = None
@@ -216,38 +191,29 @@ class TrainerConfig(Checked):
         rollout_batch_size: dialogues per step (GRPO: groups x num_generations).
         learning_rate: policy (actor) learning rate (RLVER 1e-6 full fine-tuning;
             LoRA usually needs ~1e-5 to 1e-4).
-        warmup_ratio: the policy's learning rate rises linearly from 0 over the first
-            ``int(warmup_ratio * total_steps)`` training steps (verl's
-            ``lr_warmup_steps_ratio``; RLVER: 0.02), in [0, 1).
+        warmup_ratio: in [0, 1): the policy's share of ``total_steps`` of linear warm-up
+            (verl's ``lr_warmup_steps_ratio``; RLVER: 0.02).
         lr_schedule: after the warm-up, ``"constant"`` (verl's default) or ``"cosine"``
-            (down to ``min_lr_ratio`` times the learning rate at ``total_steps``), for
-            every learning rate (:mod:`~empathy_gym.agents.schedule`).
+            down to ``min_lr_ratio`` (:mod:`~empathy_gym.agents.schedule`).
         min_lr_ratio: the cosine schedule's floor, in [0, 1].
-        max_grad_norm: gradient clipping, of the policy's and the critic's gradients
-            apart (each to this global norm, as verl).
+        max_grad_norm: gradient clipping, of the policy and the critic apart (as verl).
         num_ppo_epochs: passes over each step's rollouts.
         num_mini_batches: optimiser steps per epoch.
-        gradient_accumulation_steps: micro-batches per mini-batch (for memory only: the
-            loss of a mini-batch is the same whatever the split, see the trainers).
+        gradient_accumulation_steps: micro-batches per mini-batch (memory only: the
+            gradient is the same whatever the split).
         entropy_coef: entropy bonus (RLVER 0.001).
         save_steps: checkpoint every N steps (and on Ctrl-C); 0 = only at the end.
         transcripts_per_step: sample transcripts saved per step.
         report_to: ``"tensorboard"`` or ``"none"``.
         progress: show a progress bar.
-        heldout: the before/after evaluation on held-out personas (:class:`HeldoutConfig`;
-            off by default).
-        monitors: thresholds of the reward-hacking monitors
-            (:mod:`~empathy_gym.agents.monitors`), by name without ``monitor/``
+        heldout: the before/after evaluation on held-out personas (:class:`HeldoutConfig`).
+        monitors: thresholds of the reward-hacking monitors by name without ``monitor/``
             (``{"self_repeat_share": 0.25, "distinct_2": 0.3}``): ceilings, except
-            ``distinct_2`` and ``reply_words_mean`` (floors). A step past one logs a
-            warning and counts it in ``monitor/tripped``. The monitors are logged either way.
-        tis_cap: truncated importance sampling (Yao et al. 2025): each token's
-            policy loss is weighted by min(pi_trainer / pi_sampler, tis_cap), correcting
-            for the generation engine's log-probs differing from the trainer's
+            ``distinct_2`` and ``reply_words_mean`` (floors); see docs/reward-hacking.md.
+        tis_cap: truncated importance sampling (Yao et al. 2025): each token's policy loss
+            is weighted by min(pi_trainer / pi_sampler, tis_cap)
             (:mod:`~empathy_gym.agents.mismatch`). ``None`` (default): 2.0 with
-            ``generation.engine: vllm``, off with transformers (same model code, they
-            agree); 0: off; otherwise >= 1. The mismatch (``sampler/kl``,
-            ``sampler/max_ratio``) is logged either way.
+            ``generation.engine: vllm``, off with transformers; 0: off; otherwise >= 1.
     """
 
     output_dir: str = "runs/empathy"
@@ -313,10 +279,8 @@ class GRPOConfig(TrainerConfig):
         num_generations: rollouts per group; a group shares one env seed (same persona,
             same opening line). RLVER: 4. ``rollout_batch_size`` must be a multiple.
         advantage: ``"episode"`` (each turn gets the group-normalised episode return) or
-            ``"reward_to_go"`` (each turn's return-to-go, normalised across the group's
-            dialogues at the same turn index, see
-            :func:`~empathy_gym.agents.grpo.reward_to_go_advantages`; refused with
-            ``reward_mode: final``, where it would equal ``"episode"``).
+            ``"reward_to_go"`` (:func:`~empathy_gym.agents.grpo.reward_to_go_advantages`;
+            refused with ``reward_mode: final``).
         scale_rewards: divide by the group's standard deviation (False: only centre,
             as Dr. GRPO, arXiv 2503.20783).
         epsilon: policy ratio clip (0.2); the lower bound with ``epsilon_high``.
@@ -326,19 +290,13 @@ class GRPOConfig(TrainerConfig):
         loss_type: ``"token_mean"`` (every trainable token of a mini-batch weighs the
             same, DAPO), ``"sequence_mean"`` (mean per trajectory, then over the
             mini-batch's trajectories, GRPO's) or ``"dr_grpo"`` (the sum over tokens
-            divided by a constant, the mini-batch's dialogues x
-            ``generation.max_new_tokens``: Dr. GRPO's length-unbiased normaliser, arXiv
-            2503.20783 section 3.1; with ``scale_rewards: false`` this is Dr. GRPO);
-            counted over the whole mini-batch, so ``gradient_accumulation_steps`` and
-            the process count do not change it.
+            divided by the mini-batch's dialogues x a dialogue's token budget: Dr. GRPO's
+            length-unbiased normaliser, arXiv 2503.20783 section 3.1).
         dynamic_sampling_budget: DAPO's dynamic sampling (section 3.2): up to this many
-            extra groups per step are played to replace groups whose returns are all
-            equal (no signal), round by round; 0: off (skipped groups are only
-            counted). Under several processes, a multiple of the process count (each
-            refills an equal share). Refill dialogues carry their ``round`` in
-            ``episodes.jsonl``; ``grpo/groups`` and ``grpo/skipped_groups`` count the
-            first round, ``grpo/refill_groups`` and ``grpo/refill_skipped_groups`` the
-            others.
+            extra groups per step replace groups whose returns are all equal, round by
+            round; 0: off. Under several processes, a multiple of the process count.
+            Refill dialogues carry their ``round`` in ``episodes.jsonl``; ``grpo/groups``
+            and ``grpo/skipped_groups`` count the first round, ``grpo/refill_*`` the others.
     """
 
     num_generations: int = 4
@@ -505,11 +463,8 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
 
 
 def validate(config: TrainerConfig) -> None:
-    """Check the values of a config across fields (the choices of single fields are
-    their types': :class:`Choice`); the trainers call this for configs built in Python.
-
-    Under a launcher (``WORLD_SIZE`` > 1) the step's dialogue groups must split evenly
-    over the processes, and generation must use transformers.
+    """Check the values of a config across fields (single fields' choices are
+    :class:`Choice` types); the trainers call this for configs built in Python.
 
     Raises:
         RecipeError: every problem found, in one message.

@@ -1,13 +1,10 @@
 """Console output that may not outlive the run.
 
-``python examples/train_ppo.py ... 2>&1 | tee log``, then Ctrl-C: the terminal sends
-SIGINT to the whole pipeline, ``tee`` dies first, and every later write of the trainer
-to the pipe raises ``BrokenPipeError`` (Python ignores SIGPIPE, so the write fails
-instead of killing the process). Progress bars (ours, and those transformers and
-huggingface_hub draw while saving a checkpoint) write there; a failure must never
-reach the training loop or the checkpoint. :class:`ConsoleStream` swallows it.
-
-:func:`progress_postfix` writes the fields the progress bar shows after each step.
+``... 2>&1 | tee log``, then Ctrl-C: ``tee`` dies first, and every later write to the pipe
+raises ``BrokenPipeError`` (Python ignores SIGPIPE). Progress bars (ours, and those
+transformers and huggingface_hub draw while saving a checkpoint) write there, and such a
+failure must never reach the training loop or the checkpoint: :class:`ConsoleStream`
+swallows it.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def format_metric(value: Any, spec: str) -> str:
 
 
 def progress_postfix(metrics: Mapping[str, Any]) -> dict[str, str]:
-    """The progress bar's postfix for one step's metrics (:data:`PROGRESS_FIELDS`):
-    ``{"reward": "+0.125", "emotion": "52.0", "kl": "1.2e-03", "clip": "0.031"}``, with
-    ``"-"`` for a metric the step did not produce (missing or NaN) instead of ``nan``."""
+    """The progress bar's postfix for one step's metrics (:data:`PROGRESS_FIELDS`), e.g.
+    ``{"reward": "+0.125", "emotion": "52.0", "kl": "-", "clip": "-"}``."""
     return {name: format_metric(metrics.get(key), spec) for name, (key, spec) in PROGRESS_FIELDS.items()}
 
 

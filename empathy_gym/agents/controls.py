@@ -1,11 +1,7 @@
-"""Controls for claims of learning: runs that see the same rewards but cannot learn from them.
-
-:func:`shuffled_reward_trainer` makes a trainer whose update sees each step's reward
-sequences permuted among the step's dialogues of the same length (seeded by the step):
-rewards of the same size and spread, paid for replies they do not belong to. Whatever a
-run gains without learning from its rewards (entropy collapse, drift towards some output
-that happens to score better, the evaluation's own noise) the control gains too.
-``tests/test_learning.py`` (issue 8) uses it as its control.
+"""Controls for claims of learning: runs that see the same rewards but cannot learn from
+them. Whatever a run gains without learning from its rewards (entropy collapse, drift,
+the evaluation's own noise), :func:`shuffled_reward_trainer`'s control gains too
+(``tests/test_learning.py``, ``benchmarks/heldout_control.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +14,11 @@ from empathy_gym.seeding import derive_seed
 
 
 def shuffled_reward_trainer(cls: type) -> type:
-    """``cls`` (a :class:`~empathy_gym.agents.trainer.RLTrainer` subclass) whose
-    ``update`` sees each step's reward sequences permuted among the dialogues of equal
-    length, with ``numpy.random.default_rng(derive_seed(seed, step, 4242))``.
-
-    Returns:
-        A subclass named ``ShuffledRewards<cls name>``; the rollouts, episodes and
-        metrics it logs keep the rewards the env really paid (the permutation happens
-        inside ``update`` only, on the trajectories it is given).
+    """A subclass ``ShuffledRewards<cls name>`` of ``cls`` (an
+    :class:`~empathy_gym.agents.trainer.RLTrainer`) whose ``update`` alone sees each step's
+    reward sequences permuted among the dialogues of equal length, with
+    ``numpy.random.default_rng(derive_seed(seed, step, 4242))``; what it logs keeps the
+    rewards the env paid.
     """
 
     def update(self: Any, trajectories: Any, step: int) -> dict[str, float]:

@@ -1,24 +1,15 @@
-"""Before/after evaluation of a trained policy on held-out personas.
+"""Before/after evaluation of a trained policy on held-out personas (docs/training.md).
 
-The persona bank named in ``heldout.bank`` is split with
-:func:`~empathy_gym.personas.split_personas` (stratified by hidden intention): the
-policy trains on one part and is evaluated on the other, which it never sees, once
-before the first step and once after the last. Both evaluations play the same
-dialogues (persona, repeat, env seed and per-turn sampling seeds: common random
-numbers), so the after-minus-before difference is paired persona by persona.
+``heldout.bank`` is split with :func:`~empathy_gym.personas.split_personas`; the policy
+trains on one part and is evaluated on the other before the first step and after the
+last, with the same dialogues and seeds both times (common random numbers), so the
+difference is paired persona by persona. Personas are the unit: a persona's repeats are
+averaged first. Scores: the Sentient score (SAGE, arXiv 2505.02847, section 3) with
+percentile bootstrap intervals over personas (Efron & Tibshirani 1993, ch. 13).
 
-Statistics: the Sentient score (SAGE, arXiv 2505.02847, section 3: the mean final
-emotion, 0-100) of each evaluation with a percentile bootstrap interval over personas
-(:func:`empathy_gym.evaluation.benchmark.summarize`), and the mean over personas of the paired
-difference (each persona's mean final emotion after minus before) with a percentile
-bootstrap interval over personas (``scipy.stats.bootstrap``; Efron & Tibshirani 1993,
-ch. 13). Personas are the unit: a persona's repeats are averaged first, never treated as
-independent.
-
-Files, under ``<output_dir>/heldout/``: ``train_personas.jsonl`` and
-``test_personas.jsonl`` (the split), ``before.jsonl`` and ``after.jsonl`` (one record per
-dialogue, :func:`empathy_gym.evaluation.benchmark.dialogue_record`), ``report.json`` and
-``report.txt`` (the table). A finished ``before.jsonl`` is reused on ``--resume``.
+Files under ``<output_dir>/heldout/``: ``train_personas.jsonl``, ``test_personas.jsonl``,
+``before.jsonl``, ``after.jsonl`` (``*_judge.jsonl``: the second judge's), ``report.json``
+and ``report.txt``. A finished ``before.jsonl`` is reused on ``--resume``.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -72,10 +64,9 @@ DIVERGE = (
 
 
 class HeldoutPolicy:
-    """The policy being trained, as a :class:`~empathy_gym.evaluation.policies.Policy`: each chat
-    is rendered with the tokenizer's chat template and sampled with the trainer's
-    generator (same temperature and reply length as training), seeded per dialogue and
-    turn, so the same seeds give the same replies from the same weights.
+    """The policy being trained, as a :class:`~empathy_gym.evaluation.policies.Policy`,
+    sampled with the trainer's settings; the same seeds give the same replies from the
+    same weights.
 
     Args:
         generator: a :class:`~empathy_gym.agents.generation.TransformersGenerator` (or
@@ -115,9 +106,8 @@ def split_bank(config: Any) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
 
 def prepare(config: Any) -> tuple[Persona, ...]:
     """Write the split under ``<output_dir>/heldout/`` and point ``config.env.personas``
-    at the training part (in place; call before building the trainer). Returns the
-    held-out personas. Does nothing and returns ``()`` when ``config.heldout.bank`` is
-    ``None``.
+    at the training part (in place). Returns the held-out personas (``()`` without
+    ``heldout.bank``).
 
     Raises:
         PersonaError, ValueError: as :func:`split_bank`.
@@ -134,21 +124,17 @@ def prepare(config: Any) -> tuple[Persona, ...]:
 
 
 def training_split_path(config: Any) -> Path:
-    """Where :func:`prepare` writes the training part of the split (``env.personas`` then
-    names it): ``<output_dir>/heldout/train_personas.jsonl``."""
+    """Where :func:`prepare` writes the training part of the split."""
     return Path(config.output_dir) / HELDOUT_DIR / "train_personas.jsonl"
 
 
 def play(
     trainer: Any, personas: Sequence[Persona], *, user: Any = None, on_dialogue: Callable[[], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Play ``config.heldout.repeats`` dialogues per persona with the trainer's current
-    policy, in the training env's settings (``env.id``, ``env.kwargs``) with the
-    persona given at reset. Returns the records in task order.
-
-    The dialogue seeds depend only on ``heldout.seed``, the persona id and the repeat
-    (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`), so two calls play the same
-    dialogues up to the policy's replies.
+    """Play ``heldout.repeats`` dialogues per persona with the trainer's current policy in
+    the training env's settings (``user``: another simulated user); returns the records in
+    task order. The seeds depend only on ``heldout.seed``, the persona and the repeat
+    (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`): two calls play the same dialogues.
     """
     from empathy_gym.agents.trainer import make_envs
 
@@ -234,16 +220,13 @@ def judges_gap(
     n_resamples: int = 10_000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """How much more the training user's score moved than the second judge's, persona by
-    persona: the mean over personas of (training user's after - before) - (judge's
-    after - before), in emotion points, with a percentile bootstrap interval over
-    personas (:func:`bootstrap_mean`). ``training``, ``judge``: :func:`paired_difference`
-    results over the same personas.
+    """The mean over personas of (training user's after - before) - (judge's after -
+    before), in emotion points, with a bootstrap interval (:func:`bootstrap_mean`).
+    ``training``, ``judge``: :func:`paired_difference` results over the same personas.
 
     Returns:
-        ``{"gap", "low", "high", "confidence", "diverge"}``; ``diverge`` is true when the
-        training user's difference is a gain (interval above 0) while the judge's
-        difference is below 0 (its point): the policy may have learnt its judge.
+        ``{"gap", "low", "high", "confidence", "diverge"}``; ``diverge``: the training
+        user's interval is above 0 while the judge's point difference is below 0.
     """
     gaps = [training["per_persona"][p] - judge["per_persona"][p] for p in training["per_persona"]]
     gap, low, high = bootstrap_mean(gaps, confidence=confidence, n_resamples=n_resamples, seed=seed)
@@ -252,14 +235,12 @@ def judges_gap(
 
 
 def feature_shift(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Where the change in score came from, by the rule user's feature groups.
+    """Where the change in score came from, by the rule user's feature groups (each
+    step's ``features``, :meth:`empathy_gym.user.rule_model.AppraisalModel.contributions`).
 
-    Each step of a rule-user dialogue carries ``features``: the appraisal's parts by
-    group (``"echo"``, ``"grounding"``, ``"intention"``, ``"mood"``, ...) in emotion
-    points, which add up to the proposed change (:meth:`empathy_gym.user.rule_model.
-    AppraisalModel.contributions`). Returns, per group, the mean over dialogues of the
-    sum over a dialogue's steps, after minus before (emotion points, float), sorted by
-    size, largest first; ``{}`` when the records carry no features (an LLM user).
+    Returns, per group, the mean over dialogues of the sum over a dialogue's steps, after
+    minus before (emotion points), largest first; ``{}`` when the records carry no
+    features (an LLM user).
     """
 
     def totals(records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -460,10 +441,8 @@ def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
 
 
 class HeldoutEvaluation(TrainerCallback):
-    """Runs the before and after evaluations of a trainer and writes the report. A
-    trainer whose config sets ``heldout.bank`` adds one itself, so that ``train()``
-    plays the evaluation before its first step and after its last, from Python as
-    from the command line; the report is then ``trainer.heldout_report``.
+    """Runs the before and after evaluations of a trainer and writes the report
+    (``trainer.heldout_report``); a trainer whose config sets ``heldout.bank`` adds one.
 
     Args:
         trainer: an :class:`~empathy_gym.agents.trainer.RLTrainer` whose config has
@@ -520,8 +499,6 @@ class HeldoutEvaluation(TrainerCallback):
         """Play the evaluation ``name`` ("before" or "after") with the training user, or
         with the second judge (``heldout.user``), and write ``<name>.jsonl`` (or
         ``<name>_judge.jsonl``); a finished "before" file is read back instead of replayed."""
-        import sys
-
         from tqdm.auto import tqdm
 
         from empathy_gym.agents.console import tolerant

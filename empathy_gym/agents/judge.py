@@ -1,24 +1,10 @@
-"""The second judge during training: every step's replies re-judged by another user.
+"""The second judge during training (docs/reward-hacking.md).
 
-The held-out evaluation measures the policy under a second judge before and after
-training (:mod:`~empathy_gym.agents.heldout`). :class:`TrainingJudge` watches in between:
-after each step it shows every appraised reply of the step's first rollout round to the
-second judge (``heldout.user``), with the history and emotion the training user had
-seen before it (the replay of :mod:`empathy_gym.evaluation.replay`), and logs
-
-* ``judge/change_mean``: the judge's change per reply, clamped by the protocol
-  (emotion points);
-* ``judge/train_change_mean``: the training user's applied change per reply on the same
-  replies (emotion points);
-* ``judge/gap``: the first minus the second (how much more the training user pays);
-* ``judge/diverging``: 1 when, over the last :data:`WINDOW` steps, the training user's
-  change rose and the judge's fell, each by at least :data:`MIN_MOVE` points per reply
-  (the mean of the window's second half against its first half); a warning goes to the
-  log then. 0 otherwise (NaN until :data:`WINDOW` steps have been judged).
-
-The judge re-appraises replies, it does not play dialogues: a reply is judged in the
-dialogue the training user shaped. Its cost is one ``appraise`` call per step (the rule
-user: milliseconds; an LLM judge: one batched call).
+After each step :class:`TrainingJudge` shows every appraised reply of the step's first
+rollout round to the second judge (``heldout.user``), in the dialogue the training user
+shaped (the replay of :mod:`empathy_gym.evaluation.replay`), and logs
+``judge/change_mean``, ``judge/train_change_mean``, ``judge/gap`` and ``judge/diverging``
+(:func:`diverging`; NaN until :data:`WINDOW` steps have been judged).
 """
 
 from __future__ import annotations
@@ -54,9 +40,8 @@ def diverging(history: Sequence[tuple[float, float]], window: int = WINDOW, min_
         min_move: the least rise (training) and fall (judge), in points.
 
     Returns:
-        True when the second half's mean of the training user's change exceeds the first
-        half's by ``min_move`` or more and the judge's is ``min_move`` or more below it;
-        False with fewer than ``window`` steps.
+        Whether, window's second half against its first, the training user's mean change
+        rose by ``min_move`` or more and the judge's fell as much; False with fewer steps.
     """
     if len(history) < window:
         return False
@@ -67,15 +52,11 @@ def diverging(history: Sequence[tuple[float, float]], window: int = WINDOW, min_
 
 
 class TrainingJudge(TrainerCallback):
-    """Re-judges each step's replies with the second judge (``heldout.user``); a trainer
-    whose config sets ``heldout.user`` adds one itself.
-
-    Args:
-        trainer: an :class:`~empathy_gym.agents.trainer.RLTrainer` whose config sets
-            ``heldout.user``.
+    """Re-judges each step's replies with the second judge; a trainer whose config sets
+    ``heldout.user`` adds one itself.
 
     Raises:
-        RecipeError: a bad ``heldout.user`` (as for the held-out evaluation).
+        RecipeError: a bad ``heldout.user``.
     """
 
     def __init__(self, trainer: Any):

@@ -1,19 +1,9 @@
-"""What a training run leaves on disk, written as it happens.
+"""What a training run leaves on disk, written as it happens (docs/training.md, "Output,
+interruption and resume").
 
-``<output_dir>/``:
-
-* ``episodes.jsonl``: every finished dialogue (step, persona, rewards, emotions,
-  transcript), appended and flushed as soon as it ends; ``personas.jsonl``: the personas
-  they were played with (what ``replay`` reads them with);
-* ``metrics.jsonl``: one line of metrics per step, strict JSON (a statistic that is
-  undefined in a step, NaN, is written ``null``); ``tb/``: the same for TensorBoard;
-* ``transcripts/step-000001.txt``: a few rendered dialogues per step;
-* ``curves.png``: reward and emotion per step, drawn at the end (matplotlib).
-
-On resume from step k, lines of later steps (work lost with the interrupted step,
-done again after the resume) are moved from both JSONL files to
-``episodes.superseded.jsonl`` and ``metrics.superseded.jsonl``, so each step appears
-once and nothing written is lost; lines of steps up to k are never touched.
+``metrics.jsonl`` is strict JSON: a statistic undefined in a step (NaN) is written
+``null``. On resume from step k, lines of later steps move from ``episodes.jsonl`` and
+``metrics.jsonl`` to ``*.superseded.jsonl``, so each step appears once and nothing is lost.
 """
 
 from __future__ import annotations
@@ -62,11 +52,7 @@ def _json_value(value: Any) -> Any:
 
 
 def check_fresh(output_dir: str | os.PathLike) -> None:
-    """A fresh run may write in ``output_dir``: no previous run's metrics are there.
-
-    Raises:
-        FileExistsError: ``metrics.jsonl`` there is not empty.
-    """
+    """Raises ``FileExistsError`` when ``output_dir`` holds a previous run's metrics."""
     metrics = Path(output_dir) / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size:
         raise FileExistsError(
@@ -82,10 +68,7 @@ class RunLog:
         output_dir: the run folder (created).
         tensorboard: also write TensorBoard scalars under ``tb/``.
         resume_step: move JSONL lines of steps after this one aside (``None``: a fresh
-            run, which refuses a folder that already holds metrics).
-
-    Raises:
-        FileExistsError: a fresh run pointed at a folder with a previous run's metrics.
+            run, which raises ``FileExistsError`` in a folder that holds metrics).
     """
 
     def __init__(self, output_dir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None):
@@ -164,9 +147,8 @@ class RunLog:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
     def plot(self) -> Path | None:
-        """Draw ``curves.png`` (mean reward per turn and mean final emotion per step);
-        ``None`` without metrics, or without matplotlib (a machine with only what
-        training needs, such as the GPU check's)."""
+        """Draw ``curves.png`` (mean episode return and mean final emotion per step);
+        ``None`` without metrics or without matplotlib."""
         rows = self.read_metrics()
         if not rows:
             return None

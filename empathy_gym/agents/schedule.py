@@ -1,12 +1,9 @@
 """Learning-rate schedules: a linear warm-up, then constant (verl's default) or cosine.
 
-verl builds them with transformers' ``get_constant_schedule_with_warmup`` and
-``get_cosine_schedule_with_warmup`` (``verl/workers/fsdp_workers.py``), ``num_warmup_steps
-= int(lr_warmup_steps_ratio * total_training_steps)``, and steps them once per training
-step, after the step's updates (``dp_actor.update_policy`` then ``lr_scheduler.step()``).
-So does this trainer. Like verl's, the first training step runs at a multiplier of 0 when
-there is a warm-up (transformers' formula at step 0), and the warm-up counts training
-steps, not optimiser steps.
+As verl (``verl/workers/fsdp_workers.py``: transformers' ``get_constant_schedule_with_warmup``
+and ``get_cosine_schedule_with_warmup``, ``num_warmup_steps = int(lr_warmup_steps_ratio *
+total_training_steps)``), the schedule steps once per training step, after its updates,
+so the warm-up counts training steps; with a warm-up the first step runs at a multiplier of 0.
 """
 
 from __future__ import annotations

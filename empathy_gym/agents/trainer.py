@@ -1,24 +1,11 @@
 """The training loop shared by PPO and GRPO: model loading, rollouts, the update loop,
 logging, checkpoints and resume. The algorithms (:mod:`~empathy_gym.agents.ppo`,
-:mod:`~empathy_gym.agents.grpo`) supply their losses, advantages and metrics
-(:meth:`RLTrainer.prepare`, :meth:`RLTrainer.micro_loss` and the metric hooks).
+:mod:`~empathy_gym.agents.grpo`) supply :meth:`RLTrainer.prepare`,
+:meth:`RLTrainer.micro_loss` and the metric hooks. See docs/training.md.
 
-One step = one rollout phase (``rollout_batch_size`` dialogues against the simulated
-user) + one update phase (``num_ppo_epochs`` x ``num_mini_batches`` optimiser steps).
-
-Nothing in a step depends on global RNG state: env seeds, sampling seeds and minibatch
-order are all derived from ``(seed, step, ...)``. Resuming from a checkpoint therefore
-continues exactly as an uninterrupted run would.
-
-Ctrl-C: the first one lets the current phase end (a rollout stops after its current
-turn and is discarded; an update finishes), then the last completed step is
-checkpointed and the run exits; a second Ctrl-C aborts at once. Finished episodes are
-already in ``episodes.jsonl``. ``train(resume=True)`` continues from the last
-checkpoint.
-
-Under ``torchrun`` or ``accelerate launch`` several processes train one model together
-(:mod:`~empathy_gym.agents.distributed`): each plays its share of a step's dialogues,
-and their episodes are written by the first process when the rollout phase ends.
+One step = one rollout phase + one update phase. Nothing in a step depends on global
+RNG state (env seeds, sampling seeds and minibatch order derive from ``(seed, step,
+...)``), so a resumed run continues exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -68,11 +55,9 @@ from empathy_gym.seeding import derive_seed
 log = logging.getLogger(__name__)
 
 #: Episode keys of refill rounds (:meth:`RLTrainer.refill`) under several processes:
-#: process ``rank`` keys its ``k``-th dialogue of the step (counted over all its rounds,
-#: the first included) ``rollout_batch_size + rank * len(envs) * REFILL_KEY_ROUNDS + k``,
-#: above the first round's keys (the dialogues' indices in the step). A round plays at
-#: most ``len(envs)`` dialogues, so the processes' keys stay apart while none plays more
-#: than this many rounds in a step.
+#: process ``rank``'s ``k``-th dialogue of the step (all its rounds counted) is keyed
+#: ``rollout_batch_size + rank * len(envs) * REFILL_KEY_ROUNDS + k``, above the first
+#: round's keys; they stay apart while no process plays more rounds than this in a step.
 REFILL_KEY_ROUNDS = 1000
 
 
@@ -149,10 +134,9 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
     rollout's user turns go to it as one batch.
 
     Args:
-        policy_user: the backend that ``env.kwargs.user: policy`` stands for (built by
-            the trainer from its policy, :meth:`RLTrainer.make_policy_user`).
-        overrides: env keyword arguments over ``env.kwargs`` and ``env.personas`` (the
-            held-out evaluation's ``personas``, the second judge's ``user``).
+        policy_user: the backend ``env.kwargs.user: policy`` stands for
+            (:meth:`RLTrainer.make_policy_user`).
+        overrides: env keyword arguments over ``env.kwargs`` and ``env.personas``.
 
     Raises:
         RecipeError: a bad value under ``env.kwargs``.
@@ -179,15 +163,11 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Per-step statistics of a rollout batch (returns are sums of the turn rewards the
-    env paid; ``episode/context_limit`` counts the dialogues cut at the context limit;
-    ``episode/turn_cut_rate`` is the share of agent turns cut by length before their
-    end-of-turn token; ``tokens/thinking_per_turn`` and ``tokens/reply_per_turn`` split
-    the sampled tokens of a turn at ``</think>``; ``monitor/*``: the reward-hacking
-    monitors of the replies, :func:`~empathy_gym.agents.monitors.reply_monitors`)."""
+    """Per-step statistics of a rollout batch, with the replies' reward-hacking monitors
+    (``monitor/*``); returns are sums of the turn rewards the env paid. See docs/training.md."""
     returns = [t.episode_return for t in trajectories]
     turns = [len(t.rewards) for t in trajectories]
-    all_turns = max(1, int(np.sum(turns)))
+    all_turns = max(1, sum(turns))
     cut = sum(t.cut for t in trajectories)
     return {
         "episode/turn_cut_rate": sum(t.cut_turns for t in trajectories) / all_turns,
@@ -196,13 +176,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "episode/context_limit": float(cut),
         "episode/context_limit_rate": cut / max(1, len(trajectories)),
         "reward/mean_return": float(np.mean(returns)),
-        "reward/mean_turn_reward": float(np.sum(returns) / max(1, np.sum(turns))),
+        "reward/mean_turn_reward": float(np.sum(returns) / all_turns),
         "emotion/final_mean": float(np.mean([t.emotions[-1] for t in trajectories])),
         "emotion/initial_mean": float(np.mean([t.emotions[0] for t in trajectories])),
         "episode/turns_mean": float(np.mean(turns)),
         "episode/success_rate": float(np.mean([t.termination == "success" for t in trajectories])),
         "episode/failure_rate": float(np.mean([t.termination == "failure" for t in trajectories])),
-        "episode/format_error_rate": float(np.sum([t.format_errors for t in trajectories]) / max(1, np.sum(turns))),
+        "episode/format_error_rate": sum(t.format_errors for t in trajectories) / all_turns,
         "tokens/trainable_mean": float(np.mean([sum(t.loss_mask) for t in trajectories])),
         "tokens/sequence_mean": float(np.mean([len(t.token_ids) for t in trajectories])),
     } | reply_monitors([reply for t in trajectories for reply in replies_of(t.messages, t.language)])
@@ -237,14 +217,10 @@ class RLTrainer:
         envs: unwrapped envs to roll out in (``None``: ``rollout_batch_size`` envs of
             ``config.env`` sharing one user).
         callbacks: :class:`~empathy_gym.agents.callbacks.TrainerCallback` objects run
-            around :meth:`train`. With ``config.heldout.bank`` set the trainer splits the
-            bank (``config.env.personas`` becomes the training part, in place) and adds a
-            :class:`~empathy_gym.agents.heldout.HeldoutEvaluation` itself.
+            around :meth:`train` (``heldout.bank`` sets ``config.env.personas`` to the
+            split's training part, in place, and adds the held-out evaluation).
 
-    Precision: a model in bfloat16 (``policy.dtype``, or as passed) keeps its frozen
-    weights in bfloat16 and its trainable ones (all of them without LoRA) in float32;
-    every forward pass and generation runs under ``torch.autocast`` in bfloat16
-    (``compute_dtype``). See :func:`keep_trainable_in_float32`.
+    Precision: see :func:`keep_trainable_in_float32` (``compute_dtype``: the autocast dtype).
 
     Raises:
         TypeError: no config, or both ``config`` and ``args``.
@@ -316,9 +292,8 @@ class RLTrainer:
         self.run_log: RunLog | None = None
 
     def _load_policy(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
-        """``(model, tokenizer)``: loaded from ``policy.model`` when ``model`` is ``None``
-        (after the memory plan, which needs no weights), else as given; sets
-        :attr:`memory_plan`.
+        """``(model, tokenizer)`` as given, or loaded from ``policy.model`` after the memory
+        plan (:attr:`memory_plan`, set either way).
 
         Raises:
             ValueError: ``model`` without ``tokenizer``.
@@ -364,8 +339,7 @@ class RLTrainer:
         )
 
     def _build_rollouts(self, envs: Sequence[Any] | None) -> None:
-        """The generator, this process's envs (``envs``, or ``rollout_batch_size`` / world
-        envs of ``config.env`` sharing one user) and the rollout engine.
+        """The generator, this process's envs and the rollout engine.
 
         Raises:
             ValueError: fewer envs than this process's share of ``rollout_batch_size``.
@@ -373,17 +347,11 @@ class RLTrainer:
         config = self.config
         local_batch = config.rollout_batch_size // self.processes.world
         self.generator = self._make_generator()
-        policy_user = getattr(env_user_spec(config), "backend", None) == "policy"
-        self.envs = (
-            list(envs)
-            if envs is not None
-            else make_envs(
-                config,
-                local_batch,
-                config.generation.think,
-                policy_user=self.make_policy_user() if policy_user else None,
-            )
-        )
+        if envs is None:
+            on_policy = getattr(env_user_spec(config), "backend", None) == "policy"
+            policy_user = self.make_policy_user() if on_policy else None
+            envs = make_envs(config, local_batch, config.generation.think, policy_user=policy_user)
+        self.envs = list(envs)
         if len(self.envs) < local_batch:
             raise ValueError(
                 f"{len(self.envs)} envs for rollout_batch_size {config.rollout_batch_size}"
@@ -400,18 +368,15 @@ class RLTrainer:
 
     # -- set-up ------------------------------------------------------------------
     def plan_memory(self, model: Any = None) -> MemoryPlan | None:
-        """Work out the run's memory (:mod:`~empathy_gym.agents.memory`) from the model's
-        config (``model``'s, or ``policy.model``'s read from disk without its weights)
-        and this device's capacity; log the table (the first process); refuse a recipe
-        that does not fit unless ``policy.check_memory`` is false.
+        """Plan the run's memory (:mod:`~empathy_gym.agents.memory`) from the model's config
+        (``model``'s, or ``policy.model``'s read without its weights) and this device's
+        capacity; log the table (the first process).
 
         Returns:
-            The plan, or ``None`` when the model's sizes cannot be read (a warning says why;
-            loading then fails with the loader's own error, or works without a plan).
+            The plan, or ``None`` when the model's sizes cannot be read (a warning says why).
 
         Raises:
-            MemoryPlanError: the plan does not fit the device (the message holds the table
-                and what to change).
+            MemoryPlanError: the plan does not fit the device and ``policy.check_memory`` is on.
         """
         config = self.config
         try:
@@ -456,12 +421,10 @@ class RLTrainer:
         return model
 
     def make_policy_user(self) -> Any:
-        """The simulated user's backend on this policy's base weights (recipe
-        ``env.kwargs.user: policy``): the policy with its LoRA adapters off
-        (:class:`~empathy_gym.backends.policy_backend.PolicyUserBackend`), or with vLLM
-        generation the policy's engine without a LoRA request
-        (:class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`).
-        The user spec's ``backend_kwargs`` go to it."""
+        """The simulated user's backend on this policy's base weights (``env.kwargs.user:
+        policy``), given the user spec's ``backend_kwargs``: a
+        :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend` (adapters off), or
+        with vLLM a :class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`."""
         from empathy_gym.backends.policy_backend import PolicyUserBackend, VLLMPolicyUserBackend
 
         user = env_user_spec(self.config)
@@ -492,9 +455,7 @@ class RLTrainer:
 
     def transformers_generator(self, **options: Any) -> TransformersGenerator:
         """A :class:`~empathy_gym.agents.generation.TransformersGenerator` of the policy with
-        the recipe's sampling settings and compute dtype; ``options`` are its other
-        keywords (the held-out evaluation's batch size and no KV reuse, the trainer's stop
-        flag)."""
+        the recipe's sampling settings and compute dtype; ``options``: its other keywords."""
         gen = self.config.generation
         settings = {"max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p}
         return TransformersGenerator(
@@ -562,13 +523,9 @@ class RLTrainer:
     def refill(
         self, trajectories: list[Trajectory], step: int, collect: Any
     ) -> tuple[list[Trajectory], dict[str, float]]:
-        """Play more dialogues after the step's first round (GRPO's dynamic sampling);
-        by default none. Returns every trajectory to train on and metrics.
-
-        Args:
-            trajectories: the first round.
-            step: the step.
-            collect: ``collect(env_seeds, groups) -> list[Trajectory]`` plays a round.
+        """Play more dialogues after the step's first round ``trajectories`` (GRPO's dynamic
+        sampling; none by default) with ``collect(env_seeds, groups) -> list[Trajectory]``.
+        Returns every trajectory to train on and metrics.
         """
         return trajectories, {}
 
@@ -681,20 +638,16 @@ class RLTrainer:
 
     @property
     def measures_reference_nll(self) -> bool:
-        """Whether each step logs ``monitor/reference_nll``: when the recipe sets a
-        threshold for it (``monitors.reference_nll``) or trains with a KL term (``beta`` or
-        ``kl_coef`` > 0). It costs a forward pass of the reference per step (about as long
-        as the policy's log-prob pass), so it is off otherwise (logged as NaN)."""
+        """Whether each step measures ``monitor/reference_nll`` (a forward pass of the
+        reference): with a threshold for it in ``monitors`` or a KL term; else it is NaN."""
         kl = getattr(self.config, "beta", 0.0) or getattr(self.config, "kl_coef", 0.0)
         return "reference_nll" in self.config.monitors or kl > 0
 
     def reference_nll(self, trajectories: Sequence[Trajectory]) -> float:
-        """The reference model's mean negative log-likelihood, in nats per token, of the
-        tokens the policy sampled in ``trajectories`` (at the sampling temperature): how
-        far the replies have drifted from what the model before training would write
-        (fluency drift). The reference: the base model (LoRA, its adapter disabled) or
-        the frozen copy a KL term keeps; NaN where there is none (full fine-tuning
-        without a KL term) or no sampled token."""
+        """The reference model's mean negative log-likelihood, in nats per token (at the
+        sampling temperature), of the tokens the policy sampled: fluency drift. The
+        reference is the base model (LoRA, adapter disabled) or the KL term's frozen copy;
+        NaN without one (full fine-tuning without KL) or without sampled tokens."""
         if self.reference is None and not hasattr(self.model, "disable_adapter"):
             return float("nan")
         logprobs = self.policy_logprobs(self.token_data(trajectories), reference=True)
@@ -733,9 +686,9 @@ class RLTrainer:
 
     def clip_and_step(self) -> dict[str, float]:
         """Sum the gradients over the processes (each already divided by the mini-batch's
-        global count, see :meth:`accumulate`), clip
-        each of :attr:`gradient_groups` to ``max_grad_norm`` on its own (actor and critic
-        apart, as verl's ``dp_actor.py`` and ``dp_critic.py``), step the optimiser.
+        global count, see :meth:`accumulate`), clip each of :attr:`gradient_groups` to
+        ``max_grad_norm`` on its own (actor and critic apart, as verl's ``dp_actor.py`` and
+        ``dp_critic.py``), step the optimiser.
 
         Returns:
             ``{"<group>/grad_norm": norm before clipping}``, e.g. ``policy/grad_norm``
@@ -779,9 +732,7 @@ class RLTrainer:
 
     def accumulate(self, batch: Any, minibatch: Sequence[int]) -> tuple[float, dict[str, float]]:
         """Backpropagate one mini-batch's loss, micro-batch by micro-batch
-        (:meth:`micro_loss`); no step. Each micro-batch's loss is divided by the
-        mini-batch's size summed over the processes, so the summed gradient is the
-        mini-batch's whatever the accumulation and the process count.
+        (:meth:`micro_loss`, divided by :class:`MinibatchSize`); no step.
 
         Returns:
             ``(tokens, metrics)``: the mini-batch's trainable tokens (all processes), and
@@ -804,12 +755,11 @@ class RLTrainer:
 
     # -- the loop ------------------------------------------------------------------
     def train(self, resume: bool = False) -> list[dict[str, Any]]:
-        """Run until ``total_steps`` (or Ctrl-C). Returns the metrics of every step.
-        Callbacks' ``on_train_begin`` runs first (the held-out evaluation before
-        training), ``on_train_end`` once ``total_steps`` is reached (the one after).
+        """Run until ``total_steps`` (or Ctrl-C), between the callbacks' ``on_train_begin``
+        and ``on_train_end``. Returns the metrics of every step.
 
         Args:
-            resume: continue from ``<output_dir>/checkpoints/latest`` when there is one.
+            resume: continue from the newest checkpoint that loads, when there is one.
 
         Raises:
             FileExistsError: a fresh run in a folder that holds another run's metrics.
@@ -827,11 +777,10 @@ class RLTrainer:
         main = self.processes.is_main
         used: FileExistsError | None = None
         try:
-            self.run_log = (
-                RunLog(config.output_dir, tensorboard=config.report_to == "tensorboard", resume_step=resume_step)
-                if main
-                else None
-            )
+            if main:
+                self.run_log = RunLog(
+                    config.output_dir, tensorboard=config.report_to == "tensorboard", resume_step=resume_step
+                )
         except FileExistsError as error:
             used = error
         if self.processes.any(used is not None):  # every process stops with the message
@@ -873,8 +822,7 @@ class RLTrainer:
         return self.run_log.read_metrics() if self.run_log else []
 
     def _resume(self, checkpoints: Path) -> None:
-        """Load the best checkpoint that loads (:func:`checkpoint_candidates`): the newest,
-        or when it is missing or damaged an older complete one; no checkpoint: stay at step 0.
+        """Load the first of :func:`checkpoint_candidates` that loads; none: stay at step 0.
 
         Raises:
             CheckpointError: another algorithm's or another policy's checkpoint, or
@@ -942,20 +890,18 @@ class RLTrainer:
         return True
 
     def _callback_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
-        """The callbacks' ``on_step_end`` metrics, in the first process only (with every
-        process's trajectories): a second judge re-judges each reply once.
+        """The callbacks' ``on_step_end`` metrics (run in the first process only).
 
         Raises:
-            TypeError: a callback returned a metric that is not a number (by name)."""
+            TypeError: a callback returned a metric that is not a number."""
         metrics: dict[str, float] = {}
         for callback in self.callbacks:
-            returned = dict(callback.on_step_end(self, step, trajectories) or {})
-            for key, value in returned.items():
+            for key, value in dict(callback.on_step_end(self, step, trajectories) or {}).items():
                 if isinstance(value, bool) or not isinstance(value, numbers.Real):
                     raise TypeError(
                         f"{type(callback).__name__}.on_step_end: metric {key!r} must be a number, got {value!r}"
                     )
-            metrics.update({key: float(value) for key, value in returned.items()})
+                metrics[key] = float(value)
         return metrics
 
     def _rollout(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], RolloutTimes] | None:
@@ -1096,11 +1042,10 @@ class RLTrainer:
 
     def load(self, path: Path) -> None:
         """Restore weights, optimiser, algorithm modules, RNG and step from a checkpoint;
-        settings that differ from the checkpoint's are logged as a warning.
+        warn about settings that differ from the checkpoint's.
 
         Raises:
-            CheckpointError: another algorithm's or another policy's checkpoint
-                (:func:`~empathy_gym.agents.checkpoint.check_resumable`).
+            CheckpointError: as :func:`~empathy_gym.agents.checkpoint.check_resumable`.
         """
         state, modules, rng = load_checkpoint(path)
         config = to_dict(self.config)
