@@ -525,7 +525,8 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, damage):
 
 
 def test_a_checkpoint_is_on_disk_before_it_is_named(tmp_path, monkeypatch):
-    """Every file of a checkpoint is fsynced before the folder is renamed into place."""
+    """Every file of a checkpoint is fsynced before the folder is renamed into place, and
+    the ``latest`` pointer's new file before it replaces the old one."""
     from empathy_gym.agents import checkpoint
 
     synced, checked = set(), []
@@ -539,12 +540,14 @@ def test_a_checkpoint_is_on_disk_before_it_is_named(tmp_path, monkeypatch):
         if os.path.basename(str(source)).startswith(".tmp-step-"):
             files = [str(p) for p in __import__("pathlib").Path(source).rglob("*") if p.is_file()]
             checked.append(files and all(f in synced for f in files))
+        if os.path.basename(str(target)) == checkpoint.POINTER:
+            checked.append(str(source) in synced)
         return real_replace(source, target)
 
     monkeypatch.setattr(checkpoint.os, "fsync", fsync)
     monkeypatch.setattr(checkpoint.os, "replace", replace)
     trainer(tmp_path, "ppo", "sync", 1, extra=("save_steps=1",)).train()
-    assert checked == [True]
+    assert checked == [True, True]  # the folder's files, then the pointer
 
 
 def test_the_scripts_need_a_recipe(capsys):

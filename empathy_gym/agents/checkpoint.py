@@ -47,16 +47,12 @@ def fsync_tree(path: Path) -> None:
     a rename that follows cannot reach the disk before the data it names."""
     for folder, _, files in os.walk(path):
         for name in files:
-            descriptor = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-        fsync_dir(Path(folder))
+            fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))
 
 
-def fsync_dir(path: Path) -> None:
-    """``fsync`` a folder (its entries: names created, renamed or removed in it)."""
+def fsync_path(path: Path) -> None:
+    """``fsync`` a file (its data) or a folder (its entries: names created, renamed or removed in it)."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -93,9 +89,9 @@ def save_checkpoint(
     os.replace(staging, final)
     pointer = root / f".{POINTER}.tmp"
     pointer.write_text(final.name + "\n")
-    fsync_tree(pointer)
+    fsync_path(pointer)
     os.replace(pointer, root / POINTER)
-    fsync_dir(root)
+    fsync_path(root)
     for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
