@@ -33,7 +33,10 @@ from empathy_gym.backends.openai_backend import OpenAIBackend
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.user.base import SimulatorError
 
-pytestmark = pytest.mark.vllm
+#: pytest's 900 s limit covers each test's own body only: the module's fixtures build
+#: layers (llama.cpp compiles from source, up to the layer's 2400 s on busy cores) and
+#: start servers (600 s) under their own limits, which name what was slow.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900, func_only=True)]
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "data" / "sage_logs" / "gpt-4o-2024-0806_based_simulator" / "gpt-4o-0806_result.jsonl"
 SERVERS = [
