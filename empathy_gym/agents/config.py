@@ -2,8 +2,8 @@
 
 A recipe (``agents/*.yaml``) holds the config's fields plus ``algorithm: ppo`` or ``grpo``;
 command-line overrides use OmegaConf's dotlist syntax (``policy.lora_r=8``). Names follow
-TRL where TRL has the setting; defaults are RLVER's (arXiv 2507.03112, section 4.1 and
-DESIGN.md section 1). See docs/training.md.
+TRL where TRL has the setting; defaults are RLVER's (arXiv 2507.03112, section 4.1). See
+docs/training.md.
 """
 
 from __future__ import annotations
