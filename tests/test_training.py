@@ -771,3 +771,17 @@ def test_refill_rounds_are_counted_apart_and_marked_in_the_episodes(tmp_path):
     assert (metrics["grpo/refill_groups"], metrics["grpo/refill_skipped_groups"]) == (3.0, 3.0)
     episodes = [json.loads(line) for line in (tmp_path / "refill" / "episodes.jsonl").read_text().splitlines()]
     assert [e["round"] for e in episodes] == [0] * 4 + [1] * 4 + [2] * 2
+
+
+def test_resume_keeps_episode_lines_whose_reply_holds_a_line_separator(tmp_path):
+    """JSON Lines are split on "\\n" only: a reply of a tiny random model held U+2028, which
+    str.splitlines also splits on, so resume moved that episode to *.superseded.jsonl."""
+    from empathy_gym.agents.run_log import _keep_steps_upto
+
+    path = tmp_path / "episodes.jsonl"
+    lines = [json.dumps({"step": 1, "reply": "a\u2028b\x85c"}, ensure_ascii=False), json.dumps({"step": 2})]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _keep_steps_upto(path, 1)
+    assert path.read_text(encoding="utf-8") == lines[0] + "\n"
+    superseded = (tmp_path / "episodes.superseded.jsonl").read_text(encoding="utf-8")
+    assert superseded == lines[1] + "\n"

@@ -397,7 +397,7 @@ def training_trend(path: Path, span: int = 5) -> dict[str, dict[str, float]]:
     (``{"count": n}``) where the second judge ran; ``{}`` without the file."""
     if not path.exists():
         return {}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     trend = {}
     for key, _, _ in TREND_KEYS:
         values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
@@ -434,7 +434,7 @@ def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     if not path.exists():
         return None
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     except json.JSONDecodeError:
         return None
     return records if len(records) == expected else None

@@ -25,7 +25,9 @@ def _keep_steps_upto(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept, dropped = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: a reply may hold U+2028
+        if not line:
+            continue
         try:
             later = json.loads(line)["step"] > step
         except (json.JSONDecodeError, KeyError, TypeError):
@@ -144,7 +146,7 @@ class RunLog:
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.metrics_path.read_text().split("\n") if line.strip()]
 
     def plot(self) -> Path | None:
         """Draw ``curves.png`` (mean episode return and mean final emotion per step);

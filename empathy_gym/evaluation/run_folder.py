@@ -56,7 +56,7 @@ def read_jsonl_records(
             handle.flush()
             os.fsync(handle.fileno())
     records: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(data[:complete].decode("utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         record = json_object(line, path, number, EvaluationError)
