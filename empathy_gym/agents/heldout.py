@@ -27,6 +27,7 @@ import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.monitors import replies_of, reply_monitors
+from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
 from empathy_gym.evaluation.run_folder import append_records
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
@@ -397,7 +398,7 @@ def training_trend(path: Path, span: int = 5) -> dict[str, dict[str, float]]:
     (``{"count": n}``) where the second judge ran; ``{}`` without the file."""
     if not path.exists():
         return {}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    rows = [json.loads(line) for line in jsonl.lines(path.read_text(encoding="utf-8")) if line.strip()]
     trend = {}
     for key, _, _ in TREND_KEYS:
         values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
@@ -434,7 +435,7 @@ def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     if not path.exists():
         return None
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+        records = [json.loads(line) for line in jsonl.lines(path.read_text(encoding="utf-8")) if line.strip()]
     except json.JSONDecodeError:
         return None
     return records if len(records) == expected else None

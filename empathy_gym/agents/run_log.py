@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from empathy_gym.agents.rollout import Trajectory
+from empathy_gym.evaluation import jsonl
 from empathy_gym.personas import Persona, load_personas, write_personas
 
 
@@ -25,7 +26,7 @@ def _keep_steps_upto(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept, dropped = [], []
-    for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: a reply may hold U+2028
+    for line in jsonl.lines(path.read_text(encoding="utf-8")):
         if not line:
             continue
         try:
@@ -146,7 +147,7 @@ class RunLog:
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().split("\n") if line.strip()]
+        return [json.loads(line) for line in jsonl.lines(self.metrics_path.read_text()) if line.strip()]
 
     def plot(self) -> Path | None:
         """Draw ``curves.png`` (mean episode return and mean final emotion per step);

@@ -7,6 +7,13 @@ import os
 from typing import Any
 
 
+def lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text, blank ones included (so numbering holds): split on
+    ``"\\n"`` only, not ``str.splitlines``, which also splits on U+2028, ``\\x85`` and the
+    like that ``json.dumps(ensure_ascii=False)`` leaves raw inside strings."""
+    return text.split("\n")
+
+
 def json_object(text: str, path: str | os.PathLike, line: int, error: type[Exception]) -> dict[str, Any]:
     """``text`` (line ``line`` of ``path``) parsed as a JSON object.
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from empathy_gym.evaluation.jsonl import json_object
+from empathy_gym.evaluation.jsonl import json_object, lines
 
 RUN_CONFIG = "run.json"
 REPORT = "report.json"
@@ -56,7 +56,7 @@ def read_jsonl_records(
             handle.flush()
             os.fsync(handle.fileno())
     records: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for number, line in enumerate(data[:complete].decode("utf-8").split("\n"), start=1):
+    for number, line in enumerate(lines(data[:complete].decode("utf-8")), start=1):
         if not line.strip():
             continue
         record = json_object(line, path, number, EvaluationError)
