@@ -57,3 +57,13 @@ def test_a_folder_that_cannot_be_created_is_named_as_out_dir(tmp_path):
         EvaluationError, match=r"out_dir '.*file/run': cannot write there \(\[Errno 20\] Not a directory"
     ):
         folder.start()
+
+
+def test_a_record_whose_text_holds_a_line_separator_reads_back_as_one(tmp_path):
+    """json.dumps(ensure_ascii=False) leaves U+2028 and U+0085 raw; str.splitlines split
+    the record in two, and the run folder refused its own file as corrupt."""
+    folder = RunFolder(tmp_path / "run", {}, "records.jsonl", ("id",))
+    folder.start()
+    folder.append([{"id": "a", "reply": "one\u2028two\x85three"}, {"id": "b"}], where=["a", "b"])
+    again = RunFolder(tmp_path / "run", {}, "records.jsonl", ("id",))
+    assert again.done[("a",)]["reply"] == "one\u2028two\x85three" and list(again.done) == [("a",), ("b",)]
