@@ -117,7 +117,13 @@ VLLM_CPU_0_32 = [
 ]
 #: llama-cpp-python's OpenAI-compatible server (llama.cpp, the way laptop users serve a
 #: GGUF file): PyPI has only its source, which pip compiles (cmake, a C++ compiler).
-LLAMA_CPP_SERVER = [["llama-cpp-python[server]==0.3.36"]]
+#: GGML_NATIVE=OFF builds for AVX2, not for this CPU: a native build on a CPU that reports
+#: AMX (Intel Xeon, 4th generation on) crashed in ``ggml_backend_amx_mul_mat`` at the first
+#: prompt of more than one token, in the VMs this project's CI runs on. ``--no-cache-dir``:
+#: pip's wheel cache ignores config settings and would hand back a native build.
+LLAMA_CPP_SERVER = [
+    ["--no-cache-dir", "--config-settings=cmake.define.GGML_NATIVE=OFF", "llama-cpp-python[server]==0.3.36"]
+]
 #: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
 #: verifiers' chat harness needs to prepare its program.
 VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]
