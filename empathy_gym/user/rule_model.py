@@ -98,10 +98,13 @@ def jaccard(a: frozenset, b: frozenset) -> float:
     return shared / (len(a) + len(b) - shared)
 
 
+_INTENTION_LEXICONS = tuple((key, f"intention:{key}") for key in INTENTIONS)
+
+
 def intentions_cued(scan: Scan) -> tuple[str, ...]:
     """The standard intentions whose cue lexicons fire on the scanned reply, in
     :data:`~empathy_gym.personas.INTENTIONS` order."""
-    return tuple(key for key in INTENTIONS if scan.count(f"intention:{key}"))
+    return tuple(key for key, lexicon in _INTENTION_LEXICONS if scan.find(lexicon))
 
 
 @dataclass(frozen=True)

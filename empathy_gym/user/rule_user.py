@@ -237,9 +237,12 @@ def _sentence_set(code: str, text: str) -> frozenset[str]:
     return frozenset(sentences_of(code, text))
 
 
-#: List items, headings, and lead-ins to a list ("比如：", "You could:").
+#: List items, headings, and lead-ins to a list ("比如：", "You could:"). A lead-in is
+#: matched only from the start of its sentence: from later in the sentence it could match
+#: only where it matches from the start too, and trying every position took quadratic time.
 _LIST_OR_HEADING = re.compile(
-    r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$", re.MULTILINE
+    r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|(?<![^\n。！？.!?])[^\n。！？.!?]*[:：]\s*$",
+    re.MULTILINE,
 )
 
 
@@ -318,6 +321,7 @@ class RuleUser(SimulatedUser):
         self._languages = load_rules(str(self.rules_dir.resolve()))
         self.model: AppraisalModel = model if isinstance(model, AppraisalModel) else AppraisalModel.load(model)
         self._stories = Memo(self._new_story, 20_000)  # a method, not a lambda: envs pickle
+        self._lines = Memo(self._new_band_lines, 20_000)  # (persona, band) -> the band's lines
 
     # -- the persona ------------------------------------------------------------------
     def _language(self, persona: Persona) -> LanguageRules:
@@ -514,7 +518,7 @@ class RuleUser(SimulatedUser):
 
         if band != "S":
             say(self._reactions(language, appraisal), _SALT_REACTION)
-        say(self._band_lines(language, persona, band), _SALT_LINE, always=band in ("S", "F"))
+        say(self._band_lines(persona, band), _SALT_LINE, always=band in ("S", "F"))
         details = self._story(persona).details
         if band in DETAIL_BANDS and details:
             untold = [detail for detail in details if said.isdisjoint(_sentence_set(code, detail))]
@@ -525,7 +529,7 @@ class RuleUser(SimulatedUser):
             hints = language.data["hints"]
             say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
         if not parts:  # everything said already: a band line again rather than nothing
-            say(self._band_lines(language, persona, band), _SALT_LINE, always=True)
+            say(self._band_lines(persona, band), _SALT_LINE, always=True)
         return ("" if code == "zh" else " ").join(parts)
 
     @staticmethod
@@ -540,18 +544,23 @@ class RuleUser(SimulatedUser):
         _, feature = min(negative)
         return list(reactions[feature])
 
-    def _band_lines(self, language: LanguageRules, persona: Persona, band: str) -> list[str]:
-        """The band's lines for the character type, with the scenario fragment woven in."""
+    def _band_lines(self, persona: Persona, band: str) -> tuple[str, ...]:
+        """The band's lines for the character type, with the scenario fragment woven in (cached)."""
+        return self._lines[persona, band]
+
+    def _new_band_lines(self, key: tuple[Persona, str]) -> tuple[str, ...]:
+        persona, band = key
+        language = self._language(persona)
         fragment = self._story(persona).fragment
         options = language.data["replies"][band][persona.character_type]
         if not fragment:
             options = [line for line in options if "{fragment}" not in line] or options
             fragment = language.data["fallback_fragment"]
         # A fragment may land after a full stop ("Mm. {fragment}"): capitalise it there.
-        return [
+        return tuple(
             _AFTER_STOP.sub(lambda m: m.group(1) + m.group(2).upper(), line.format(fragment=fragment))
             for line in options
-        ]
+        )
 
     def _hints_in(self, band: str) -> bool:
         """Does the difficulty hint at the need in this band? Never in S or F (the user is leaving)."""
