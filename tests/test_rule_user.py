@@ -893,6 +893,21 @@ def test_repeats_within_a_reply_spare_lists_and_the_logged_replies():
     assert not any(repeats_itself("zh", turn.utterance) for _, turn in _logged_turns())
 
 
+def test_the_lead_in_pattern_removes_what_the_plain_one_removes():
+    # repeats_itself tries a list lead-in only at a sentence's start; the plain form below
+    # tried every position (quadratic in a long sentence). They must remove the same text.
+    from empathy_gym.user.rule_user import _LIST_OR_HEADING
+
+    plain = re.compile(
+        r"^\s*(?:\d{1,2}[.、)）]|[-*•·#]|[一二三四五六七八九十][、.]).*$|[^\n。！？.!?]*[:：]\s*$", re.MULTILINE
+    )
+    rng = np.random.default_rng(0)
+    alphabet = list("ab :：\n.。!？?1-#一、\t")
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet, size=rng.integers(0, 24)))
+        assert _LIST_OR_HEADING.sub("", text) == plain.sub("", text), repr(text)
+
+
 @pytest.mark.parametrize("language", ["en", "zh"])
 def test_the_thought_pulls_the_same_way_as_the_change(user, language):
     # Before: "You were right to speak up." scored -3 with the thought "Too many words; I'm
