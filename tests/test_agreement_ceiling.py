@@ -13,27 +13,20 @@ profile's first scored reply, per log file (simulator / tested model):
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import ROOT, load_script
 
 from empathy_gym.evaluation.replay import agreement
 
-ROOT = Path(__file__).parents[1]
 SAGE_LOGS = Path(__file__).parent / "data" / "sage_logs"
 GPT, GEMINI = "gpt-4o-2024-0806", "gemini-2.5-flash-nothink"
 
 
 def _module(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / f"{name}.py")
 
 
 @pytest.fixture(scope="module")

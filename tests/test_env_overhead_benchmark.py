@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import gymnasium as gym
+from script_modules import ROOT, load_script
 
 import empathy_gym  # noqa: F401  (registers the ids)
-
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-
-
-def _env_overhead():
-    sys.path.insert(0, str(BENCHMARKS))  # it imports benchmarks/_machine.py
-    spec = importlib.util.spec_from_file_location("env_overhead", BENCHMARKS / "env_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_measurement_starts_with_no_text_scanned():
     # Before: the scans live with the compiled lexicons, which load_rules keeps for the
     # process, so the 2nd and 3rd of the benchmark's best-of-3 runs found every "unseen"
     # utterance scanned already (en read 3,453 steps/s; 2,049 with the caches emptied).
-    benchmark = _env_overhead()
+    benchmark = load_script(ROOT / "benchmarks" / "env_overhead.py")
     text = "A reply that no other test sends, about the meeting on Tuesday."
     env = gym.make("EmpathyDialogue-v0", personas="en")
     env.reset(seed=0)

@@ -1,10 +1,10 @@
 """The TRL adapter (empathy_gym.integrations.trl): masks, fields, rewards, and a GRPO step."""
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from script_modules import load_script
 
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import ChatTokens
@@ -94,9 +94,7 @@ def test_unknown_prompts_and_reward_functions():
 
 
 def test_grpo_trainer_runs_the_example_for_one_step(tiny_model_dir):
-    spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(EXAMPLE)
     trainer = example.main(
         [
             "--model",

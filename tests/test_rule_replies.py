@@ -7,11 +7,8 @@ the whole ``sage`` and ``en`` banks); here they run on a slice of each bank.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from script_modules import ROOT, load_script
 
 from empathy_gym.evaluation.benchmark import evaluate
 from empathy_gym.personas import load_personas
@@ -22,12 +19,7 @@ from empathy_gym.user.rule_user import RuleUser, sentences_of
 
 
 def _benchmark():
-    path = Path(__file__).parents[1] / "benchmarks" / "rule_user_replies.py"
-    spec = importlib.util.spec_from_file_location("rule_user_replies", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rule_user_replies"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "rule_user_replies.py")
 
 
 @pytest.mark.parametrize("bank", ["sage", "en"])

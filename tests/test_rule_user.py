@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import ROOT, load_script
 
 from empathy_gym.personas import INTENTIONS, Persona, load_personas
 from empathy_gym.user.base import Appraisal, UserRequest
@@ -684,16 +685,7 @@ def test_bad_artefacts_name_the_file(tmp_path):
 
 
 def _fit_module():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        "fit_rule_model", Path(__file__).parents[1] / "benchmarks" / "fit_rule_model.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_rule_model"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "fit_rule_model.py")
 
 
 def test_the_fit_is_deterministic_and_bounded():

@@ -1,6 +1,5 @@
 """EmpathyStrategy-v0: ESConv strategies as discrete actions (empathy_gym.integrations.strategy_env)."""
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from script_modules import load_script
 
 import empathy_gym  # noqa: F401  (registers the ids)
 from empathy_gym.backends.base import ChatBackend
@@ -174,9 +174,7 @@ def test_split_personas_is_stratified_disjoint_and_seeded():
 
 def test_sb3_example_beats_the_random_strategy_on_held_out_personas():
     """The example, shortened (30k PPO steps, 2 episodes per held-out persona), seed 0."""
-    spec = importlib.util.spec_from_file_location("sb3_ppo_strategy", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(EXAMPLE)
     results = example.main(["--timesteps", "30000", "--episodes", "2", "--seed", "0"])
     assert len(results["PPO (trained)"]) == 16 * 2
     assert results["PPO (trained)"].mean() > results["random strategy"].mean() + 3
