@@ -33,6 +33,7 @@ _EN_WORD = re.compile(r"[a-z][a-z']*")
 _VOWELS = frozenset("aeiouy")
 _MASH = re.compile(r"(.)\1\1|qwer|wert|erty|asdf|sdfg|dfgh|fghj|ghjk|hjkl|zxcv|xcvb|cvbn|vbnm|uiop")
 _CONSONANT_RUN = re.compile(r"[^aeiouy']{5,}")
+_INTENTION_LEXICONS = tuple((key, f"intention:{key}") for key in INTENTIONS)
 
 
 class Memo(dict):
@@ -73,24 +74,26 @@ class _WordCheck:
     English (a vowel, no long consonant run, no keyboard mash, no digits mixed with
     letters, no internal capitals, and only letter pairs seen in the known words)."""
 
+    #: The verdicts: a known word, an unknown word that looks English, not a word.
+    KNOWN, PLAUSIBLE, NONWORD = 0, 1, 2
+
     def __init__(self, known: Iterable[str]):
         self.known = frozenset(word for word in known if word)
         self.bigrams = frozenset(pair for word in self.known if word.isalpha() for pair in _letter_bigrams(word))
-        self._verdicts = Memo(self._judge, 200_000)  # token -> is it a non-word?
+        #: token (an ASCII token, any case, quotes at its edges ignored) -> verdict (cached)
+        self.verdicts = Memo(self._verdict, 200_000)
 
-    def is_known(self, token: str) -> bool:
-        """Is ``token`` (an ASCII token, any case, quotes at its edges ignored) a known word?"""
-        return token.lower().strip("'") in self.known
-
-    def is_nonword(self, token: str) -> bool:
-        """Is ``token`` (an ASCII token, any case) not an English word? (cached)"""
-        return self._verdicts[token]
-
-    def _judge(self, token: str) -> bool:
-        """The uncached :meth:`is_nonword`."""
+    def _verdict(self, token: str) -> int:
+        """:attr:`KNOWN`, :attr:`NONWORD` or :attr:`PLAUSIBLE` (neither), uncached."""
         low = token.lower().strip("'")
-        if not low or self.is_known(token):
-            return False
+        if low in self.known:
+            return self.KNOWN
+        if not low:
+            return self.PLAUSIBLE
+        return self.NONWORD if self._looks_wrong(token, low) else self.PLAUSIBLE
+
+    def _looks_wrong(self, token: str, low: str) -> bool:
+        """Does the unknown ``token`` (``low``: lower-cased, edge quotes stripped) not look English?"""
         if any(ch.isdigit() for ch in low):
             return not low.isdigit() or len(low) >= 5
         if len(token) > 2 and any(ch.isupper() for ch in token[1:]) and any(ch.islower() for ch in token):
@@ -147,6 +150,12 @@ class Scan:
     def count(self, key: str) -> int:
         """How many phrases of lexicon ``key`` the utterance holds (an int >= 0)."""
         return len(self.find(key))
+
+    @functools.cached_property
+    def intentions(self) -> tuple[str, ...]:
+        """The standard intentions whose cue lexicons fire, in
+        :data:`~empathy_gym.personas.INTENTIONS` order (cached)."""
+        return tuple(key for key, lexicon in _INTENTION_LEXICONS if self.find(lexicon))
 
 
 class LanguageRules:
@@ -235,6 +244,7 @@ class LanguageRules:
         cjk_chars = CJK.findall(text)
         latin = len(tokens)
         length = latin if self.code == "en" else latin + len(cjk_chars)
+        known_share, nonwords = self._word_counts(tokens)
         return Scan(
             low=normalise(text),
             patterns=self.patterns,
@@ -242,25 +252,25 @@ class LanguageRules:
             content=content,
             length=length,
             questions=text.count("?") + text.count("？"),
-            nonword_ratio=self._nonword_ratio(tokens, cjk_chars),
+            nonword_ratio=self._nonword_ratio(nonwords, tokens, cjk_chars),
             cjk=len(cjk_chars),
             latin=latin,
-            known_share=self._known_share(tokens),
+            known_share=known_share,
         )
 
-    def _known_share(self, tokens: Sequence[str]) -> float:
-        """Share of ``tokens`` that are known English words (1.0 when there are none)."""
+    def _word_counts(self, tokens: Sequence[str]) -> tuple[float, int]:
+        """``(share of tokens that are known words (1.0 without tokens), non-word tokens)``."""
         if not tokens:
-            return 1.0
-        return sum(1 for token in tokens if self.words.is_known(token)) / len(tokens)
+            return 1.0, 0
+        verdicts = [self.words.verdicts[token] for token in tokens]
+        return verdicts.count(_WordCheck.KNOWN) / len(tokens), verdicts.count(_WordCheck.NONWORD)
 
-    def _nonword_ratio(self, tokens: Sequence[str], cjk_chars: Sequence[str]) -> float:
-        """Non-words per unit: unknown-looking ASCII tokens, plus every CJK character when
-        6 or more of them hold too few common characters (random characters)."""
+    def _nonword_ratio(self, flagged: int, tokens: Sequence[str], cjk_chars: Sequence[str]) -> float:
+        """Non-words per unit: ``flagged`` unknown-looking ASCII tokens, plus every CJK
+        character when 6 or more of them hold too few common characters (random characters)."""
         units = len(tokens) + len(cjk_chars)
         if not units:
             return 0.0
-        flagged = sum(1 for token in tokens if self.words.is_nonword(token))
         if len(cjk_chars) >= 6 and self.common_chars:
             common = sum(1 for ch in cjk_chars if ch in self.common_chars)
             if common / len(cjk_chars) < COMMON_CHAR_SHARE:

@@ -18,6 +18,7 @@ the user's own words can still gain: a known hole of surface features.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from empathy_gym.personas import INTENTIONS, Persona
+from empathy_gym.personas import Persona
 from empathy_gym.user.rule_lexicon import RULES_DIR, LanguageRules, Scan
 
 #: The shipped model (see :meth:`AppraisalModel.load`).
@@ -78,16 +79,21 @@ SIGN_CONSTRAINTS: dict[str, tuple[float | None, float | None]] = {
     r"lexicon:generic_comfort\|deep_empathy": (None, -1.0),
 }
 
+_BLANK_LINE = re.compile(r"\n\s*\n")
 _LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.、)）]|[-*•·]\s|[一二三四五六七八九十][、.])", re.M)
 
 
 def binned(name: str, value: float, edges: Sequence[float]) -> str:
-    """The bin feature of ``value``: ``f"{name}<{edge}"`` for the first edge above it,
-    else ``f"{name}>={edges[-1]}"`` (``binned("length", 120, (80, 150))`` -> ``"length<150"``)."""
-    for edge in edges:
-        if value < edge:
-            return f"{name}<{edge:g}"
-    return f"{name}>={edges[-1]:g}"
+    """The bin feature of ``value``: ``f"{name}<{edge}"`` for the first of the ascending
+    ``edges`` above it, else ``f"{name}>={edges[-1]}"`` (``binned("length", 120, (80, 150))``
+    -> ``"length<150"``)."""
+    return _bin_names(name, tuple(edges))[bisect.bisect_right(edges, value)]
+
+
+@functools.lru_cache(maxsize=64)
+def _bin_names(name: str, edges: tuple[float, ...]) -> tuple[str, ...]:
+    """The names of the bins of :func:`binned`, lowest first (built once per feature)."""
+    return (*(f"{name}<{edge:g}" for edge in edges), f"{name}>={edges[-1]:g}")
 
 
 def jaccard(a: frozenset, b: frozenset) -> float:
@@ -96,15 +102,6 @@ def jaccard(a: frozenset, b: frozenset) -> float:
         return 0.0
     shared = len(a & b) if len(a) < len(b) else len(b & a)
     return shared / (len(a) + len(b) - shared)
-
-
-_INTENTION_LEXICONS = tuple((key, f"intention:{key}") for key in INTENTIONS)
-
-
-def intentions_cued(scan: Scan) -> tuple[str, ...]:
-    """The standard intentions whose cue lexicons fire on the scanned reply, in
-    :data:`~empathy_gym.personas.INTENTIONS` order."""
-    return tuple(key for key, lexicon in _INTENTION_LEXICONS if scan.find(lexicon))
 
 
 @dataclass(frozen=True)
@@ -168,7 +165,7 @@ def appraisal_features(
     features["list:" + ("0" if items == 0 else "1-2" if items <= 2 else "3-4" if items <= 4 else "5+")] = 1.0
     if "**" in text:
         features["bold"] = 1.0
-    paragraphs = len([part for part in re.split(r"\n\s*\n", text) if part.strip()])
+    paragraphs = len([part for part in _BLANK_LINE.split(text) if part.strip()]) if "\n" in text else 1
     features[
         "paragraphs:" + ("1" if paragraphs <= 1 else "2" if paragraphs == 2 else "3-4" if paragraphs <= 4 else "5+")
     ] = 1.0
@@ -193,7 +190,7 @@ def appraisal_features(
         features[f"need:own|{intention}"] = min(context.own_cues, 2.0) / 2
     if intention == "deep_empathy" and scan.count("generic_comfort"):
         features["lexicon:generic_comfort|deep_empathy"] = 1.0
-    cued = intentions_cued(scan)
+    cued = scan.intentions
     for key in cued:
         if key != intention:
             features[f"cue:{key}|{intention}"] = 1.0
@@ -361,7 +358,6 @@ __all__ = [
     "appraisal_features",
     "binned",
     "group_of",
-    "intentions_cued",
     "jaccard",
     "sign_bounds",
 ]

@@ -35,14 +35,7 @@ from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.protocol import emotion_band
 from empathy_gym.user.rule_lexicon import RULES_DIR, LanguageRules, Memo, Scan, load_rules
-from empathy_gym.user.rule_model import (
-    START_EMOTION,
-    AppraisalModel,
-    ReplyContext,
-    appraisal_features,
-    intentions_cued,
-    jaccard,
-)
+from empathy_gym.user.rule_model import START_EMOTION, AppraisalModel, ReplyContext, appraisal_features, jaccard
 from empathy_gym.user.rule_story import (  # LEAK_OVERLAP, MAX_DETAILS: re-exported
     LEAK_OVERLAP,  # noqa: F401
     MAX_DETAILS,  # noqa: F401
@@ -181,7 +174,7 @@ def _guards(
         fired["wrong_language"] = GUARDS["wrong_language"]
     if scan.count("injection"):
         fired["injection"] = GUARDS["injection"]
-    cued = len(intentions_cued(scan))
+    cued = len(scan.intentions)
     if cued >= UNFOCUSED_INTENTIONS:
         fired["unfocused"] = GUARDS["unfocused"] * (cued - UNFOCUSED_INTENTIONS + 1)
     if scan.count("praise") and shared < SPECIFIC_GROUNDING:
