@@ -247,6 +247,12 @@ def _print_report(report: dict[str, Any], resumed: int) -> None:
     )
     if "must_not" in report:
         console.print(must_not_line(report["must_not"]))
+    if "flagged_turns" in report:
+        flagged = report["flagged_turns"]
+        console.print(
+            f"agent turns flagged: injection-like {flagged['injection']}, sanitised {flagged['sanitized']}, "
+            f"cut to length {flagged['truncated']} of {flagged['turns']} (the turns: action_* in transcripts.jsonl)"
+        )
     for title, key in (("hidden intention", "by_hidden_intention"), ("character type", "by_character_type")):
         table = Table(title=f"by {title}", title_justify="left")
         for column in (title, "dialogues", "score", "success", "failure", "turns"):
@@ -406,9 +412,10 @@ def play(
     ] = False,
 ) -> None:
     """Talk with the simulated user yourself: you are the agent. Type a reply and press
-    Enter; the user answers and the emotion bar shows where you stand (0-100; the dialogue
-    ends at 100, below 10, when the user says goodbye, or after the turn limit). /restart
-    starts a new dialogue, /quit (or Ctrl-D) leaves. Works offline with the rule user.
+    Enter (a reply is one line, also when piped in); the user answers and the emotion bar
+    shows where you stand (0-100; the dialogue ends at 100, below 10, when the user says
+    goodbye, or after the turn limit). /restart starts a new dialogue, /quit (or Ctrl-D)
+    leaves. Works offline with the rule user.
     """
     import gymnasium as gym
 
@@ -660,13 +667,9 @@ def envs() -> None:
 
 def main() -> None:
     """The console script ``empathy-gym`` (exit codes: :data:`EXIT_CODES`)."""
-    import signal
+    from empathy_gym.agents.console import honour_ctrl_c, tolerant_console
 
-    from empathy_gym.agents.console import tolerant_console
-
-    # A background job of a non-interactive shell inherits SIGINT as ignored: put the
-    # default handler back so that Ctrl-C always stops it, saving what is finished.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    honour_ctrl_c()
     code: int | str | None = 0
     with tolerant_console() as (stdout, _):  # a console gone (| head, | tee) ends no run half-way
         try:

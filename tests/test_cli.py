@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -619,3 +620,44 @@ def test_play_names_a_wrong_persona_or_env_in_the_options_terms(args, message):
     result = runner.invoke(app, ["play", *args], input="/quit\n")
     assert result.exit_code == 1
     assert message in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "from empathy_gym.agents.cli import train_main; train_main('grpo', ['--recipe', 'no-such-recipe.yaml'])",
+        "import sys; sys.argv = ['empathy-gym', '--help']\nfrom empathy_gym.cli import main\n"
+        "try: main()\nexcept SystemExit: pass",
+    ],
+    ids=["train", "empathy-gym"],
+)
+def test_ctrl_c_is_honoured_in_every_phase_of_a_background_job(entry):
+    # a background job of a non-interactive shell inherits SIGINT as ignored; before, the
+    # training command kept ignoring it until training began (the trainer's handler), so a
+    # Ctrl-C during loading or the held-out evaluation was lost and a later one honoured
+    check = "\nimport signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run(
+        [sys.executable, "-c", entry + check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout + done.stderr
+
+
+def test_the_stop_message_says_what_was_kept_and_nothing_that_is_not_there(tmp_path):
+    # before: "finished dialogues are in <dir>/episodes.jsonl" also when a Ctrl-C during the
+    # held-out evaluation before training had left no such file
+    from empathy_gym.agents.cli import what_is_kept
+
+    assert what_is_kept(str(tmp_path)) == (
+        "no training dialogue had finished yet; no checkpoint yet; rerun with --resume to continue"
+    )
+    (tmp_path / "episodes.jsonl").write_text('{"step": 1}\n', encoding="utf-8")
+    (tmp_path / "checkpoints" / "step-000010").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-000010" / "state.json").write_text("{}", encoding="utf-8")
+    assert what_is_kept(str(tmp_path)) == (
+        f"finished dialogues are in {tmp_path / 'episodes.jsonl'}; the last checkpoint is "
+        f"{tmp_path / 'checkpoints' / 'step-000010'}; rerun with --resume to continue from it"
+    )

@@ -98,16 +98,17 @@ def write(tmp_path, text):
         ("algorithm: ppo\npolicy:\n  dtype: float16\n", r"float16 would need loss scaling"),
         (
             "algorithm: ppo\nmax_grad_norm: -1\nnum_ppo_epochs: 0\nseed: -5\n",
-            r"max_grad_norm must be > 0, got -1.0; num_ppo_epochs must be > 0, got 0; seed must be >= 0, got -5",
+            r"recipe.yaml:2: max_grad_norm must be > 0, got -1.0; \S*recipe.yaml:3: num_ppo_epochs must be > 0, got 0; "
+            r"\S*recipe.yaml:4: seed must be >= 0, got -5",
         ),
         (
             "algorithm: grpo\nnum_generations: 0\nnum_mini_batches: 0\n",
-            r"num_mini_batches must be > 0, got 0; num_generations must be > 0, got 0",
+            r"recipe.yaml:3: num_mini_batches must be > 0, got 0; \S*recipe.yaml:2: num_generations must be > 0, got 0",
         ),
         (
             "algorithm: ppo\ngeneration:\n  temperature: -1\n  top_p: 5\n  max_new_tokens: 0\n",
-            r"max_new_tokens must be >= 1, got 0; generation.temperature must be >= 0 \(0: greedy\), got -1.0; "
-            r"generation.top_p must be in \(0, 1\], got 5.0",
+            r"recipe.yaml:5: generation.max_new_tokens must be >= 1, got 0; \S*recipe.yaml:3: generation.temperature "
+            r"must be > 0, got -1.0; \S*recipe.yaml:4: generation.top_p must be in \(0, 1\], got 5.0",
         ),
         (
             "algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
@@ -119,7 +120,7 @@ def write(tmp_path, text):
             r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
             r"did you mean 'max_turns'\?",
         ),
-        ("algorithm: ppo\nlearning_rate: -1\n", r"learning_rate must be > 0, got -1.0"),
+        ("algorithm: ppo\nlearning_rate: -1\n", r"recipe.yaml:2: learning_rate must be > 0, got -1.0"),
         (
             "algorithm: grpo\nseed: 1\nloss_type: mean\n",
             r"recipe.yaml:3: field 'loss_type': Invalid value 'mean', "
@@ -131,7 +132,7 @@ def write(tmp_path, text):
         ),
         (
             "algorithm: ppo\nrollout_batch_size: 16\nnum_mini_batches: 3\n",
-            r"rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)",
+            r"recipe.yaml:2: rollout_batch_size \(16\) must be a multiple of num_mini_batches \(3\)",
         ),
     ],
 )
@@ -141,6 +142,9 @@ def test_a_bad_recipe_names_the_file_line_and_field(tmp_path, text, message):
 
 
 def test_a_bad_override_or_algorithm_is_named():
+    # before: a value out of range named no place ("generation.temperature must be ...")
+    with pytest.raises(RecipeError, match=r"command-line override: generation.temperature must be > 0, got -1.0"):
+        load_recipe("agents/tiny-cpu.yaml", ["generation.temperature=-1"], algorithm="ppo")
     with pytest.raises(RecipeError, match=r"command-line override 'policy.lora_r': Value 'x'"):
         load_recipe("agents/tiny-cpu.yaml", ["policy.lora_r=x"], algorithm="ppo")
     with pytest.raises(

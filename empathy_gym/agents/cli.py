@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from empathy_gym.agents.config import RecipeError, load_recipe
-from empathy_gym.agents.console import ConsoleStream, point_at_devnull, tolerant_console
+from empathy_gym.agents.console import ConsoleStream, honour_ctrl_c, point_at_devnull, tolerant_console
 from empathy_gym.resources import recipes_dir
 
 
@@ -74,6 +74,7 @@ def train_main(algorithm: str, argv: list[str] | None = None, *, trainer_class: 
     """Run a training job; returns the exit code. Output to a console that has gone
     away is dropped (:mod:`~empathy_gym.agents.console`). ``trainer_class`` replaces
     the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`)."""
+    honour_ctrl_c()
     with tolerant_console():
         return _train_main(algorithm, argv, trainer_class)
 
@@ -192,6 +193,24 @@ def where_everything_is(
     return lines
 
 
+def what_is_kept(output_dir: str) -> str:
+    """What a stopped run left in ``output_dir`` (finished dialogues, the last
+    checkpoint), and how to go on: the end of the message that says it stopped."""
+    from empathy_gym.agents.checkpoint import latest_checkpoint
+
+    episodes = Path(output_dir) / "episodes.jsonl"
+    checkpoint = latest_checkpoint(Path(output_dir) / "checkpoints")
+    return "; ".join(
+        (
+            f"finished dialogues are in {episodes}"
+            if episodes.is_file() and episodes.stat().st_size
+            else "no training dialogue had finished yet",
+            f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint yet",
+            "rerun with --resume to continue" + (" from it" if checkpoint else ""),
+        )
+    )
+
+
 def _train(
     algorithm: str,
     config: Any,
@@ -222,22 +241,13 @@ def _train(
         say(f"error: {error}", file=sys.stderr)
         return 1
     except (BackendError, SimulatorError) as error:  # the user's server is gone, or its answers unusable
-        say(
-            f"error: {error}\nstopped at step {trainer.step}; finished dialogues are in "
-            f"{config.output_dir}/episodes.jsonl; rerun with --resume to continue from the last checkpoint",
-            file=sys.stderr,
-        )
+        say(f"error: {error}\nstopped at step {trainer.step}; {what_is_kept(config.output_dir)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint
         if trainer.step >= config.total_steps:
             say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
         else:
-            logging.getLogger(__name__).warning(
-                "aborted at step %d; finished dialogues are in %s/episodes.jsonl; rerun with --resume to continue "
-                "from the last checkpoint",
-                trainer.step,
-                config.output_dir,
-            )
+            logging.getLogger(__name__).warning("aborted at step %d; %s", trainer.step, what_is_kept(config.output_dir))
         return 130
     if metrics:
         first, last = metrics[0], metrics[-1]

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,9 +411,18 @@ def load_recipe(
         key = getattr(error, "full_key", None) or "?"
         raise RecipeError(f"command-line override {key!r}: {str(error).splitlines()[0]}") from None
     config = OmegaConf.to_object(merged)
-    validate(config)
+    validate(config, lambda key: _place(key, source, overrides or []))
     _check_env(config, source, overrides or [])
     return config
+
+
+def _place(key: str, source: Path | None, overrides: list[str]) -> str | None:
+    """Where the dotted ``key`` was set: ``"command-line override"``, ``"<file>:<line>"``,
+    or ``None`` (not set: a default)."""
+    if any(override.split("=", 1)[0].strip() == key for override in overrides):
+        return "command-line override"
+    line = _yaml_line(source, key) if source is not None else None
+    return f"{source}:{line}" if line else None
 
 
 def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str]) -> None:
@@ -427,10 +437,7 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
     import empathy_gym  # noqa: F401  (registers the ids)
 
     def where(key: str) -> str:
-        if any(override.split("=", 1)[0].strip() == key for override in overrides):
-            return "command-line override"
-        line = _yaml_line(source, key) if source is not None else None
-        return f"{source}:{line}" if line else f"{source or 'recipe'} (or an override)"
+        return _place(key, source, overrides) or f"{source or 'recipe'} (or an override)"
 
     module, _, env_id = config.env.id.rpartition(":")  # "pkg.module:Id-v0", as gym.make takes
     try:
@@ -462,9 +469,13 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
             )
 
 
-def validate(config: TrainerConfig) -> None:
+def validate(config: TrainerConfig, place: Callable[[str], str | None] | None = None) -> None:
     """Check the values of a config across fields (single fields' choices are
     :class:`Choice` types); the trainers call this for configs built in Python.
+
+    Args:
+        place: where a dotted field was set (``"recipe.yaml:7"``), or ``None``; each
+            problem that starts with a field it places is prefixed with that place.
 
     Raises:
         RecipeError: every problem found, in one message.
@@ -475,11 +486,19 @@ def validate(config: TrainerConfig) -> None:
         + _heldout_problems(config.heldout)
         + _policy_problems(config)
     )
-    if problems:  # the divisibility checks below need positive divisors
-        raise RecipeError("invalid configuration: " + "; ".join(problems))
-    problems = _batch_problems(config) + _user_problems(config) + _process_problems(config) + _persona_problems(config)
+    # the divisibility checks need the positive divisors checked above
+    problems = problems or (
+        _batch_problems(config) + _user_problems(config) + _process_problems(config) + _persona_problems(config)
+    )
     if problems:
-        raise RecipeError("invalid configuration: " + "; ".join(problems))
+        raise RecipeError("invalid configuration: " + "; ".join(_placed(problem, place) for problem in problems))
+
+
+def _placed(problem: str, place: Callable[[str], str | None] | None) -> str:
+    """``problem`` ("generation.top_p must be ...") prefixed with where its first word, a
+    field, was set (``place``), when it was."""
+    where = place(problem.split()[0].rstrip(":")) if place else None
+    return f"{where}: {problem}" if where else problem
 
 
 def _range_problems(config: TrainerConfig) -> list[str]:
@@ -514,7 +533,7 @@ def _sampling_problems(generation: GenerationConfig) -> list[str]:
     if generation.max_new_tokens < 1:
         problems.append(f"generation.max_new_tokens must be >= 1, got {generation.max_new_tokens}")
     if generation.temperature < 0:
-        problems.append(f"generation.temperature must be >= 0 (0: greedy), got {generation.temperature}")
+        problems.append(f"generation.temperature must be > 0, got {generation.temperature}")
     elif generation.temperature == 0:
         problems.append(
             "generation.temperature 0 (greedy) does not sample from the policy, so the loss's "

@@ -4,7 +4,7 @@
 raises ``BrokenPipeError`` (Python ignores SIGPIPE). Progress bars (ours, and those
 transformers and huggingface_hub draw while saving a checkpoint) write there, and such a
 failure must never reach the training loop or the checkpoint: :class:`ConsoleStream`
-swallows it.
+swallows it. :func:`honour_ctrl_c` makes Ctrl-C stop a command in every phase.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -120,3 +122,15 @@ def point_at_devnull(stream: Any) -> None:
         os.dup2(devnull, stream.fileno())
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def honour_ctrl_c() -> None:
+    """Let Ctrl-C (SIGINT) stop the command in every phase, saving what is finished.
+
+    A background job of a non-interactive shell (``cmd &`` in a script) inherits SIGINT as
+    ignored, and Python keeps ignoring it; the trainer's own handler, installed when
+    training starts, would then honour it in training but not before (loading, the
+    held-out evaluation). Called first by both command lines; a no-op off the main thread.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -100,8 +100,9 @@ def dialogue_record(
     ``turns`` (agent turns, int >= 1); ``termination`` (``"success"``, ``"failure"``,
     ``"goodbye"`` or ``"max_turns"``); ``format_errors`` (think-mode malformed turns); ``steps`` (per
     turn: ``utterance`` that reached the user, proposed ``change``, ``applied_change``,
-    ``emotion``, user ``thoughts``, ``format_error``, and with the rule user ``features``: the
-    appraisal's parts by feature group in emotion points); ``messages`` (the agent-side chat);
+    ``emotion``, user ``thoughts``, ``format_error``, with the rule user ``features``: the
+    appraisal's parts by feature group in emotion points, and the :func:`action_flags` that are
+    set); ``messages`` (the agent-side chat);
     for a persona with ``must_not`` checks, ``must_not``: ``{"checks": [ids], "hits": {id:
     [turns]}}`` (:mod:`~empathy_gym.evaluation.must_not`).
     """
@@ -127,6 +128,26 @@ def dialogue_record(
         hits = dialogue_violations(utterances, persona.language, persona.must_not)
         record["must_not"] = {"checks": list(persona.must_not), "hits": hits}
     return record
+
+
+#: The env's ``info`` flags on the agent's utterance that a transcript step keeps (when set).
+ACTION_FLAGS = ("action_injection", "action_sanitized", "action_truncated")
+
+
+def action_flags(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`ACTION_FLAGS` of a step's ``info`` that are set: ``action_injection``
+    (the kinds found, a list), ``action_sanitized`` and ``action_truncated`` (``True``)."""
+    return {
+        name: list(value) if isinstance(value, tuple) else value for name in ACTION_FLAGS if (value := info.get(name))
+    }
+
+
+def flagged_turns(records: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """How many agent turns carried each of :data:`ACTION_FLAGS` (``injection``,
+    ``sanitized``, ``truncated``) out of ``turns``; ``None`` when none did."""
+    steps = [step for record in records for step in record["steps"]]
+    counts = {name.removeprefix("action_"): sum(1 for step in steps if step.get(name)) for name in ACTION_FLAGS}
+    return {**counts, "turns": len(steps)} if any(counts.values()) else None
 
 
 def must_not_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -200,6 +221,7 @@ class _EvaluationDriver(Driver[_Running]):
                 "thoughts": appraisal["thoughts"],
                 "format_error": info["format_error"],
                 **({"features": appraisal["features"]} if appraisal.get("features") else {}),
+                **action_flags(info),
             }
         )
         if terminated or truncated:
@@ -302,7 +324,8 @@ def summarize(
     * ``by_hidden_intention``, ``by_character_type``: per group ``dialogues``,
       ``sentient_score``, ``successes``, ``failures``, ``goodbyes``, ``mean_turns`` (standard ids in
       the papers' order first, free-text intentions after, sorted);
-    * ``must_not`` (only where personas have checks): :func:`must_not_summary`.
+    * ``must_not`` (only where personas have checks): :func:`must_not_summary`;
+    * ``flagged_turns`` (only where an agent turn was flagged): :func:`flagged_turns`.
 
     Raises:
         ValueError: no records.
@@ -341,7 +364,11 @@ def summarize(
         "mean_turns": overall["mean_turns"],
         "by_hidden_intention": _breakdown(records, "hidden_intention", list(INTENTIONS)),
         "by_character_type": _breakdown(records, "character_type", list(CHARACTER_TYPES)),
-    } | ({"must_not": must_not} if (must_not := must_not_summary(records)) else {})
+    } | {
+        key: value
+        for key, value in (("must_not", must_not_summary(records)), ("flagged_turns", flagged_turns(records)))
+        if value
+    }
 
 
 # -- the plot --------------------------------------------------------------------------
