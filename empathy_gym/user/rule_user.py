@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from empathy_gym.boundary import find_injection
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
@@ -153,10 +154,12 @@ def _guards(
     parroted: float,
     shared: int,
     self_repeating: bool = False,
+    injected: bool = False,
 ) -> dict[str, float]:
     """The guards that fire (:data:`GUARDS`), with their penalties. ``similarity``: the
     highest Jaccard similarity with any earlier utterance, agent's or user's; ``parroted``:
-    the share of its units found in the user's newest message."""
+    the share of its units found in the user's newest message; ``injected``: the env's
+    injection check (:func:`~empathy_gym.boundary.find_injection`) found something."""
     fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
@@ -172,7 +175,7 @@ def _guards(
     foreign = scan.cjk > scan.latin or (scan.latin >= FOREIGN_MIN_TOKENS and scan.known_share < FOREIGN_SHARE)
     if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else foreign:
         fired["wrong_language"] = GUARDS["wrong_language"]
-    if scan.count("injection"):
+    if injected or scan.count("injection"):
         fired["injection"] = GUARDS["injection"]
     cued = len(scan.intentions)
     if cued >= UNFOCUSED_INTENTIONS:
@@ -403,7 +406,14 @@ class RuleUser(SimulatedUser):
         last = language.units(users[-1])[0] if users else frozenset()
         parroted = len(scan.words & last) / len(scan.words) if scan.words else 0.0
         guards = _guards(
-            persona, scan, earlier, similarity, parroted, shared, repeats_itself(persona.language, request.utterance)
+            persona,
+            scan,
+            earlier,
+            similarity,
+            parroted,
+            shared,
+            self_repeating=repeats_itself(persona.language, request.utterance),
+            injected=bool(find_injection(request.utterance)),
         )
         return features, guards, cues > 0
 
