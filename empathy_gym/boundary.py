@@ -17,7 +17,6 @@ agent's words stay data"):
 
 from __future__ import annotations
 
-import functools
 import inspect
 import re
 import unicodedata
@@ -297,7 +296,6 @@ def _for_matching(text: str) -> str:
     return _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
 
 
-@functools.lru_cache(maxsize=4096)  # the env and the rule user both ask about each reply
 def find_injection(text: str) -> tuple[str, ...]:
     """The kinds of :data:`INJECTION_PATTERNS` found in ``text`` (``()`` when none), in
     the order of that dict: ``"chat_marker"`` (a template marker or a role-header line),

@@ -17,6 +17,7 @@ import string
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from script_modules import ROOT, load_script
@@ -25,7 +26,7 @@ from empathy_gym.personas import INTENTIONS, Persona, load_personas
 from empathy_gym.user.base import Appraisal, UserRequest
 from empathy_gym.user.protocol import SAGE, emotion_band
 from empathy_gym.user.rule_model import AppraisalModel
-from empathy_gym.user.rule_user import MAX_CHANGE, RULES_DIR, RuleUser
+from empathy_gym.user.rule_user import GUARDS, MAX_CHANGE, RULES_DIR, RuleUser
 
 CHARACTERS = ("negative", "passive", "avoidant")
 
@@ -966,7 +967,7 @@ def test_what_the_env_flags_as_injection_the_rule_user_penalises(text):
     # before: the rule user read only its own lexicon, so these (flagged by the env's
     # find_injection, info["action_injection"]) went unpenalised: the appraise-twice step
     # kept the lower change, but that was the plain reply's gain
-    from empathy_gym.boundary import find_injection
-
-    assert find_injection(text)
-    assert "injection" in RuleUser().features(request(make_persona("en"), text))[1]
+    env = gym.make("EmpathyDialogue-v0", personas="en")
+    env.reset(seed=0)
+    info = env.step(text)[4]
+    assert info["action_injection"] and info["appraisal"]["features"]["injection"] == GUARDS["injection"]

@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from empathy_gym.boundary import find_injection
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
@@ -158,8 +157,8 @@ def _guards(
 ) -> dict[str, float]:
     """The guards that fire (:data:`GUARDS`), with their penalties. ``similarity``: the
     highest Jaccard similarity with any earlier utterance, agent's or user's; ``parroted``:
-    the share of its units found in the user's newest message; ``injected``: the env's
-    injection check (:func:`~empathy_gym.boundary.find_injection`) found something."""
+    the share of its units found in the user's newest message; ``injected``: the env found
+    injection in it (``UserRequest.injection``, :func:`~empathy_gym.boundary.find_injection`)."""
     fired: dict[str, float] = {}
     limits = LENGTH[persona.language]
     if scan.length < limits["too_short"]:
@@ -413,7 +412,7 @@ class RuleUser(SimulatedUser):
             parroted,
             shared,
             self_repeating=repeats_itself(persona.language, request.utterance),
-            injected=bool(find_injection(request.utterance)),
+            injected=bool(request.injection),
         )
         return features, guards, cues > 0
 
