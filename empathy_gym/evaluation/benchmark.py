@@ -145,7 +145,7 @@ def action_flags(info: Mapping[str, Any]) -> dict[str, Any]:
 def flagged_turns(records: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
     """How many agent turns carried each of :data:`ACTION_FLAGS` (``injection``,
     ``sanitized``, ``truncated``) out of ``turns``; ``None`` when none did."""
-    steps = [step for record in records for step in record["steps"]]
+    steps = [step for record in records for step in record.get("steps", ())]  # a record may keep no steps
     counts = {name.removeprefix("action_"): sum(1 for step in steps if step.get(name)) for name in ACTION_FLAGS}
     return {**counts, "turns": len(steps)} if any(counts.values()) else None
 
