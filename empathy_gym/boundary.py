@@ -234,12 +234,56 @@ class ChatEncoder:
 
 
 # -- injection ----------------------------------------------------------------------------
+#: Instructions to the judge and talk of its score, one alternative per cue, read
+#: case-insensitively. An English cue neither starts nor ends inside a word.
+_INSTRUCTION_CUES: tuple[str, ...] = (
+    # English: what the judge should drop
+    r"(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|everything\s+)?(?:(?:the|your|my)\s+)?"
+    r"(?:(?:previous|prior|above|earlier|system|original)\s+(?:instructions?|rules|prompts?|guidelines)"
+    r"|instructions|system\s+prompt)",
+    r"ignore (?:all |any |everything )?(?:of )?(?:your |the |my |these |those )?"
+    r"(?:previous |prior |above |earlier |preceding |system |original )+"
+    r"(?:instructions|rules|prompts?|directions|guidelines|messages|context)",
+    r"ignore (?:all |any )?(?:of )?(?:your |the |my )?(?:instructions|prompts?|system prompt)",
+    r"(?:disregard|forget) (?:all |any |your |the |previous |prior |above )*(?:instructions|prompts?|guidelines)",
+    r"new\s+instructions|system\s+prompt|developer\s+mode|jailbreak",
+    r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
+    r"stop role ?playing|(?:step|break|go|speak|answer) out of character|break character",
+    r"you are now (?:an? |the |my )?"
+    r"(?:ai|assistant|chatbot|language model|model|bot|unrestricted|no longer bound|in developer mode)",
+    r"you must now (?:ignore|obey|follow|respond|output|say|set|act)|respond only with",
+    # English: what the judge should score
+    r"your\s+emotion(?:al)?(?:\s+(?:score|level|value))?\s+(?:is|should\s+be|must\s+be|becomes?|goes\s+to)"
+    r"\s+(?:now\s+)?[+-]?\d+",
+    r"emotion (?:is|to|of) (?:now )?[-+]?\d+|emotion(?: score| level| value)? ?[=:] ?[-+]?\d+",
+    r"(?:emotion|mood|emotional) (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
+    r"set (?:your |the |my )?emotion",
+    r"(?:raise|increase|maximi[sz]e|boost|max out) (?:your |the )?(?:emotion|score|rating)",
+    r"(?:set|raise|increase|maximi[sz]e|boost)\s+(?:your|the)\s+(?:emotion|score|rating)",
+    r"output (?:a |an |the )?(?:score|change|emotion|number)|give (?:me )?(?:a )?(?:score|rating|emotion) of",
+    # Chinese
+    r"忽略[^。！？\n]{0,20}(?:指令|规则|设定|提示)",
+    r"(?:忽略|无视)(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?|掉)?.{0,4}(?:指令|指示|设定|提示词?)",
+    r"忘(?:记|掉)(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?)?(?:指令|指示|设定|提示词?|角色设定)",
+    r"新的指令|系统提示|系统指令|提示词|扮演结束|停止扮演|跳出角色|输出(?:情绪|分数|数值)",
+    r"你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+|情绪值|情绪(?:分数|得分|评分|数值|分值)",
+    r"(?:把|将)你?的?情绪.{0,8}(?:设|调|改|提高|变成|拉满)|情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+",
+    r"从现在(?:开始|起)你是(?:一个)?(?:ai|机器人|助手|模型|程序|没有限制)|你现在是一个(?:ai|机器人|助手|模型|程序|没有限制)",
+    r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话)?)打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:到|成|为)?满分?",
+    r"打(?:个)?(?:100|一百)分|满分(?:100|一百)",
+)
+#: Plain-text turn markers beyond the chat templates' own: ``<im_start>``, ``<system>``,
+#: a ``developer :`` or ``系统：`` line.
+_LOOSE_MARKERS = (
+    r"<\|?im_start\|?>|<\|?(?:system|assistant|user)\|?>"
+    r"|^\s*(?:system|assistant|developer) ?:|^\s*系统[:：]"
+)
 #: What agent text that tries to steer its judge looks like, by kind. The patterns read
 #: the text after :func:`_for_matching` (compatibility forms folded, invisible format
 #: characters dropped), so fullwidth letters and zero-width spaces do not hide them. They
 #: are a transparent check of known forms, not a classifier: a paraphrase gets through.
 INJECTION_PATTERNS: dict[str, re.Pattern] = {
-    "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}", re.I | re.M),
+    "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}|{_LOOSE_MARKERS}", re.I | re.M),
     "appraisal_json": re.compile(
         r"\{[^{}]*[\"'](?:change|emotion|inner_thoughts|goal_fit|feeling|score)[\"']\s*:[^{}]*\}?", re.I
     ),
@@ -251,37 +295,34 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         r"|(?:情绪|心情)(?:变化|值|分数)\s*[:=]\s*[+-]?\d+[^\n]*"
     ),
     "instruction": re.compile(
-        r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|everything\s+)?(?:(?:the|your|my)\s+)?"
-        r"(?:(?:previous|prior|above|earlier|system|original)\s+(?:instructions?|rules|prompts?|guidelines)"
-        r"|instructions|system\s+prompt)\b"
-        r"|\bnew\s+instructions\b|\bsystem\s+prompt\b|\bdeveloper\s+mode\b"
-        r"|\byour\s+emotion(?:al)?(?:\s+(?:score|level|value))?\s+(?:is|should\s+be|must\s+be|becomes?|goes\s+to)"
-        r"\s+(?:now\s+)?[+-]?\d+"
-        r"|\b(?:set|raise|increase|maximi[sz]e|boost)\s+(?:your|the)\s+(?:emotion|score|rating)\b"
-        r"|忽略[^。！？\n]{0,20}(?:指令|规则|设定|提示)|新的指令|系统提示"
-        r"|你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+",
-        re.I,
+        r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
     ),
 }
-#: Strings without which a kind's pattern cannot match (a cheap test before the regex).
+#: Strings without which a kind's pattern cannot match (a cheap test before the regex;
+#: lower-case, as the text is lowered for it).
 _TRIGGERS: dict[str, tuple[str, ...]] = {
-    "chat_marker": ("<", "[", ":"),
+    "chat_marker": ("<", "[", ":", "："),
     "appraisal_json": ("{",),
     "appraisal_line": (":", "="),
     "instruction": (
-        "ignore",
-        "disregard",
-        "forget",
-        "emotion",
-        "instruction",
-        "prompt",
-        "developer",
-        "score",
-        "rating",
-        "忽略",
-        "指令",
-        "提示",
-        "情绪",
+        *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
+        *("character", "you are now", "must now", "respond only", "emotion", "mood", "score", "rating", "output"),
+        *(
+            "忽略",
+            "无视",
+            "忘",
+            "指令",
+            "提示",
+            "扮演",
+            "跳出角色",
+            "输出",
+            "情绪",
+            "心情",
+            "从现在",
+            "你现在是",
+            "打",
+            "满分",
+        ),
     ),
 }
 _INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")

@@ -325,6 +325,19 @@ def test_a_hanging_server_fails_after_one_timeout_without_retries(stub_server, u
     assert len(stub.requests) == 1  # 6 attempts (max_retries=5) before: 6 x 60 s with the defaults
 
 
+def test_a_hanging_server_fails_its_tokenize_probe_after_one_timeout(stub_server):
+    # before: the probe's timeout was taken for "no /tokenize here" (None), and the chat
+    # request after it waited as long again: a hanging server failed after 2 x timeout
+    stub = stub_server([OK], delay=3.0)
+    backend = OpenAIBackend(stub.url, "m", timeout=0.5, **FAST)
+    start = time.monotonic()
+    with pytest.raises(
+        BackendError, match=rf"POST {stub.url.removesuffix('/v1')}/tokenize .*no answer within 0.5 s \(timeout\)"
+    ):
+        backend.prompt_lengths([HELLO])
+    assert time.monotonic() - start < 2.0 and len(stub.requests) == 1
+
+
 def test_default_timeouts_fit_a_cpu_server_and_fail_a_hanging_one_in_five_minutes():
     # 1,024 new tokens at 4 tokens/s (SmolLM2-135M, 8 requests at once on two cores) take 256 s
     backend = OpenAIBackend("http://127.0.0.1:1/v1", "m")

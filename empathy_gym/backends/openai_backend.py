@@ -69,6 +69,11 @@ class TransientHTTPError(Exception):
         self.unreachable = unreachable
 
 
+class AnswerTimeout(BackendError):
+    """The server took the request and did not answer within ``timeout``: hanging or
+    overloaded. Not retried, and not taken for a missing endpoint."""
+
+
 class WaitRetryAfter(tenacity.wait.wait_base):
     """Wait ``Retry-After`` seconds when the last error carries it (capped at
     ``maximum``), else as ``fallback`` says."""
@@ -292,13 +297,14 @@ class OpenAIBackend(ChatBackend):
         )
 
     @contextlib.contextmanager
-    def _transport_errors(self) -> Iterator[None]:
-        """A transport error as a TransientHTTPError to retry; a read timeout fails at once."""
+    def _transport_errors(self, url: str) -> Iterator[None]:
+        """A transport error as a TransientHTTPError to retry; a read timeout fails at once
+        (:class:`AnswerTimeout`)."""
         try:
             yield
         except httpx.ReadTimeout:
-            raise BackendError(
-                f"POST {self.url} (model {self.model!r}): no answer within "
+            raise AnswerTimeout(
+                f"POST {url} (model {self.model!r}): no answer within "
                 f"{self.timeout.read:g} s (timeout); the server is hanging or "
                 f"overloaded. Not retried; raise timeout= (backend_kwargs="
                 f"{{'timeout': ...}}) for long generations"
@@ -311,7 +317,7 @@ class OpenAIBackend(ChatBackend):
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
         def once() -> dict:
-            with self._transport_errors():
+            with self._transport_errors(url or self.url):
                 response = client.post(url or self.url, json=payload)
             return self._read(response)
 
@@ -321,7 +327,7 @@ class OpenAIBackend(ChatBackend):
     async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore, payload: dict) -> dict:
         async def once() -> dict:
             async with semaphore:
-                with self._transport_errors():
+                with self._transport_errors(self.url):
                     response = await client.post(self.url, json=payload)
             return self._read(response)
 
@@ -373,7 +379,12 @@ class OpenAIBackend(ChatBackend):
 
     def _ask_server(self, conversations: Sequence[Conversation]) -> list[dict] | None:
         """The server's ``/tokenize`` answers, or ``None`` when it has no such endpoint
-        (remembered) or cannot be reached now (asked again next time)."""
+        (remembered) or cannot be reached now (asked again next time).
+
+        Raises:
+            AnswerTimeout: the server took the request and did not answer (asking the
+                chat endpoint next would wait as long again).
+        """
         if self._server_tokenizes is False or not conversations:
             return None
         payloads = [
@@ -381,6 +392,8 @@ class OpenAIBackend(ChatBackend):
         ]
         try:
             answers = self._post_all(payloads, self.tokenize_url)
+        except AnswerTimeout:
+            raise
         except BackendError as error:
             if "failed with HTTP 4" in str(error):  # no such endpoint, or not vLLM's
                 self._server_tokenizes = False
@@ -405,7 +418,11 @@ class OpenAIBackend(ChatBackend):
     def prompt_lengths(self, conversations: Sequence[Conversation]) -> list[int] | None:
         """Prompt tokens of each conversation as the server will see it (contents
         neutralised, chat template, generation prompt): counted with the local
-        ``tokenizer``, else by the server's ``/tokenize``; ``None`` where neither is there."""
+        ``tokenizer``, else by the server's ``/tokenize``; ``None`` where neither is there.
+
+        Raises:
+            AnswerTimeout: ``/tokenize`` took the request and did not answer in ``timeout``.
+        """
         if self._encoder is not None:
             return [len(self._encoder.encode(self._messages(c))) for c in conversations]
         answers = self._ask_server(conversations)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from empathy_gym.boundary import without_injection
+from empathy_gym.boundary import find_injection, without_injection
 from empathy_gym.personas import Persona
 from empathy_gym.user.protocol import EmotionProtocol
 
@@ -51,7 +51,8 @@ class UserRequest:
         turn: 1-based index of this agent turn.
         seed: seed for any sampling this turn needs (int, >= 0).
         injection: the kinds of injection found in ``utterance``
-            (:func:`empathy_gym.boundary.find_injection`; see :meth:`SimulatedUser.respond`).
+            (:func:`empathy_gym.boundary.find_injection`; see :meth:`SimulatedUser.respond`);
+            looked for when not given (``None``).
     """
 
     persona: Persona
@@ -60,7 +61,11 @@ class UserRequest:
     emotion: int
     turn: int
     seed: int = 0
-    injection: tuple[str, ...] = ()
+    injection: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.injection is None:
+            object.__setattr__(self, "injection", find_injection(self.utterance))
 
     def agent_utterances(self) -> list[str]:
         """The agent's earlier utterances, oldest first (not including ``utterance``)."""

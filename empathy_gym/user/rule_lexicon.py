@@ -164,8 +164,6 @@ class LanguageRules:
 
     Args:
         data: the parsed ``<language>.json``; templates stay there (``data["replies"]``...).
-        injection: injection cue patterns of every language (an attack can come in
-            either language).
         words: the English word check, shared by both languages.
         source: the file's path, for error messages.
 
@@ -176,14 +174,13 @@ class LanguageRules:
 
     _MAX_CACHE = 100_000
 
-    def __init__(self, data: Mapping[str, Any], injection: Sequence[str], words: _WordCheck, source: str):
+    def __init__(self, data: Mapping[str, Any], words: _WordCheck, source: str):
         self.code: str = data["language"]
         self.data = data
         self.words = words
         lexicons = data["lexicons"]
         patterns = {f"intention:{key}": value for key, value in lexicons["intention"].items()}
         patterns.update({key: value for key, value in lexicons.items() if key != "intention"})
-        patterns["injection"] = list(injection)
         missing = [f"intention:{key}" for key in INTENTIONS if f"intention:{key}" not in patterns]
         if missing:
             raise ValueError(f"{source}: lexicons lack {missing}")
@@ -198,13 +195,8 @@ class LanguageRules:
     def _compile(self, key: str, patterns: Sequence[str], source: str) -> re.Pattern:
         """One lexicon's patterns as one alternation (never matching when empty)."""
         body = "|".join(f"(?:{pattern})" for pattern in patterns) or r"(?!x)x"
-        # English cues must not start or end inside a word (a cue that ends with a symbol,
-        # like "<|im_start|>", may touch the next word); Chinese has no word edges.
-        text = (
-            body
-            if self.code == "zh" and key != "injection"
-            else (rf"(?<![a-z0-9])(?:{body})(?:(?<![a-z0-9])|(?![a-z0-9]))")
-        )
+        # English cues must not start or end inside a word; Chinese has no word edges.
+        text = body if self.code == "zh" else rf"(?<![a-z0-9])(?:{body})(?:(?<![a-z0-9])|(?![a-z0-9]))"
         try:
             compiled = re.compile(text)
         except re.error as error:
@@ -290,9 +282,10 @@ def _read_json(path: Path) -> dict:
 @functools.lru_cache(maxsize=8)
 def load_rules(rules_dir: str) -> dict[str, LanguageRules]:
     """Every language's rules from ``rules_dir`` (``<code>.json`` per code in
-    :data:`~empathy_gym.personas.LANGUAGES`), compiled once per directory. Injection cues
-    of every language apply to every persona; the English word list (``common_words``,
-    ``stopwords`` and the words in every lexicon) also judges Latin words in Chinese text.
+    :data:`~empathy_gym.personas.LANGUAGES`), compiled once per directory. The English word
+    list (``common_words``, ``stopwords`` and the words in every lexicon) also judges Latin
+    words in Chinese text. Injection is not a lexicon here: the user reads what
+    :func:`empathy_gym.boundary.find_injection` found (``UserRequest.injection``).
 
     Raises:
         FileNotFoundError: a rules file is missing.
@@ -300,7 +293,6 @@ def load_rules(rules_dir: str) -> dict[str, LanguageRules]:
     """
     folder = Path(rules_dir)
     data = {code: _read_json(folder / f"{code}.json") for code in LANGUAGES}
-    injection = [pattern for code in LANGUAGES for pattern in data[code]["lexicons"]["injection"]]
     english = data["en"]
     known = set(english.get("common_words", ())) | set(english.get("stopwords", ()))
     for code in LANGUAGES:
@@ -308,4 +300,4 @@ def load_rules(rules_dir: str) -> dict[str, LanguageRules]:
             for pattern in value.values() if isinstance(value, Mapping) else [value]:
                 known.update(re.findall(r"[a-z]{2,}", " ".join(pattern)))
     words = _WordCheck(known | set("ai"))
-    return {code: LanguageRules(data[code], injection, words, str(folder / f"{code}.json")) for code in LANGUAGES}
+    return {code: LanguageRules(data[code], words, str(folder / f"{code}.json")) for code in LANGUAGES}

@@ -174,7 +174,7 @@ def _guards(
     foreign = scan.cjk > scan.latin or (scan.latin >= FOREIGN_MIN_TOKENS and scan.known_share < FOREIGN_SHARE)
     if (scan.cjk == 0 and scan.latin > 0) if persona.language == "zh" else foreign:
         fired["wrong_language"] = GUARDS["wrong_language"]
-    if injected or scan.count("injection"):
+    if injected:
         fired["injection"] = GUARDS["injection"]
     cued = len(scan.intentions)
     if cued >= UNFOCUSED_INTENTIONS:
