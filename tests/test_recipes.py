@@ -120,6 +120,14 @@ def write(tmp_path, text):
             r"recipe.yaml:5: field 'env.kwargs.max_turn': EmpathyDialogue-v0 takes no argument 'max_turn'; "
             r"did you mean 'max_turns'\?",
         ),
+        (  # before: refused by the trainer, after the policy loaded, with no file or line
+            "algorithm: ppo\nenv:\n  kwargs:\n    reward_mode: delta\n    max_turns: -1\n",
+            r"recipe.yaml:5: field 'env.kwargs.max_turns': max_turns must be >= 1, got -1",
+        ),
+        (
+            "algorithm: ppo\nenv:\n  kwargs:\n    protocol: nope\n",
+            r"recipe.yaml:4: field 'env.kwargs.protocol': unknown protocol 'nope'; known: \['rlver_training', 'sage'\]",
+        ),
         ("algorithm: ppo\nlearning_rate: -1\n", r"recipe.yaml:2: learning_rate must be > 0, got -1.0"),
         (
             "algorithm: grpo\nseed: 1\nloss_type: mean\n",
@@ -145,6 +153,8 @@ def test_a_bad_override_or_algorithm_is_named():
     # before: a value out of range named no place ("generation.temperature must be ...")
     with pytest.raises(RecipeError, match=r"command-line override: generation.temperature must be > 0, got -1.0"):
         load_recipe("agents/tiny-cpu.yaml", ["generation.temperature=-1"], algorithm="ppo")
+    with pytest.raises(RecipeError, match=r"command-line override: field 'env.kwargs.think': think must be True or"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.think=maybe"], algorithm="ppo")
     with pytest.raises(RecipeError, match=r"command-line override 'policy.lora_r': Value 'x'"):
         load_recipe("agents/tiny-cpu.yaml", ["policy.lora_r=x"], algorithm="ppo")
     with pytest.raises(

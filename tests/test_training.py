@@ -242,9 +242,10 @@ def test_configs_built_in_python_are_checked_too(tmp_path):
 def test_a_bad_env_value_is_a_recipe_error(tmp_path):
     from empathy_gym.agents import RecipeError
 
-    config = load_recipe(
-        "agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "env.kwargs.reward_mode=bogus"], algorithm="ppo"
-    )
+    with pytest.raises(RecipeError, match=r"command-line override: field 'env.kwargs.reward_mode': reward_mode must"):
+        load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}", "env.kwargs.reward_mode=bogus"], algorithm="ppo")
+    config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={tmp_path}"], algorithm="ppo")
+    config.env.kwargs["reward_mode"] = "bogus"  # a config built in Python is checked when the envs are built
     with pytest.raises(
         RecipeError,
         match=r"field 'env' \(EmpathyDialogue-v0 with kwargs .*\): reward_mode must be "

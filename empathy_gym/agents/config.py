@@ -467,6 +467,26 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
                 f"{where('env.kwargs.' + name)}: field 'env.kwargs.{name}': "
                 f"{config.env.id} takes no argument {name!r}{hint}"
             )
+    if creator.__module__.startswith("empathy_gym.") and "user" in params:
+        _check_env_values(config, creator, where)
+
+
+def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where: Callable[[str], str]) -> None:
+    """The env's own checks of the ``env.kwargs`` values (``max_turns: -1``...), run at
+    load on an env whose user is a stand-in, so that a bad value is refused before any
+    model loads; the user spec is checked on its own (:func:`env_user_spec`)."""
+    import re
+
+    from empathy_gym.user.scripted import ScriptedUser
+
+    kwargs = {name: value for name, value in config.env.kwargs.items() if name != "user"}
+    try:
+        creator(**kwargs, user=ScriptedUser([0])).close()
+    except (TypeError, ValueError, KeyError) as error:
+        message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+        named = [name for name in kwargs if re.search(rf"\b{re.escape(name)}\b", message)]
+        field = f"env.kwargs.{named[0]}" if named else "env.kwargs"
+        raise RecipeError(f"{where(field)}: field '{field}': {message}") from None
 
 
 def validate(config: TrainerConfig, place: Callable[[str], str | None] | None = None) -> None:
