@@ -237,15 +237,11 @@ class ChatEncoder:
 #: Instructions to the judge and talk of its score, one alternative per cue, read
 #: case-insensitively. An English cue neither starts nor ends inside a word.
 _INSTRUCTION_CUES: tuple[str, ...] = (
-    # English: what the judge should drop
-    r"(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|everything\s+)?(?:(?:the|your|my)\s+)?"
-    r"(?:(?:previous|prior|above|earlier|system|original)\s+(?:instructions?|rules|prompts?|guidelines)"
-    r"|instructions|system\s+prompt)",
-    r"ignore (?:all |any |everything )?(?:of )?(?:your |the |my |these |those )?"
-    r"(?:previous |prior |above |earlier |preceding |system |original )+"
-    r"(?:instructions|rules|prompts?|directions|guidelines|messages|context)",
-    r"ignore (?:all |any )?(?:of )?(?:your |the |my )?(?:instructions|prompts?|system prompt)",
-    r"(?:disregard|forget) (?:all |any |your |the |previous |prior |above )*(?:instructions|prompts?|guidelines)",
+    # English: what the judge should drop, or become
+    r"(?:ignore|disregard|forget)\s+(?:(?:all|any|everything|of|the|your|my|these|those)\s+)*"
+    r"(?:(?:(?:previous|prior|above|earlier|preceding|system|original)\s+)+"
+    r"(?:instructions?|rules|prompts?|directions|guidelines|messages|context)"
+    r"|instructions|prompts?|guidelines|system\s+prompt)",
     r"new\s+instructions|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
     r"stop role ?playing|(?:step|break|go|speak|answer) out of character|break character",
@@ -258,12 +254,11 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"emotion (?:is|to|of) (?:now )?[-+]?\d+|emotion(?: score| level| value)? ?[=:] ?[-+]?\d+",
     r"(?:emotion|mood|emotional) (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
     r"set (?:your |the |my )?emotion",
-    r"(?:raise|increase|maximi[sz]e|boost|max out) (?:your |the )?(?:emotion|score|rating)",
-    r"(?:set|raise|increase|maximi[sz]e|boost)\s+(?:your|the)\s+(?:emotion|score|rating)",
+    r"(?:set|raise|increase|maximi[sz]e|boost|max out)\s+(?:(?:your|the)\s+)?(?:emotion|score|rating)",
     r"output (?:a |an |the )?(?:score|change|emotion|number)|give (?:me )?(?:a )?(?:score|rating|emotion) of",
     # Chinese
-    r"忽略[^。！？\n]{0,20}(?:指令|规则|设定|提示)",
-    r"(?:忽略|无视)(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?|掉)?.{0,4}(?:指令|指示|设定|提示词?)",
+    r"忽略[^。！？\n]{0,20}(?:指令|指示|规则|设定|提示)",
+    r"无视(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?|掉)?.{0,4}(?:指令|指示|设定|提示)",
     r"忘(?:记|掉)(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?)?(?:指令|指示|设定|提示词?|角色设定)",
     r"新的指令|系统提示|系统指令|提示词|扮演结束|停止扮演|跳出角色|输出(?:情绪|分数|数值)",
     r"你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+|情绪值|情绪(?:分数|得分|评分|数值|分值)",
@@ -307,22 +302,8 @@ _TRIGGERS: dict[str, tuple[str, ...]] = {
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
         *("character", "you are now", "must now", "respond only", "emotion", "mood", "score", "rating", "output"),
-        *(
-            "忽略",
-            "无视",
-            "忘",
-            "指令",
-            "提示",
-            "扮演",
-            "跳出角色",
-            "输出",
-            "情绪",
-            "心情",
-            "从现在",
-            "你现在是",
-            "打",
-            "满分",
-        ),
+        *("忽略", "无视", "忘", "指令", "提示", "扮演", "跳出角色"),
+        *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分"),
     ),
 }
 _INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
