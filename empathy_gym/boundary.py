@@ -240,39 +240,46 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     # English: what the judge should drop, or become
     r"(?:ignore|disregard|forget)\s+(?:(?:all|any|everything|of|the|your|my|these|those)\s+)*"
     r"(?:(?:(?:previous|prior|above|earlier|preceding|system|original)\s+)+"
-    r"(?:instructions?|rules|prompts?|directions|guidelines|messages|context)"
+    r"(?:instructions?|rules|prompts?|directions|guidelines|context)"
     r"|instructions|prompts?|guidelines|system\s+prompt)",
-    r"new\s+instructions|system\s+prompt|developer\s+mode|jailbreak",
+    r"new\s+instructions\s*:|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
     r"stop role ?playing|(?:step|break|go|speak|answer) out of character|break character",
-    r"you are now (?:an? |the |my )?"
-    r"(?:ai|assistant|chatbot|language model|model|bot|unrestricted|no longer bound|in developer mode)",
-    r"you must now (?:ignore|obey|follow|respond|output|say|set|act)|respond only with",
-    # English: what the judge should score
-    r"your\s+emotion(?:al)?(?:\s+(?:score|level|value))?\s+(?:is|should\s+be|must\s+be|becomes?|goes\s+to)"
-    r"\s+(?:now\s+)?[+-]?\d+",
-    r"emotion (?:is|to|of) (?:now )?[-+]?\d+|emotion(?: score| level| value)? ?[=:] ?[-+]?\d+",
-    r"(?:emotion|mood|emotional) (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
-    r"set (?:your |the |my )?emotion",
-    r"(?:set|raise|increase|maximi[sz]e|boost|max out)\s+(?:(?:your|the)\s+)?(?:emotion|score|rating)",
-    r"output (?:a |an |the )?(?:score|change|emotion|number)|give (?:me )?(?:a )?(?:score|rating|emotion) of",
-    # Chinese
-    r"忽略[^。！？\n]{0,20}(?:指令|指示|规则|设定|提示)",
-    r"无视(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?|掉)?.{0,4}(?:指令|指示|设定|提示)",
-    r"忘(?:记|掉)(?:你的|之前的?|以上的?|上面的?|前面的?|所有的?)?(?:指令|指示|设定|提示词?|角色设定)",
-    r"新的指令|系统提示|系统指令|提示词|扮演结束|停止扮演|跳出角色|输出(?:情绪|分数|数值)",
-    r"你的情绪(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+|情绪值|情绪(?:分数|得分|评分|数值|分值)",
-    r"(?:把|将)你?的?情绪.{0,8}(?:设|调|改|提高|变成|拉满)|情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+",
-    r"从现在(?:开始|起)你是(?:一个)?(?:ai|机器人|助手|模型|程序|没有限制)|你现在是一个(?:ai|机器人|助手|模型|程序|没有限制)",
-    r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话)?)打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:到|成|为)?满分?",
-    r"打(?:个)?(?:100|一百)分|满分(?:100|一百)",
+    # an AI, not "an AI researcher" or "a model student"
+    r"you(?: are|'re) now (?:an? |the |my )?(?:ai )?(?:ai|assistant|chatbot|language model|model|bot)"
+    r"(?=\s*(?:[.,;:!]|$))",
+    r"you are now (?:an? )?(?:unrestricted|no longer bound|in developer mode)",
+    r"you must now (?:ignore|obey|output)|respond only with (?:a |the |one )?(?:number|score|json|digit)",
+    # English: what the judge should score (a number follows, and it is not a percentage)
+    r"your\s+(?:emotions?|emotional)(?:\s+(?:score|level|value|state))?\s+(?:is|are|should\s+be|must\s+be|becomes?|goes\s+to)"
+    r"(?:\s+now)?\s*(?:[:=]|at|to)?\s*[+-]?\d+(?!\s*%)",
+    r"emotion (?:is|to|of) (?:now )?[-+]?\d+(?!\s*%)|emotion(?: score| level| value)? ?[=:] ?[-+]?\d+",
+    r"emotion(?:al)? (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
+    r"set (?:your |the |my )?emotion(?:al)?(?: score| level| value)? (?:to|at|=|higher|high)",
+    r"(?:raise|increase|maximi[sz]e|boost|max out)\s+(?:(?:your|the)\s+)?emotion(?:al)?(?:\s+(?:score|level|rating))?",
+    r"output (?:a |an |the )?(?:score|change|emotion|number)|give me (?:a )?(?:score|rating|emotion) of",
+    # Chinese: a judge-facing word ("之前的", "你的设定") sets these apart from "忽略医生的指示"
+    r"(?:忽略|无视)掉?(?:(?:之前|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
+    r"|你的(?:设定|指令|指示|规则|提示词))",
+    r"忘(?:记|掉)(?:你?(?:(?:的|之前|以上|上面|前面|所有)的?){1,2}(?:指令|指示|设定|提示词|角色设定)|指令|指示|提示词)",
+    r"新的指令\s*[:：]|系统提示词|系统指令|提示词|扮演结束|停止扮演(?=[。！，,.!\s]|$)|跳出(?:你的)?角色设定",
+    r"输出(?:情绪值|分数|数值)",
+    r"你的(?:情绪|心情)(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+(?![\d%％])",
+    r"情绪值(?!得)|情绪(?:分数|得分|评分|数值|分值)",
+    r"(?:把|将)你?的?(?:情绪|心情).{0,8}(?:调高|提高|拉高|拉满|调满|(?:设|调|改|变|拉)(?:到|成|为)\s*(?:[+-]?\d+|满分?|最高))",
+    r"情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+(?![\d%％])",
+    r"(?:从现在(?:开始|起)你是|你现在是)(?:一个|个)?(?:ai|机器人|助手|模型|程序(?!员)|没有限制)",
+    r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话))打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:到|成|为)?满分?",
 )
 #: Plain-text turn markers beyond the chat templates' own: ``<im_start>``, ``<system>``,
-#: a ``developer :`` or ``系统：`` line.
+#: a ``developer :``, ``**System:**``, ``> User :`` or ``系统：`` line.
 _LOOSE_MARKERS = (
     r"<\|?im_start\|?>|<\|?(?:system|assistant|user)\|?>"
-    r"|^\s*(?:system|assistant|developer) ?:|^\s*系统[:：]"
+    r"|^\s*(?:[*_>]\s*)*(?:system|assistant|developer|user|human|instruction|response)[*_]*\s?[*_]*:|^\s*系统[:：]"
 )
+#: A colon or equals sign in an appraisal line, with the Markdown emphasis that may wrap
+#: it (``**Change:** +10``).
+_COLON = r"[*_]*\s*[:=][*_\s]*"
 #: What agent text that tries to steer its judge looks like, by kind. The patterns read
 #: the text after :func:`_for_matching` (compatibility forms folded, invisible format
 #: characters dropped), so fullwidth letters and zero-width spaces do not hide them. They
@@ -280,14 +287,16 @@ _LOOSE_MARKERS = (
 INJECTION_PATTERNS: dict[str, re.Pattern] = {
     "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}|{_LOOSE_MARKERS}", re.I | re.M),
     "appraisal_json": re.compile(
-        r"\{[^{}]*[\"'](?:change|emotion|inner_thoughts|goal_fit|feeling|score)[\"']\s*:[^{}]*\}?", re.I
+        r"\{[^{}]*[\"'“”‘’]?(?:(?:emotion(?:al)?_)?(?:change|score)|emotion|inner_thoughts|goal_fit|feeling)"
+        r"[\"'“”‘’]?\s*:[^{}]*\}?",
+        re.I,
     ),
     "appraisal_line": re.compile(
-        r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score\s*(?=[:=]\s*[+-]))\s*[:=]\s*[+-]?\d+[^\n]*"
-        r"|^[^\w\n]{0,4}(?:情绪|心情|变化)(?:变化|值|分数)?\s*[:=]\s*[+-]?\d+[^\n]*"
+        r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score(?=_COLON[+-]))_COLON[+-]?\d+[^\n]*"
+        r"|^[^\w\n]{0,4}(?:情绪|心情)(?:变化|值|分数)?_COLON[+-]?\d+[^\n]*|^[^\w\n]{0,4}变化_COLON[+-]\d+[^\n]*"
         # inside a line only with an explicit sign (English) or an emotion word (Chinese): "a change: 3 jobs" is prose
-        r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)\s*[:=]\s*[+-]\d+[^\n]*"
-        r"|(?:情绪|心情)(?:变化|值|分数)\s*[:=]\s*[+-]?\d+[^\n]*"
+        r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\d+[^\n]*"
+        r"|(?:情绪|心情)(?:变化|值|分数)_COLON[+-]?\d+[^\n]*".replace("_COLON", _COLON)
     ),
     "instruction": re.compile(
         r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
@@ -301,12 +310,18 @@ _TRIGGERS: dict[str, tuple[str, ...]] = {
     "appraisal_line": (":", "="),
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
-        *("character", "you are now", "must now", "respond only", "emotion", "mood", "score", "rating", "output"),
-        *("忽略", "无视", "忘", "指令", "提示", "扮演", "跳出角色"),
+        *("character", "you are now", "you're now", "must now", "respond only", "emotion", "score", "rating"),
+        *("output", "give me"),
+        *("忽略", "无视", "忘", "指令", "提示", "扮演", "跳出"),
         *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分"),
     ),
 }
-_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
+#: Unicode's default-ignorable code points (nothing on screen): zero-width spaces and
+#: joiners, soft hyphens, the combining grapheme joiner, variation selectors, tags...
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
 
 
 def _for_matching(text: str) -> str:
