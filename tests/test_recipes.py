@@ -165,6 +165,21 @@ def test_a_bad_override_or_algorithm_is_named():
         load_recipe("agents/qwen2.5-7b-ppo.yaml", algorithm="grpo")
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [  # before (a newcomer's finds): a traceback, the wrong field, or accepted until the trainer built the envs
+        ("env.kwargs.personas=/tmp", r"field 'env.kwargs.personas': \[Errno 21\] Is a directory: '/tmp'"),
+        ("env.personas=nope", r"field 'env.personas': no persona bank 'nope': not a file, and not a built-in bank"),
+        ("env.kwargs.user=rule,difficulty=bogus", r"field 'env.kwargs.user': unknown difficulty 'bogus'; known: "),
+        ("env.kwargs.protocol=123", r"field 'env.kwargs.protocol': protocol must be a preset name .* got 123"),
+        ("env.kwargs=[1]", r" 'env.kwargs=\[1\]': Cannot merge incompatible container types"),
+    ],
+)
+def test_a_bad_env_value_is_refused_at_load_naming_its_field(override, message):
+    with pytest.raises(RecipeError, match=r"command-line override.*" + message):
+        load_recipe("agents/tiny-cpu.yaml", [override], algorithm="ppo")
+
+
 def test_changed_settings_lists_every_differing_dotted_key():
     from empathy_gym.agents.trainer import changed_settings
 

@@ -407,8 +407,8 @@ def load_recipe(
             raise RecipeError(f"command-line override {override!r}: expected KEY=VALUE, e.g. {override}=...")
     try:
         merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides or [])))
-    except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
+    except (OmegaConfBaseException, TypeError) as error:  # TypeError: a list over a mapping
+        key = getattr(error, "full_key", None) or " ".join(overrides or [])
         raise RecipeError(f"command-line override {key!r}: {str(error).splitlines()[0]}") from None
     config = OmegaConf.to_object(merged)
     validate(config, lambda key: _place(key, source, overrides or []))
@@ -472,21 +472,33 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
 
 
 def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where: Callable[[str], str]) -> None:
-    """The env's own checks of the ``env.kwargs`` values (``max_turns: -1``...), run at
-    load on an env whose user is a stand-in, so that a bad value is refused before any
-    model loads; the user spec is checked on its own (:func:`env_user_spec`)."""
-    import re
+    """The env's own checks of the ``env.kwargs`` and ``env.personas`` values (``max_turns:
+    -1``, a missing persona file...), run at load on envs whose user is a stand-in, so that a
+    bad value is refused before any model loads: each value alone (naming its field), then
+    all together. A rule user's own ``difficulty`` is looked up too."""
+    import functools
 
+    from empathy_gym.user.difficulty import load_difficulty
     from empathy_gym.user.scripted import ScriptedUser
 
+    def build(**values: Any) -> None:
+        creator(**values, user=ScriptedUser([0])).close()
+
     kwargs = {name: value for name, value in config.env.kwargs.items() if name != "user"}
-    try:
-        creator(**kwargs, user=ScriptedUser([0])).close()
-    except (TypeError, ValueError, KeyError) as error:
-        message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-        named = [name for name in kwargs if re.search(rf"\b{re.escape(name)}\b", message)]
-        field = f"env.kwargs.{named[0]}" if named else "env.kwargs"
-        raise RecipeError(f"{where(field)}: field '{field}': {message}") from None
+    fields = {name: f"env.kwargs.{name}" for name in kwargs}
+    if config.env.personas is not None:  # the trainer puts it over env.kwargs.personas
+        kwargs["personas"], fields["personas"] = config.env.personas, "env.personas"
+    checks = [(fields[name], functools.partial(build, **{name: value})) for name, value in kwargs.items()]
+    spec = env_user_spec(config)
+    if spec is not None and spec.is_rule and "difficulty" in spec.user_kwargs:
+        checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
+    checks.append(("env.kwargs", functools.partial(build, **kwargs)))  # values that clash only together
+    for key, check in checks:
+        try:
+            check()
+        except (TypeError, ValueError, KeyError, OSError) as error:
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            raise RecipeError(f"{where(key)}: field '{key}': {message}") from None
 
 
 def validate(config: TrainerConfig, place: Callable[[str], str | None] | None = None) -> None:

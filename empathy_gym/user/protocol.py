@@ -143,7 +143,8 @@ def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None,
     with keyword ``overrides`` applied (``None`` values ignored).
 
     Raises:
-        KeyError: unknown preset name. TypeError: unknown field. ValueError: bad values.
+        KeyError: unknown preset name. TypeError: unknown field, or not a name, mapping or
+        protocol. ValueError: bad values.
     """
     if protocol is None:
         base = SAGE
@@ -153,8 +154,13 @@ def resolve_protocol(protocol: str | EmotionProtocol | Mapping[str, Any] | None,
         if protocol not in PROTOCOLS:
             raise KeyError(f"unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
         base = PROTOCOLS[protocol]
-    else:
+    elif isinstance(protocol, Mapping):
         base = EmotionProtocol(**dict(protocol))
+    else:
+        raise TypeError(
+            f"protocol must be a preset name {sorted(PROTOCOLS)}, a mapping of fields or an EmotionProtocol, "
+            f"got {protocol!r}"
+        )
     changes = {key: value for key, value in overrides.items() if value is not None}
     return dataclasses.replace(base, **changes) if changes else base
 
