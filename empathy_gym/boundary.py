@@ -371,13 +371,15 @@ def without_injection(text: str) -> str:
     for kind in ("appraisal_json", "appraisal_line"):
         text = INJECTION_PATTERNS[kind].sub("", text)
     while match := INJECTION_PATTERNS["instruction"].search(text):  # the whole sentence goes
-        start = max(text.rfind(end, 0, match.start()) for end in _SENTENCE_ENDS) + 1
-        stops = [i for i in (text.find(end, match.end()) for end in _SENTENCE_ENDS) if i >= 0]
-        text = text[:start] + text[min(stops) + 1 if stops else len(text) :]
+        ends_before = [end.end() for end in _SENTENCE_END.finditer(text, 0, match.start())]
+        end_after = _SENTENCE_END.search(text, match.end())
+        text = text[: ends_before[-1] if ends_before else 0] + (text[end_after.end() :] if end_after else "")
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 
-_SENTENCE_ENDS = (".", "!", "?", "。", "！", "？", "\n")
+#: The end of a sentence: a full stop, ! or ? before a space (not "9.5", "e.g."), or a
+#: Chinese one, or a line break.
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？\n]")
 
 
 __all__ = [
