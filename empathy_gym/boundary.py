@@ -377,8 +377,8 @@ def without_injection(text: str) -> str:
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 
-#: The end of a sentence: a full stop, ! or ? before a space (not "9.5", "e.g."), or a
-#: Chinese one, or a line break.
+#: The end of a sentence: a full stop, ! or ? before a space or the end (not the point of
+#: "9.5"), a Chinese one, or a line break.
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？\n]")
 
 
