@@ -492,7 +492,8 @@ def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where:
     spec = env_user_spec(config)
     if spec is not None and spec.is_rule and "difficulty" in spec.user_kwargs:
         checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
-    checks.append(("env.kwargs", functools.partial(build, **kwargs)))  # values that clash only together
+    if len(kwargs) > 1:  # values that clash only together (one value, or none, was checked above or is a default)
+        checks.append(("env.kwargs", functools.partial(build, **kwargs)))
     for key, check in checks:
         try:
             check()
