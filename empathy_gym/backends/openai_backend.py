@@ -316,9 +316,11 @@ class OpenAIBackend(ChatBackend):
             ) from None
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
+        url = url or self.url
+
         def once() -> dict:
-            with self._transport_errors(url or self.url):
-                response = client.post(url or self.url, json=payload)
+            with self._transport_errors(url):
+                response = client.post(url, json=payload)
             return self._read(response)
 
         with self._giving_up():
