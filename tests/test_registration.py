@@ -19,6 +19,16 @@ GOOD = {
 }
 
 
+@pytest.fixture(autouse=True)
+def forget_registered_envs():
+    """Unregister what a test registered: the CLI's tests list the registry, and saw the
+    ids left by these tests when both ran in one process."""
+    before = set(gym.envs.registry)
+    yield
+    for env_id in set(gym.envs.registry) - before:
+        del gym.envs.registry[env_id]
+
+
 def test_builtin_ids_registered_on_import():
     for env_id, difficulty in [
         ("EmpathyDialogue-v0", "moderate"),
