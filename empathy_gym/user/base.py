@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,7 @@ class UserTurn:
     reply: str
 
 
-def injection_free(requests: Sequence[UserRequest]) -> list[tuple[int, UserRequest]]:
+def _injection_free(requests: Sequence[UserRequest]) -> list[tuple[int, UserRequest]]:
     """``(index, request without its injection)`` for each request that has one."""
     return [
         (index, dataclasses.replace(request, utterance=without_injection(request.utterance), injection=()))
@@ -128,7 +128,7 @@ def injection_free(requests: Sequence[UserRequest]) -> list[tuple[int, UserReque
     ]
 
 
-def lower_change(
+def _lower_change(
     appraisals: Sequence[Appraisal], plain: Sequence[tuple[int, UserRequest]], plain_appraisals: Sequence[Appraisal]
 ) -> list[Appraisal]:
     """``appraisals`` with each injected request's appraisal replaced by its
@@ -138,6 +138,30 @@ def lower_change(
         if appraisal.change < kept[index].change:
             kept[index] = appraisal
     return kept
+
+
+#: What :func:`respond_plan` asks its driver for: ``("appraise", requests)`` -> a list
+#: of :class:`Appraisal`; ``("reply", requests, appraisals, emotions)`` -> a list of str.
+RespondPlan = Generator[tuple, list, "list[UserTurn]"]
+
+
+def respond_plan(requests: Sequence[UserRequest], protocol: EmotionProtocol) -> RespondPlan:
+    """One batched turn of the user, in the order every user follows: appraise, update the
+    emotion with ``protocol``, reply. A request with ``injection`` is appraised twice, as
+    it is and without its injection, and the lower change is kept: injection never raises
+    the emotion. A generator, so that blocking and asyncio drivers
+    (:meth:`SimulatedUser.respond`, ``LLMUser.arespond``) share this one sequence: it
+    yields each call it needs (:data:`RespondPlan`) and returns the list of
+    :class:`UserTurn`, one per request."""
+    if not requests:
+        return []
+    plain = _injection_free(requests)
+    appraisals = yield ("appraise", requests)
+    if plain:
+        appraisals = _lower_change(appraisals, plain, (yield ("appraise", [request for _, request in plain])))
+    emotions = [protocol.apply(request.emotion, appraisal.change) for request, appraisal in zip(requests, appraisals)]
+    replies = yield ("reply", requests, appraisals, emotions)
+    return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
 
 
 class SimulatedUser(abc.ABC):
@@ -172,18 +196,16 @@ class SimulatedUser(abc.ABC):
         new emotion (int in [0, 100])."""
 
     def respond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
-        """Appraise, update the emotion with ``protocol``, and reply, for a batch. A request
-        with ``injection`` is appraised twice, as it is and without its injection, and the
-        lower change is kept: injection never raises the emotion."""
-        if not requests:
-            return []
-        plain = injection_free(requests)
-        appraisals = lower_change(self.appraise(requests), plain, self.appraise([r for _, r in plain]) if plain else [])
-        emotions = [
-            protocol.apply(request.emotion, appraisal.change) for request, appraisal in zip(requests, appraisals)
-        ]
-        replies = self.reply(requests, appraisals, emotions)
-        return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
+        """Appraise, update the emotion with ``protocol``, and reply, for a batch
+        (:func:`respond_plan`: an injected request's lower appraisal is kept)."""
+        plan = respond_plan(requests, protocol)
+        try:
+            call = next(plan)
+            while True:
+                name, *args = call
+                call = plan.send(getattr(self, name)(*args))
+        except StopIteration as done:
+            return done.value
 
     async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
         """:meth:`opening` for asyncio: same arguments, results and errors. By default

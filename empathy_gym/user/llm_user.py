@@ -28,15 +28,7 @@ import numpy as np
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
 from empathy_gym.user import prompts
-from empathy_gym.user.base import (
-    Appraisal,
-    SimulatedUser,
-    SimulatorError,
-    UserRequest,
-    UserTurn,
-    injection_free,
-    lower_change,
-)
+from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest, UserTurn, respond_plan
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
@@ -450,19 +442,14 @@ class LLMUser(SimulatedUser):
     async def arespond(self, requests: Sequence[UserRequest], protocol: EmotionProtocol) -> list[UserTurn]:
         if not self.native_async:
             return await super().arespond(requests, protocol)
-        if not requests:
-            return []
-        plain = injection_free(requests)
-        appraisals = lower_change(
-            await self._arun(self._appraise(requests)),
-            plain,
-            await self._arun(self._appraise([r for _, r in plain])) if plain else [],
-        )
-        emotions = [
-            protocol.apply(request.emotion, appraisal.change) for request, appraisal in zip(requests, appraisals)
-        ]
-        replies = await self._arun(self._reply(requests, appraisals, emotions))
-        return [UserTurn(a, e, r) for a, e, r in zip(appraisals, emotions, replies)]
+        plan = respond_plan(requests, protocol)
+        try:
+            call = next(plan)
+            while True:
+                name, *args = call
+                call = plan.send(await self._arun(getattr(self, f"_{name}")(*args)))
+        except StopIteration as done:
+            return done.value
 
     # -- drivers -----------------------------------------------------------------
     def _run(self, steps: Steps[T]) -> T:
