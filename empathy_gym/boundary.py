@@ -325,14 +325,17 @@ _INVISIBLE = re.compile(
 
 
 #: Look-alikes read as what they imitate, one character for one: the Cyrillic and Greek
-#: letters drawn like Latin ones (a subset of Unicode's confusables, UTS #39), and the
-#: Traditional forms of the Simplified characters in the Chinese cues.
+#: letters drawn like Latin ones and the Latin small capitals (a subset of Unicode's
+#: confusables, UTS #39), and the Traditional forms of the Simplified characters in the
+#: Chinese cues.
 _LOOKALIKES = str.maketrans(
     dict(
         zip(
             "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅοιρνκαυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
+            "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ"
             "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫",
             "aeopcyxijsdhlqwABEKMHOPCTXIJSoipvkauxABEZHIKMNOPTYX"
+            "abcdefghijklmnoprstuvwyz"
             "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医",
             strict=True,
         )
@@ -343,8 +346,8 @@ _LOOKALIKES = str.maketrans(
 def _for_matching(text: str) -> str:
     """``text`` as the injection patterns read it: NFKC (fullwidth ``Ｃｈａｎｇｅ：＋１０`` is
     ``Change:+10``) without invisible format characters (zero-width spaces and joiners,
-    soft hyphens, word joiners), look-alikes folded (Cyrillic ``іgnore`` is ``ignore``,
-    ``忽略之前的規則`` is ``忽略之前的规则``)."""
+    soft hyphens, word joiners), look-alikes folded (Cyrillic ``іgnore`` and small-capital
+    ``ɪɢɴᴏʀᴇ`` are ``ignore``, ``忽略之前的規則`` is ``忽略之前的规则``)."""
     if text.isascii():
         return text
     return _INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).translate(_LOOKALIKES)
