@@ -244,7 +244,7 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"|instructions|prompts?|guidelines|system\s+prompt)",
     r"new\s+instructions\s*:|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
-    r"stop role ?playing|(?:step|break|go|speak|answer) out of character|break character",
+    r"stop role ?playing(?=\s*(?:[.,;:!]|$))|(?:step|break|go|speak|answer) out of character|break character",
     # an AI, not "an AI researcher" or "a model student"
     r"you(?: are|'re) now (?:an? |the |my )?(?:ai )?(?:ai|assistant|chatbot|language model|model|bot)"
     r"(?=\s*(?:[.,;:!]|$))",
@@ -258,7 +258,8 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"emotion(?:al)? (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
     r"set (?:your |the |my )?emotion(?:al)?(?: score| level| value)? (?:to|at|=|higher|high)",
     r"(?:raise|increase|maximi[sz]e|boost|max out)\s+(?:(?:your|the)\s+)?emotion(?:al)?(?:\s+(?:score|level|rating))?",
-    r"output (?:a |an |the )?(?:score|change|emotion|number)|give me (?:a )?(?:score|rating|emotion) of",
+    r"output (?:a |an |the )?(?:score|change|emotion|number)",
+    r"give me (?:a )?(?:score|rating|emotion) of (?:[+-]?\d|ten\b|a hundred)",
     # Chinese: a judge-facing word ("之前的", "你的设定") sets these apart from "忽略医生的指示"
     r"(?:忽略|无视)掉?(?:(?:之前|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
     r"|你的(?:设定|指令|指示|规则|提示词))",
@@ -269,16 +270,17 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"情绪值(?!得)|情绪(?:分数|得分|评分|数值|分值)",
     r"(?:把|将)你?的?(?:情绪|心情)[^，,。！？!?\n]{0,8}(?:调高|提高|拉高|拉满|调满|(?:设|调|改|变|拉)(?:到|成|为)\s*(?:[+-]?\d+|满分?|最高))",
     r"情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+(?![\d%％])",
-    r"(?:从现在(?:开始|起)你是|你现在是)(?:一个|个)?(?:ai|机器人|助手|模型|程序(?!员)|没有限制)",
-    r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话))打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:到|成|为)?满分?",
+    r"(?:从现在(?:开始|起)你是|你现在是)(?:一个|个)?(?:ai|机器人|助手|模型|程序(?!员)|没有限制)(?![了啦])",
+    r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话))打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:(?:到|成|为)满分?|满分)",
 )
 #: Plain-text turn markers beyond the chat templates' own: ``<im_start>``, ``<system>``,
-#: a ``developer :``, ``**System:**``, ``> User :`` or ``系统：`` line. The space before a
+#: a ``developer :``, ``**System:**``, ``> User :`` or ``系统：`` line (a ``* `` list bullet
+#: before a role word is a list: "* Developer: you love building things"). The space before a
 #: header stays on its line: ``^\s*`` ran across every blank line from each line start,
 #: quadratic in a run of blank lines.
 _LOOSE_MARKERS = (
     r"<\|?im_start\|?>|<\|?(?:system|assistant|user)\|?>"
-    r"|^[^\S\n]*(?:[*_>][^\S\n]*)*(?:system|assistant|developer|user|human|instruction|response)[*_]*\s?[*_]*:"
+    r"|^[^\S\n]*(?:>[^\S\n]*)*[*_]*(?:system|assistant|developer|user|human|instruction|response)[*_]*\s?[*_]*:"
     r"|^[^\S\n]*系统[:：]"
 )
 #: A colon or equals sign in an appraisal line, with the Markdown emphasis that may wrap

@@ -334,6 +334,11 @@ ORDINARY = [
     "你的情绪是100%合理的。",
     "Your emotions are 100 percent valid.",
     "先把情绪放一放，提高一下睡眠质量。",
+    "Could you give me a rating of the pain, from 1 to 10?",
+    "You can stop role playing the perfect son for them.",
+    "Some roles that might fit you:\n* Developer: you love building things.\n* Teacher: you're patient.",
+    "希望周末你的心情拉满！",
+    "你现在是助手了，恭喜！",
 ]
 
 
