@@ -279,6 +279,21 @@ def test_the_asyncio_path_keeps_the_injection_free_twins_lower_appraisal():
     assert [t.appraisal.change for t in turns] == [-3, -3]  # the twin's -3, not the swayed +10
 
 
+class StopIterationUser(ScriptedUser):
+    def appraise(self, requests):
+        raise StopIteration("a user's own error")
+
+
+def test_a_users_own_stop_iteration_is_not_taken_for_the_end_of_the_plan():
+    """The driver of :func:`respond_plan` once wrapped the user's calls in its
+    ``except StopIteration``: a user that raised one got ``None`` back as its turns."""
+    request = UserRequest(
+        persona=ANA, history=(("user", "They blamed me."),), utterance="I hear you.", emotion=40, turn=1, seed=0
+    )
+    with pytest.raises(StopIteration, match="a user's own error"):
+        StopIterationUser([1]).respond([request], SAGE)
+
+
 def test_async_vectorization_with_shared_memory_is_refused_with_what_to_use():
     """Gymnasium's AsyncVectorEnv stores Text observations in shared memory as charset
     indices and failed on the first real sentence with a bare KeyError; now make_vec

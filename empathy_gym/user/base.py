@@ -145,6 +145,18 @@ def _lower_change(
 RespondPlan = Generator[tuple, list, "list[UserTurn]"]
 
 
+def advance(plan: Generator, outcome: tuple[Any, BaseException | None] = (None, None)) -> tuple[Any, Any]:
+    """Send the last call's ``(result, exception)`` into the generator ``plan`` (the
+    exception is raised at its ``yield``): ``(its next call, None)``, or ``(None, value)``
+    once it returns. The caller's own calls stay outside, so a ``StopIteration`` they
+    raise is not taken for the plan's end."""
+    result, error = outcome
+    try:
+        return (plan.throw(error) if error is not None else plan.send(result)), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
 def respond_plan(requests: Sequence[UserRequest], protocol: EmotionProtocol) -> RespondPlan:
     """One batched turn of the user, in the order every user follows: appraise, update the
     emotion with ``protocol``, reply. A request with ``injection`` is appraised twice, as
@@ -199,13 +211,11 @@ class SimulatedUser(abc.ABC):
         """Appraise, update the emotion with ``protocol``, and reply, for a batch
         (:func:`respond_plan`: an injected request's lower appraisal is kept)."""
         plan = respond_plan(requests, protocol)
-        try:
-            call = next(plan)
-            while True:
-                name, *args = call
-                call = plan.send(getattr(self, name)(*args))
-        except StopIteration as done:
-            return done.value
+        call, turns = advance(plan)
+        while call is not None:
+            name, *args = call
+            call, turns = advance(plan, (getattr(self, name)(*args), None))
+        return turns
 
     async def aopening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
         """:meth:`opening` for asyncio: same arguments, results and errors. By default

@@ -28,7 +28,7 @@ import numpy as np
 from empathy_gym.backends.base import ChatBackend, ChoiceScoringUnavailable
 from empathy_gym.personas import Persona
 from empathy_gym.user import prompts
-from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest, UserTurn, respond_plan
+from empathy_gym.user.base import Appraisal, SimulatedUser, SimulatorError, UserRequest, UserTurn, advance, respond_plan
 from empathy_gym.user.difficulty import Difficulty, load_difficulty
 from empathy_gym.user.prompts import APPRAISAL_STEPS, REPLY_STEPS
 from empathy_gym.user.protocol import SAGE, EmotionProtocol
@@ -85,18 +85,6 @@ class PromptTooLongError(SimulatorError):
 BackendCall = tuple[str, tuple, dict]
 T = TypeVar("T")
 Steps = Generator[BackendCall, Any, T]
-
-
-def _resume(
-    steps: Steps[T], outcome: tuple[Any, BaseException | None] = (None, None)
-) -> tuple[BackendCall | None, Any]:
-    """Send the last backend call's ``(result, exception)`` into ``steps`` (the exception
-    is raised at their ``yield``): their next call, or ``(None, value)`` once they return."""
-    result, error = outcome
-    try:
-        return (steps.throw(error) if error is not None else steps.send(result)), None
-    except StopIteration as stop:
-        return None, stop.value
 
 
 def _parse_json(text: str, validator: jsonschema.protocols.Validator) -> tuple[dict[str, Any] | None, str | None]:
@@ -443,32 +431,30 @@ class LLMUser(SimulatedUser):
         if not self.native_async:
             return await super().arespond(requests, protocol)
         plan = respond_plan(requests, protocol)
-        try:
-            call = next(plan)
-            while True:
-                name, *args = call
-                call = plan.send(await self._arun(getattr(self, f"_{name}")(*args)))
-        except StopIteration as done:
-            return done.value
+        call, turns = advance(plan)
+        while call is not None:
+            name, *args = call
+            call, turns = advance(plan, (await self._arun(getattr(self, f"_{name}")(*args)), None))
+        return turns
 
     # -- drivers -----------------------------------------------------------------
     def _run(self, steps: Steps[T]) -> T:
         """Run ``steps``, answering each backend call with the blocking method; a call's
         exception is thrown back into ``steps`` at the ``yield``."""
-        call, value = _resume(steps)
+        call, value = advance(steps)
         while call is not None:
             name, args, kwargs = call
             try:
                 outcome = getattr(self.backend, name)(*args, **kwargs), None
             except Exception as exc:  # noqa: BLE001 (handed back to the logic)
                 outcome = None, exc
-            call, value = _resume(steps, outcome)
+            call, value = advance(steps, outcome)
         return value
 
     async def _arun(self, steps: Steps[T]) -> T:
         """:meth:`_run` with the backend's ``a<name>`` twin awaited where it has one, else
         the blocking method in a worker thread."""
-        call, value = _resume(steps)
+        call, value = advance(steps)
         while call is not None:
             name, args, kwargs = call
             native = getattr(self.backend, "a" + name, None)
@@ -480,7 +466,7 @@ class LLMUser(SimulatedUser):
                 outcome = result, None
             except Exception as exc:  # noqa: BLE001 (handed back to the logic)
                 outcome = None, exc
-            call, value = _resume(steps, outcome)
+            call, value = advance(steps, outcome)
         return value
 
     def close(self) -> None:
