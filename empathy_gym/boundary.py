@@ -335,17 +335,12 @@ _INVISIBLE = re.compile(
 #: confusables, UTS #39), and the Traditional forms of the Simplified characters in the
 #: Chinese cues.
 _LOOKALIKES = str.maketrans(
-    dict(
-        zip(
-            "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅοιρνκαυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
-            "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ"
-            "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫",
-            "aeopcyxijsdhlqwABEKMHOPCTXIJSoipvkauxABEZHIKMNOPTYX"
-            "abcdefghijklmnoprstuvwyz"
-            "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医",
-            strict=True,
-        )
-    )
+    "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅοιρνκαυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
+    "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ"
+    "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫",
+    "aeopcyxijsdhlqwABEKMHOPCTXIJSoipvkauxABEZHIKMNOPTYX"
+    "abcdefghijklmnoprstuvwyz"
+    "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医",
 )
 
 
@@ -417,6 +412,7 @@ def without_injection(text: str) -> str:
         'That sounds hard.'
     """
     chars, origin = _for_matching_with_origin(text)
+    readable = list(dict.fromkeys(origin))  # indices of the characters read as something
 
     def cut(start: int, end: int) -> None:
         del chars[start:end], origin[start:end]
@@ -430,17 +426,18 @@ def without_injection(text: str) -> str:
     if instruction := INJECTION_PATTERNS["instruction"].search(read):  # its payload follows it
         ends_before = [end.end() for end in _SENTENCE_END.finditer(read, 0, instruction.start())]
         cut(ends_before[-1] if ends_before else 0, len(chars))
-    return re.sub(r"[ \t]{2,}", " ", _as_written(text, origin)).strip()
+    return re.sub(r"[ \t]{2,}", " ", _as_written(text, readable, set(origin))).strip()
 
 
-def _as_written(text: str, origin: Sequence[int]) -> str:
-    """The characters of ``text`` that ``origin`` still holds, each with the characters
-    read as nothing (accents, joiners, variation selectors) that follow it."""
-    kept = set(origin)
-    keep = bool(origin) and origin[0] == next(i for i, char in enumerate(text) if _for_matching(char))
+def _as_written(text: str, readable: Sequence[int], kept: set[int]) -> str:
+    """The characters of ``text`` whose indices are ``kept``, each with the characters read
+    as nothing (accents, joiners, variation selectors) that follow it; ``readable``: the
+    ascending indices of the characters read as something."""
+    readable_set = set(readable)
+    keep = bool(readable) and readable[0] in kept
     out = []
     for index, char in enumerate(text):
-        if _for_matching(char):
+        if index in readable_set:
             keep = index in kept
         if keep:
             out.append(char)
