@@ -133,6 +133,23 @@ def build_policy(shape: dict, device, dtype):
     return model
 
 
+class StepClock:
+    """A trainer callback that prints each step as it ends, so that a run cut off by the
+    machine's time limit still shows how far it got (the table comes only at the end)."""
+
+    def __init__(self, started: float):
+        self.started = started
+
+    def on_train_begin(self, trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer, step: int, trajectories) -> None:
+        print(f"step {step} ended at {time.perf_counter() - self.started:.0f} s", flush=True)
+
+    def on_train_end(self, trainer) -> None:
+        pass
+
+
 def gib(value: float | None) -> str:
     """A table cell: GiB to two decimals, ``-`` where nothing was measured (CPU)."""
     return "-" if value is None else f"{value:.2f}"
@@ -227,8 +244,9 @@ def main(argv: list[str] | None = None) -> str:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as output_dir:
-        trainer = PPOTrainer(recipe(args, output_dir), model=model, tokenizer=tokenizer)
+        trainer = PPOTrainer(recipe(args, output_dir), model=model, tokenizer=tokenizer, callbacks=[StepClock(started)])
         built = time.perf_counter()
+        print(f"built in {built - started:.0f} s", flush=True)
         metrics = trainer.train()
         plan = trainer.memory_plan
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
