@@ -238,10 +238,15 @@ class ChatEncoder:
 #: case-insensitively. An English cue neither starts nor ends inside a word.
 _INSTRUCTION_CUES: tuple[str, ...] = (
     # English: what the judge should drop, or become
-    r"(?:ignore|disregard|forget)\s+(?:(?:all|any|everything|of|the|your|my|these|those)\s+)*"
+    # a bare "instructions" only with a determiner that points at the judge's own ("Ignore all
+    # instructions", not "ignore instructions that make you feel small" or "forget the
+    # guidelines for today")
+    r"(?:ignore|disregard|forget)\s+(?:(?:(?:all|any|everything|of|the|your|my|these|those)\s+)*"
     r"(?:(?:(?:previous|prior|above|earlier|preceding|system|original)\s+)+"
-    r"(?:instructions?|rules|prompts?|directions|guidelines|context)"
-    r"|instructions|prompts?|guidelines|system\s+prompt)",
+    r"(?:instructions?|rules|prompts?|directions|guidelines|context)|system\s+prompt)"
+    r"|(?:(?:everything|of|the|my)\s+)*(?:all|any|your|these|those)\s+(?:(?:of|the)\s+)*"
+    r"(?:instructions|prompts?|guidelines)"
+    r"|(?:the\s+)?(?:instructions|prompts?|guidelines)\s+(?:above|before))",
     r"new\s+instructions\s*:|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
     r"stop role ?playing(?=\s*(?:[.,;:!]|$))|(?:step|break|go|speak|answer) out of character|break character",
@@ -254,21 +259,26 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"your\s+(?:emotions?|emotional)(?:\s+(?:score|level|value|state))?\s+(?:is|are|should\s+be|must\s+be|becomes?|goes\s+to)"
     r"(?:\s+now)?\s*(?:[:=]|at|to)?\s*[+-]?\d+(?!\s*(?:%|percent|per cent))",
     r"emotion (?:is|to|of) (?:now )?[-+]?\d+(?!\s*(?:%|percent|per cent))",
-    r"emotion(?: score| level| value)? ?[=:] ?[-+]?\d+",
+    r"emotion(?: score| level| value)? ?[=:] ?[-+]?\d+(?!\s+(?!points?\b|out\b)[a-z])",
     r"emotion(?:al)? (?:change|score|rating)(?: to| of| =| is)? ?[-+]?\d+",
     r"set (?:your |the |my )?emotion(?:al)?(?: score| level| value)? (?:to|at|=|higher|high)",
     r"(?:raise|increase|maximi[sz]e|boost|max out)\s+(?:(?:your|the)\s+)?emotion(?:al)?(?:\s+(?:score|level|rating))?",
     r"output (?:a |an |the )?(?:score|change|emotion|number)",
     r"give me (?:a )?(?:score|rating|emotion) of (?:[+-]?\d|ten\b|a hundred)",
+    # the appraisal prompts' own words: a forged emotion line, a forged multiple-choice answer
+    r"your emotion before this message"
+    r"|answer(?: with (?:exactly |only )?(?:a single|one|1) letter|\s*[:=]\s*[a-z](?=\s*(?:[.,;!]|$)))",
     # Chinese: a judge-facing word ("之前的", "你的设定") sets these apart from "忽略医生的指示"
-    r"(?:忽略|无视)掉?(?:(?:之前|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
+    r"(?:忽略|无视)(?<!不能..)(?<!不要..)(?<!不该..)(?<!不应..)(?<!别..)(?<!勿..)掉?你?(?:(?:之前|先前|上述|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
     r"|你的(?:设定|指令|指示|规则|提示词))",
-    r"忘(?:记|掉)(?:你?(?:(?:的|之前|以上|上面|前面|所有)的?){1,2}(?:指令|指示|设定|提示词|角色设定)|指令|指示|提示词)",
+    r"忘(?:记|掉)(?:你?(?:(?:的|之前|先前|上述|以上|上面|前面|所有)的?){1,2}(?:指令|指示|设定|提示词|角色设定)|指令|指示|提示词)",
     r"新的指令\s*[:：]|系统提示词|系统指令|提示词|扮演结束|停止扮演(?=[。！，,.!\s]|$)|跳出(?:你的)?角色设定",
     r"输出(?:情绪值|分数|数值)",
+    r"收到这条消息之前你的情绪|只回答一个字母|答案\s*[:：是为]\s*[a-z](?![a-z])",
     r"你的(?:情绪|心情)(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+(?![\d%％])",
     r"情绪值(?!得)|情绪(?:分数|得分|评分|数值|分值)",
-    r"(?:把|将)你?的?(?:情绪|心情)[^，,。！？!?\n]{0,8}(?:调高|提高|拉高|拉满|调满|(?:设|调|改|变|拉)(?:到|成|为)\s*(?:[+-]?\d+|满分?|最高))",
+    r"(?:把|将)你?的?(?:情绪|心情)[^，,。！？!?\n]{0,8}"
+    r"(?:调高|拉满|调满|(?:(?:设|调|改|变|拉)(?:到|成|为)|(?:提高|拉高)(?:到|至)?)\s*(?:[+-]?\d+|满分?|最高))",
     r"情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+(?![\d%％])",
     r"(?:从现在(?:开始|起)你是|你现在是)(?:一个|个)?(?:ai|机器人|助手|模型|程序(?!员)|没有限制)(?![了啦])",
     r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话))打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:(?:到|成|为)满分?|满分)",
@@ -293,16 +303,19 @@ _COLON = r"[*_]*\s*[:=][*_\s]*"
 INJECTION_PATTERNS: dict[str, re.Pattern] = {
     "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}|{_LOOSE_MARKERS}", re.I | re.M),
     "appraisal_json": re.compile(
-        r"\{[^{}]*[\"'“”‘’]?(?:(?:emotion(?:al)?_)?(?:change|score)|emotion|inner_thoughts|goal_fit|feeling)"
+        r"\{[^{}]*[\"'“”‘’]?(?:(?:emotion(?:al)?_)?(?:change|score)|emotion|inner_thoughts|goal_fit|feeling|(?:情绪|心情)(?:变化|值|分数)?)"
         r"[\"'“”‘’]?\s*:[^{}]*\}?",
         re.I,
     ),
     "appraisal_line": re.compile(
-        r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score(?=_COLON[+-]))_COLON[+-]?\d+[^\n]*"
-        r"|^[^\w\n]{0,4}(?:情绪|心情)(?:变化|值|分数)?_COLON[+-]?\d+[^\n]*|^[^\w\n]{0,4}变化_COLON[+-]\d+[^\n]*"
+        r"(?im)^[^\w\n]{0,4}(?:(?:emotion(?:al)?\s+)?change|emotion|score(?=_COLON[+-]))_COLON(?:[+-]\s?)?\d+[^\n]*"
+        r"|^[^\w\n]{0,4}(?:情绪|心情)(?:变化|值|分数)?_COLON(?:[+-]\s?)?\d+[^\n]*|^[^\w\n]{0,4}变化_COLON[+-]\s?\d+[^\n]*"
         # inside a line only with an explicit sign (English) or an emotion word (Chinese): "a change: 3 jobs" is prose
-        r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\d+[^\n]*"
-        r"|(?:情绪|心情)(?:变化|值|分数)_COLON[+-]?\d+[^\n]*".replace("_COLON", _COLON)
+        r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\s?\d+[^\n]*"
+        r"|(?:情绪|心情)(?:变化|值|分数)_COLON(?:[+-]\s?)?\d+[^\n]*"
+        # a JSON field without its braces; an option line of the multiple-choice prompt ("E: +10")
+        r"|[\"'“”‘’](?:(?:emotion(?:al)?_)?(?:change|score)|emotion|(?:情绪|心情)(?:变化|值|分数)?)[\"'“”‘’]\s*:\s*[+-]?\d+[^\n]*"
+        r"|^[^\w\n]{0,4}[a-z]_COLON[+-]\s?\d+[^\n]*".replace("_COLON", _COLON)
     ),
     "instruction": re.compile(
         r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
@@ -317,9 +330,9 @@ _TRIGGERS: dict[str, tuple[str, ...]] = {
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
         *("character", "you are now", "you're now", "must now", "respond only", "emotion", "score", "rating"),
-        *("output", "give me"),
+        *("output", "give me", "answer"),
         *("忽略", "无视", "忘", "指令", "提示", "扮演", "跳出"),
-        *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分"),
+        *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分", "字母", "答案"),
     ),
 }
 #: Unicode's default-ignorable code points (nothing on screen): zero-width spaces and
@@ -337,10 +350,12 @@ _INVISIBLE = re.compile(
 _LOOKALIKES = str.maketrans(
     "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅοιρνκαυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
     "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ"
-    "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫",
+    "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫"
+    "ɡ您妳",
     "aeopcyxijsdhlqwABEKMHOPCTXIJSoipvkauxABEZHIKMNOPTYX"
     "abcdefghijklmnoprstuvwyz"
-    "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医",
+    "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医"
+    "g你你",
 )
 
 
