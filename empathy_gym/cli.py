@@ -24,7 +24,8 @@ from rich.table import Table
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 
 EXIT_CODES = (
-    "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; 130 interrupted (Ctrl-C); "
+    "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; "
+    "130 interrupted (Ctrl-C; SIGTERM in training); "
     "141 the output's reader went away (| head), the work done and saved."
 )
 #: 128 + SIGPIPE, what a shell reports for a program killed by writing to a closed pipe

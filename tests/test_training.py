@@ -108,6 +108,24 @@ def test_ctrl_c_mid_rollout_keeps_finished_episodes_and_the_last_checkpoint(tmp_
     assert steps == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4  # step 3's partial episodes were replaced
 
 
+def test_sigterm_mid_rollout_saves_like_ctrl_c_and_the_handlers_are_restored(tmp_path):
+    """A scheduler's SIGTERM (Slurm, Kubernetes) before its kill: before, it killed the run at
+    once, losing the step in flight; now it stops after the step like Ctrl-C, checkpointed."""
+    calls = {"n": 0}
+
+    def terminate_in_step_2(request):
+        calls["n"] += 1
+        if calls["n"] == 9:  # 4 dialogues x 2 turns a step: call 9 is in step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    run = trainer(tmp_path, "ppo", "run", 10, user=word_user(hook=terminate_in_step_2), extra=("save_steps=0",))
+    run.train()
+    assert run.step == 1
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000001"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_fresh_run_refuses_a_used_output_dir(tmp_path):
     trainer(tmp_path, "ppo", "used", 1).train()
     with pytest.raises(FileExistsError, match="--resume"):

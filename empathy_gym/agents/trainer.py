@@ -793,7 +793,7 @@ class RLTrainer:
         self._saved_step = self.step if resume_step is not None else -1
         if main and self.memory_plan is not None:
             (Path(config.output_dir) / "memory_plan.txt").write_text(self.memory_plan.table() + "\n", encoding="utf-8")
-        previous_handler = self._install_interrupt_handler()
+        previous_handlers = self._install_interrupt_handler()
         # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(
             total=config.total_steps,
@@ -808,8 +808,8 @@ class RLTrainer:
                 if not self._run_step(self.step + 1, bar):
                     break
         finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
+            for signum, previous in previous_handlers.items():
+                signal.signal(signum, previous)
             if not self._dirty and self.step > self._saved_step and self.step > 0:
                 self.save()  # first: nothing below may cost the checkpoint
             bar.close()
@@ -1004,17 +1004,24 @@ class RLTrainer:
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return metrics
 
-    def _install_interrupt_handler(self) -> Any:
+    def _install_interrupt_handler(self) -> dict[int, Any]:
+        """Ctrl-C, or the SIGTERM a scheduler (Slurm, Kubernetes) sends before it kills: finish
+        the current phase, save, stop; a second signal aborts. Returns the handlers it replaced
+        (none off the main thread, where Python cannot install any)."""
         if threading.current_thread() is not threading.main_thread():
-            return None
+            return {}
 
         def handler(signum: int, frame: Any) -> None:
             if self._stop:
                 raise KeyboardInterrupt
             self._stop = True
-            log.warning("Ctrl-C: finishing the current phase, then saving; press Ctrl-C again to abort")
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            log.warning("%s: finishing the current phase, then saving; send it again to abort", name)
 
-        return signal.signal(signal.SIGINT, handler)
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+        for signum in previous:
+            signal.signal(signum, handler)
+        return {signum: handler for signum, handler in previous.items() if handler is not None}
 
     # -- checkpoints ---------------------------------------------------------------
     def save(self) -> Path | None:
