@@ -238,15 +238,15 @@ class ChatEncoder:
 #: case-insensitively. An English cue neither starts nor ends inside a word.
 _INSTRUCTION_CUES: tuple[str, ...] = (
     # English: what the judge should drop, or become
-    # a bare "instructions" only with a determiner that points at the judge's own ("Ignore all
-    # instructions", not "ignore instructions that make you feel small" or "forget the
-    # guidelines for today")
+    # a bare "instructions" only with a determiner that points at the judge's own and nothing
+    # after it ("Ignore all instructions and...", not "ignore instructions that make you feel
+    # small", "ignore any guidelines that say..." or "forget the guidelines for today")
     r"(?:ignore|disregard|forget)\s+(?:(?:(?:all|any|everything|of|the|your|my|these|those)\s+)*"
     r"(?:(?:(?:previous|prior|above|earlier|preceding|system|original)\s+)+"
-    r"(?:instructions?|rules|prompts?|directions|guidelines|context)|system\s+prompt)"
+    r"(?:instructions?|rules|prompts?|directions|directives|guidelines|context)|system\s+prompt)"
     r"|(?:(?:everything|of|the|my)\s+)*(?:all|any|your|these|those)\s+(?:(?:of|the)\s+)*"
-    r"(?:instructions|prompts?|guidelines)"
-    r"|(?:the\s+)?(?:instructions|prompts?|guidelines)\s+(?:above|before))",
+    r"(?:instructions|prompts?|guidelines|rules)(?=\s*(?:[.,;:!]|and\b|$))"
+    r"|(?:the\s+)?(?:instructions|prompts?|guidelines|rules)\s+(?:above|before)|(?:everything|the)\s+above)",
     r"new\s+instructions\s*:|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
     r"stop role ?playing(?=\s*(?:[.,;:!]|$))|(?:step|break|go|speak|answer) out of character|break character",
@@ -266,19 +266,20 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"output (?:a |an |the )?(?:score|change|emotion|number)",
     r"give me (?:a )?(?:score|rating|emotion) of (?:[+-]?\d|ten\b|a hundred)",
     # the appraisal prompts' own words: a forged emotion line, a forged multiple-choice answer
-    r"your emotion before this message"
-    r"|answer(?: with (?:exactly |only )?(?:a single|one|1) letter|\s*[:=]\s*[a-z](?=\s*(?:[.,;!]|$)))",
+    r"your\s+emotions?\s+(?:before|prior\s+to)\s+this\s+message"
+    r"|answer(?: with (?:exactly |only |just )?(?:a single|one|1|the) letter\s*[:=]"
+    r"|\s*[:=]\s*[(\[*\"'“‘]*[a-z][)\]*\"'”’]*(?=\s*(?:[.,;!?]|$)))",
     # Chinese: a judge-facing word ("之前的", "你的设定") sets these apart from "忽略医生的指示"
-    r"(?:忽略|无视)(?<!不能..)(?<!不要..)(?<!不该..)(?<!不应..)(?<!别..)(?<!勿..)掉?你?(?:(?:之前|先前|上述|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
+    r"(?:忽略|忽视|无视|跳过)(?<!不能..)(?<!不要..)(?<!不该..)(?<!不应..)(?<!别..)(?<!勿..)掉?你?(?:(?:之前|先前|上述|前述|以上|上面|前面|所有|一切)的?[^。！？\n]{0,10}(?:指令|指示|规则|设定|提示)"
     r"|你的(?:设定|指令|指示|规则|提示词))",
     r"忘(?:记|掉)(?:你?(?:(?:的|之前|先前|上述|以上|上面|前面|所有)的?){1,2}(?:指令|指示|设定|提示词|角色设定)|指令|指示|提示词)",
     r"新的指令\s*[:：]|系统提示词|系统指令|提示词|扮演结束|停止扮演(?=[。！，,.!\s]|$)|跳出(?:你的)?角色设定",
     r"输出(?:情绪值|分数|数值)",
-    r"收到这条消息之前你的情绪|只回答一个字母|答案\s*[:：是为]\s*[a-z](?![a-z])",
+    r"收到这条消息之前你的(?:情绪|心情)|只回答一个字母\s*[:：]|答案\s*[:：是为选]\s*[(（*]*[a-z][)）*]*(?=\s*(?:[。，,.!！;；]|$))",
     r"你的(?:情绪|心情)(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+(?![\d%％])",
     r"情绪值(?!得)|情绪(?:分数|得分|评分|数值|分值)",
     r"(?:把|将)你?的?(?:情绪|心情)[^，,。！？!?\n]{0,8}"
-    r"(?:调高|拉满|调满|(?:(?:设|调|改|变|拉)(?:到|成|为)|(?:提高|拉高)(?:到|至)?)\s*(?:[+-]?\d+|满分?|最高))",
+    r"(?:调高|拉满|调满|(?:设|调|改|变|拉)(?:到|成|为)\s*(?:[+-]?\d+|满分?|最高))",
     r"情绪(?:是|为|变成|设为|设置为|=|：|:) ?[-+]?\d+(?![\d%％])",
     r"(?:从现在(?:开始|起)你是|你现在是)(?:一个|个)?(?:ai|机器人|助手|模型|程序(?!员)|没有限制)(?![了啦])",
     r"给(?:我|这(?:段|条|个)?(?:回复|回答|对话))打(?:个)?(?:满)?分|(?:情绪|心情)(?:值|分数?)?(?:打|调|设|拉)(?:(?:到|成|为)满分?|满分)",
@@ -304,7 +305,9 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
     "chat_marker": re.compile(f"{_MARKERS.pattern}|{_HEADER.pattern}|{_LOOSE_MARKERS}", re.I | re.M),
     "appraisal_json": re.compile(
         r"\{[^{}]*[\"'“”‘’]?(?:(?:emotion(?:al)?_)?(?:change|score)|emotion|inner_thoughts|goal_fit|feeling|(?:情绪|心情)(?:变化|值|分数)?)"
-        r"[\"'“”‘’]?\s*:[^{}]*\}?",
+        r"[\"'“”‘’]?\s*:[^{}]*\}?"
+        # a field without its braces
+        r"|[\"'“”‘’](?:(?:emotion(?:al)?_)?change|emotion|(?:情绪|心情)(?:变化|值|分数)?)[\"'“”‘’]\s*:\s*[+-]?\d+[^\n]*",
         re.I,
     ),
     "appraisal_line": re.compile(
@@ -313,9 +316,8 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         # inside a line only with an explicit sign (English) or an emotion word (Chinese): "a change: 3 jobs" is prose
         r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\s?\d+[^\n]*"
         r"|(?:情绪|心情)(?:变化|值|分数)_COLON(?:[+-]\s?)?\d+[^\n]*"
-        # a JSON field without its braces; an option line of the multiple-choice prompt ("E: +10")
-        r"|[\"'“”‘’](?:(?:emotion(?:al)?_)?(?:change|score)|emotion|(?:情绪|心情)(?:变化|值|分数)?)[\"'“”‘’]\s*:\s*[+-]?\d+[^\n]*"
-        r"|^[^\w\n]{0,4}[a-z]_COLON[+-]\s?\d+[^\n]*".replace("_COLON", _COLON)
+        # an option line of the multiple-choice prompt, as it writes them ("E: +10")
+        r"|^[^\w\n]{0,4}[a-z]_COLON[+-]\s?\d+[^\S\n]*$".replace("_COLON", _COLON)
     ),
     "instruction": re.compile(
         r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
@@ -325,7 +327,7 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
 #: lower-case, as the text is lowered for it).
 _TRIGGERS: dict[str, tuple[str, ...]] = {
     "chat_marker": ("<", "[", ":", "："),
-    "appraisal_json": ("{",),
+    "appraisal_json": ("{", '"', "'", "“", "‘"),
     "appraisal_line": (":", "="),
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
@@ -351,11 +353,11 @@ _LOOKALIKES = str.maketrans(
     "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅοιρνκαυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
     "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ"
     "個箇為爲從則變員復複對將應開數無機條滿現結給統緒規視記設評詞話該調輸這醫"
-    "ɡ您妳",
+    "ɡ您妳∶օց覆",
     "aeopcyxijsdhlqwABEKMHOPCTXIJSoipvkauxABEZHIKMNOPTYX"
     "abcdefghijklmnoprstuvwyz"
     "个个为为从则变员复复对将应开数无机条满现结给统绪规视记设评词话该调输这医"
-    "g你你",
+    "g你你:og复",
 )
 
 
@@ -364,6 +366,10 @@ _LOOKALIKES = str.maketrans(
 #: and underlines over Latin letters (``Ignóre``). Marks of one script (Devanagari's...)
 #: are left: on Latin letters they show as marks on a dotted circle.
 _MARKS = re.compile("[\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+
+
+#: Characters normalised at a time (:func:`_for_matching`).
+_PIECE = 256
 
 
 def _for_matching(text: str) -> str:
@@ -376,7 +382,11 @@ def _for_matching(text: str) -> str:
     (:func:`_for_matching_with_origin`)."""
     if text.isascii():
         return text
-    return _MARKS.sub("", _INVISIBLE.sub("", unicodedata.normalize("NFKD", text))).translate(_LOOKALIKES)
+    # In pieces: NFKD sorts a run of combining marks in time quadratic in its length (a
+    # reply of 20,000 Hebrew points took 0.7 s whole). A piece's edge changes only the order
+    # of marks that no pattern reads.
+    normal = "".join(unicodedata.normalize("NFKD", text[i : i + _PIECE]) for i in range(0, len(text), _PIECE))
+    return _MARKS.sub("", _INVISIBLE.sub("", normal)).translate(_LOOKALIKES)
 
 
 def _for_matching_with_origin(text: str) -> tuple[list[str], list[int]]:
