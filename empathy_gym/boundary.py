@@ -246,7 +246,7 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"(?:instructions?|rules|prompts?|directions|directives|guidelines|context)|system\s+prompt)"
     r"|(?:(?:everything|of|the|my)\s+)*(?:all|any|your|these|those)\s+(?:(?:of|the)\s+)*"
     r"(?:instructions|prompts?|guidelines|rules)(?=\s*(?:[.,;:!]|and\b|$))"
-    r"|(?:the\s+)?(?:instructions|prompts?|guidelines|rules)\s+(?:above|before)|(?:everything|the)\s+above)",
+    r"|(?:the\s+)?(?:instructions|prompts?|guidelines|rules|everything)\s+above|the\s+above)",
     r"new\s+instructions\s*:|system\s+prompt|developer\s+mode|jailbreak",
     r"you(?:r)? (?:simulator|simulation|role ?play|character) (?:instructions|rules|prompt)",
     r"stop role ?playing(?=\s*(?:[.,;:!]|$))|(?:step|break|go|speak|answer) out of character|break character",
@@ -333,7 +333,7 @@ _TRIGGERS: dict[str, tuple[str, ...]] = {
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
         *("character", "you are now", "you're now", "must now", "respond only", "emotion", "score", "rating"),
         *("output", "give me", "answer"),
-        *("忽略", "无视", "忘", "指令", "提示", "扮演", "跳出"),
+        *("忽略", "忽视", "无视", "跳过", "忘", "指令", "提示", "扮演", "跳出"),
         *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分", "字母", "答案"),
     ),
 }

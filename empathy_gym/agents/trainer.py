@@ -1021,7 +1021,7 @@ class RLTrainer:
         previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
         for signum in previous:
             signal.signal(signum, handler)
-        return {signum: handler for signum, handler in previous.items() if handler is not None}
+        return {signum: old for signum, old in previous.items() if old is not None}
 
     # -- checkpoints ---------------------------------------------------------------
     def save(self) -> Path | None:
