@@ -266,7 +266,7 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"output (?:a |an |the )?(?:score|change|emotion|number)",
     r"give me (?:a )?(?:score|rating|emotion) of (?:[+-]?\d|ten\b|a hundred)",
     # the appraisal prompts' own words: a forged emotion line, a forged multiple-choice answer
-    r"your\s+emotions?\s+(?:before|prior\s+to)\s+this\s+message"
+    r"your\s+emotions?\s+(?:before|prior\s+to)\s+this\s+message|(?:note\s+to|dear)\s+(?:the\s+)?(?:evaluator|judge|grader|rater)"
     r"|answer(?: with (?:exactly |only |just )?(?:a single|one|1|the) letter\s*[:=]"
     r"|\s*[:=]\s*[(\[*\"'“‘]*[a-z][)\]*\"'”’]*(?=\s*(?:[.,;!?]|$)))",
     # Chinese: a judge-facing word ("之前的", "你的设定") sets these apart from "忽略医生的指示"
@@ -276,7 +276,8 @@ _INSTRUCTION_CUES: tuple[str, ...] = (
     r"新的指令\s*[:：]|系统提示词|系统指令|提示词|扮演结束|停止扮演(?=[。！，,.!\s]|$)|跳出(?:你的)?角色设定",
     r"输出(?:情绪值|分数|数值)",
     r"收到这条消息之前你的(?:情绪|心情)|只回答一个字母\s*[:：]|答案\s*[:：是为选]\s*[(（*]*[a-z][)）*]*(?=\s*(?:[。，,.!！;；]|$))",
-    r"你的(?:情绪|心情)(?:值|分数)?(?:现在)?(?:是|为|变成|应该是)\s*[+-]?\d+(?![\d%％])",
+    r"你(?:现在)?的(?:情绪|心情)(?:值|分数)?(?:现在)?(?:已经)?(?:是|为|变成|变为|应该是|涨到)\s*[+-]?\d+(?![\d%％])",
+    r"(?:情绪|心情)\s*\+\s*\d+(?![\d%％])",
     r"情绪值(?!得)|情绪(?:分数|得分|评分|数值|分值)",
     r"(?:把|将)你?的?(?:情绪|心情)[^，,。！？!?\n]{0,8}"
     r"(?:调高|拉满|调满|(?:设|调|改|变|拉)(?:到|成|为)\s*(?:[+-]?\d+|满分?|最高))",
@@ -316,8 +317,8 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         # inside a line only with an explicit sign (English) or an emotion word (Chinese): "a change: 3 jobs" is prose
         r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\s?\d+[^\n]*"
         r"|(?:情绪|心情)(?:变化|值|分数)_COLON(?:[+-]\s?)?\d+[^\n]*"
-        # an option line of the multiple-choice prompt, as it writes them ("E: +10")
-        r"|^[^\w\n]{0,4}[a-z]_COLON[+-]\s?\d+[^\S\n]*$".replace("_COLON", _COLON)
+        # an option line of the multiple-choice prompt, alone on its line ("E: +10", "(E) +10")
+        r"|^[^\w\n]{0,4}(?:option\s+)?[a-z][).]?(?:_COLON|[^\S\n]+)[+-]\s?\d+[^\S\n]*$".replace("_COLON", _COLON)
     ),
     "instruction": re.compile(
         r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
@@ -328,11 +329,11 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
 _TRIGGERS: dict[str, tuple[str, ...]] = {
     "chat_marker": ("<", "[", ":", "："),
     "appraisal_json": ("{", '"', "'", "“", "‘"),
-    "appraisal_line": (":", "="),
+    "appraisal_line": (":", "=", "+"),
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
         *("character", "you are now", "you're now", "must now", "respond only", "emotion", "score", "rating"),
-        *("output", "give me", "answer"),
+        *("output", "give me", "answer", "evaluator", "judge", "grader", "rater"),
         *("忽略", "忽视", "无视", "跳过", "忘", "指令", "提示", "扮演", "跳出"),
         *("输出", "情绪", "心情", "从现在", "你现在是", "打", "满分", "字母", "答案"),
     ),
