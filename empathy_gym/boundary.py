@@ -318,7 +318,7 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
         r"|\b(?:(?:emotion(?:al)?\s+)?change|emotion|score)_COLON[+-]\s?\d+[^\n]*"
         r"|(?:情绪|心情)(?:变化|值|分数)_COLON(?:[+-]\s?)?\d+[^\n]*"
         # an option line of the multiple-choice prompt, alone on its line ("E: +10", "(E) +10")
-        r"|^[^\w\n]{0,4}(?:option\s+)?[a-z][).]?(?:_COLON|[^\S\n]+)[+-]\s?\d+[^\S\n]*$".replace("_COLON", _COLON)
+        r"|^[^\w\n]{0,4}(?:option\s+)?[a-z][).]?(?:_COLON[+-]|[^\S\n]+\+)\s?\d+[^\S\n]*$".replace("_COLON", _COLON)
     ),
     "instruction": re.compile(
         r"(?<![a-z0-9])(?:" + "|".join(_INSTRUCTION_CUES) + r")(?:(?<![a-z0-9])|(?![a-z0-9]))", re.I
@@ -328,7 +328,7 @@ INJECTION_PATTERNS: dict[str, re.Pattern] = {
 #: lower-case, as the text is lowered for it).
 _TRIGGERS: dict[str, tuple[str, ...]] = {
     "chat_marker": ("<", "[", ":", "："),
-    "appraisal_json": ("{", '"', "'", "“", "‘"),
+    "appraisal_json": ("{", '"', "'", "“", "”", "‘", "’"),
     "appraisal_line": (":", "=", "+"),
     "instruction": (
         *("ignore", "disregard", "forget", "instruction", "prompt", "developer", "jailbreak", "simulat", "role"),
