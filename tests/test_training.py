@@ -110,7 +110,8 @@ def test_ctrl_c_mid_rollout_keeps_finished_episodes_and_the_last_checkpoint(tmp_
 
 def test_sigterm_mid_rollout_saves_like_ctrl_c_and_the_handlers_are_restored(tmp_path):
     """A scheduler's SIGTERM (Slurm, Kubernetes) before its kill: before, it killed the run at
-    once, losing the step in flight; now it stops after the step like Ctrl-C, checkpointed."""
+    once, keeping nothing since the last save_steps checkpoint (here none); now it stops like
+    Ctrl-C and checkpoints the last completed step."""
     calls = {"n": 0}
 
     def terminate_in_step_2(request):
