@@ -133,21 +133,17 @@ def build_policy(shape: dict, device, dtype):
     return model
 
 
-class StepClock:
+def step_clock(started: float):
     """A trainer callback that prints each step as it ends, so that a run cut off by the
-    machine's time limit still shows how far it got (the table comes only at the end)."""
+    machine's time limit still shows how far it got (the table comes only at the end).
+    Built here, not at import: the package imports only once :func:`ensure_dependencies` ran."""
+    from empathy_gym.agents.callbacks import TrainerCallback
 
-    def __init__(self, started: float):
-        self.started = started
+    class StepClock(TrainerCallback):
+        def on_step_end(self, trainer, step: int, trajectories) -> None:
+            print(f"step {step} ended at {time.perf_counter() - started:.0f} s", flush=True)
 
-    def on_train_begin(self, trainer) -> None:
-        pass
-
-    def on_step_end(self, trainer, step: int, trajectories) -> None:
-        print(f"step {step} ended at {time.perf_counter() - self.started:.0f} s", flush=True)
-
-    def on_train_end(self, trainer) -> None:
-        pass
+    return StepClock()
 
 
 def gib(value: float | None) -> str:
@@ -244,7 +240,9 @@ def main(argv: list[str] | None = None) -> str:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as output_dir:
-        trainer = PPOTrainer(recipe(args, output_dir), model=model, tokenizer=tokenizer, callbacks=[StepClock(started)])
+        trainer = PPOTrainer(
+            recipe(args, output_dir), model=model, tokenizer=tokenizer, callbacks=[step_clock(started)]
+        )
         built = time.perf_counter()
         print(f"built in {built - started:.0f} s", flush=True)
         metrics = trainer.train()
