@@ -15,7 +15,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +108,13 @@ class _WordCheck:
 
 @dataclass(frozen=True, eq=False)
 class Scan:
-    """Everything the appraisal needs from one utterance, computed once and cached;
-    lexicon matches on first use (:meth:`find`), as a persona needs only some lexicons.
+    """Everything the appraisal needs from one utterance, computed once and cached.
 
     Attributes:
         low: the normalised (lower-cased) text the lexicons match against.
-        patterns: lexicon key -> compiled pattern (intention lexicons are keyed
-            ``"intention:<id>"``).
+        found: lexicon key -> the lexicon's phrases in the text, in order (intention
+            lexicons are keyed ``"intention:<id>"``). Every lexicon is matched: each
+            appraisal reads them all (tone features, the cued intentions).
         words: all units (en: lower-cased words; zh: CJK bigrams and Latin words), for
             repetition.
         content: content units (en: 6-letter stems of non-stopwords of 4+ letters; zh:
@@ -129,7 +129,7 @@ class Scan:
     """
 
     low: str
-    patterns: Mapping[str, re.Pattern]
+    found: Mapping[str, tuple[str, ...]]
     words: frozenset[str]
     content: frozenset[str]
     length: int
@@ -138,18 +138,14 @@ class Scan:
     cjk: int
     latin: int
     known_share: float = 1.0
-    _found: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def find(self, key: str) -> tuple[str, ...]:
-        """The phrases of lexicon ``key`` in the utterance, in order (cached)."""
-        found = self._found.get(key)
-        if found is None:
-            found = self._found[key] = tuple(self.patterns[key].findall(self.low))
-        return found
+        """The phrases of lexicon ``key`` in the utterance, in order."""
+        return self.found[key]
 
     def count(self, key: str) -> int:
         """How many phrases of lexicon ``key`` the utterance holds (an int >= 0)."""
-        return len(self.find(key))
+        return len(self.found[key])
 
     @functools.cached_property
     def intentions(self) -> tuple[str, ...]:
@@ -237,9 +233,10 @@ class LanguageRules:
         latin = len(tokens)
         length = latin if self.code == "en" else latin + len(cjk_chars)
         known_share, nonwords = self._word_counts(tokens)
+        low = normalise(text)
         return Scan(
-            low=normalise(text),
-            patterns=self.patterns,
+            low=low,
+            found={key: tuple(pattern.findall(low)) for key, pattern in self.patterns.items()},
             words=words,
             content=content,
             length=length,
