@@ -25,7 +25,7 @@ from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; "
-    "130 interrupted (Ctrl-C; SIGTERM in training); "
+    "130 interrupted (Ctrl-C or SIGTERM); "
     "141 the output's reader went away (| head), the work done and saved."
 )
 #: 128 + SIGPIPE, what a shell reports for a program killed by writing to a closed pipe
@@ -77,9 +77,10 @@ class ProtocolName(str, Enum):
 
 
 @contextlib.contextmanager
-def _exit_codes(interrupted: str = "interrupted", resume: str | None = None) -> Iterator[None]:
-    """Known errors to exit code 1 with their message, Ctrl-C to 130. ``resume`` follows the
-    message of a user or server that failed mid-run (what is kept, how to go on)."""
+def _exit_codes(interrupted: str = "interrupted", resume: Callable[[], str | None] | None = None) -> Iterator[None]:
+    """Known errors to exit code 1 with their message, Ctrl-C to 130. What ``resume()``
+    says follows the message of a user or server that failed mid-run (what is kept, how to
+    go on; ``None``: nothing to say, e.g. before the run began)."""
     from empathy_gym.backends.base import BackendError
     from empathy_gym.evaluation.policies import PolicyOutputError
     from empathy_gym.user.base import SimulatorError
@@ -92,8 +93,8 @@ def _exit_codes(interrupted: str = "interrupted", resume: str | None = None) -> 
         raise typer.Exit(130) from None
     except known as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        if resume and isinstance(error, (BackendError, SimulatorError)):
-            message = f"{message}\n{resume}"
+        if resume and isinstance(error, (BackendError, SimulatorError)) and (kept := resume()):
+            message = f"{message}\n{kept}"
         errors.print(f"[red]error:[/red] {escape(str(message))}")
         raise typer.Exit(1) from None
 
@@ -161,7 +162,7 @@ def eval_command(
             f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
             f"--max-tokens N to change, 0 for no cap)"
         )
-    with _resumable("dialogues", f"finished dialogues (if any) are saved in {out / TRANSCRIPTS}") as on_progress:
+    with _resumable("dialogues", f"finished dialogues (if any) are saved in {out / TRANSCRIPTS}", out) as on_progress:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = evaluate(
             policy,
@@ -187,11 +188,12 @@ def _judging(
 
 
 @contextlib.contextmanager
-def _resumable(task: str, saved: str) -> Iterator[Callable[[int, int], None]]:
+def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, int], None]]:
     """A resumable run's progress bar (yields ``on_progress(done, total)``) and exit codes;
-    Ctrl-C and a failed user or server say what is ``saved`` and how to resume."""
+    Ctrl-C, and a failed user or server once the run ``folder`` exists, say what is
+    ``saved`` and how to resume."""
     resume = f"{saved}; rerun the same command to resume"
-    with _exit_codes(f"interrupted: {resume}", resume), _progress() as progress:
+    with _exit_codes(f"interrupted: {resume}", lambda: resume if folder.exists() else None), _progress() as progress:
         bar = progress.add_task(task, total=None)
         yield lambda done, total: progress.update(bar, completed=done, total=total)
 
@@ -217,7 +219,7 @@ def language_counts(bank: Any) -> str:
 
 def bank_language_line(name: Any, bank: Any) -> str:
     """The persona bank and the language of its dialogues, in one line."""
-    line = f"personas: {name} ({len(bank)} personas, {language_counts(bank)})"
+    line = f"personas: {name} ({len(bank)} persona{'s' * (len(bank) != 1)}, {language_counts(bank)})"
     chinese = sum(p.language == "zh" for p in bank)
     if chinese == len(bank):
         return f"{line}: the dialogues are in Chinese; --personas en for English ones"
@@ -316,7 +318,7 @@ def replay_command(
     """
     from empathy_gym.evaluation.replay import TURNS, replay_logs
 
-    with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}") as on_progress:
+    with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}", out) as on_progress:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
     _print_replay(result.report, result.resumed)
@@ -472,10 +474,10 @@ def _reveal_if_left(env: Any, ended: bool) -> None:
 
 
 def _play_dialogue(env: Any, thoughts: bool) -> str:
-    """Read the player's lines until /restart (returns "restart"), /quit or end of input
-    (returns "quit")."""
+    """Read the player's lines until /restart (returns "restart"), /quit, end of input or
+    a console nobody reads any more (``| head``) (returns "quit")."""
     ended = False
-    while True:
+    while not getattr(sys.stdout, "broken", False):  # ConsoleStream (main)
         try:
             text = console.input("[bold green]you>[/] ").strip()
         except EOFError:
@@ -513,6 +515,7 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
                 f"{escape(hidden_need_line(env.dialogue.persona))}"
             )
             console.print("[dim]/restart for a new dialogue, /quit to leave[/dim]")
+    return "quit"
 
 
 # -- personas --------------------------------------------------------------------------
@@ -573,7 +576,7 @@ def personas_list(
         ]
         typer.echo("\n".join(lines))
         return
-    table = Table(title=f"{len(personas)} personas", title_justify="left")
+    table = Table(title=f"{len(personas)} persona{'s' * (len(personas) != 1)}", title_justify="left")
     table.add_column("id", no_wrap=True)
     for column in ("lang", "name", "hidden intention", "character"):
         table.add_column(column, overflow="fold")
@@ -668,9 +671,9 @@ def envs() -> None:
 
 def main() -> None:
     """The console script ``empathy-gym`` (exit codes: :data:`EXIT_CODES`)."""
-    from empathy_gym.agents.console import honour_ctrl_c, tolerant_console
+    from empathy_gym.agents.console import honour_interrupts, tolerant_console
 
-    honour_ctrl_c()
+    honour_interrupts()
     code: int | str | None = 0
     with tolerant_console() as (stdout, _):  # a console gone (| head, | tee) ends no run half-way
         try:

@@ -266,7 +266,8 @@ def test_connection_errors_are_retried(stub_server):
 
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async, caplog):
-    url = f"http://127.0.0.1:{free_port()}/v1"  # bound, read, closed: nothing listens there
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"  # bound, read, closed: nothing listens there
     backend = OpenAIBackend(url, "m", max_retries=2, max_concurrency=2, **FAST)
     with pytest.raises(BackendError) as raised, caplog.at_level("WARNING"):
         asyncio.run(backend.agenerate([HELLO] * 2)) if use_async else backend.generate([HELLO] * 2)
@@ -280,8 +281,8 @@ def test_a_refused_connection_asks_whether_a_server_runs_at_the_url(use_async, c
     )
     assert message.endswith(
         f"; is a server running at {url}? Start one, e.g. `python -m vllm.entrypoints.openai.api_server "
-        f'--model MODEL --host 127.0.0.1 --port 8000`, or see docs/backends.md, "Serving the simulated user"'
-    )
+        f'--model MODEL --host 127.0.0.1 --port {port}`, or see docs/backends.md, "Serving the simulated user"'
+    )  # was --port 8000 whatever the URL's port
 
 
 def test_a_failed_request_fails_its_batch_without_sending_the_rest(stub_server):

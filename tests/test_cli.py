@@ -1,6 +1,7 @@
 """The ``empathy-gym`` command: personas, envs, eval end to end, play in a pseudo-terminal."""
 
 import configparser
+import contextlib
 import importlib
 import json
 import os
@@ -305,6 +306,10 @@ def test_a_user_server_that_fails_mid_run_says_what_is_kept_and_how_to_resume(tm
     )
     refused = runner.invoke(app, [*args, "--user", f"openai:m@{url},max_token=3"])  # nothing ran: no such hint
     assert refused.exit_code == 1 and "rerun" not in refused.stderr
+    # nor where the policy's model is not there (was: "... saved; rerun the same command to resume")
+    other = ["eval", "--policy", "hf:/no/such/model", "--personas", "en", "--limit", "1", "--out", str(tmp_path / "m")]
+    missing = runner.invoke(app, other)
+    assert missing.exit_code == 1 and "no such file or folder" in missing.stderr and "rerun" not in missing.stderr
 
 
 def test_a_python_policy_that_returns_no_str_is_one_error_line(tmp_path, monkeypatch):
@@ -330,6 +335,32 @@ def test_ctrl_c_under_a_pipe_that_died_first_still_exits_130(tmp_path):
     child.stdout.close()  # tee, gone before the first line
     assert child.wait(timeout=120) == 130
     assert (tmp_path / "run" / "run.json").exists()  # the run started: a rerun resumes it
+
+
+def test_play_stops_when_its_reader_is_gone():
+    """``yes hi | empathy-gym play | head -3``: before, it never exited, printing "the dialogue
+    has ended" for every line of input into the dead pipe."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "empathy_gym.cli", "play"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write(b"hi\n" * 30)  # the dialogue ends on its own (max_turns)
+        child.stdin.flush()
+        for _ in range(3):
+            child.stdout.readline()
+        child.stdout.close()  # head -3, gone
+        for _ in range(2000):  # yes hi: far more lines than any dialogue has turns
+            child.stdin.write(b"hi\n")
+            child.stdin.flush()
+    try:  # stdin stays open, as under `yes`: the old loop then waited for more input
+        assert child.wait(timeout=120) == 141
+    finally:
+        child.kill()
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.close()
 
 
 @pytest.mark.parametrize(
@@ -471,6 +502,8 @@ def test_bank_language_line_for_a_mixed_bank():
         "personas: default (56 personas, en 48, zh 8): some dialogues are in Chinese; "
         "--personas en for English ones only"
     )
+    one = load_personas("en")[:1]  # was "1 personas"
+    assert bank_language_line("one.jsonl", one) == "personas: one.jsonl (1 persona, en 1): the dialogues are in English"
 
 
 class RecordingBackend:
@@ -631,11 +664,17 @@ def test_play_names_a_wrong_persona_or_env_in_the_options_terms(args, message):
     ],
     ids=["train", "empathy-gym"],
 )
-def test_ctrl_c_is_honoured_in_every_phase_of_a_background_job(entry):
+def test_ctrl_c_and_sigterm_are_honoured_in_every_phase_of_a_background_job(entry):
     # a background job of a non-interactive shell inherits SIGINT as ignored; before, the
     # training command kept ignoring it until training began (the trainer's handler), so a
-    # Ctrl-C during loading or the held-out evaluation was lost and a later one honoured
-    check = "\nimport signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    # Ctrl-C during loading or the held-out evaluation was lost and a later one honoured.
+    # SIGTERM, before: outside the training loop (loading, the held-out evaluations, eval)
+    # it killed the command at once (exit 143, no message), where docs/training.md says it
+    # stops like Ctrl-C (exit 130, what is kept, rerun to resume).
+    check = (
+        "\nimport signal; print(all(signal.getsignal(s) is signal.default_int_handler"
+        " for s in (signal.SIGINT, signal.SIGTERM)))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", entry + check],
         capture_output=True,

@@ -263,3 +263,11 @@ def test_the_file_check_fails_on_a_missing_file():
         "```bash\npython bench.py --out benchmarks/results/written_by_the_command.txt\n```"
     )
     assert missing_files(text, ROOT) == ["benchmarks/results/nothing_here.txt", "docs/no_such_page.md"]
+
+
+def test_the_evaluation_page_states_the_reply_cap_of_local_policies():
+    # before: "no cap on the length of the agent's replies", where eval caps hf: policies
+    from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS
+
+    text = " ".join((DOCS / "evaluation.md").read_text(encoding="utf-8").split())
+    assert f"whose replies stop at {LOCAL_MAX_TOKENS} new tokens unless `--max-tokens`" in text

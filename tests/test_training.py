@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import signal
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -394,6 +396,30 @@ def test_resume_with_another_models_recipe_is_refused_before_loading_and_keeps_t
     assert "step-000002 holds another policy's weights (policy.use_lora: False -> True)" in message
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
     assert not list((tmp_path / "run").glob("*.superseded*"))
+
+
+def test_resume_with_another_lora_shape_or_past_total_steps_is_refused_from_the_checkpoints_json():
+    """Was: the model loaded, each checkpoint failed in torch's load_state_dict (size
+    mismatch), and the error showed only its first line, without the cause."""
+    from empathy_gym.agents.checkpoint import CheckpointError, check_resumable
+
+    lora = {"model": "m", "use_lora": True, "lora_r": 16, "lora_target_modules": "all-linear", "lora_alpha": 32}
+    state = {"algorithm": "grpo", "config": {"policy": lora}}
+    for change, said in [
+        ({"lora_r": 8}, "policy.lora_r: 16 -> 8"),
+        ({"lora_target_modules": ["q_proj"]}, "policy.lora_target_modules: 'all-linear' -> ['q_proj']"),
+    ]:
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            check_resumable(Path("ckpt"), state, "grpo", {"policy": {**lora, **change}})
+    check_resumable(Path("ckpt"), state, "grpo", {"policy": {**lora, "lora_alpha": 64}})  # the same shapes
+    # past total_steps (was: "GRPO: 4/2 steps", the held-out evaluation after training run again)
+    with pytest.raises(CheckpointError, match=re.escape("ckpt is at step 4, past total_steps=2: raise total_steps")):
+        check_resumable(Path("ckpt"), {**state, "step": 4}, "grpo", {"policy": lora, "total_steps": 2})
+    check_resumable(Path("ckpt"), {**state, "step": 4}, "grpo", {"policy": lora, "total_steps": 4})
+    full = {"model": "m", "use_lora": False, "lora_r": 16}
+    check_resumable(
+        Path("c"), {"algorithm": "grpo", "config": {"policy": full}}, "grpo", {"policy": {**full, "lora_r": 8}}
+    )
 
 
 def test_resume_where_no_checkpoint_loads_is_refused_not_restarted(tmp_path):

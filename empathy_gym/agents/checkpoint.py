@@ -10,6 +10,7 @@ states), ``rng.pt`` (Python, NumPy and torch RNG states), ``state.json`` (step, 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -117,25 +118,31 @@ def checkpoint_candidates(root: Path) -> list[Path]:
     return found
 
 
-#: The policy settings a resumed run shares with its checkpoint: its weights fit no other.
-SAME_POLICY = ("model", "use_lora")
+#: The policy settings a resumed run shares with its checkpoint: its weights fit no other
+#: (the LoRA shape only where the run trains LoRA).
+SAME_POLICY = ("model", "use_lora", "lora_r", "lora_target_modules")
 
 
 def check_resumable(path: Path, state: dict[str, Any], algorithm: str, config: dict[str, Any]) -> None:
-    """Refuse a checkpoint this run cannot continue: another algorithm's, or another
-    policy's (:data:`SAME_POLICY`). ``state``: the checkpoint's ``state.json``; ``config``:
-    this run's (:func:`~empathy_gym.agents.config.to_dict`).
+    """Refuse a checkpoint this run cannot continue: another algorithm's, one past the
+    run's ``total_steps``, or another policy's (:data:`SAME_POLICY`). ``state``: the
+    checkpoint's ``state.json``; ``config``: this run's (:func:`~empathy_gym.agents.config.to_dict`).
 
     Raises:
         CheckpointError: naming the checkpoint and each setting that differs.
     """
     if state.get("algorithm") != algorithm:
         raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {algorithm}")
+    if int(state.get("step", 0)) > config.get("total_steps", math.inf):
+        raise CheckpointError(
+            f"{path} is at step {state['step']}, past total_steps={config['total_steps']}: raise total_steps to "
+            f"train on, or give another output_dir="
+        )
     saved, now = (state.get("config") or {}).get("policy") or {}, config.get("policy") or {}
     changed = [
         f"policy.{key}: {saved[key]!r} -> {now.get(key)!r}"
         for key in SAME_POLICY
-        if key in saved and saved[key] != now.get(key)
+        if key in saved and saved[key] != now.get(key) and (now.get("use_lora") or not key.startswith("lora_"))
     ]
     if changed:
         raise CheckpointError(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from empathy_gym.agents.config import RecipeError, load_recipe
-from empathy_gym.agents.console import ConsoleStream, honour_ctrl_c, point_at_devnull, tolerant_console
+from empathy_gym.agents.console import ConsoleStream, honour_interrupts, point_at_devnull, tolerant_console
 from empathy_gym.resources import recipes_dir
 
 
@@ -74,7 +74,7 @@ def train_main(algorithm: str, argv: list[str] | None = None, *, trainer_class: 
     """Run a training job; returns the exit code. Output to a console that has gone
     away is dropped (:mod:`~empathy_gym.agents.console`). ``trainer_class`` replaces
     the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`)."""
-    honour_ctrl_c()
+    honour_interrupts()
     with tolerant_console():
         return _train_main(algorithm, argv, trainer_class)
 

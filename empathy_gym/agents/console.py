@@ -4,7 +4,7 @@
 raises ``BrokenPipeError`` (Python ignores SIGPIPE). Progress bars (ours, and those
 transformers and huggingface_hub draw while saving a checkpoint) write there, and such a
 failure must never reach the training loop or the checkpoint: :class:`ConsoleStream`
-swallows it. :func:`honour_ctrl_c` makes Ctrl-C stop a command in every phase.
+swallows it. :func:`honour_interrupts` makes Ctrl-C and SIGTERM stop a command in every phase.
 """
 
 from __future__ import annotations
@@ -124,13 +124,16 @@ def point_at_devnull(stream: Any) -> None:
         pass
 
 
-def honour_ctrl_c() -> None:
-    """Let Ctrl-C (SIGINT) stop the command in every phase, saving what is finished.
+def honour_interrupts() -> None:
+    """Let Ctrl-C (SIGINT), and SIGTERM as Ctrl-C, stop the command in every phase, saving
+    what is finished (exit 130).
 
     A background job of a non-interactive shell (``cmd &`` in a script) inherits SIGINT as
-    ignored, and Python keeps ignoring it; the trainer's own handler, installed when
-    training starts, would then honour it in training but not before (loading, the
-    held-out evaluation). Called first by both command lines; a no-op off the main thread.
+    ignored, and Python keeps ignoring it; SIGTERM (what Slurm and Kubernetes send before
+    they kill) kills Python at once. The trainer's own handler, installed when training
+    starts, honours both in training but not before or after it (loading, the held-out
+    evaluations). Called first by both command lines; a no-op off the main thread.
     """
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.default_int_handler)

@@ -290,10 +290,11 @@ class OpenAIBackend(ChatBackend):
 
     def unreachable_hint(self) -> str:
         """What to check when nothing answers at ``base_url``."""
+        port = httpx.URL(self.base_url).port or 8000
         return (
             f"is a server running at {self.base_url}? "
             f"Start one, e.g. `python -m vllm.entrypoints.openai.api_server --model MODEL "
-            f'--host 127.0.0.1 --port 8000`, or see docs/backends.md, "Serving the simulated user"'
+            f'--host 127.0.0.1 --port {port}`, or see docs/backends.md, "Serving the simulated user"'
         )
 
     @contextlib.contextmanager
