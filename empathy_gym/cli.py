@@ -78,9 +78,8 @@ class ProtocolName(str, Enum):
 
 @contextlib.contextmanager
 def _exit_codes(interrupted: str = "interrupted", resume: Callable[[], str | None] | None = None) -> Iterator[None]:
-    """Known errors to exit code 1 with their message, Ctrl-C to 130. What ``resume()``
-    says follows the message of a user or server that failed mid-run (what is kept, how to
-    go on; ``None``: nothing to say, e.g. before the run began)."""
+    """Known errors to exit code 1 with their message, Ctrl-C to 130. What ``resume()`` says
+    (if not ``None``) follows the error of a user or server that failed mid-run."""
     from empathy_gym.backends.base import BackendError
     from empathy_gym.evaluation.policies import PolicyOutputError
     from empathy_gym.user.base import SimulatorError
@@ -190,8 +189,7 @@ def _judging(
 @contextlib.contextmanager
 def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, int], None]]:
     """A resumable run's progress bar (yields ``on_progress(done, total)``) and exit codes;
-    Ctrl-C, and a failed user or server once the run ``folder`` exists, say what is
-    ``saved`` and how to resume."""
+    Ctrl-C, and a failed user or server once ``folder`` exists, say what is ``saved``."""
     resume = f"{saved}; rerun the same command to resume"
     with _exit_codes(f"interrupted: {resume}", lambda: resume if folder.exists() else None), _progress() as progress:
         bar = progress.add_task(task, total=None)

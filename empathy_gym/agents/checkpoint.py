@@ -10,7 +10,6 @@ states), ``rng.pt`` (Python, NumPy and torch RNG states), ``state.json`` (step, 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -118,8 +117,7 @@ def checkpoint_candidates(root: Path) -> list[Path]:
     return found
 
 
-#: The policy settings a resumed run shares with its checkpoint: its weights fit no other
-#: (the LoRA shape only where the run trains LoRA).
+#: Policy settings a resumed run shares with its checkpoint (LoRA's only with LoRA): its weights fit no other.
 SAME_POLICY = ("model", "use_lora", "lora_r", "lora_target_modules")
 
 
@@ -133,11 +131,8 @@ def check_resumable(path: Path, state: dict[str, Any], algorithm: str, config: d
     """
     if state.get("algorithm") != algorithm:
         raise CheckpointError(f"{path} is a {state.get('algorithm')} checkpoint, this is {algorithm}")
-    if int(state.get("step", 0)) > config.get("total_steps", math.inf):
-        raise CheckpointError(
-            f"{path} is at step {state['step']}, past total_steps={config['total_steps']}: raise total_steps to "
-            f"train on, or give another output_dir="
-        )
+    if int(state.get("step", 0)) > config.get("total_steps", float("inf")):
+        raise CheckpointError(f"{path} is at step {state['step']}, past total_steps={config['total_steps']}")
     saved, now = (state.get("config") or {}).get("policy") or {}, config.get("policy") or {}
     changed = [
         f"policy.{key}: {saved[key]!r} -> {now.get(key)!r}"

@@ -125,14 +125,12 @@ def point_at_devnull(stream: Any) -> None:
 
 
 def honour_interrupts() -> None:
-    """Let Ctrl-C (SIGINT), and SIGTERM as Ctrl-C, stop the command in every phase, saving
-    what is finished (exit 130).
+    """Let Ctrl-C (SIGINT) and SIGTERM stop the command in every phase, saving what is finished.
 
     A background job of a non-interactive shell (``cmd &`` in a script) inherits SIGINT as
-    ignored, and Python keeps ignoring it; SIGTERM (what Slurm and Kubernetes send before
-    they kill) kills Python at once. The trainer's own handler, installed when training
-    starts, honours both in training but not before or after it (loading, the held-out
-    evaluations). Called first by both command lines; a no-op off the main thread.
+    ignored; SIGTERM (what Slurm sends before it kills) kills Python at once. The trainer's
+    handler honours both, but only in training, not in loading or the held-out evaluations.
+    Called first by both command lines; a no-op off the main thread.
     """
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
