@@ -192,5 +192,8 @@ def test_the_cli_reports_a_plan_that_does_not_fit(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(trainer_module, "device_capacity", memory.device_capacity)
     assert train_main("ppo", ["--recipe", "agents/tiny-cpu.yaml", f"output_dir={tmp_path}"]) == 1
-    assert "tiny device" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "tiny device" in err
+    # the remedies name max_new_tokens (was: max_new_tokens=100000 was refused without naming it)
+    assert "a smaller rollout_batch_size, generation.max_new_tokens or generation.max_context_tokens" in err
     assert real("cpu")[0] > 2**30

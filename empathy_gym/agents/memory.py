@@ -133,8 +133,8 @@ class MemoryPlan:
         raise MemoryPlanError(
             f"this recipe needs about {self.total / GIB:.1f} GiB but {self.device} has {self.capacity / GIB:.1f} GiB "
             f"(with {min_headroom:.0%} kept free):\n{self.table()}\nTo fit: LoRA (policy.use_lora=true), "
-            "policy.gradient_checkpointing=true, critic=shared, a smaller rollout_batch_size or "
-            "generation.max_context_tokens, or more gradient_accumulation_steps."
+            "policy.gradient_checkpointing=true, critic=shared, a smaller rollout_batch_size, generation.max_new_tokens"
+            " or generation.max_context_tokens, or more gradient_accumulation_steps."
         )
 
 
