@@ -475,7 +475,7 @@ def _play_dialogue(env: Any, thoughts: bool) -> str:
     """Read the player's lines until /restart (returns "restart"), /quit, end of input or
     a console nobody reads any more (``| head``) (returns "quit")."""
     ended = False
-    while not getattr(sys.stdout, "broken", False):  # ConsoleStream (main)
+    while not getattr(sys.stdout, "broken", False):  # main()'s ConsoleStream: nobody reads any more
         try:
             text = console.input("[bold green]you>[/] ").strip()
         except EOFError:
