@@ -217,7 +217,7 @@ def language_counts(bank: Any) -> str:
 
 def bank_language_line(name: Any, bank: Any) -> str:
     """The persona bank and the language of its dialogues, in one line."""
-    line = f"personas: {name} ({len(bank)} persona{'s' * (len(bank) != 1)}, {language_counts(bank)})"
+    line = f"personas: {name} ({len(bank)} persona{'s' if len(bank) != 1 else ''}, {language_counts(bank)})"
     chinese = sum(p.language == "zh" for p in bank)
     if chinese == len(bank):
         return f"{line}: the dialogues are in Chinese; --personas en for English ones"
@@ -574,7 +574,7 @@ def personas_list(
         ]
         typer.echo("\n".join(lines))
         return
-    table = Table(title=f"{len(personas)} persona{'s' * (len(personas) != 1)}", title_justify="left")
+    table = Table(title=f"{len(personas)} persona{'s' if len(personas) != 1 else ''}", title_justify="left")
     table.add_column("id", no_wrap=True)
     for column in ("lang", "name", "hidden intention", "character"):
         table.add_column(column, overflow="fold")
