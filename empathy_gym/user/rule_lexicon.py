@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from empathy_gym.personas import INTENTIONS, LANGUAGES
+from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, LANGUAGES
 
 #: Where the per-language lexicons and templates live (``<language>.json``).
 RULES_DIR = Path(__file__).resolve().parent / "rules"
@@ -154,6 +154,27 @@ class Scan:
         return tuple(key for key, lexicon in _INTENTION_LEXICONS if self.find(lexicon))
 
 
+#: Reply lines: ``replies[band][character type][tone]``, a tone for each direction of the change.
+REPLY_TONES: tuple[str, ...] = ("up", "level", "down")
+
+
+def _check_replies(replies: Any, source: str) -> None:
+    """Every band and character type has non-empty lists of lines for each of :data:`REPLY_TONES`.
+
+    Raises:
+        ValueError: naming ``source`` and the field (``replies/B/negative/up``).
+    """
+    for band in "SABCF":
+        for character in CHARACTER_TYPES:
+            lines = ((replies or {}).get(band) or {}).get(character)
+            for tone in REPLY_TONES:
+                found = lines.get(tone) if isinstance(lines, Mapping) else None
+                if not isinstance(found, list) or not found or not all(isinstance(line, str) for line in found):
+                    raise ValueError(
+                        f"{source}: field 'replies/{band}/{character}/{tone}': expected a non-empty list of lines"
+                    )
+
+
 class LanguageRules:
     """The compiled lexicons, word lists and templates of one language, with caches of
     utterance scans and units (texts recur: the history is rescanned every turn).
@@ -180,6 +201,7 @@ class LanguageRules:
         missing = [f"intention:{key}" for key in INTENTIONS if f"intention:{key}" not in patterns]
         if missing:
             raise ValueError(f"{source}: lexicons lack {missing}")
+        _check_replies(data.get("replies"), source)
         self.patterns = {key: self._compile(key, value, source) for key, value in patterns.items()}
         self.stopwords = frozenset(data.get("stopwords", ()))
         self.stopchars = frozenset(data.get("stopchars", ""))

@@ -241,6 +241,13 @@ _LIST_OR_HEADING = re.compile(
 )
 
 
+def tone_of(change: int) -> str:
+    """Which of a band's reply lines fit an emotion change: ``"up"`` (relief) for a gain,
+    ``"down"`` (disappointment) for a loss, ``"level"`` for none. A reply never reads as
+    disappointment after a gain, or as relief after a loss."""
+    return "up" if change > 0 else "down" if change < 0 else "level"
+
+
 def repeats_itself(code: str, text: str) -> bool:
     """Whether ``text`` says the same sentence over (:data:`SELF_REPEATS`,
     :data:`SELF_REPEAT_SHARE`). ``code``: the persona's language, ``"en"`` or ``"zh"``."""
@@ -479,9 +486,10 @@ class RuleUser(SimulatedUser):
     def reply(
         self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
     ) -> list[str]:
-        """The user's in-character answer: an optional reaction to the worst guard or
-        tone ("You already said that."), a line for the band of the new emotion
-        (``emotions``, ints in [0, 100]) and the character type, in :data:`DETAIL_BANDS`
+        """The user's in-character answer: after a change <= 0 a reaction to the worst
+        guard or tone ("You already said that."), a line for the band of the new emotion
+        (``emotions``, ints in [0, 100]), the character type and the change's direction
+        (:func:`tone_of`: never disappointment after a gain, or relief after a loss), in :data:`DETAIL_BANDS`
         the next untold story sentence, and, where the difficulty's ``hint_below_band``
         covers the band (never in S or F), a hint at the hidden need.
 
@@ -511,16 +519,22 @@ class RuleUser(SimulatedUser):
         said = said_sentences(code, [text for role, text in request.history if role == "user"])
         parts: list[str] = []
 
-        def say(options: Sequence[str], salt: int, *, always: bool = False) -> None:
+        def say(options: Sequence[str], salt: int, *, always: bool = False) -> bool:
             fresh = [text for text in options if text and said.isdisjoint(_sentence_set(code, text))]
             if fresh or (always and options):
                 text = _pick(fresh or options, request.seed, request.turn, salt)
                 parts.append(text)
                 said.update(_sentence_set(code, text))
+            return bool(fresh or (always and options))
 
-        if band != "S":
+        tone = tone_of(appraisal.change)
+        if band != "S" and appraisal.change <= 0:  # a reaction is a complaint: never with a gain
             say(self._reactions(language, appraisal), _SALT_REACTION)
-        say(self._band_lines(persona, band), _SALT_LINE, always=band in ("S", "F"))
+        # the tone's lines, else the band's level ones (neither relief nor complaint) while fresh
+        if not say(self._band_lines(persona, band, tone), _SALT_LINE) and not (
+            tone != "level" and say(self._band_lines(persona, band, "level"), _SALT_LINE)
+        ):
+            say(self._band_lines(persona, band, tone), _SALT_LINE, always=band in ("S", "F"))
         details = self._story(persona).details
         if band in DETAIL_BANDS and details:
             untold = [detail for detail in details if said.isdisjoint(_sentence_set(code, detail))]
@@ -531,7 +545,7 @@ class RuleUser(SimulatedUser):
             hints = language.data["hints"]
             say(hints.get(persona.hidden_intention, hints["other"]), _SALT_HINT)
         if not parts:  # everything said already: a band line again rather than nothing
-            say(self._band_lines(persona, band), _SALT_LINE, always=True)
+            say(self._band_lines(persona, band, tone), _SALT_LINE, always=True)
         return ("" if code == "zh" else " ").join(parts)
 
     @staticmethod
@@ -546,15 +560,16 @@ class RuleUser(SimulatedUser):
         _, feature = min(negative)
         return list(reactions[feature])
 
-    def _band_lines(self, persona: Persona, band: str) -> tuple[str, ...]:
-        """The band's lines for the character type, with the scenario fragment woven in (cached)."""
-        return self._lines[persona, band]
+    def _band_lines(self, persona: Persona, band: str, tone: str) -> tuple[str, ...]:
+        """The band's lines of ``tone`` (:func:`tone_of`) for the character type, with the
+        scenario fragment woven in (cached)."""
+        return self._lines[persona, band, tone]
 
-    def _new_band_lines(self, key: tuple[Persona, str]) -> tuple[str, ...]:
-        persona, band = key
+    def _new_band_lines(self, key: tuple[Persona, str, str]) -> tuple[str, ...]:
+        persona, band, tone = key
         language = self._language(persona)
         fragment = self._story(persona).fragment
-        options = language.data["replies"][band][persona.character_type]
+        options = language.data["replies"][band][persona.character_type][tone]
         if not fragment:
             options = [line for line in options if "{fragment}" not in line] or options
             fragment = language.data["fallback_fragment"]
