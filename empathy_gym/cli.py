@@ -1,4 +1,4 @@
-"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``play``, ``personas``, ``envs``.
+"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``distill``, ``play``, ``personas``, ``envs``.
 
 Exit codes: :data:`EXIT_CODES` (the table in docs/evaluation.md).
 """
@@ -65,7 +65,8 @@ MAX_TOKENS_HELP = (
 )
 DIFFICULTY_HELP = "moderate | challenging | easy | a preset JSON path"
 USER_HELP = (
-    "simulated user: rule (offline, deterministic) | transformers:PATH | vllm:PATH | "
+    "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
+    "offline) | transformers:PATH | vllm:PATH | "
     "openai:MODEL@URL; options as key=value after commas: appraisal_mode (free, choice), "
     "difficulty, temperature, max_concurrency, ..."
 )
@@ -321,6 +322,65 @@ def replay_command(
         result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
+
+
+# -- distill --------------------------------------------------------------------------
+@app.command("distill", epilog=EXIT_CODES)
+def distill_command(
+    logs: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="LOG...",
+            help="the simulator's logs: SAGE result logs (<simulator>_based_simulator/<model>_result.jsonl), "
+            "our own transcripts.jsonl (eval) or episodes.jsonl (training) played by an LLM user, or folders of them",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="the appraiser folder (use it as --user distilled:FOLDER); rerun to resume"),
+    ],
+    base_model: Annotated[
+        str, typer.Option(help="the base causal LM: smollm2 (offline), tiny, a path, a hub id or a .gguf file")
+    ] = "smollm2",
+    heldout_model: Annotated[
+        list[str] | None, typer.Option(help="a tested model held out for the report (repeat; default: a fifth of them)")
+    ] = None,
+    personas: Annotated[str | None, typer.Option(help="our own logs: the persona bank they were played with")] = None,
+    device: Annotated[str, typer.Option(help="where the base model runs: cpu, cuda")] = "cpu",
+    seed: Annotated[int, typer.Option(min=0, help="seed of the split, the bad replies and the head")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="rows per forward pass of the base model")] = 16,
+) -> None:
+    """Train an appraiser that judges like the simulator of LOG: the base model reads each
+    logged turn (persona, dialogue, reply) once, a head on its hidden states and the rule
+    user's named features learns the logged emotion change, with bad replies (word salads,
+    repetition, injections...) ranked below fluent ones. Reports the agreement on tested
+    models held out from the fit, beside the rule user and a lexical learner.
+
+        empathy-gym distill ../shared/data/sage/logs --out runs/appraiser
+
+        empathy-gym eval --policy baseline:listener --user distilled:runs/appraiser --out runs/judged
+
+    The base model's features are saved as they are made; rerunning the same command after
+    a crash or Ctrl-C skips them.
+    """
+    from empathy_gym.user.distill import distill
+
+    with _resumable("turns", f"finished feature shards (if any) are saved in {out / 'features'}", out) as progress:
+        result = distill(
+            logs,
+            out,
+            base_model=base_model,
+            personas=personas,
+            heldout_models=heldout_model or None,
+            seed=seed,
+            device=device,
+            batch_size=batch_size,
+            on_progress=progress,
+        )
+    if result.resumed:
+        console.print(f"resumed: {result.resumed} feature shards were done")
+    console.print(escape(result.text))
+    console.print(f"wrote {out}/appraiser.json, head.safetensors, report.txt, report.json, calibration.png")
 
 
 def _number(value: Any, digits: int = 2) -> str:

@@ -70,7 +70,7 @@ def register_persona_env(
     if isinstance(difficulty, (str, os.PathLike)) and Path(difficulty).suffix:  # a file, not a preset's name
         difficulty = os.path.abspath(difficulty)
     user = kwargs.get("user", "rule")
-    deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).is_rule
+    deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).deterministic
     from empathy_gym.env import EmpathyDialogueEnv
 
     EmpathyDialogueEnv(bank, difficulty, **{**kwargs, "user": "rule"}).close()  # the other keywords, checked now

@@ -102,7 +102,8 @@ DISAPPOINTED = {
         r"|drop it|i knew this|had enough|going nowhere|leave it|done with this|shouldn't have|brush|lecture|told off"
         r"|feels empty|sat less well|harder to hear|less sure|a bit much|doesn't (?:quite )?fit|don't know if that's it"
         r"|not sure (?:that|about)|can we not|figure it out myself|nothing seems to change|in theory|what i expected"
-        r"|going on about|keep quiet|what everyone says|creepy|strange thing|letters to me|repeating me|same (?:thing|line)"
+        r"|going on about|keep quiet|what everyone says|creepy|strange thing|letters to me|repeating me"
+        r"|same (?:thing|line)"
         r"|already said|doesn't (?:really )?(?:change anything|help)|it doesn't matter\.|can't make sense|don't follow"
     ),
     "zh": re.compile(
@@ -115,7 +116,8 @@ DISAPPOINTED = {
 }
 RELIEVED = {
     "en": re.compile(
-        r"(?i)(?<!n't )\bhelps?\b|helped|helpful|better|thank|lighter|that one landed|closer|\bfair|reassuring|useful|makes (?:some )?sense"
+        r"(?i)(?<!n't )\bhelps?\b|helped|helpful|better|thank|lighter|that one landed|closer|\bfair|reassuring|useful"
+        r"|makes (?:some )?sense"
         r"|that's right|gentle|breathe|got it|you're right|kind of you|easier|weight off|sorted|not bad|i like that"
         r"|decent|work with that|that's more like"
     ),
@@ -171,3 +173,16 @@ def test_the_reply_never_contradicts_the_change(language):
                     assert not wrong.search(reply), (character, emotion, change, reply)
                     said += 1
     assert said == 3 * 9 * 8
+
+
+def test_a_rules_file_with_replies_not_split_by_direction_is_refused(tmp_path):
+    import json
+    import shutil
+
+    for code in ("en", "zh"):
+        shutil.copyfile(RULES_DIR / f"{code}.json", tmp_path / f"{code}.json")
+    data = json.loads((tmp_path / "en.json").read_text(encoding="utf-8"))
+    data["replies"]["B"]["negative"] = data["replies"]["B"]["negative"]["level"]  # the format before issue 36
+    (tmp_path / "en.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"en.json: field 'replies/B/negative/up': expected a non-empty list"):
+        RuleUser(rules_dir=tmp_path)

@@ -490,7 +490,7 @@ def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where:
         kwargs["personas"], fields["personas"] = config.env.personas, "env.personas"
     checks = [(fields[name], functools.partial(build, **{name: value})) for name, value in kwargs.items()]
     spec = env_user_spec(config)
-    if spec is not None and spec.is_rule and "difficulty" in spec.user_kwargs:
+    if spec is not None and spec.deterministic and "difficulty" in spec.user_kwargs:
         checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
     if len(kwargs) > 1:  # values that clash only together (one value, or none, was checked above or is a default)
         checks.append(("env.kwargs", functools.partial(build, **kwargs)))

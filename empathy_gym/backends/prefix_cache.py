@@ -83,14 +83,16 @@ class PrefixKVCache:
         """Drop every entry (the counts in :attr:`stats` stay)."""
         self.entries.clear()
 
-    def lookup(self, ids: Sequence[int]) -> tuple[int, _Entry | None]:
+    def lookup(self, ids: Sequence[int], limit: int | None = None) -> tuple[int, _Entry | None]:
         """``(n, entry)``: the longest common prefix of ``ids`` with a cached sequence,
         at most ``len(ids) - 1`` tokens (the last prompt token is always computed, it
-        gives the next-token logits); ``(0, None)`` when nothing is shared."""
+        gives the next-token logits) and at most ``limit``; ``(0, None)`` when nothing
+        is shared."""
         query = np.asarray(ids, dtype=np.int64)
+        most = len(query) - 1 if limit is None else min(len(query) - 1, limit)
         best, best_key = 0, None
         for key, entry in self.entries.items():
-            width = min(len(entry.ids), len(query) - 1)
+            width = min(len(entry.ids), most)
             if width <= best:
                 continue
             differs = np.flatnonzero(entry.ids[:width] != query[:width])
@@ -181,13 +183,15 @@ class _Batch:
         pad_id: int,
         cache: PrefixKVCache | None,
         compute_dtype: torch.dtype | None,
+        reuse_limits: Sequence[int] | None = None,
     ):
         self.model, self.prompts, self.cache = model, prompts, cache
         self.device = next(model.parameters()).device
         self.cache_name = _cache_argument(model)
         self.autocast = (compute_dtype, self.device.type)
-        found = [cache.lookup(p) if cache is not None else (0, None) for p in prompts]
-        cached = [n for n, _ in found]
+        limits = reuse_limits if reuse_limits is not None else [None] * len(prompts)
+        found = [cache.lookup(p, limit) if cache is not None else (0, None) for p, limit in zip(prompts, limits)]
+        self.cached = cached = [n for n, _ in found]
         width_cached = max(cached)
         suffixes = [p[n:] for p, n in zip(prompts, cached)]
         width_new = max(len(s) for s in suffixes)
@@ -220,9 +224,9 @@ class _Batch:
                 layers.append((keys, values))
             self.past = DynamicCache(layers)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, **options: Any) -> Any:
         """Run ``ids`` (B, t) at ``positions`` (B, t) after what is cached (``self.mask`` must
-        already cover them); returns the last position's logits, (B, V) float32."""
+        already cover them); returns the model's output (``options``: more forward arguments)."""
         dtype, device_type = self.autocast
         with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
             out = self.model(
@@ -232,21 +236,29 @@ class _Batch:
                 use_cache=True,
                 logits_to_keep=1,
                 **{self.cache_name: self.past},
+                **options,
             )
         self.past = _returned_cache(out)
-        return out.logits[:, -1, :].float()
+        return out
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`run`, returning the last position's logits, (B, V) float32."""
+        return self.run(ids, positions).logits[:, -1, :].float()
 
     def prefill(self) -> torch.Tensor:
         return self.forward(self.ids, self.positions)
 
-    def store(self, sequences: Sequence[Sequence[int]]) -> None:
-        """Add each row's attended states to the cache, as the states of ``sequences[row]``."""
+    def store(self, sequences: Sequence[Sequence[int]], rows: Sequence[bool] | None = None) -> None:
+        """Add each row's attended states to the cache, as the states of ``sequences[row]``
+        (only the rows where ``rows`` is True, when given)."""
         if self.cache is None or self.cache.max_tokens == 0:
             return
         layers = _plain_layers(self.past)
         if layers is None:
             return
         for row, sequence in enumerate(sequences):
+            if rows is not None and not rows[row]:
+                continue
             columns = torch.nonzero(self.mask[row]).squeeze(-1).to(self.device)
             if len(columns) == len(sequence):
                 self.cache.add(sequence, [(k[row][:, columns].clone(), v[row][:, columns].clone()) for k, v in layers])
@@ -280,6 +292,49 @@ def next_token_logits(
     logits = batch.prefill()
     batch.store(prompts)
     return logits
+
+
+@torch.inference_mode()
+def suffix_hidden_states(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    layers: Sequence[int],
+    cache: PrefixKVCache | None = None,
+    reuse_limits: Sequence[int] | None = None,
+    store: Sequence[bool] | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> list[tuple[int, torch.Tensor]]:
+    """The hidden states of each prompt's tokens that ``cache`` does not hold.
+
+    Args:
+        prompts: B lists of token ids, each non-empty.
+        layers: indices into the model's ``hidden_states`` (0: the embeddings, i: after
+            layer i; the last one is after the final norm in Llama-style models).
+        reuse_limits: per prompt, the most tokens to take from ``cache`` (so that the
+            states of the tokens from there on are computed and returned).
+        store: per prompt, whether to keep its states in ``cache`` (default: all).
+
+    Returns:
+        per prompt ``(n, states)``: ``n`` tokens were served by the cache, and
+        ``states`` (len(layers), len(prompt) - n, hidden) float32 belong to the rest.
+
+    Raises:
+        ValueError: an empty prompt.
+    """
+    prompts = _check_prompts(prompts)
+    if not prompts:
+        return []
+    batch = _Batch(model, prompts, pad_id, cache, compute_dtype, reuse_limits)
+    out = batch.run(batch.ids, batch.positions, output_hidden_states=True)
+    stacked = torch.stack([out.hidden_states[layer] for layer in layers], dim=1).float()  # (B, L, t, H)
+    batch.store(prompts, store)
+    width = stacked.shape[2]
+    return [
+        (n, stacked[row, :, width - (len(prompt) - n) :].cpu())
+        for row, (n, prompt) in enumerate(zip(batch.cached, prompts))
+    ]
 
 
 @torch.inference_mode()

@@ -112,7 +112,7 @@ BAND_ORDER = "FCBAS"
 # -- the appraisal ------------------------------------------------------------------------
 
 
-def _round_half_away(value: float) -> int:
+def round_half_away(value: float) -> int:
     """Round to the nearest int, halves away from zero (2.5 -> 3, -2.5 -> -3)."""
     return int(math.copysign(math.floor(abs(value) + 0.5), value))
 
@@ -207,7 +207,7 @@ def _combine(
         contributions["difficulty"] = scaled - total
     # "+ 0.0" turns -0.0 into 0.0.
     contributions = {name: round(value, 3) + 0.0 for name, value in contributions.items()}
-    change = _round_half_away(scaled)
+    change = round_half_away(scaled)
     return max(-MAX_CHANGE, min(MAX_CHANGE, change)), contributions
 
 
@@ -462,13 +462,30 @@ class RuleUser(SimulatedUser):
         ("echo", "-"): "unheard",
     }
 
+    def thought(self, request: UserRequest, contributions: Mapping[str, float], direction: float) -> str:
+        """One sentence of inner thoughts about ``request``'s utterance: about the strongest
+        of ``contributions`` (feature -> emotion points) that pulls the way of
+        ``direction`` (a change decided elsewhere: the distilled user's).
+
+        Raises:
+            ValueError: a persona with an unknown language or character type.
+        """
+        return self._thought(self._language(request.persona), contributions, request, direction)
+
     @classmethod
-    def _thought(cls, language: LanguageRules, contributions: Mapping[str, float], request: UserRequest) -> str:
+    def _thought(
+        cls,
+        language: LanguageRules,
+        contributions: Mapping[str, float],
+        request: UserRequest,
+        direction: float | None = None,
+    ) -> str:
         """One sentence of inner thoughts about the strongest contribution that is about
         the utterance (not the user's mood, the difficulty or voiding) and pulls the same
-        way as the change (a thought never praises a reply that loses points)."""
+        way as the change (``direction``; default the contributions' sum: a thought never
+        praises a reply that loses points)."""
         thoughts = language.data["thoughts"]
-        total = sum(contributions.values())
+        total = sum(contributions.values()) if direction is None else direction
         fired = [
             (feature, value)
             for feature, value in contributions.items()

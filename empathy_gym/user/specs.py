@@ -1,8 +1,8 @@
 """Naming a model: ``KIND:TARGET[,key=value,...]`` (:func:`parse_spec`), and the simulated
 user: :class:`UserSpec` (docs/backends.md).
 
-One grammar serves the simulated user (``rule``, ``transformers:PATH`` or ``hf:PATH``,
-``vllm:PATH``, ``openai:MODEL@URL``, ``policy``) and the policy of ``empathy-gym eval
+One grammar serves the simulated user (``rule``, ``distilled[:PATH]``, ``transformers:PATH``
+or ``hf:PATH``, ``vllm:PATH``, ``openai:MODEL@URL``, ``policy``) and the policy of ``empathy-gym eval
 --policy`` (``baseline:NAME``, ``hf:PATH[,adapter=DIR]``, ``openai:MODEL@URL``,
 ``python:MODULE:ATTR``). Option values are read as JSON when they parse (``8`` is an
 int, ``true`` a bool) and as strings otherwise.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -21,12 +22,17 @@ if TYPE_CHECKING:
     from empathy_gym.user import SimulatedUser
 
 #: Kinds accepted by ``--user`` (``hf`` is an alias of ``transformers``).
-USER_KINDS: tuple[str, ...] = ("rule", "transformers", "hf", "vllm", "openai", "policy")
+USER_KINDS: tuple[str, ...] = ("rule", "distilled", "transformers", "hf", "vllm", "openai", "policy")
 #: :attr:`UserSpec.backend` names (a ready ``ChatBackend`` object is accepted too).
-USER_BACKENDS: tuple[str, ...] = ("rule", "transformers", "vllm", "openai", "policy")
+USER_BACKENDS: tuple[str, ...] = ("rule", "distilled", "transformers", "vllm", "openai", "policy")
 APPRAISAL_MODES: tuple[str, ...] = ("free", "choice")
 #: Options that the rule-based user takes (:class:`~empathy_gym.user.rule_user.RuleUser`).
 RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir", "difficulty")
+#: Options that the distilled user takes (:class:`~empathy_gym.user.distilled_user.DistilledUser`;
+#: its appraiser's folder is the spec's target, :attr:`UserSpec.model`).
+DISTILLED_USER_KEYWORDS: tuple[str, ...] = ("difficulty", "device", "batch_size")
+#: Users that run in-process without a chat backend, and the options each takes.
+LOCAL_USERS: dict[str, tuple[str, ...]] = {"rule": RULE_USER_KEYWORDS, "distilled": DISTILLED_USER_KEYWORDS}
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
 
@@ -115,7 +121,8 @@ class UserSpec:
             only a trainer can build ``"policy"``), or a ready
             :class:`~empathy_gym.backends.base.ChatBackend` (not closed by the user).
         model: the LLM user's model: a path, hub id or GGUF file (transformers, vllm),
-            or the server's model name (openai, required there). ``None`` for ``rule``,
+            or the server's model name (openai, required there); for ``distilled``, the
+            folder of an appraiser (``None``: the shipped one). ``None`` for ``rule``,
             ``policy`` and a ready backend.
         base_url: the OpenAI-compatible server's URL, ``http(s)://HOST[:PORT]/v1``
             (openai only, required there).
@@ -128,7 +135,8 @@ class UserSpec:
         user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` arguments
             (``temperature``, ``max_tokens``, ...), or for ``rule`` those of
             :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, ``rules_dir``, and
-            ``difficulty``, its own over the env's: ``"rule,difficulty=challenging"``).
+            ``difficulty``, its own over the env's: ``"rule,difficulty=challenging"``), or
+            for ``distilled`` those of :data:`DISTILLED_USER_KEYWORDS`.
 
     Raises:
         SpecError (a ``ValueError``): a bad field, named as ``user.FIELD``: an unknown
@@ -175,6 +183,9 @@ class UserSpec:
     def _check_fields(self) -> None:
         backend = self.backend
         set_fields = [name for name in ("model", "base_url", "backend_kwargs") if getattr(self, name)]
+        if backend == "distilled":
+            self._check_distilled(set_fields)
+            return
         if backend == "rule":
             if set_fields:
                 raise SpecError(
@@ -222,6 +233,23 @@ class UserSpec:
         elif backend != "openai" and self.base_url is not None:
             raise SpecError(f"user.base_url: only the openai backend takes a URL, not backend={backend!r}")
 
+    def _check_distilled(self, set_fields: list[str]) -> None:
+        wrong = [name for name in set_fields if name != "model"]
+        if wrong:
+            raise SpecError(
+                f"user: {', '.join(wrong)} given, but backend='distilled' runs its appraiser in-process; "
+                "drop them (its folder is user.model, e.g. distilled:runs/appraiser)"
+            )
+        if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
+            raise SpecError(
+                f"user.model: the distilled user takes an appraiser folder, got {type(self.model).__name__}"
+            )
+        unknown = sorted(set(self.user_kwargs) - set(DISTILLED_USER_KEYWORDS))
+        if unknown:
+            raise SpecError(
+                f"user: unknown option(s) {unknown}; the distilled user takes {', '.join(DISTILLED_USER_KEYWORDS)}"
+            )
+
     def _check_backend_options(self) -> None:
         """A typo in an option would reach the backend as a TypeError when it is built."""
         from empathy_gym.backends import BACKENDS, backend_class
@@ -254,20 +282,22 @@ class UserSpec:
         if spec.kind not in USER_KINDS:
             raise SpecError(
                 f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
-                f"rule, transformers:PATH, vllm:PATH, openai:MODEL@URL, policy"
+                f"rule, distilled[:PATH], transformers:PATH, vllm:PATH, openai:MODEL@URL, policy"
             )
         options = dict(spec.options)
         values: dict[str, Any] = {"appraisal_mode": options.pop("appraisal_mode", "free")}
         if spec.kind in ("rule", "policy"):
             if spec.target:
                 raise SpecError(f"{text!r}: the {spec.kind} user takes no target; write just '{spec.kind}'")
+        elif spec.kind == "distilled":
+            values["model"] = spec.target or None
         elif not spec.target:
             raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
         elif spec.kind == "openai":
             values["model"], values["base_url"] = split_openai_target(spec, text)
         else:
             values["model"] = spec.target
-        if spec.kind == "rule":
+        if spec.kind in LOCAL_USERS:
             values["user_kwargs"] = options
         else:
             user_keys = _llm_user_keywords()
@@ -297,9 +327,9 @@ class UserSpec:
         )
 
     @property
-    def is_rule(self) -> bool:
-        """The rule-based user (no LLM, deterministic)."""
-        return self.backend == "rule"
+    def deterministic(self) -> bool:
+        """The same requests and seeds always give the same turns (the rule and distilled users)."""
+        return self.backend in LOCAL_USERS
 
     def build(self, difficulty: Any = "moderate", protocol: Any = "sage") -> SimulatedUser:
         """The simulated user this spec names: the only place a spec becomes a user.
@@ -311,12 +341,14 @@ class UserSpec:
                 allowed change range).
 
         Returns:
-            a :class:`~empathy_gym.user.rule_user.RuleUser` or an
+            a :class:`~empathy_gym.user.rule_user.RuleUser`, a
+            :class:`~empathy_gym.user.distilled_user.DistilledUser` or an
             :class:`~empathy_gym.user.llm_user.LLMUser`, which closes a backend it built.
 
         Raises:
             SpecError: ``backend="policy"`` (a trainer builds that user from its policy).
             ValueError, ImportError: from the backend (a bad URL, a missing library).
+            AppraiserError (a ``ValueError``), OSError: a distilled user's folder or base model.
         """
         from empathy_gym.user import resolve_protocol
 
@@ -325,6 +357,10 @@ class UserSpec:
             from empathy_gym.user.rule_user import RuleUser
 
             return RuleUser(**{"difficulty": difficulty, **self.user_kwargs})  # rule,difficulty=... wins
+        if self.backend == "distilled":
+            from empathy_gym.user.distilled_user import DistilledUser
+
+            return DistilledUser(**{"difficulty": difficulty, **self.user_kwargs}, appraiser=self.model)
         if self.backend == "policy":
             raise SpecError(
                 "user.backend 'policy' is the policy's own base model with its LoRA adapters "

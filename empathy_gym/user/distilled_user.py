@@ -1,0 +1,112 @@
+"""The distilled simulated user (``--user distilled``, ``distilled:PATH``): the appraisal of a
+distilled appraiser (:mod:`empathy_gym.user.appraiser`), a small language model trained to
+judge as SAGE's LLM simulators do; the opening and the replies of the rule user's story
+(:mod:`empathy_gym.user.rule_user`), chosen to fit the change (a reply never reads as
+disappointment after a gain, or as relief after a loss). No LLM server; deterministic.
+
+One appraisal: the appraiser's distribution over :data:`~empathy_gym.user.appraiser.BINS`
+and its mean ``m`` (emotion points); under a difficulty with ``intention_required`` a
+reply without a cue of the hidden intention gains nothing (``m`` above 0 becomes 0); a
+positive ``m`` is multiplied by the difficulty's ``gain_scale``, a negative one by its
+``loss_scale``; the change is that, rounded half away from zero and clipped to [-10, 10].
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.personas import Persona
+from empathy_gym.user.appraiser import BINS, Appraiser, expected_change
+from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
+from empathy_gym.user.difficulty import Difficulty
+from empathy_gym.user.rule_user import MAX_CHANGE, RuleUser, round_half_away
+
+
+class DistilledUser(SimulatedUser):
+    """A simulated user that appraises with a distilled appraiser and replies with the rule
+    user's story.
+
+    Args:
+        difficulty: a preset name, path, dict or :class:`~empathy_gym.user.difficulty.Difficulty`
+            (``gain_scale``, ``loss_scale``, ``intention_required``; the replies use
+            ``hint_below_band`` as the rule user does).
+        appraiser: an :class:`~empathy_gym.user.appraiser.Appraiser`, the folder of one
+            (``empathy-gym distill --out FOLDER``), or ``None``: the shipped one.
+        device: where the appraiser's base model runs (``"cpu"``, ``"cuda"``).
+        batch_size: requests per forward pass of the base model.
+
+    Raises:
+        AppraiserError: ``appraiser`` is not an appraiser folder (file and field named).
+        FileNotFoundError, OSError: its base model cannot be found or loaded.
+        KeyError, ValueError: an unknown or invalid difficulty.
+    """
+
+    deterministic = True
+
+    def __init__(
+        self,
+        difficulty: str | os.PathLike | Mapping[str, Any] | Difficulty = "moderate",
+        *,
+        appraiser: Appraiser | str | os.PathLike | None = None,
+        device: str = "cpu",
+        batch_size: int = 16,
+    ):
+        self.rules = RuleUser(difficulty)
+        self.difficulty = self.rules.difficulty
+        if isinstance(appraiser, Appraiser):
+            self.appraiser = appraiser
+        else:
+            folder = Path(appraiser).expanduser() if appraiser is not None else None
+            self.appraiser = Appraiser.load(folder, device=device, batch_size=batch_size)
+
+    def opening(self, personas: Sequence[Persona], seeds: Sequence[int]) -> list[str]:
+        """The rule user's opening (:meth:`RuleUser.opening`)."""
+        return self.rules.opening(personas, seeds)
+
+    def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
+        """One appraisal per request (module docstring). ``features``: ``p<bin>`` the
+        appraiser's probabilities, ``expected`` its mean change, and the rule user's
+        negative contributions (the replies react to the worst of them).
+
+        Raises:
+            ValueError: a persona with an unknown language or character type.
+        """
+        if not requests:
+            return []
+        distributions = self.appraiser.distribution(requests)
+        rule = self.rules.appraise(requests)
+        return [
+            self._appraisal(request, distribution, by_rule)
+            for request, distribution, by_rule in zip(requests, distributions, rule)
+        ]
+
+    def _appraisal(self, request: UserRequest, distribution: np.ndarray, by_rule: Appraisal) -> Appraisal:
+        mean = float(expected_change(distribution[None])[0])
+        points = mean
+        if points > 0 and self.difficulty.intention_required and not self.appraiser.named_features(request)["cue"]:
+            points = 0.0
+        points *= self.difficulty.gain_scale if points > 0 else self.difficulty.loss_scale
+        change = max(-MAX_CHANGE, min(MAX_CHANGE, round_half_away(points)))
+        complaints = {name: value for name, value in by_rule.features.items() if value < 0}
+        features = {
+            **{f"p{value:+d}": round(float(p), 4) for value, p in zip(BINS, distribution)},
+            "expected": round(mean, 3),
+            **complaints,
+        }
+        thoughts = self.rules.thought(request, by_rule.features, change)
+        return Appraisal(change=change, thoughts=thoughts, features=features)
+
+    def reply(
+        self, requests: Sequence[UserRequest], appraisals: Sequence[Appraisal], emotions: Sequence[int]
+    ) -> list[str]:
+        """The rule user's reply for the change and the new emotion (:meth:`RuleUser.reply`)."""
+        return self.rules.reply(requests, appraisals, emotions)
+
+    def close(self) -> None:
+        """Drop the appraiser's cached key/value states."""
+        self.appraiser.cache.clear()
