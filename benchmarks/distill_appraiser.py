@@ -46,18 +46,8 @@ from fit_rule_model import DEFAULT_LOGS, GEMINI, GPT, features_of, fit, mismatch
 
 from empathy_gym.evaluation.replay import agreement, reappraise  # noqa: E402
 from empathy_gym.user.appraiser import SHIPPED, expected_change  # noqa: E402
-from empathy_gym.user.distill import (  # noqa: E402
-    FLUENT,
-    HeadOptions,
-    Rows,
-    bad_below,
-    distill,
-    fit_head,
-    lexical_learner,
-    load_rows,
-    predict,
-    subset,
-)
+from empathy_gym.user.distill import HeadOptions, bad_below, distill, fit_head, lexical_learner, predict  # noqa: E402
+from empathy_gym.user.distill_rows import FLUENT, Rows, load_rows, subset  # noqa: E402
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "distilled_agreement.txt"

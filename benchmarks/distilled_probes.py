@@ -31,7 +31,7 @@ from _machine import cpu_model  # noqa: E402
 from empathy_gym.evaluation.baselines import ListenerAgent  # noqa: E402
 from empathy_gym.personas import builtin_bank  # noqa: E402
 from empathy_gym.user.base import UserRequest  # noqa: E402
-from empathy_gym.user.distill import english_bank_split  # noqa: E402
+from empathy_gym.user.distill_rows import english_bank_split  # noqa: E402
 from empathy_gym.user.probes import BAD_KINDS, below_caring  # noqa: E402
 from empathy_gym.user.protocol import SAGE  # noqa: E402
 from empathy_gym.user.rule_user import RuleUser  # noqa: E402

@@ -41,6 +41,9 @@ def test_wheel_contents(wheel):
         "empathy_gym/user/prompts/zh/appraisal.txt",
         "empathy_gym/user/prompts/en/bands.json",
         "empathy_gym/user/rules/en.json",
+        "empathy_gym/user/distilled/appraiser.json",
+        "empathy_gym/user/distilled/head.safetensors",
+        "empathy_gym/user/distilled/MODEL_CARD.md",
         "empathy_gym/integrations/strategy_templates/en.json",
         "empathy_gym/integrations/strategy_templates/zh.json",
     ]:

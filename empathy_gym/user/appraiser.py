@@ -53,6 +53,13 @@ HEAD_NAME = "head.safetensors"
 #: The shipped appraiser (trained by ``benchmarks/distill_appraiser.py``).
 SHIPPED = Path(__file__).resolve().parent / "distilled"
 
+#: Standardised states are clipped to this many standard deviations (:meth:`Head.standardised`).
+Z_CLIP = 4.0
+_WORD_RUN = {
+    "en": re.compile(r"\b(\w+)(?:\W+\1\b){2,}", re.IGNORECASE),
+    "zh": re.compile(r"([\u4e00-\u9fff]{2,6})\1{2,}"),
+}
+
 READOUT = "How the person feels about this reply:"
 _MARKERS = ("Person:", "Listener:", READOUT, "Situation:", "What they need:")
 _MARKER_PATTERN = re.compile("|".join(re.escape(marker) for marker in _MARKERS), re.IGNORECASE)
@@ -99,6 +106,20 @@ class Layout:
             raise AppraiserError("layout: a tail must be shorter than the piece it belongs to")
         if self.depth and max(self.layers) > self.depth:
             raise AppraiserError(f"layout.layers: {max(self.layers)} is deeper than layout.depth {self.depth}")
+
+
+def reply_checks(text: str, language: str) -> list[str]:
+    """What a policy found against an earlier appraiser, in a reply: ``"word_run"`` (a word,
+    zh a 2-6 character unit, three times in a row), and in English the reward-hacking
+    monitors' ``"repeats"`` (a sentence twice, a word bigram three times) and ``"nonwords"``
+    (:mod:`empathy_gym.agents.monitors`; in Chinese their units are single characters, and
+    long fluent replies repeat character pairs)."""
+    from empathy_gym.agents.monitors import mostly_nonwords, repeats_itself
+
+    found = ["word_run"] if _WORD_RUN["zh" if language == "zh" else "en"].search(text) else []
+    if language != "zh":
+        found += ["repeats"] * repeats_itself(text, language) + ["nonwords"] * mostly_nonwords(text, language)
+    return found
 
 
 def default_layout(num_layers: int) -> Layout:
@@ -195,9 +216,14 @@ class Head:
     weight: np.ndarray
     bias: np.ndarray
 
+    def standardised(self, states: np.ndarray) -> np.ndarray:
+        """(n, D) states -> z-scores, clipped to +-:data:`Z_CLIP` (text unlike any the head
+        was fitted on cannot push a logit without bound)."""
+        return np.clip((states - self.mean) / self.scale, -Z_CLIP, Z_CLIP)
+
     def logits(self, states: np.ndarray, named: np.ndarray) -> np.ndarray:
         """(n, D) states and (n, V) named features -> (n, len(BINS)) float64 logits."""
-        x = np.concatenate([(states - self.mean) / self.scale, named], axis=1)
+        x = np.concatenate([self.standardised(states), named], axis=1)
         return x @ self.weight.T.astype(np.float64) + self.bias
 
     def named_matrix(self, named: Sequence[Mapping[str, float]]) -> np.ndarray:
@@ -367,7 +393,8 @@ class Appraiser:
     def named_features(self, request: UserRequest) -> dict[str, float]:
         """The request's named features (module docstring)."""
         features, guards, has_cue = self._named.features(request)
-        return {**features, **{f"guard:{name}": 1.0 for name in guards}, "cue": float(has_cue)}
+        checks = {f"check:{name}": 1.0 for name in reply_checks(request.utterance, request.persona.language)}
+        return {**features, **{f"guard:{name}": 1.0 for name in guards}, **checks, "cue": float(has_cue)}
 
     def features(self, requests: Sequence[UserRequest], *, keep: Sequence[bool] | None = None) -> np.ndarray:
         """The language model's features of each request: (n, D) float32, D = 2 * hidden

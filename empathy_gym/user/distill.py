@@ -9,9 +9,11 @@ models it never saw (docs/simulated-user.md, "The distilled user").
    of the English bank's training personas get a fluent reply beside bad ones (no LLM
    label: they only rank). Shards of ``shard_dialogues`` dialogues are written atomically
    to ``FOLDER/features/``; a rerun skips finished shards.
-2. **Head** (seconds): :func:`fit_head` on the training split.
-3. **Report**: agreement on the held-out tested models and, when the logs hold two
-   simulator families, across families; beside the rule user and a lexical learner.
+2. **Head** (seconds): :func:`fit_head` on the training split, for the report; then on
+   every row, for the saved appraiser.
+3. **Report**: agreement on the held-out tested models beside the shipped rule user and a
+   lexical learner, bad replies scored below their context's reply, the calibration of
+   P(gain), and a model card. (Across simulator families: ``benchmarks/distill_appraiser.py``.)
 
 The split is by tested model (a log file's ``model``), never by turn: turns of one
 dialogue share their context.
@@ -20,8 +22,6 @@ dialogue share their context.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.personas import Persona, builtin_bank, split_personas
 from empathy_gym.user.appraiser import (
     BINS,
     Appraiser,
@@ -43,249 +42,23 @@ from empathy_gym.user.appraiser import (
     save_head,
     softmax,
 )
-from empathy_gym.user.base import UserRequest
-from empathy_gym.user.probes import BAD_KINDS, bad_requests
+from empathy_gym.user.distill_rows import (
+    FLUENT,
+    LOGGED,
+    Context,
+    Rows,
+    bank_contexts,
+    english_bank_split,
+    extract,
+    load_rows,
+    logged_contexts,
+    opening_contexts,
+    save_rows,
+    subset,
+)
+from empathy_gym.user.probes import BAD_KINDS
 
 FEATURES = "features"
-#: Row kinds besides :data:`~empathy_gym.user.probes.BAD_KINDS`: a logged reply with the
-#: simulator's change, and a fluent reply without a label (the English bank's contexts).
-LOGGED, FLUENT = "logged", "fluent"
-
-
-@dataclass(frozen=True)
-class Context:
-    """One appraised turn to extract: the request and, for logged turns, the label.
-
-    Attributes:
-        request: the persona, history, reply, emotion and turn.
-        change: the simulator's applied change (``None``: no label).
-        log, model, simulator: where the turn comes from (``model``: the tested model).
-        bad_kinds: bad replies to extract in the same context.
-    """
-
-    request: UserRequest
-    change: int | None
-    log: str
-    model: str
-    simulator: str
-    bad_kinds: tuple[str, ...] = ()
-    kind: str = LOGGED
-
-
-@dataclass
-class Rows:
-    """Extracted rows (logged turns, fluent and bad replies), in extraction order.
-
-    Attributes:
-        states: (n, D) float32, the language model's features.
-        named: n dicts of named features.
-        change: (n,) float64, the logged change (NaN without a label).
-        kind: (n,) str, :data:`LOGGED`, :data:`FLUENT` or a bad kind.
-        context: (n,) int64, rows with one context share it (a logged or fluent reply
-            and the bad replies in its context).
-        log, model, simulator, dialogue: (n,) str. turn: (n,) int64.
-        reply, last_user: (n,) str, the reply and the user message it answers.
-        rule_change: (n,) float64, the shipped rule user's change (for the report).
-    """
-
-    states: np.ndarray
-    named: list[dict[str, float]]
-    change: np.ndarray
-    kind: np.ndarray
-    context: np.ndarray
-    log: np.ndarray
-    model: np.ndarray
-    simulator: np.ndarray
-    dialogue: np.ndarray
-    turn: np.ndarray
-    reply: np.ndarray
-    last_user: np.ndarray
-    rule_change: np.ndarray
-
-    @staticmethod
-    def concatenate(parts: Sequence[Rows]) -> Rows:
-        """One :class:`Rows` of ``parts`` in order, context ids made unique."""
-        offset, contexts = 0, []
-        for part in parts:
-            contexts.append(part.context + offset)
-            offset += int(part.context.max()) + 1 if len(part.context) else 0
-        names = [f.name for f in dataclasses.fields(Rows) if f.name not in ("named", "context")]
-        joined = {name: np.concatenate([getattr(part, name) for part in parts]) for name in names}
-        return Rows(named=[n for part in parts for n in part.named], context=np.concatenate(contexts), **joined)
-
-
-def logged_contexts(logs: Sequence[Any], *, bad_turns: int, seed: int) -> list[list[Context]]:
-    """Each logged dialogue's appraised turns as :class:`Context` lists (one list a
-    dialogue), ``bad_turns`` of them (drawn with a generator seeded by ``seed`` and the
-    dialogue) carrying four bad kinds each.
-
-    Args:
-        logs: :class:`~empathy_gym.evaluation.replay.LogFile` objects.
-    """
-    from empathy_gym.evaluation.replay import turn_request
-
-    dialogues = []
-    for log in logs:
-        for dialogue in log.dialogues:
-            scored = [turn for turn in dialogue.turns if turn.scored]
-            rng = np.random.default_rng([seed, _stable(log.name), _stable(dialogue.id)])
-            chosen = set(rng.choice(len(scored), size=min(bad_turns, len(scored)), replace=False).tolist())
-            dialogues.append(
-                [
-                    Context(
-                        turn_request(turn, dialogue.persona),
-                        turn.change,
-                        log.name,
-                        log.model,
-                        log.simulator,
-                        tuple(rng.choice(BAD_KINDS, size=4, replace=False).tolist()) if index in chosen else (),
-                    )
-                    for index, turn in enumerate(scored)
-                ]
-            )
-    return [d for d in dialogues if d]
-
-
-def bank_contexts(personas: Sequence[Persona], *, turns: int, seed: int) -> list[list[Context]]:
-    """Dialogues of ``turns`` turns with the rule user and the scripted listener
-    (:class:`~empathy_gym.evaluation.baselines.ListenerAgent`): at each turn the
-    listener's reply is a :data:`FLUENT` row, with four bad kinds in its context."""
-    from empathy_gym.evaluation.baselines import ListenerAgent
-    from empathy_gym.user.protocol import resolve_protocol
-    from empathy_gym.user.rule_user import RuleUser
-
-    user, agent, protocol = RuleUser(), ListenerAgent(), resolve_protocol("sage")
-    dialogues = []
-    for persona in personas:
-        rng = np.random.default_rng([seed, _stable(persona.id)])
-        history = [("user", user.opening([persona], [seed])[0])]
-        emotion, contexts = 40, []
-        for turn in range(1, turns + 1):
-            messages = [{"role": "user" if role == "user" else "assistant", "content": text} for role, text in history]
-            request = UserRequest(persona, tuple(history), agent(messages), emotion, turn, seed=seed)
-            kinds = tuple(rng.choice(BAD_KINDS, size=4, replace=False).tolist())
-            contexts.append(Context(request, None, "bank", persona.language, "rule", kinds, FLUENT))
-            [answer] = user.respond([request], protocol)
-            history += [("agent", request.utterance), ("user", answer.reply)]
-            emotion = answer.emotion
-        dialogues.append(contexts)
-    return dialogues
-
-
-def _stable(text: str) -> int:
-    """A 32-bit hash of ``text`` that does not change between processes."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One row to extract: its context, kind (:data:`LOGGED`, :data:`FLUENT` or a bad
-    kind), request (the bad reply in place of the context's) and context id."""
-
-    context: Context
-    kind: str
-    request: UserRequest
-    context_id: int
-
-
-def plan_rows(dialogues: Sequence[Sequence[Context]], *, seed: int) -> list[list[Planned]]:
-    """The rows of ``dialogues``, one batch per turn across them: each turn's reply, then
-    its bad replies (drawn with ``numpy.random.default_rng(seed)``, in this order)."""
-    rng = np.random.default_rng(seed)
-    batches, context_id = [], 0
-    for turn in range(max(len(d) for d in dialogues)):
-        batch = []
-        for dialogue in dialogues:
-            if turn < len(dialogue):
-                context = dialogue[turn]
-                batch.append(Planned(context, context.kind, context.request, context_id))
-                batch += [
-                    Planned(context, kind, bad, context_id)
-                    for kind, bad in bad_requests(context.request, context.bad_kinds, rng)
-                ]
-                context_id += 1
-        batches.append(batch)
-    return batches
-
-
-def extract(
-    appraiser: Appraiser,
-    dialogues: Sequence[Sequence[Context]],
-    *,
-    seed: int,
-    on_turns: Callable[[int], None] | None = None,
-) -> Rows:
-    """The rows of ``dialogues`` (:func:`plan_rows`), turn by turn across them (each
-    dialogue's prefix cached; bad replies share their turn's prefix and are not cached)."""
-    planned: list[Planned] = []
-    states = []
-    for batch in plan_rows(dialogues, seed=seed):
-        keep = [row.kind in (LOGGED, FLUENT) for row in batch]
-        states.append(appraiser.features([row.request for row in batch], keep=keep))
-        planned += batch
-        if on_turns is not None:
-            on_turns(sum(keep))
-    appraiser.cache.clear()
-    return rows_of(planned, np.concatenate(states), appraiser.named_features)
-
-
-def rows_of(planned: Sequence[Planned], states: np.ndarray, named: Callable[[UserRequest], dict[str, float]]) -> Rows:
-    """:class:`Rows` of planned rows and their (n, D) states; ``named`` gives a request's
-    named features. The shipped rule user's change goes in :attr:`Rows.rule_change`."""
-    from empathy_gym.user.rule_user import RuleUser
-
-    requests = [row.request for row in planned]
-    rule = RuleUser().appraise(requests)
-    return Rows(
-        states=np.asarray(states, dtype=np.float32).reshape(len(planned), -1),
-        named=[named(request) for request in requests],
-        change=np.asarray(
-            [
-                row.context.change if row.kind == LOGGED and row.context.change is not None else np.nan
-                for row in planned
-            ],
-            dtype=float,
-        ),
-        kind=np.asarray([row.kind for row in planned]),
-        context=np.asarray([row.context_id for row in planned], dtype=np.int64),
-        log=np.asarray([row.context.log for row in planned]),
-        model=np.asarray([row.context.model for row in planned]),
-        simulator=np.asarray([row.context.simulator for row in planned]),
-        dialogue=np.asarray([f"{row.context.log}#{row.request.persona.id}" for row in planned]),
-        turn=np.asarray([row.request.turn for row in planned], dtype=np.int64),
-        reply=np.asarray([row.request.utterance for row in planned]),
-        last_user=np.asarray([_last_user(row.request) for row in planned]),
-        rule_change=np.asarray([appraisal.change for appraisal in rule], dtype=float),
-    )
-
-
-def _last_user(request: UserRequest) -> str:
-    return next((text for role, text in reversed(request.history) if role == "user"), "")
-
-
-def save_rows(path: Path, rows: Rows) -> None:
-    """Write ``rows`` to ``path`` (``.npz``) atomically."""
-    staging = path.with_name(path.name + ".partial.npz")
-    arrays = {f.name: getattr(rows, f.name) for f in dataclasses.fields(Rows) if f.name != "named"}
-    arrays["states"] = rows.states.astype(np.float16)
-    arrays["named"] = np.asarray([json.dumps(n, sort_keys=True) for n in rows.named])
-    np.savez(staging, **arrays)
-    os.replace(staging, path)
-
-
-def load_rows(path: Path) -> Rows:
-    """The rows :func:`save_rows` wrote."""
-    with np.load(path, allow_pickle=False) as data:
-        values = {name: data[name] for name in data.files}
-    values["states"] = values["states"].astype(np.float32)
-    values["named"] = [json.loads(text) for text in values["named"]]
-    return Rows(**values)
-
-
-def english_bank_split(seed: int = 0) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
-    """The English bank split as the quick start splits it (training, held-out): the
-    appraiser's English contexts come from the training personas only."""
-    return split_personas(builtin_bank("en"), 0.25, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -341,7 +114,7 @@ def fit_head(rows: Rows, options: HeadOptions = HeadOptions(), *, seed: int = 0)
     mean = states.mean(axis=0)
     scale = states.std(axis=0) + 1e-3
     head = Head(vocabulary, mean, scale, np.zeros((len(BINS), states.shape[1] + len(vocabulary))), np.zeros(len(BINS)))
-    x = torch.from_numpy(np.concatenate([(states - mean) / scale, head.named_matrix(rows.named)], axis=1)).float()
+    x = torch.from_numpy(np.concatenate([head.standardised(states), head.named_matrix(rows.named)], axis=1)).float()
     bad = np.isin(rows.kind, BAD_KINDS)
     targets = torch.from_numpy(np.where(labelled, bin_index(np.nan_to_num(rows.change)), 0))
     weights = torch.from_numpy(np.where(labelled, 1.0, np.where(bad, options.bad_weight, 0.0))).float()
@@ -407,12 +180,6 @@ def predict(head: Head, rows: Rows) -> np.ndarray:
     return softmax(head.logits(states.astype(np.float64), head.named_matrix(rows.named)))
 
 
-def subset(rows: Rows, mask: np.ndarray) -> Rows:
-    """The rows where ``mask`` is True (``named`` filtered alike)."""
-    values = {f.name: getattr(rows, f.name) for f in dataclasses.fields(Rows) if f.name != "named"}
-    return Rows(named=[n for n, keep in zip(rows.named, mask) if keep], **{k: v[mask] for k, v in values.items()})
-
-
 class DistillError(ValueError):
     """Invalid input to ``empathy-gym distill``: no appraised turns, a held-out model the
     logs lack, or a run folder that holds another configuration (the field named)."""
@@ -444,7 +211,7 @@ def distill(
     layout: Layout | None = None,
     head: HeadOptions = HeadOptions(),
     bad_turns: int = 2,
-    bank_turns: int = 3,
+    bank_turns: int = 4,
     seed: int = 0,
     device: str = "cpu",
     batch_size: int = 16,
@@ -466,7 +233,8 @@ def distill(
             for the base model's depth) and how the head is fitted.
         bad_turns: turns a logged dialogue whose context also gets four bad replies.
         bank_turns: turns of each English training persona's dialogue with the scripted
-            listener (fluent reply and bad replies; 0: none).
+            listener (fluent reply and every bad kind; 0: none). Each profile's first
+            logged reply also gets every bad kind.
         on_progress: called with ``(turns done, turns in all)``.
 
     Returns:
@@ -502,7 +270,8 @@ def distill(
     if not logged:
         raise DistillError(f"{', '.join(map(str, logs))}: no appraised turns to learn from")
     bank = bank_contexts(english_bank_split(seed)[0], turns=bank_turns, seed=seed) if bank_turns else []
-    shards = [part[i : i + shard_dialogues] for part in (logged, bank) for i in range(0, len(part), shard_dialogues)]
+    parts = (logged, bank, opening_contexts(files))
+    shards = [part[i : i + shard_dialogues] for part in parts for i in range(0, len(part), shard_dialogues)]
     paths = [folder / FEATURES / f"{index:04d}.npz" for index in range(len(shards))]
     resumed = sum(path.exists() for path in paths)
     folder.joinpath(FEATURES).mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,16 @@ judge as SAGE's LLM simulators do; the opening and the replies of the rule user'
 disappointment after a gain, or as relief after a loss). No LLM server; deterministic.
 
 One appraisal: the appraiser's distribution over :data:`~empathy_gym.user.appraiser.BINS`
-and its mean ``m`` (emotion points); under a difficulty with ``intention_required`` a
-reply without a cue of the hidden intention gains nothing (``m`` above 0 becomes 0); a
+and its mean ``m`` (emotion points); a reply that trips one of the rule user's voiding
+guards (:data:`~empathy_gym.user.rule_user.VOIDING`: injection, gibberish, the wrong
+language, repetition, parroting, too short) or one of the appraiser's reply checks
+(:func:`~empathy_gym.user.appraiser.reply_checks`: a word run, in English a repeated
+bigram or mostly non-words) gains nothing (``m`` above 0 becomes 0), and so does one
+without a cue of the hidden intention under a difficulty with ``intention_required``; a
 positive ``m`` is multiplied by the difficulty's ``gain_scale``, a negative one by its
 ``loss_scale``; the change is that, rounded half away from zero and clipped to [-10, 10].
+The appraiser learnt those replies are bad (they are among its training negatives); the
+floor keeps a policy from finding where it learnt it too weakly.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from empathy_gym.personas import Persona
 from empathy_gym.user.appraiser import BINS, Appraiser, expected_change
 from empathy_gym.user.base import Appraisal, SimulatedUser, UserRequest
 from empathy_gym.user.difficulty import Difficulty
-from empathy_gym.user.rule_user import MAX_CHANGE, RuleUser, round_half_away
+from empathy_gym.user.rule_user import MAX_CHANGE, VOIDING, RuleUser, round_half_away
 
 
 class DistilledUser(SimulatedUser):
@@ -87,15 +93,23 @@ class DistilledUser(SimulatedUser):
 
     def _appraisal(self, request: UserRequest, distribution: np.ndarray, by_rule: Appraisal) -> Appraisal:
         mean = float(expected_change(distribution[None])[0])
-        points = mean
-        if points > 0 and self.difficulty.intention_required and not self.appraiser.named_features(request)["cue"]:
-            points = 0.0
+        named = self.appraiser.named_features(request)
+        floored = any(
+            name.startswith("check:") or (name.startswith("guard:") and name[6:] in VOIDING) for name in named
+        )
+        voided = mean > 0 and (floored or (self.difficulty.intention_required and not named["cue"]))
+        points = 0.0 if voided else mean
         points *= self.difficulty.gain_scale if points > 0 else self.difficulty.loss_scale
         change = max(-MAX_CHANGE, min(MAX_CHANGE, round_half_away(points)))
-        complaints = {name: value for name, value in by_rule.features.items() if value < 0}
+        complaints = {
+            name: value
+            for name, value in by_rule.features.items()
+            if value < 0 and name not in ("mood", "voided", "difficulty")
+        }
         features = {
             **{f"p{value:+d}": round(float(p), 4) for value, p in zip(BINS, distribution)},
             "expected": round(mean, 3),
+            **({"voided": -round(mean, 3)} if voided else {}),
             **complaints,
         }
         thoughts = self.rules.thought(request, by_rule.features, change)
