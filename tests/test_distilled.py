@@ -96,6 +96,9 @@ def test_distill_holds_out_whole_models_and_saves_an_appraiser(distilled):
         assert (distilled.folder / name).is_file(), name
     config = json.loads((distilled.folder / "appraiser.json").read_text())
     assert config["trained_on"]["heldout_models_in_report"] == ["openai-o1"]
+    card = (distilled.folder / "MODEL_CARD.md").read_text()
+    assert "salad, self repeat, parrot" in card and "generic questions" in card  # every kind, from BAD_KINDS
+    assert str(distilled.folder.parent) not in (distilled.folder / "report.txt").read_text()  # no machine's path
 
 
 def test_distill_resumes_and_the_same_seed_gives_the_same_head(distilled, tiny_model_dir, tmp_path):

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 #: The shipped appraiser's mean change for three replies to the opening of en-005 (the first
 #: held-out English persona), measured when the head was committed (benchmarks/distill_appraiser.py).
 PINNED: dict[str, float] = {
-    "That sounds really painful. What happened after that?": 3.003,
-    "Just get over it.": -8.428,
-    "You're amazing! You are so strong!": -6.198,
+    "That sounds really painful. What happened after that?": 1.276,
+    "Just get over it.": -8.652,
+    "You're amazing! You are so strong!": -5.679,
 }
 
 
@@ -66,4 +66,4 @@ def test_the_shipped_appraiser_gives_the_pinned_appraisals(user):
     appraisals = user.appraise([UserRequest(persona, opening.history, reply, 40, 1) for reply in PINNED])
     expected = [appraisal.features["expected"] for appraisal in appraisals]
     assert expected == pytest.approx(list(PINNED.values()), abs=2e-3)
-    assert [appraisal.change for appraisal in appraisals] == [3, -8, -6]
+    assert [appraisal.change for appraisal in appraisals] == [1, -9, -6]

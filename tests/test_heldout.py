@@ -62,6 +62,24 @@ def test_report_states_the_interval_and_the_caveat():
     assert "interval excludes 0" in text and "not" in text and "stand-in" in text
 
 
+
+@pytest.mark.parametrize(
+    ("user", "said"),
+    [
+        ("rule", "the rule-based stand-in"),
+        ("distilled", "a small appraiser distilled from SAGE's LLM simulators"),
+        ("openai:qwen@http://127.0.0.1:1/v1", "an LLM playing the user (openai:qwen@http://127.0.0.1:1/v1)"),
+    ],
+)
+def test_the_caveat_names_the_training_user(user, said):
+    # Before: a run trained against the distilled user was told "The simulated user here is
+    # the rule-based stand-in".
+    records_ = records({p: [40] for p in "ab"})
+    config = load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", f"env.kwargs.user={user}"], algorithm="grpo")
+    text = report(config, records_, records_, steps=1)["text"]
+    assert f"The simulated user here is {said}" in text
+    assert ("stand-in" in text) == (user == "rule")
+
 def test_the_report_says_which_features_moved():
     before = records({"a": [40], "b": [40]})
     after = records({"a": [45], "b": [43]})

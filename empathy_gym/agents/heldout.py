@@ -36,17 +36,35 @@ from empathy_gym.user.specs import as_user_spec
 HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)
 
-#: What the table can and cannot claim; printed under it.
+#: What the table can and cannot claim, printed under it: the start, then what the
+#: training user is (by its backend), then the end.
 CAVEAT = (
     "What this shows: whether training moved the policy's score on personas it never trained on, "
     "beyond what the sampling noise of these dialogues explains (the interval). What it does not show: "
-    "empathy. The simulated user here is the rule-based stand-in (a linear model of surface features "
-    "fitted to SAGE's LLM appraisals, which it matches on the sign of ~76% of held-out turns within a "
-    "simulator family and ~65% across families); a gain against it "
+    "empathy. The simulated user here is {user}; a gain against it "
     "means the policy learnt what that model rewards, not that an LLM judge or a person would feel "
     "better understood. Check with a second judge (heldout.user) or an LLM user (env.kwargs.user) "
     "before calling it a result."
 )
+USER_KINDS = {
+    "rule": "the rule-based stand-in (a linear model of surface features fitted to SAGE's LLM appraisals, "
+    "which it matches on the sign of ~76% of held-out turns within a simulator family and ~65% across families)",
+    "distilled": "a small appraiser distilled from SAGE's LLM simulators (a head on a 135M model's states and "
+    "the rule user's features, which agrees with an unseen simulator family only in part: "
+    "benchmarks/results/distilled_agreement.txt)",
+}
+
+
+def caveat(config: Any) -> str:
+    """:data:`CAVEAT` for the training user of ``config``: :data:`USER_KINDS` by its backend, else
+    an LLM user (or a user given in code) named by its spec."""
+    from empathy_gym.agents.config import env_user_spec
+
+    spec = env_user_spec(config)
+    if spec is None:
+        return CAVEAT.format(user="a SimulatedUser given in code")
+    backend = spec.backend if isinstance(spec.backend, str) else "a ready backend"
+    return CAVEAT.format(user=USER_KINDS.get(backend, f"an LLM playing the user ({spec})"))
 
 
 def _user_label(config: Any) -> str:
@@ -329,13 +347,13 @@ def report(
     if shift:
         largest = ", ".join(f"{group} {points:+.2f}" for group, points in list(shift.items())[:5])
         lines.append(
-            f"Where the change came from (the rule user's appraisal by feature group, points per "
+            f"Where the change came from (the training user's appraisal by feature group, points per "
             f"dialogue, after - before; largest first): {largest}."
         )
     if trend:
         result["training"] = dict(trend)
         lines.append(_trend_line(trend))
-    lines.append(CAVEAT)
+    lines.append(caveat(config))
     return result | {"feature_shift": shift, "text": "\n".join(lines)}
 
 

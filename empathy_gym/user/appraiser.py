@@ -17,13 +17,14 @@ message and reply, never the whole dialogue again. Long pieces keep their head a
 (:class:`Layout`).
 
 The head: ``x = [states at the readout token and mean over the reply's tokens, at each of
-the artefact's layers, standardised; the named features]``, ``logits = W x + b`` over
-:data:`BINS` (multinomial logistic regression; Cox 1966); the distribution is
-``softmax(logits)`` and the change is its mean, in emotion points.
+the artefact's layers, standardised and clipped to +-Z_CLIP; the named features]``,
+``logits = W x + b`` over :data:`BINS` (multinomial logistic regression; Cox 1966); the
+distribution is ``softmax(logits)`` and the change is its mean, in emotion points.
 
 The named features are :meth:`empathy_gym.user.rule_user.RuleUser.features` (the
 reply's form, cues and the user's state: emotion, turn, momentum), the rule user's
-guards that fire (``guard:<name>``) and whether the reply cues the hidden intention.
+guards that fire (``guard:<name>``), the reply checks that fire (``check:<name>``,
+:func:`reply_checks`) and whether the reply cues the hidden intention (``cue``).
 """
 
 from __future__ import annotations
@@ -351,7 +352,8 @@ class Appraiser:
         layout: what the model reads.
         head: ``None`` to compute features only (:meth:`features`, for training).
         cache_tokens: the most tokens whose key/value states are kept between turns
-            (:class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`).
+            (:class:`~empathy_gym.backends.prefix_cache.PrefixKVCache`; SmolLM2 at depth
+            24 in float32 keeps 36 KiB a token).
         batch_size: requests per forward pass.
     """
 
@@ -362,7 +364,7 @@ class Appraiser:
         layout: Layout,
         head: Head | None = None,
         *,
-        cache_tokens: int = 65536,
+        cache_tokens: int = 16384,
         batch_size: int = 16,
     ):
         from empathy_gym.backends.prefix_cache import PrefixKVCache

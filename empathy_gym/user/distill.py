@@ -262,6 +262,7 @@ def distill(
         "bank_turns": bank_turns,
         "seed": seed,
         "shard_dialogues": shard_dialogues,
+        "bad_kinds": list(BAD_KINDS),  # shards made with other kinds are not resumed
     }
     if folder.exists() and not folder.is_dir():
         raise DistillError(f"--out {str(folder)!r} is a file; give a folder (new, or a run to resume)")
@@ -332,7 +333,7 @@ def _extract_missing(
         model, tokenizer = load_base_model(base_model, device=device)
     except OSError as error:
         raise OSError(f"base model {base_model!r} could not be loaded: {error}") from None
-    appraiser = Appraiser(model, tokenizer, layout, batch_size=batch_size)
+    appraiser = Appraiser(model, tokenizer, layout, batch_size=batch_size, cache_tokens=65536)  # 16 dialogues
 
     def advance(turns: int) -> None:
         nonlocal done
@@ -470,7 +471,7 @@ def plot_calibration(points: Sequence[dict[str, float]], path: Path) -> None:
 def report_text(folder: Path, report: dict[str, Any]) -> str:
     """``report.txt``: the agreement table, the bad replies and the calibration."""
     lines = [
-        f"Distilled appraiser in {folder}: held-out tested models {', '.join(report['heldout_models'])} "
+        f"Distilled appraiser in {folder.name}: held-out tested models {', '.join(report['heldout_models'])} "
         "(the head below was fitted on the other models' turns; the saved head on all of them)",
         f"rows: {report['rows']['logged']} logged turns, {report['rows']['bad']} bad replies, "
         f"{report['rows']['fluent']} fluent replies of the English bank",
@@ -496,6 +497,7 @@ def model_card(config: dict[str, Any], report: dict[str, Any], text: str) -> str
     """``MODEL_CARD.md``: what the appraiser was trained on, how it was measured, and where
     it is known to fail."""
     logs = "\n".join(f"- `{name}`" for name in config["logs"])
+    kinds = ", ".join(config.get("bad_kinds", ())).replace("_", " ")
     return f"""# Distilled appraiser
 
 A head on the hidden states of `{config["base_model"]}` (frozen; the first
@@ -506,10 +508,8 @@ the change is the distribution's mean). Made by `empathy-gym distill` (empathy_g
 ## Trained on
 {logs}
 
-{report["rows"]["logged"]} logged turns, with {report["rows"]["bad"]} bad replies (word salads of the
-user's words, repetition, parroting, empty and one-word replies, other languages, generic
-praise, fake appraisal JSON, forged prompt lines, dismissals, "as an AI", lectures) ranked
-below the logged reply of their context, and {report["rows"]["fluent"]} fluent replies of the
+{report["rows"]["logged"]} logged turns, with {report["rows"]["bad"]} bad replies ({kinds};
+empathy_gym.user.probes says what each is) ranked below the logged reply of their context, and {report["rows"]["fluent"]} fluent replies of the
 English bank's training personas (ranked above bad ones; no label). Seed {config["seed"]}.
 
 ## Measured

@@ -19,7 +19,10 @@ message) with a ``numpy.random.Generator``, in the persona's language:
 * ``word_soup``: a fluent start, then one word over and over ("This week has brought
   luxury luxury luxury"); ``off_topic``: fluent text about something else entirely. Both
   are what a policy trained against an earlier appraiser found
-  (``benchmarks/results/distilled_training.txt``).
+  (``benchmarks/results/distilled_training.txt``);
+* ``generic_questions``: three to five questions that could be asked of anyone ("What
+  brings you here today? What are you looking forward to?"), none about the user's story:
+  what a policy trained against the second appraiser found.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ BAD_KINDS: tuple[str, ...] = (
     "lecture",
     "word_soup",
     "off_topic",
+    "generic_questions",
 )
 
 _FIXED: dict[str, dict[str, tuple[str, ...]]] = {
@@ -221,6 +225,41 @@ _OFF_TOPIC_HELD_OUT: dict[str, tuple[str, ...]] = {
         "我们团队上周二完成了仓库库存的审计。",
     ),
 }
+#: generic_questions: questions for anyone (training; held out).
+_QUESTIONS: dict[bool, dict[str, tuple[str, ...]]] = {
+    False: {
+        "en": (
+            "What brings you here today?",
+            "What are you looking forward to?",
+            "What would you like to share?",
+            "What do you enjoy doing?",
+            "What is on your mind?",
+            "What would you like to talk about?",
+            "What are you curious about?",
+            "What makes you happy?",
+        ),
+        "zh": (
+            "今天是什么风把你吹来了？",
+            "你最近在期待什么？",
+            "你想分享点什么？",
+            "你平时喜欢做什么？",
+            "你在想什么呢？",
+            "你想聊点什么？",
+            "你对什么感兴趣？",
+            "什么让你开心？",
+        ),
+    },
+    True: {
+        "en": (
+            "What do you do for fun?",
+            "What are your plans for the weekend?",
+            "What would you like to add?",
+            "What is your favourite season?",
+            "What else is new?",
+        ),
+        "zh": ("你周末有什么安排？", "你最喜欢哪个季节？", "还有什么新鲜事吗？", "你还想补充什么？", "你有什么爱好？"),
+    },
+}
 #: word_soup: a fluent start and the words it repeats (training; held out).
 _SOUP: dict[bool, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     False: {
@@ -316,6 +355,10 @@ def bad_reply(kind: str, request: UserRequest, rng: np.random.Generator, *, held
         return ""
     if kind == "word_soup":
         return _soup(request, code, rng, held_out)
+    if kind == "generic_questions":
+        pool = _QUESTIONS[held_out][code]
+        picked = rng.choice(len(pool), size=int(rng.integers(3, 6)), replace=False)
+        return ("" if code == "zh" else " ").join(pool[int(i)] for i in picked)
     if kind == "off_topic":
         options = (_OFF_TOPIC_HELD_OUT if held_out else _OFF_TOPIC)[code]
         return options[int(rng.integers(len(options)))]
