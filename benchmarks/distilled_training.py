@@ -16,7 +16,8 @@ replies before -> after (self-repeating replies, distinct-2, parroting, wrong sc
 non-words, injection-like). The check: no salads after training (self-repeat share and
 distinct-2 as before) and the rule user's difference not below 0.
 
-Writes ``benchmarks/results/distilled_training.txt`` unless ``--no-write``.
+Writes ``benchmarks/results/distilled_training.txt`` unless ``--no-write``; ``--report-only``
+prints the table of the finished runs in ``--out`` without training.
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, dict]:
     for name in ("real", "control"):
         out = Path(args.out) / f"seed-{seed}" / name
         overrides = [f"seed={seed}", "env.kwargs.user=distilled", "heldout.user=rule", *args.overrides]
-        jobs[name] = (start_training(["-c", CHILD, "grpo", name, "--recipe", args.recipe], out, overrides), out)
+        process = (
+            None
+            if args.report_only
+            else start_training(["-c", CHILD, "grpo", name, "--recipe", args.recipe], out, overrides)
+        )
+        jobs[name] = (process, out)
     results = {}
     for name, (process, out) in jobs.items():
-        code = process.wait()
+        code = process.wait() if process else 0
         path = out / "heldout" / "report.json"
         if code != 0 or not path.exists():
-            raise SystemExit(f"seed {seed}, {name}: exit {code}; see {out / 'console.log'}")
+            raise SystemExit(f"seed {seed}, {name}: exit {code}, {path} {'found' if path.exists() else 'missing'}")
         report = json.loads(path.read_text())
         results[name] = {
             "distilled": report["difference"],
@@ -75,6 +81,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/distilled-training")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--report-only", action="store_true", help="no training: the table of the runs in --out")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     started, load_before = time.time(), os.getloadavg()
@@ -83,7 +90,9 @@ def main() -> int:
         f"# python benchmarks/distilled_training.py --recipe {args.recipe} --seeds "
         f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
-        f"# {time.time() - started:.0f} s wall in all; load average before "
+        f"# --report-only: the runs in {args.out}, trained earlier"
+        if args.report_only
+        else f"# {time.time() - started:.0f} s wall in all; load average before "
         f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "# training user: distilled (the shipped appraiser); second judge: heldout.user=rule",
         "",
