@@ -62,7 +62,6 @@ def test_report_states_the_interval_and_the_caveat():
     assert "interval excludes 0" in text and "not" in text and "stand-in" in text
 
 
-
 @pytest.mark.parametrize(
     ("user", "said"),
     [
@@ -79,6 +78,7 @@ def test_the_caveat_names_the_training_user(user, said):
     text = report(config, records_, records_, steps=1)["text"]
     assert f"The simulated user here is {said}" in text
     assert ("stand-in" in text) == (user == "rule")
+
 
 def test_the_report_says_which_features_moved():
     before = records({"a": [40], "b": [40]})

@@ -105,6 +105,25 @@ def test_the_envs_other_keywords_fail_at_registration(kwargs, message):
     assert "BadKeyword-v0" not in gym.registry
 
 
+def test_every_difficulty_field_is_described_in_the_schema_and_the_docs():
+    # Issue 37: what gain_scale, loss_scale, intention_required and hint_below_band mean was
+    # written nowhere a user of docs/personas.md would look.
+    from pathlib import Path
+
+    from empathy_gym.user.difficulty import DIFFICULTY_SCHEMA
+
+    docs = (Path(__file__).parents[1] / "docs" / "personas.md").read_text(encoding="utf-8")
+    fields = []
+    for name, spec in DIFFICULTY_SCHEMA["properties"].items():
+        assert spec.get("description"), name
+        nested = spec.get("properties", {})
+        fields += [f"{name}.{inner}" for inner in nested] if name == "rule" else [name]
+        for inner, inner_spec in nested.items():
+            assert name == "prompt" or inner_spec.get("description"), f"{name}.{inner}"
+    for field in fields:
+        assert f"| `{field}`" in docs or (field == "prompt" and "| `prompt.en`" in docs), field
+
+
 def test_duplicate_id_needs_override():
     empathy_gym.register_persona_env("Dup-v0", personas=[GOOD], override=True)
     with pytest.raises(gym.error.Error, match="already registered"):

@@ -24,22 +24,40 @@ DIFFICULTY_SCHEMA: dict = {
     "required": ["name", "description", "prompt", "rule"],
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "description": {"type": "string"},
+        "name": {"type": "string", "minLength": 1, "description": "the preset's name, as listings show it"},
+        "description": {"type": "string", "description": "one line for listings"},
         "prompt": {
             "type": "object",
             "required": ["en", "zh"],
             "properties": {"en": {"type": "string"}, "zh": {"type": "string"}},
             "additionalProperties": False,
+            "description": "LLM users only: instructions added to the simulated user's system prompt, per language",
         },
         "rule": {
             "type": "object",
             "additionalProperties": False,
+            "description": "the rule and distilled users' knobs; an absent one is 1.0, 1.0, false and null in order",
             "properties": {
-                "gain_scale": {"type": "number", "minimum": 0},
-                "loss_scale": {"type": "number", "minimum": 0},
-                "intention_required": {"type": "boolean"},
-                "hint_below_band": {"enum": ["S", "A", "B", "C", "F", None]},
+                "gain_scale": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "multiplies a positive change before rounding (1.0 as moderate; 0: never rises)",
+                },
+                "loss_scale": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "multiplies a negative emotion change before rounding (1.0: moderate)",
+                },
+                "intention_required": {
+                    "type": "boolean",
+                    "description": "true: a reply without a cue of the hidden intention gains nothing (its "
+                    "losses stay); false: any good reply can gain",
+                },
+                "hint_below_band": {
+                    "enum": ["S", "A", "B", "C", "F", None],
+                    "description": "rule user's replies hint at the hidden need while the emotion's band is "
+                    "this one or lower (F < C < B < A < S; never in S or F, where the user leaves); null: never",
+                },
             },
         },
     },

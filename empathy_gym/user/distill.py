@@ -508,9 +508,10 @@ the change is the distribution's mean). Made by `empathy-gym distill` (empathy_g
 ## Trained on
 {logs}
 
-{report["rows"]["logged"]} logged turns, with {report["rows"]["bad"]} bad replies ({kinds};
-empathy_gym.user.probes says what each is) ranked below the logged reply of their context, and {report["rows"]["fluent"]} fluent replies of the
-English bank's training personas (ranked above bad ones; no label). Seed {config["seed"]}.
+{report["rows"]["logged"]} logged turns, with {report["rows"]["bad"]} bad replies ranked below the
+logged reply of their context, and {report["rows"]["fluent"]} fluent replies of the English bank's
+training personas (ranked above bad ones; no label). Seed {config["seed"]}. The bad replies' kinds
+(empathy_gym.user.probes says what each is): {kinds}.
 
 ## Measured
 On tested models held out from the fit ({", ".join(report["heldout_models"])}); the saved head
