@@ -147,7 +147,7 @@ def main() -> None:
     lines = [
         "# The distilled appraiser against SAGE's simulators, held out (benchmarks/distill_appraiser.py)",
         f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-        f"benchmarks/distill_appraiser.py --base-model {args.base_model}",
+        f"benchmarks/distill_appraiser.py {' '.join(sys.argv[1:])}".rstrip(),
         f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"# rows: {result.report['rows']}; features in {args.work}/features (the base model's pass; "
         f"{result.resumed} shards found done)",
