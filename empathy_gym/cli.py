@@ -300,6 +300,12 @@ def replay_command(
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of each turn's request (with the log, dialogue and turn)")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="turns per call to the user; saved after each")] = 64,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="the protocol's turn limit (default its own: sage 9); a training run's env.kwargs.max_turns"
+        ),
+    ] = None,
 ) -> None:
     """Re-judge finished dialogues with another simulated user: score each log as SAGE's
     leaderboard does, re-appraise every logged agent turn with --user (given the logged
@@ -316,9 +322,12 @@ def replay_command(
     or Ctrl-C skips them and gives the same report.
     """
     from empathy_gym.evaluation.replay import TURNS, replay_logs
+    from empathy_gym.user import resolve_protocol
 
     with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}", out) as on_progress:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
+        if max_turns is not None:
+            judging["protocol"] = resolve_protocol(protocol.value, max_turns=max_turns)
         result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
@@ -388,7 +397,18 @@ def _number(value: Any, digits: int = 2) -> str:
 
 
 def _print_replay(report: dict[str, Any], resumed: int) -> None:
+    from empathy_gym.evaluation.replay import ENDS_EARLY
+
     console.print(_logs_table(report["logs"]))
+    for row in report["logs"]:
+        for why, count in row.get("protocol_mismatches", {}).items():
+            hint = (
+                " (fewer turns than the protocol's limit: give the run's as --max-turns)" if why == ENDS_EARLY else ""
+            )
+            console.print(
+                f"{escape(row['name'])}: {count} of {row['dialogues']} dialogues not replayed: {why}{hint}; "
+                "their turns are re-judged all the same"
+            )
     console.print(_agreement_table(report, resumed))
     confusion = Table(title="signs: logged (rows) against predicted (columns), all logs", title_justify="left")
     confusion.add_column("logged")

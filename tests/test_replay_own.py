@@ -101,3 +101,43 @@ def test_the_replay_command_re_judges_an_eval_run(eval_run, tmp_path):
     assert "rule/listener" in result.output and "per dialogue" in result.output
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["agreement"]["mae"] > 0  # another difficulty is another judge
+
+
+def test_a_training_run_is_named_by_its_user_and_says_why_dialogues_were_not_replayed(tmp_path):
+    # Issue 37: `replay runs/smollm2-cpu-grpo` named the log "played/smollm2-cpu-grpo" and said
+    # "replayed 0/240" with no reason: the run's 1-turn dialogues against the 9-turn protocol.
+    import gymnasium as gym
+
+    from empathy_gym.personas import write_personas
+
+    run = tmp_path / "grpo-run"
+    (run / "checkpoints" / "step-000002").mkdir(parents=True)
+    config = {"env": {"id": "EmpathyDialogue-v0", "kwargs": {"max_turns": 1, "user": "rule"}}}
+    (run / "checkpoints" / "step-000002" / "state.json").write_text(json.dumps({"step": 2, "config": config}))
+    write_personas(EN[:3], run / "personas.jsonl")
+    env = gym.make("EmpathyDialogue-v0", personas=list(EN[:3]), max_turns=1)
+    records = []
+    for seed in range(3):
+        env.reset(seed=seed)
+        _, _, _, truncated, info = env.step("That sounds hard. What happened?")
+        assert truncated
+        emotions = [info["emotion"] - info["emotion_change"], info["emotion"]]
+        record = {"step": 1, "persona_id": info["persona_id"], "emotions": emotions, "messages": info["messages"]}
+        records.append(record)
+    (run / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    result = CliRunner().invoke(app, ["replay", str(run), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    [log] = report["logs"]
+    assert log["name"] == "rule/grpo-run"
+    assert log["protocol_matches"] == 0 and log["turns"] == 3
+    assert log["protocol_mismatches"] == {"the log ends before the protocol ends the dialogue": 3}
+    assert "3 of 3 dialogues not replayed: the log ends before the protocol ends the dialogue" in result.output
+    assert "--max-turns" in result.output
+
+    again = CliRunner().invoke(app, ["replay", str(run), "--max-turns", "1", "--out", str(tmp_path / "r1")])
+    assert again.exit_code == 0, again.output
+    [log] = json.loads((tmp_path / "r1" / "report.json").read_text())["logs"]
+    assert log["protocol_matches"] == 3 and log["protocol_mismatches"] == {}
+    assert "not replayed" not in again.output

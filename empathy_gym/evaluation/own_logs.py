@@ -154,8 +154,20 @@ def _reply(content: str) -> str:
 
 
 def own_log_names(path: str | os.PathLike) -> tuple[str, str]:
-    """``(user, run)`` for one of our files: the user that ``run.json`` beside it names
-    (``"played"`` where there is none) and the run folder's name."""
+    """``(user, run)`` for one of our files: the user that ``run.json`` beside it names (an
+    eval run), else the training user of the newest checkpoint beside it (``env.kwargs.user``
+    of its config; ``"rule"``, the env's default, where unset), else ``"played"``; and the run
+    folder's name."""
     path = Path(path)
-    user = run_record(path).get("user")
+    user = run_record(path).get("user") or _training_user(path.parent)
     return (str(user) if user else "played", path.parent.name or path.stem)
+
+
+def _training_user(folder: Path) -> str | None:
+    states = sorted(folder.glob("checkpoints/step-*/state.json"))
+    if not states:
+        return None
+    from empathy_gym.user.specs import as_user_spec
+
+    config = json.loads(states[-1].read_text(encoding="utf-8")).get("config") or {}
+    return str(as_user_spec(((config.get("env") or {}).get("kwargs") or {}).get("user") or "rule"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,12 +242,20 @@ class ProtocolReplay:
         steps: env steps played.
         matches: the emotions equal the logged ones, step for step, and the env stopped
             where the log stops (the final emotion then equals SAGE's ``emo_point``).
+        mismatch: why not, where it does not match: :data:`ENDS_EARLY` (the log stops
+            before the protocol ends the dialogue: a run with fewer turns than the
+            protocol's ``max_turns``) or :data:`EMOTIONS_DIFFER`; ``None`` where it matches.
     """
 
     emotions: tuple[int, ...]
     termination: str | None
     steps: int
     matches: bool
+    mismatch: str | None = None
+
+
+ENDS_EARLY = "the log ends before the protocol ends the dialogue"
+EMOTIONS_DIFFER = "the protocol's emotions differ from the log's"
 
 
 def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtocol | str = "sage") -> ProtocolReplay:
@@ -272,8 +281,9 @@ def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtoc
         if terminated or truncated:
             break
     ended = env.dialogue.done_reason is not None
-    matches = tuple(emotions) == tuple(dialogue.emotions) and ended
-    return ProtocolReplay(tuple(emotions), reason, len(emotions) - 1, matches)
+    same = tuple(emotions) == tuple(dialogue.emotions)
+    mismatch = None if same and ended else (EMOTIONS_DIFFER if not same else ENDS_EARLY)
+    return ProtocolReplay(tuple(emotions), reason, len(emotions) - 1, mismatch is None, mismatch)
 
 
 # -- the harness: empathy-gym replay ---------------------------------------------------
@@ -429,7 +439,8 @@ def summarize_replay(
     * ``logs``: per file ``name``, ``path``, ``simulator``, ``model``, ``dialogues``,
       SAGE's leaderboard numbers (``score``, ``success``, ``failure``:
       :func:`~empathy_gym.evaluation.sage_logs.leaderboard`); ``replayed_score`` and
-      ``protocol_matches`` (:func:`replay_with_logged_changes`); ``turns`` (scored turns),
+      ``protocol_matches`` (:func:`replay_with_logged_changes`), ``protocol_mismatches``
+      (``{why: dialogues}`` for those that do not match); ``turns`` (scored turns),
       ``mean_logged``, ``mean_predicted`` (emotion points per turn), ``sign_agreement``;
     * ``agreement``: :func:`agreement` over all turns (``per_model`` keyed by log name)
       plus ``kendall_tau_score`` (mean predicted change against the log's score);
@@ -463,6 +474,7 @@ def summarize_replay(
                 "failure": board["failure"],
                 "replayed_score": float(np.mean([c.emotions[-1] for c in checks])),
                 "protocol_matches": sum(c.matches for c in checks),
+                "protocol_mismatches": dict(Counter(c.mismatch for c in checks if c.mismatch)),
                 "turns": len(rows),
                 "mean_logged": _mean([r["logged_change"] for r in rows]),
                 "mean_predicted": _mean([r["predicted"] for r in rows]),
