@@ -555,3 +555,31 @@ def test_a_local_tokenizer_counts_what_the_server_will_see(tiny_model_dir):
         tokenizer.apply_chat_template(neutral, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     )
     assert backend.context_length == 4096
+
+
+def test_a_dead_server_costs_one_retry_budget_per_request_context_probe_included(monkeypatch):
+    """Issue 37: an LLM user at a URL where nothing listens sent the /tokenize probe's own
+    retry series first (6 attempts), then the chat request's (6 more; 33-35 s with the
+    defaults), and the error said "gave up after 6 attempts". Now the probe's refusal is
+    the request's error: max_retries + 1 attempts in all, counted in the message."""
+    import httpx
+
+    from empathy_gym.personas import builtin_bank
+    from empathy_gym.user.base import UserRequest
+    from empathy_gym.user.llm_user import LLMUser
+
+    sent = []
+    real_post = httpx.Client.post
+    monkeypatch.setattr(
+        httpx.Client, "post", lambda self, url, **kw: sent.append(str(url)) or real_post(self, url, **kw)
+    )
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    backend = OpenAIBackend(url, "m", max_retries=2, **FAST)
+    persona = builtin_bank("en")[0]
+    request = UserRequest(persona=persona, history=(("user", "Hi."),), utterance="I see.", emotion=40, turn=1)
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"/tokenize \(model 'm'\): gave up after 3 attempts; last error: Conn") as e:
+        LLMUser(backend).appraise([request])
+    assert type(e.value).__name__ == "ServerUnreachable"
+    assert sent == [f"{url.removesuffix('/v1')}/tokenize"] * 3  # before: 3 to /tokenize, then 3 to /chat/completions
+    assert time.monotonic() - started < 5  # backoffs of milliseconds: no hidden waits

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import email.utils
+import functools
 import json
 import logging
 import os
@@ -72,6 +73,12 @@ class TransientHTTPError(Exception):
 class AnswerTimeout(BackendError):
     """The server took the request and did not answer within ``timeout``: hanging or
     overloaded. Not retried, and not taken for a missing endpoint."""
+
+
+class ServerUnreachable(BackendError):
+    """No connection could be made in any attempt of a request: nothing listens at the URL.
+    The context probe (``/tokenize``) raises it too, so that a request's one retry budget is
+    spent once, not again by the chat request that would follow."""
 
 
 class WaitRetryAfter(tenacity.wait.wait_base):
@@ -223,16 +230,16 @@ class OpenAIBackend(ChatBackend):
 
     # ----- one request -----
 
-    def _retrying(self, retrying_class: type = tenacity.Retrying) -> Any:
+    def _retrying(self, url: str, retrying_class: type = tenacity.Retrying) -> Any:
         return retrying_class(
             stop=tenacity.stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
             reraise=True,
             retry=tenacity.retry_if_exception_type(TransientHTTPError),
-            before_sleep=self._warn_unreachable,
+            before_sleep=functools.partial(self._warn_unreachable, url),
         )
 
-    def _warn_unreachable(self, retry_state: tenacity.RetryCallState) -> None:
+    def _warn_unreachable(self, url: str, retry_state: tenacity.RetryCallState) -> None:
         """Say once, at the first refused connection, what the retries wait for."""
         error = retry_state.outcome.exception() if retry_state.outcome else None
         if self._warned_unreachable or not getattr(error, "unreachable", False):
@@ -240,7 +247,7 @@ class OpenAIBackend(ChatBackend):
         self._warned_unreachable = True
         logger.warning(
             "POST %s: %s; retrying up to %d times (max_retries=0 in the spec fails at once); %s",
-            self.url,
+            url,
             error,
             self.max_retries,
             self.unreachable_hint(),
@@ -276,16 +283,19 @@ class OpenAIBackend(ChatBackend):
             ) from exc
 
     @contextlib.contextmanager
-    def _giving_up(self) -> Iterator[None]:
-        """The retries' last error as a BackendError (with :meth:`unreachable_hint` when it
-        never connected)."""
+    def _giving_up(self, url: str, attempts: list[int]) -> Iterator[None]:
+        """The retries' last error as a BackendError naming ``url`` and the attempts sent
+        (``attempts[0]``); a :class:`ServerUnreachable` with :meth:`unreachable_hint` when it
+        never connected."""
         try:
             yield
         except TransientHTTPError as error:
+            sent = attempts[0]
+            kind = ServerUnreachable if error.unreachable else BackendError
             hint = f"; {self.unreachable_hint()}" if error.unreachable else ""
-            raise BackendError(
-                f"POST {self.url} (model {self.model!r}): gave up after "
-                f"{self.max_retries + 1} attempt{'s' if self.max_retries else ''}; last error: {error}{hint}"
+            raise kind(
+                f"POST {url} (model {self.model!r}): gave up after "
+                f"{sent} attempt{'s' if sent != 1 else ''}; last error: {error}{hint}"
             ) from None
 
     def unreachable_hint(self) -> str:
@@ -317,25 +327,29 @@ class OpenAIBackend(ChatBackend):
             ) from None
 
     def _post(self, client: httpx.Client, payload: dict, url: str | None = None) -> dict:
-        url = url or self.url
+        url, attempts = url or self.url, [0]
 
         def once() -> dict:
+            attempts[0] += 1
             with self._transport_errors(url):
                 response = client.post(url, json=payload)
             return self._read(response)
 
-        with self._giving_up():
-            return self._retrying()(once)
+        with self._giving_up(url, attempts):
+            return self._retrying(url)(once)
 
     async def _apost(self, client: httpx.AsyncClient, semaphore: asyncio.Semaphore, payload: dict) -> dict:
+        attempts = [0]
+
         async def once() -> dict:
+            attempts[0] += 1
             async with semaphore:
                 with self._transport_errors(self.url):
                     response = await client.post(self.url, json=payload)
             return self._read(response)
 
-        with self._giving_up():
-            return await self._retrying(tenacity.AsyncRetrying)(once)
+        with self._giving_up(self.url, attempts):
+            return await self._retrying(self.url, tenacity.AsyncRetrying)(once)
 
     # ----- batches -----
 
@@ -387,6 +401,8 @@ class OpenAIBackend(ChatBackend):
         Raises:
             AnswerTimeout: the server took the request and did not answer (asking the
                 chat endpoint next would wait as long again).
+            ServerUnreachable: nothing listens at the URL (the chat request next would
+                retry as long again).
         """
         if self._server_tokenizes is False or not conversations:
             return None
@@ -395,7 +411,7 @@ class OpenAIBackend(ChatBackend):
         ]
         try:
             answers = self._post_all(payloads, self.tokenize_url)
-        except AnswerTimeout:
+        except (AnswerTimeout, ServerUnreachable):
             raise
         except BackendError as error:
             if "failed with HTTP 4" in str(error):  # no such endpoint, or not vLLM's
