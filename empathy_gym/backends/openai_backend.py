@@ -429,7 +429,11 @@ class OpenAIBackend(ChatBackend):
 
     @property
     def context_length(self) -> int | None:
-        """``context_length`` as given, else the ``max_model_len`` of the server's ``/tokenize``."""
+        """``context_length`` as given, else the ``max_model_len`` of the server's ``/tokenize``.
+
+        Raises:
+            AnswerTimeout, ServerUnreachable: as :meth:`prompt_lengths`.
+        """
         if self._context is None:
             self._ask_server([[{"role": "user", "content": "hi"}]])
         return self._context
@@ -441,6 +445,7 @@ class OpenAIBackend(ChatBackend):
 
         Raises:
             AnswerTimeout: ``/tokenize`` took the request and did not answer in ``timeout``.
+            ServerUnreachable: no connection to the server in any of the request's attempts.
         """
         if self._encoder is not None:
             return [len(self._encoder.encode(self._messages(c))) for c in conversations]
