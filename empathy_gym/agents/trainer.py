@@ -49,6 +49,7 @@ from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, Rollou
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
+from empathy_gym.cpu_load import SlowStepWatch, busy_cores_warning
 from empathy_gym.env import sharing_one_user
 from empathy_gym.seeding import derive_seed
 
@@ -803,6 +804,9 @@ class RLTrainer:
             dynamic_ncols=True,
             file=tolerant(sys.stderr),
         )
+        self._step_watch = SlowStepWatch() if main and self.device.type == "cpu" else None
+        if self._step_watch is not None:
+            self._say_busy(bar, busy_cores_warning(torch.get_num_threads()))
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
@@ -885,9 +889,17 @@ class RLTrainer:
             self.run_log.transcripts(step, list(trajectories[: config.transcripts_per_step]))
         bar.update(1)
         bar.set_postfix(progress_postfix(metrics))
+        if self._step_watch is not None:
+            self._say_busy(bar, self._step_watch.add(metrics["time/step"]))
         if config.save_steps and step % config.save_steps == 0:
             self.save()
         return True
+
+    def _say_busy(self, bar: Any, warning: str | None) -> None:
+        """A busy-cores warning (:mod:`empathy_gym.cpu_load`) in the log and on the bar."""
+        if warning:
+            log.warning(warning)
+            bar.set_description(f"{self.algorithm} steps (busy cores: see the log)")
 
     def _callback_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """The callbacks' ``on_step_end`` metrics (run in the first process only).
