@@ -8,11 +8,10 @@ to set.
 
 from __future__ import annotations
 
-import logging
 import os
+import time
 from collections.abc import Mapping
-
-log = logging.getLogger(__name__)
+from pathlib import Path
 
 #: A step this many times slower than the first steps' median is worth a word.
 SLOW_STEP_FACTOR = 3.0
@@ -26,28 +25,44 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def others_running(samples: int = 5, interval: float = 0.02) -> float:
+    """How many other threads are running or waiting for a core now: the median over
+    ``samples`` reads of ``/proc/loadavg``'s runnable count, less this reading thread
+    (Linux); elsewhere the 1-minute load average (which also counts this process's recent
+    work)."""
+    path = Path("/proc/loadavg")
+    if not path.exists():
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    counts = []
+    for index in range(samples):
+        if index:
+            time.sleep(interval)
+        counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
+    return float(sorted(counts)[len(counts) // 2])
+
+
 def busy_cores_warning(
-    threads: int, *, cores: int | None = None, load: float | None = None, env: Mapping[str, str] | None = None
+    threads: int, *, cores: int | None = None, others: float | None = None, env: Mapping[str, str] | None = None
 ) -> str | None:
     """What to say when other work already uses the cores that ``threads`` torch threads
     will need, or ``None``: when ``OMP_NUM_THREADS`` is set (the user chose), or when the
-    1-minute load average plus ``threads`` fits the ``cores`` (+0.5 for the noise of this
-    process's own start).
+    other running threads plus ``threads`` fit the ``cores``.
 
     Args:
         threads: torch's intra-op threads (``torch.get_num_threads()``).
-        cores, load, env: default :func:`usable_cores`, ``os.getloadavg()[0]``, ``os.environ``.
+        cores, others, env: default :func:`usable_cores`, :func:`others_running`, ``os.environ``.
     """
     env = os.environ if env is None else env
     if env.get("OMP_NUM_THREADS"):
         return None
     cores = usable_cores() if cores is None else cores
-    load = (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0) if load is None else load
-    if load + threads <= cores + 0.5:
+    others = others_running() if others is None else others
+    if others + threads <= cores:
         return None
     return (
-        f"other work is using the cores (load average {load:.1f} on the {cores} this process may use) and torch "
-        f"runs {threads} threads beside it: they slow each other down, often several times over; {ADVICE}"
+        f"other work is using the cores ({others:g} other thread{'s' if others != 1 else ''} running on the "
+        f"{cores} this process may use) "
+        f"and torch runs {threads} threads beside it: they slow each other down, often several times over; {ADVICE}"
     )
 
 

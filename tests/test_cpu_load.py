@@ -9,13 +9,19 @@ from empathy_gym.cpu_load import SlowStepWatch, busy_cores_warning
 
 
 def test_busy_cores_are_named_with_what_to_set():
-    # two cores, one other job (load 1.0), torch's 2 threads: 3 > 2.5
-    warning = busy_cores_warning(2, cores=2, load=1.0, env={})
+    # two cores, one other running thread, torch's 2 threads: 3 > 2
+    warning = busy_cores_warning(2, cores=2, others=1, env={})
     assert warning is not None
-    assert "load average 1.0 on the 2 this process may use" in warning and "OMP_NUM_THREADS=1" in warning
-    assert busy_cores_warning(2, cores=2, load=0.4, env={}) is None  # idle: 2.4 fits
-    assert busy_cores_warning(1, cores=2, load=1.4, env={}) is None  # one thread beside one job fits
-    assert busy_cores_warning(2, cores=2, load=3.0, env={"OMP_NUM_THREADS": "2"}) is None  # the user chose
+    assert "(1 other thread running on the 2 this process may use)" in warning and "OMP_NUM_THREADS=1" in warning
+    assert busy_cores_warning(2, cores=2, others=0, env={}) is None  # idle
+    assert busy_cores_warning(1, cores=2, others=1, env={}) is None  # one thread beside one job fits
+    assert busy_cores_warning(2, cores=2, others=3, env={"OMP_NUM_THREADS": "2"}) is None  # the user chose
+
+
+def test_others_running_reads_a_count_of_threads():
+    from empathy_gym.cpu_load import others_running
+
+    assert others_running() >= 0
 
 
 def test_a_step_three_times_slower_than_the_first_steps_is_said_once():

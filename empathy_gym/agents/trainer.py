@@ -770,12 +770,16 @@ class RLTrainer:
         config = self.config
         checkpoints = Path(config.output_dir) / "checkpoints"
         resume_step = None
+        main = self.processes.is_main
+        self._step_watch = SlowStepWatch() if main and self.device.type == "cpu" else None
+        busy = busy_cores_warning(torch.get_num_threads()) if self._step_watch is not None else None
+        if busy:  # before the held-out evaluation's work (ours) runs
+            log.warning(busy)
         for callback in self.callbacks:
             callback.on_train_begin(self)
         if resume:
             self._resume(checkpoints)
             resume_step = self.step
-        main = self.processes.is_main
         used: FileExistsError | None = None
         try:
             if main:
@@ -804,9 +808,8 @@ class RLTrainer:
             dynamic_ncols=True,
             file=tolerant(sys.stderr),
         )
-        self._step_watch = SlowStepWatch() if main and self.device.type == "cpu" else None
-        if self._step_watch is not None:
-            self._say_busy(bar, busy_cores_warning(torch.get_num_threads()))
+        if busy:
+            bar.set_description(f"{self.algorithm} steps (busy cores: see the log)")
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):
