@@ -190,11 +190,20 @@ def _judging(
 @contextlib.contextmanager
 def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, int], None]]:
     """A resumable run's progress bar (yields ``on_progress(done, total)``) and exit codes;
-    Ctrl-C, and a failed user or server once ``folder`` exists, say what is ``saved``."""
+    Ctrl-C, and a failed user or server once ``folder`` exists, say what is ``saved``. The
+    first call with ``done > 0`` (a resumed run) says how many were found done."""
     resume = f"{saved}; rerun the same command to resume"
+    calls = []
+
+    def on_progress(done: int, total: int) -> None:
+        if not calls and done:
+            console.print(f"resuming: found {done} of {total} {task} done in {escape(str(folder))}")
+        calls.append(done)
+        progress.update(bar, completed=done, total=total)
+
     with _exit_codes(f"interrupted: {resume}", lambda: resume if folder.exists() else None), _progress() as progress:
         bar = progress.add_task(task, total=None)
-        yield lambda done, total: progress.update(bar, completed=done, total=total)
+        yield on_progress
 
 
 def _progress() -> Progress:

@@ -237,6 +237,8 @@ def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
     # a rerun resumes everything and writes the same report
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "4 resumed" in again.stdout
+    assert f"resuming: found 4 of 4 dialogues done in {out}" in again.stdout  # issue 37: said at the start
+    assert "resuming" not in result.stdout
     assert json.loads((out / "report.json").read_text()) == report
 
 
