@@ -76,8 +76,9 @@ class SlowStepWatch:
         self.times: list[float] = []
         self.said = False
 
-    def add(self, seconds: float) -> str | None:
-        """Record a step's wall time (seconds); returns the warning, the first time only."""
+    def add(self, seconds: float, step: int | None = None) -> str | None:
+        """Record a step's wall time (seconds; ``step``: its number, for the message, default
+        the count of steps recorded); returns the warning, the first time only."""
         self.times.append(seconds)
         reference = sorted(self.times[1 : 1 + REFERENCE_STEPS])
         if self.said or self.env.get("OMP_NUM_THREADS") or len(reference) < REFERENCE_STEPS:
@@ -87,6 +88,6 @@ class SlowStepWatch:
             return None
         self.said = True
         return (
-            f"step {len(self.times)} took {seconds:.0f} s, {seconds / median:.1f} times the first steps' "
+            f"step {step or len(self.times)} took {seconds:.0f} s, {seconds / median:.1f} times the first steps' "
             f"{median:.0f} s: other work may be using the cores; {ADVICE}"
         )

@@ -34,6 +34,9 @@ def test_a_step_three_times_slower_than_the_first_steps_is_said_once():
         "export OMP_NUM_THREADS=1 (or the cores left free) before the command"
     )
     assert said[6] is None  # once
+    resumed = SlowStepWatch(env={})  # a resumed run names the training step
+    assert [resumed.add(t, step) for t, step in zip((60.0, 9.0, 10.0, 12.0), range(21, 25))] == [None] * 4
+    assert resumed.add(40.0, 25).startswith("step 25 took 40 s, 4.0 times")
     chosen = SlowStepWatch(env={"OMP_NUM_THREADS": "1"})
     assert all(chosen.add(t) is None for t in (60.0, 9.0, 10.0, 12.0, 100.0))
 

@@ -893,7 +893,7 @@ class RLTrainer:
         bar.update(1)
         bar.set_postfix(progress_postfix(metrics))
         if self._step_watch is not None:
-            self._say_busy(bar, self._step_watch.add(metrics["time/step"]))
+            self._say_busy(bar, self._step_watch.add(metrics["time/step"], step))
         if config.save_steps and step % config.save_steps == 0:
             self.save()
         return True
