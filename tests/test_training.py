@@ -373,7 +373,9 @@ def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_t
     port.close()
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert f"error: POST {url}/chat/completions (model 'm'): gave up after 1 attempt; last error: ConnectError" in err
+    # the first request is the context probe at the server's root (issue 37: its refusal is the error)
+    probe = url.removesuffix("/v1")
+    assert f"error: POST {probe}/tokenize (model 'm'): gave up after 1 attempt; last error: ConnectError" in err
     assert f"is a server running at {url}?" in err and "stopped at step 0" in err
 
 
