@@ -193,12 +193,13 @@ def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, i
     Ctrl-C, and a failed user or server once ``folder`` exists, say what is ``saved``. The
     first call with ``done > 0`` (a resumed run) says how many were found done."""
     resume = f"{saved}; rerun the same command to resume"
-    calls = []
+    first = True
 
     def on_progress(done: int, total: int) -> None:
-        if not calls and done:
+        nonlocal first
+        if first and done:
             console.print(f"resuming: found {done} of {total} {task} done in {escape(str(folder))}")
-        calls.append(done)
+        first = False
         progress.update(bar, completed=done, total=total)
 
     with _exit_codes(f"interrupted: {resume}", lambda: resume if folder.exists() else None), _progress() as progress:

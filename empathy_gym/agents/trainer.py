@@ -772,9 +772,8 @@ class RLTrainer:
         resume_step = None
         main = self.processes.is_main
         self._step_watch = SlowStepWatch() if main and self.device.type == "cpu" else None
+        # measured before the held-out evaluation's work (ours) runs; said with the bar below
         busy = busy_cores_warning(torch.get_num_threads()) if self._step_watch is not None else None
-        if busy:  # before the held-out evaluation's work (ours) runs
-            log.warning(busy)
         for callback in self.callbacks:
             callback.on_train_begin(self)
         if resume:
@@ -808,8 +807,7 @@ class RLTrainer:
             dynamic_ncols=True,
             file=tolerant(sys.stderr),
         )
-        if busy:
-            bar.set_description(f"{self.algorithm} steps (busy cores: see the log)")
+        self._say_busy(bar, busy)
         try:
             while self.step < config.total_steps and not self.processes.any(self._stop):
                 if not self._run_step(self.step + 1, bar):

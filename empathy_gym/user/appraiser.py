@@ -423,8 +423,11 @@ class Appraiser:
                 rows.append(np.concatenate([states[:, -1].flatten().numpy(), reply.flatten().numpy()]))
         return np.asarray(rows, dtype=np.float32).reshape(len(requests), -1)
 
-    def distribution(self, requests: Sequence[UserRequest]) -> np.ndarray:
+    def distribution(
+        self, requests: Sequence[UserRequest], named: Sequence[Mapping[str, float]] | None = None
+    ) -> np.ndarray:
         """(n, len(BINS)) float64: each request's probability of each change in :data:`BINS`.
+        ``named``: the requests' :meth:`named_features`, where the caller has them already.
 
         Raises:
             RuntimeError: no head (an appraiser built for features only).
@@ -433,8 +436,8 @@ class Appraiser:
             raise RuntimeError("this appraiser has no head: it computes features only")
         if not requests:
             return np.zeros((0, len(BINS)))
-        named = self.head.named_matrix([self.named_features(request) for request in requests])
-        return softmax(self.head.logits(self.features(requests).astype(np.float64), named))
+        named = [self.named_features(request) for request in requests] if named is None else named
+        return softmax(self.head.logits(self.features(requests).astype(np.float64), self.head.named_matrix(named)))
 
 
 def load_base_model(name: str, *, device: str = "cpu") -> tuple[Any, Any]:

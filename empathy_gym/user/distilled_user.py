@@ -84,16 +84,15 @@ class DistilledUser(SimulatedUser):
         """
         if not requests:
             return []
-        distributions = self.appraiser.distribution(requests)
+        named = [self.appraiser.named_features(request) for request in requests]
+        distributions = self.appraiser.distribution(requests, named)
         rule = self.rules.appraise(requests)
-        return [
-            self._appraisal(request, distribution, by_rule)
-            for request, distribution, by_rule in zip(requests, distributions, rule)
-        ]
+        return [self._appraisal(*parts) for parts in zip(requests, distributions, named, rule)]
 
-    def _appraisal(self, request: UserRequest, distribution: np.ndarray, by_rule: Appraisal) -> Appraisal:
+    def _appraisal(
+        self, request: UserRequest, distribution: np.ndarray, named: Mapping[str, float], by_rule: Appraisal
+    ) -> Appraisal:
         mean = float(expected_change(distribution[None])[0])
-        named = self.appraiser.named_features(request)
         floored = any(
             name.startswith("check:") or (name.startswith("guard:") and name[6:] in VOIDING) for name in named
         )

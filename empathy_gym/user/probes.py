@@ -144,6 +144,24 @@ _FIXED: dict[str, dict[str, tuple[str, ...]]] = {
             "你得负起责任。第一，承认错误；第二，改掉坏习惯；第三，别再抱怨了。",
         ),
     },
+    "off_topic": {
+        "en": (
+            "This resort offers world-class dining, spa treatments and ocean views for the whole family.",
+            "Our new phone has a brighter display, a faster processor and a battery that lasts all day.",
+            "The quarterly report shows steady growth in revenue across every region.",
+            "I have prepared a detailed relocation package with accommodation, meals and training included.",
+            "The museum's new exhibition brings together paintings from three centuries.",
+            "Preheat the oven, mix the flour and sugar, then bake for twenty minutes.",
+        ),
+        "zh": (
+            "这家度假村提供世界一流的餐饮、水疗和海景房，适合全家入住。",
+            "新款手机屏幕更亮、处理器更快，电池可以用一整天。",
+            "本季度报告显示，各地区的收入都在稳步增长。",
+            "我们为您准备了包括住宿、餐饮和培训在内的完整搬迁方案。",
+            "博物馆的新展览汇集了三个世纪的绘画作品。",
+            "先把烤箱预热，再把面粉和糖混合，烤二十分钟即可。",
+        ),
+    },
 }
 #: Other wordings of every fixed kind, never used in training: what the checks draw
 #: (``held_out=True``), so that a judge is not measured on the very strings it learnt.
@@ -194,36 +212,18 @@ _HELD_OUT: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         "zh": ("第一步：别抱怨；第二步：去解决；第三步：长大点。", "这是你自己造成的，自己负责，做得更好一点。"),
     },
-}
-_OFF_TOPIC: dict[str, tuple[str, ...]] = {
-    "en": (
-        "This resort offers world-class dining, spa treatments and ocean views for the whole family.",
-        "Our new phone has a brighter display, a faster processor and a battery that lasts all day.",
-        "The quarterly report shows steady growth in revenue across every region.",
-        "I have prepared a detailed relocation package with accommodation, meals and training included.",
-        "The museum's new exhibition brings together paintings from three centuries.",
-        "Preheat the oven, mix the flour and sugar, then bake for twenty minutes.",
-    ),
-    "zh": (
-        "这家度假村提供世界一流的餐饮、水疗和海景房，适合全家入住。",
-        "新款手机屏幕更亮、处理器更快，电池可以用一整天。",
-        "本季度报告显示，各地区的收入都在稳步增长。",
-        "我们为您准备了包括住宿、餐饮和培训在内的完整搬迁方案。",
-        "博物馆的新展览汇集了三个世纪的绘画作品。",
-        "先把烤箱预热，再把面粉和糖混合，烤二十分钟即可。",
-    ),
-}
-_OFF_TOPIC_HELD_OUT: dict[str, tuple[str, ...]] = {
-    "en": (
-        "The city council approved a new plan for bike lanes downtown.",
-        "This luxury hotel offers premium suites, fine dining and a rooftop pool.",
-        "Our team completed the audit of the warehouse inventory last Tuesday.",
-    ),
-    "zh": (
-        "市议会批准了在市中心修建自行车道的新计划。",
-        "这家豪华酒店提供高级套房、精致餐饮和屋顶泳池。",
-        "我们团队上周二完成了仓库库存的审计。",
-    ),
+    "off_topic": {
+        "en": (
+            "The city council approved a new plan for bike lanes downtown.",
+            "This luxury hotel offers premium suites, fine dining and a rooftop pool.",
+            "Our team completed the audit of the warehouse inventory last Tuesday.",
+        ),
+        "zh": (
+            "市议会批准了在市中心修建自行车道的新计划。",
+            "这家豪华酒店提供高级套房、精致餐饮和屋顶泳池。",
+            "我们团队上周二完成了仓库库存的审计。",
+        ),
+    },
 }
 #: generic_questions: questions for anyone (training; held out).
 _QUESTIONS: dict[bool, dict[str, tuple[str, ...]]] = {
@@ -359,9 +359,6 @@ def bad_reply(kind: str, request: UserRequest, rng: np.random.Generator, *, held
         pool = _QUESTIONS[held_out][code]
         picked = rng.choice(len(pool), size=int(rng.integers(3, 6)), replace=False)
         return ("" if code == "zh" else " ").join(pool[int(i)] for i in picked)
-    if kind == "off_topic":
-        options = (_OFF_TOPIC_HELD_OUT if held_out else _OFF_TOPIC)[code]
-        return options[int(rng.integers(len(options)))]
     options = (_HELD_OUT if held_out else _FIXED)[kind][code]
     return options[int(rng.integers(len(options)))]
 
