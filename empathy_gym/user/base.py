@@ -71,6 +71,10 @@ class UserRequest:
         """The agent's earlier utterances, oldest first (not including ``utterance``)."""
         return [text for role, text in self.history if role == "agent"]
 
+    def last_user_message(self) -> str:
+        """The user's newest message in ``history`` (``""`` where there is none)."""
+        return next((text for role, text in reversed(self.history) if role == "user"), "")
+
 
 @dataclass(frozen=True)
 class Appraisal:

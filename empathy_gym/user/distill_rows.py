@@ -248,13 +248,9 @@ def rows_of(planned: Sequence[Planned], states: np.ndarray, named: Callable[[Use
         dialogue=np.asarray([f"{row.context.log}#{row.request.persona.id}" for row in planned]),
         turn=np.asarray([row.request.turn for row in planned], dtype=np.int64),
         reply=np.asarray([row.request.utterance for row in planned]),
-        last_user=np.asarray([_last_user(row.request) for row in planned]),
+        last_user=np.asarray([row.request.last_user_message() for row in planned]),
         rule_change=np.asarray([appraisal.change for appraisal in rule], dtype=float),
     )
-
-
-def _last_user(request: UserRequest) -> str:
-    return next((text for role, text in reversed(request.history) if role == "user"), "")
 
 
 def save_rows(path: Path, rows: Rows) -> None:

@@ -342,7 +342,7 @@ def bad_reply(kind: str, request: UserRequest, rng: np.random.Generator, *, held
         KeyError: an unknown kind.
     """
     code = _language(request)
-    last = next((text for role, text in reversed(request.history) if role == "user"), "")
+    last = request.last_user_message()
     if kind == "salad":
         return _salad(request, code, rng)
     if kind == "self_repeat":
