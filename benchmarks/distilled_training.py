@@ -1,11 +1,13 @@
 """The main recipe trained against the distilled user: is it hacked? Three training seeds,
 each beside its shuffled-reward control, the rule user as the second judge.
 
-    python benchmarks/distilled_training.py [--seeds 0 1 2] [--out runs/distilled-training] [key=value ...]
+    python benchmarks/distilled_training.py [--user distilled] [--seeds 0 1 2] [--out runs/distilled-training]
+        [key=value ...]
 
 Each run is the README's main job (``agents/smollm2-cpu-grpo.yaml``: 30 GRPO steps, the
 held-out evaluation before and after on 16 personas it never trained on) with
-``env.kwargs.user=distilled`` (the shipped appraiser pays the reward) and
+``env.kwargs.user=distilled`` (the shipped appraiser pays the reward; ``--user`` gives
+another spec, e.g. ``distilled,pessimistic=true``) and
 ``heldout.user=rule`` (the rule user re-judges the same held-out dialogues). The control
 shuffles each step's rewards among its dialogues (``heldout_control.py``). Real and
 control run at once, ``OMP_NUM_THREADS=1`` each, seed after seed.
@@ -48,7 +50,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, dict]:
     jobs = {}
     for name in ("real", "control"):
         out = Path(args.out) / f"seed-{seed}" / name
-        overrides = [f"seed={seed}", "env.kwargs.user=distilled", "heldout.user=rule", *args.overrides]
+        overrides = [f"seed={seed}", f"env.kwargs.user={args.user}", "heldout.user=rule", *args.overrides]
         process = (
             None
             if args.report_only
@@ -79,6 +81,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="agents/smollm2-cpu-grpo.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--user", default="distilled", help="the training user's spec (distilled,pessimistic=true)")
     parser.add_argument("--out", default="runs/distilled-training")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="no training: the table of the runs in --out")
@@ -87,14 +90,14 @@ def main() -> int:
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
     lines = [
-        f"# python benchmarks/distilled_training.py --recipe {args.recipe} --seeds "
+        f"# python benchmarks/distilled_training.py --recipe {args.recipe} --user {args.user} --seeds "
         f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
         f"# --report-only: the runs in {args.out}, trained earlier"
         if args.report_only
         else f"# {time.time() - started:.0f} s wall in all; load average before "
         f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-        "# training user: distilled (the shipped appraiser); second judge: heldout.user=rule",
+        f"# training user: {args.user} (the shipped appraiser); second judge: heldout.user=rule",
         "",
         "Held-out difference (after - before, paired by persona; 95% interval over the 16 held-out personas):",
         f"{'seed':>4} {'job':8} {'distilled user (trained on)':>30} {'rule user (second judge)':>30}",

@@ -225,3 +225,37 @@ def test_the_distilled_user_pays_nothing_for_what_its_checks_and_guards_catch(ti
     turns = user.respond([UserRequest(persona, opening, reply, 40, 1) for reply in replies], SAGE)
     assert [turn.appraisal.change for turn in turns] == list(replies.values())
     assert all("voided" in turn.appraisal.features for turn in turns[1:4])
+
+
+def test_the_pessimistic_distilled_user_pays_the_lower_of_its_two_judges(tiny_appraiser):
+    """``pessimistic=true``: with a head that pays +10 for anything, a dismissal gets the
+    rule user's loss and a caring reply the rule user's gain (both below +10); with a head
+    that takes -10 from anything, both get -10. The appraisal names both changes."""
+    from empathy_gym.user.appraiser import BINS, Head
+    from empathy_gym.user.distilled_user import DistilledUser
+    from empathy_gym.user.protocol import SAGE
+    from empathy_gym.user.rule_user import RuleUser
+
+    persona = builtin_bank("en")[0]
+    opening = (("user", "My sister got married and now I'm the villain, apparently."),)
+    replies = [
+        "That sounds painful. What happened at the wedding?",
+        "Honestly, you should just get over it and move on.",
+    ]
+    requests = [UserRequest(persona, opening, reply, 40, 1) for reply in replies]
+    by_rule = [appraisal.change for appraisal in RuleUser().appraise(requests)]
+    assert by_rule[0] < 10 and by_rule[1] < 0
+    width = tiny_appraiser.features(requests[:1]).shape[1]
+    for paid, expected in ((10, by_rule), (-10, [-10, -10])):
+        bias = np.where(np.asarray(BINS) == paid, 20.0, 0.0)
+        tiny_appraiser.head = Head([], np.zeros(width), np.ones(width), np.zeros((len(BINS), width)), bias)
+        user = DistilledUser(appraiser=tiny_appraiser, pessimistic=True)
+        turns = user.respond(requests, SAGE)
+        assert [turn.appraisal.change for turn in turns] == expected
+        assert [turn.appraisal.features["rule"] for turn in turns] == by_rule
+        assert all(turn.appraisal.features["distilled"] == paid for turn in turns)
+        plain = DistilledUser(appraiser=tiny_appraiser).respond(requests, SAGE)
+        assert [turn.appraisal.change for turn in plain] == [paid, paid]
+    assert UserSpec.parse("distilled,pessimistic=true").user_kwargs == {"pessimistic": True}
+    with pytest.raises(ValueError, match="user.pessimistic"):
+        DistilledUser(appraiser=tiny_appraiser, pessimistic="yes")

@@ -15,6 +15,15 @@ positive ``m`` is multiplied by the difficulty's ``gain_scale``, a negative one 
 ``loss_scale``; the change is that, rounded half away from zero and clipped to [-10, 10].
 The appraiser learnt those replies are bad (they are among its training negatives); the
 floor keeps a policy from finding where it learnt it too weakly.
+
+``pessimistic=True`` (``--user distilled,pessimistic=true``) pays the lower of that change
+and the rule user's change for the same reply at the same difficulty: worst-case
+optimisation over an ensemble of two reward models (Coste et al., "Reward Model Ensembles
+Help Mitigate Overoptimization", ICLR 2024, the WCO objective). A policy trained against it
+gains only with a reply that both judges pay, so a hole in one of them (the rule user pays
+salads of the user's words, the appraiser learnt some content-free English too weakly) is
+not enough. It judges as a trainer's reward, not as an agreement measure: the rule user's
+share makes it agree less with the LLM simulators.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ class DistilledUser(SimulatedUser):
             (``empathy-gym distill --out FOLDER``), or ``None``: the shipped one.
         device: where the appraiser's base model runs (``"cpu"``, ``"cuda"``).
         batch_size: requests per forward pass of the base model.
+        pessimistic: pay the lower of the appraiser's change and the rule user's (module
+            docstring).
 
     Raises:
         AppraiserError: ``appraiser`` is not an appraiser folder (file and field named).
@@ -61,7 +72,11 @@ class DistilledUser(SimulatedUser):
         appraiser: Appraiser | str | os.PathLike | None = None,
         device: str = "cpu",
         batch_size: int = 16,
+        pessimistic: bool = False,
     ):
+        if not isinstance(pessimistic, bool):
+            raise ValueError(f"user.pessimistic: true or false, got {pessimistic!r}")
+        self.pessimistic = pessimistic
         self.rules = RuleUser(difficulty)
         self.difficulty = self.rules.difficulty
         if isinstance(appraiser, Appraiser):
@@ -77,7 +92,8 @@ class DistilledUser(SimulatedUser):
     def appraise(self, requests: Sequence[UserRequest]) -> list[Appraisal]:
         """One appraisal per request (module docstring). ``features``: ``p<bin>`` the
         appraiser's probabilities, ``expected`` its mean change, and the rule user's
-        negative contributions (the replies react to the worst of them).
+        negative contributions (the replies react to the worst of them); with
+        ``pessimistic``, also ``distilled`` and ``rule``, the two changes it took the lower of.
 
         Raises:
             ValueError: a persona with an unknown language or character type.
@@ -100,6 +116,8 @@ class DistilledUser(SimulatedUser):
         points = 0.0 if voided else mean
         points *= self.difficulty.gain_scale if points > 0 else self.difficulty.loss_scale
         change = max(-MAX_CHANGE, min(MAX_CHANGE, round_half_away(points)))
+        both = {"distilled": change, "rule": by_rule.change} if self.pessimistic else {}
+        change = min(both.values(), default=change)
         complaints = {
             name: value
             for name, value in by_rule.features.items()
@@ -109,6 +127,7 @@ class DistilledUser(SimulatedUser):
             **{f"p{value:+d}": round(float(p), 4) for value, p in zip(BINS, distribution)},
             "expected": round(mean, 3),
             **({"voided": -round(mean, 3)} if voided else {}),
+            **both,
             **complaints,
         }
         thoughts = self.rules.thought(request, by_rule.features, change)

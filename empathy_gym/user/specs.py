@@ -30,7 +30,7 @@ APPRAISAL_MODES: tuple[str, ...] = ("free", "choice")
 RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir", "difficulty")
 #: Options that the distilled user takes (:class:`~empathy_gym.user.distilled_user.DistilledUser`;
 #: its appraiser's folder is the spec's target, :attr:`UserSpec.model`).
-DISTILLED_USER_KEYWORDS: tuple[str, ...] = ("difficulty", "device", "batch_size")
+DISTILLED_USER_KEYWORDS: tuple[str, ...] = ("difficulty", "device", "batch_size", "pessimistic")
 #: Users that run in-process without a chat backend, and the options each takes.
 LOCAL_USERS: dict[str, tuple[str, ...]] = {"rule": RULE_USER_KEYWORDS, "distilled": DISTILLED_USER_KEYWORDS}
 
