@@ -13,12 +13,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
@@ -162,7 +162,7 @@ def eval_command(
             f"replies: at most {LOCAL_MAX_TOKENS} new tokens (the default for local policies; "
             f"--max-tokens N to change, 0 for no cap)"
         )
-    with _resumable("dialogues", f"finished dialogues (if any) are saved in {out / TRANSCRIPTS}", out) as on_progress:
+    with _resumable("dialogues", f"finished dialogues (if any) are saved in {out / TRANSCRIPTS}", out) as bars:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         result = evaluate(
             policy,
@@ -171,7 +171,8 @@ def eval_command(
             repeats=repeats,
             max_tokens=max_tokens,
             out_dir=out,
-            on_progress=on_progress,
+            on_progress=bars.on_progress,
+            on_turns=bars.on_turns,
             **judging,
         )
     _print_report(result.report, result.resumed)
@@ -187,13 +188,24 @@ def _judging(
     )
 
 
+class _Bars(NamedTuple):
+    """What a resumable run reports its progress to: ``on_progress(done, total)`` for its
+    units (dialogues, turns, shards) and ``on_turns(played, at_most)`` for the turns played
+    inside its dialogues (a second bar, shown once called)."""
+
+    on_progress: Callable[[int, int], None]
+    on_turns: Callable[[int, int], None]
+
+
 @contextlib.contextmanager
-def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, int], None]]:
-    """A resumable run's progress bar (yields ``on_progress(done, total)``) and exit codes;
-    Ctrl-C, and a failed user or server once ``folder`` exists, say what is ``saved``. The
-    first call with ``done > 0`` (a resumed run) says how many were found done."""
+def _resumable(task: str, saved: str, folder: Path) -> Iterator[_Bars]:
+    """A resumable run's progress bars and exit codes; Ctrl-C, and a failed user or server
+    once ``folder`` exists, say what is ``saved``. The first ``on_progress`` call with
+    ``done > 0`` (a resumed run) says how many were found done. The bars estimate the time
+    left from the speed since their first step (rounds of a long run come minutes apart)."""
     resume = f"{saved}; rerun the same command to resume"
     first = True
+    turns_bar = None
 
     def on_progress(done: int, total: int) -> None:
         nonlocal first
@@ -202,9 +214,15 @@ def _resumable(task: str, saved: str, folder: Path) -> Iterator[Callable[[int, i
         first = False
         progress.update(bar, completed=done, total=total)
 
+    def on_turns(played: int, at_most: int) -> None:
+        nonlocal turns_bar
+        if turns_bar is None:
+            turns_bar = progress.add_task("turns (at most)", total=at_most)
+        progress.update(turns_bar, completed=played, total=at_most)
+
     with _exit_codes(f"interrupted: {resume}", lambda: resume if folder.exists() else None), _progress() as progress:
         bar = progress.add_task(task, total=None)
-        yield on_progress
+        yield _Bars(on_progress, on_turns)
 
 
 def _progress() -> Progress:
@@ -214,7 +232,9 @@ def _progress() -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=errors,
+        speed_estimate_period=24 * 3600,
         transient=True,
         disable=not errors.is_terminal,
     )
@@ -334,11 +354,11 @@ def replay_command(
     from empathy_gym.evaluation.replay import TURNS, replay_logs
     from empathy_gym.user import resolve_protocol
 
-    with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}", out) as on_progress:
+    with _resumable("turns", f"appraised turns (if any) are saved in {out / TURNS}", out) as bars:
         judging = _judging(user, difficulty, protocol, seed, batch_size, limit)
         if max_turns is not None:
             judging["protocol"] = resolve_protocol(protocol.value, max_turns=max_turns)
-        result = replay_logs(logs, personas=personas, out_dir=out, on_progress=on_progress, **judging)
+        result = replay_logs(logs, personas=personas, out_dir=out, on_progress=bars.on_progress, **judging)
     _print_replay(result.report, result.resumed)
     console.print(f"wrote {out}/report.json, turns.jsonl, scatter.png")
 
@@ -384,7 +404,7 @@ def distill_command(
     """
     from empathy_gym.user.distill import distill
 
-    with _resumable("turns", f"finished feature shards (if any) are saved in {out / 'features'}", out) as progress:
+    with _resumable("turns", f"finished feature shards (if any) are saved in {out / 'features'}", out) as bars:
         result = distill(
             logs,
             out,
@@ -394,7 +414,7 @@ def distill_command(
             seed=seed,
             device=device,
             batch_size=batch_size,
-            on_progress=progress,
+            on_progress=bars.on_progress,
         )
     if result.resumed:
         console.print(f"resumed: {result.resumed} feature shards were done")

@@ -242,6 +242,34 @@ def test_eval_on_the_rlver_bank_end_to_end(tmp_path):
     assert json.loads((out / "report.json").read_text()) == report
 
 
+def test_a_long_eval_shows_turns_and_the_time_left_on_a_terminal(tmp_path, monkeypatch):
+    """Issue 37: dialogues end together near the end of a batched evaluation, so a second
+    bar counts turns and estimates the time left from the rounds played (rounds come
+    minutes apart: the estimate keeps every round, not rich's 30 s window). 32 turns in
+    0.3 s or more, 368 left: 3.45 s or more."""
+    import io
+
+    from rich.console import Console
+
+    import empathy_gym.cli as cli
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "errors", Console(file=screen, force_terminal=True, width=120))
+    with cli._resumable("dialogues", "saved", tmp_path / "run") as bars:
+        bars.on_progress(0, 48)
+        bars.on_turns(0, 432)
+        time.sleep(0.3)
+        bars.on_turns(32, 432)
+        time.sleep(0.3)
+        bars.on_turns(64, 432)
+        time.sleep(0.2)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    left = re.search(r"turns \(at most\) \S+\s+64/432 \d:\d\d:\d\d (\d):(\d\d):(\d\d)", shown)
+    assert left, shown[-400:]
+    assert int(left[1]) * 3600 + int(left[2]) * 60 + int(left[3]) >= 3  # at least 368 / 32 x 0.3 s
+    assert re.search(r"dialogues\s+\S+\s+0/48", shown)
+
+
 def test_eval_input_errors_exit_1_and_usage_errors_exit_2(tmp_path):
     out = str(tmp_path / "run")
     bad_policy = runner.invoke(app, ["eval", "--policy", "baseline:nope", "--out", out])

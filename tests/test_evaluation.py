@@ -160,6 +160,18 @@ def test_all_dialogues_of_a_turn_go_to_the_user_and_the_policy_together():
     assert alone.report == together.report and alone.records == together.records
 
 
+def test_the_turns_played_are_reported_after_each_round(tmp_path):
+    """Issue 37: a long local evaluation shows turns as they are played, not only dialogues
+    as they end. Rounds of 4, 4, 4, 4, 3, 3, 2, 2, 2 turns (the test above); at most 4 x 9;
+    a resumed run counts only what it plays."""
+    calls = []
+    run(tmp_path / "run", batch_size=4, on_turns=lambda played, at_most: calls.append((played, at_most)))
+    assert calls == [(0, 36), (4, 36), (8, 36), (12, 36), (16, 36), (19, 36), (22, 36), (24, 36), (26, 36), (28, 36)]
+    calls.clear()
+    run(tmp_path / "run", batch_size=4, on_turns=lambda played, at_most: calls.append((played, at_most)))
+    assert calls == []  # all four found done: nothing to play
+
+
 def test_a_batch_that_returns_the_wrong_number_of_replies_fails_loudly():
     with pytest.raises(
         TypeError, match=r"must return a list of 4 str, one reply per conversation; returned a list of 1"

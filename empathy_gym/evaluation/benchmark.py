@@ -169,13 +169,20 @@ def must_not_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
 
 
 def run_dialogues(
-    tasks: Sequence[Task], policy: Policy, make_env: Callable[[], EmpathyDialogueEnv], *, batch_size: int = 32
+    tasks: Sequence[Task],
+    policy: Policy,
+    make_env: Callable[[], EmpathyDialogueEnv],
+    *,
+    batch_size: int = 32,
+    on_turns: Callable[[int], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run the dialogues of ``tasks`` and yield each record (:func:`dialogue_record`) as
     soon as its dialogue ends (so not in task order).
 
     ``make_env`` builds the envs that serve as slots (at most ``batch_size``); give them a
     shared simulated user so that :func:`~empathy_gym.env.step_many` batches its calls.
+    ``on_turns(played)`` is called after each round (one turn of every running dialogue)
+    with the turns played so far.
 
     Raises:
         EvaluationError: ``batch_size`` < 1.
@@ -186,7 +193,10 @@ def run_dialogues(
         raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
     slots = [make_env() for _ in range(min(batch_size, len(tasks)))]
     starts = [Start(task.seed, {"persona": task.persona}) for task in tasks]
-    for ended in play(slots, starts, _EvaluationDriver(tasks, policy)):
+    driver = _EvaluationDriver(tasks, policy)
+    for ended in play(slots, starts, driver):
+        if on_turns is not None:
+            on_turns(driver.turns)
         yield from (run.record for run in ended)
 
 
@@ -195,6 +205,7 @@ class _EvaluationDriver(Driver[_Running]):
 
     def __init__(self, tasks: Sequence[Task], policy: Policy):
         self.tasks, self.policy = tasks, policy
+        self.turns = 0
 
     def begin(self, index: int, env: EmpathyDialogueEnv, info: dict[str, Any]) -> _Running:
         return _Running(self.tasks[index], info)
@@ -211,6 +222,7 @@ class _EvaluationDriver(Driver[_Running]):
     def record(self, state: _Running, env: EmpathyDialogueEnv, result: StepResult) -> bool:
         _, _, terminated, truncated, info = result
         state.info = info
+        self.turns += 1
         appraisal = info["appraisal"]
         state.steps.append(
             {
@@ -541,6 +553,7 @@ def evaluate(
     config: EvalConfig | None = None,
     out_dir: str | os.PathLike | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    on_turns: Callable[[int, int], None] | None = None,
     **options: Any,
 ) -> EvalResult:
     """Run the benchmark: one dialogue per persona and repeat, then the report.
@@ -557,6 +570,9 @@ def evaluate(
             resumed when it holds this run; ``None``: nothing written.
         on_progress: called as ``on_progress(done, total)`` (dialogue counts) once before
             the first new dialogue (``done`` = those resumed) and after each one ends.
+        on_turns: called as ``on_turns(played, at_most)`` after each round: the turns
+            this run has played, and the most its dialogues can take (the protocol's
+            ``max_turns`` each; dialogues that end early take fewer).
         **options: :class:`EvalConfig` fields, replacing ``config``'s
             (``evaluate(policy, "en", user="rule", limit=5)``).
 
@@ -595,6 +611,7 @@ def evaluate(
             folder,
             done,
             lambda: on_progress(len(done), len(tasks)) if on_progress is not None else None,
+            (lambda played: on_turns(played, len(todo) * protocol.max_turns)) if on_turns is not None else None,
         )
     records = [json.loads(json.dumps(done[task.key])) for task in tasks]
     report = summarize(records, confidence=config.confidence, n_resamples=config.n_resamples, seed=config.seed)
@@ -623,9 +640,11 @@ def _play_tasks(
     folder: RunFolder | None,
     done: dict[tuple[Any, ...], dict[str, Any]],
     progress: Callable[[], None],
+    on_turns: Callable[[int], None] | None,
 ) -> None:
     """Play ``todo``'s dialogues and add each record to ``done`` (and the folder) as it
-    ends; the user and a policy loaded from its spec are closed at the end."""
+    ends (``progress()`` after each, ``on_turns(played)`` after each round); the user and
+    a policy loaded from its spec are closed at the end."""
     difficulty, protocol = load_difficulty(config.difficulty), resolve_protocol(config.protocol)
     user = (
         config.user if isinstance(config.user, SimulatedUser) else as_user_spec(config.user).build(difficulty, protocol)
@@ -649,7 +668,9 @@ def _play_tasks(
                 system_prompt=recorded["system_prompt"],
             )
 
-        for record in run_dialogues(todo, policy_obj, make_env, batch_size=config.batch_size):
+        if on_turns is not None:
+            on_turns(0)
+        for record in run_dialogues(todo, policy_obj, make_env, batch_size=config.batch_size, on_turns=on_turns):
             if folder is not None:  # adds it to folder.done, which is done
                 where = f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, seed {record['seed']})"
                 folder.append([record], where=[where])
