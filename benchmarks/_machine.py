@@ -1,8 +1,10 @@
-"""The CPU description every benchmark prints beside its table, and the training jobs
-that run side by side."""
+"""The CPU description every benchmark prints beside its table, the commit and command
+that open its results file, and the training jobs that run side by side."""
 
+import datetime
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,22 @@ def cpu_model() -> str:
     except OSError:
         pass
     return f"{cpu}; nproc {os.cpu_count()}"
+
+
+def provenance() -> str:
+    """The line that opens a results file: when it ran (UTC), the commit of the code that
+    made it (``+ uncommitted changes`` when the package, recipes or benchmarks differ from
+    it) and the command, as this process was started (tests/test_results.py checks that
+    every results file names both)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    if git("status", "--porcelain", "--", "empathy_gym", "agents", "benchmarks", "envs"):
+        commit += " + uncommitted changes"
+    command = shlex.join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+    return f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"
 
 
 def start_training(command: list[str], out: Path, overrides: list[str]) -> subprocess.Popen:

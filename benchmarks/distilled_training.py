@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, start_training  # noqa: E402
+from _machine import REPO, cpu_model, provenance, start_training  # noqa: E402
 from heldout_control import CHILD  # noqa: E402
 
 MONITORS = (
@@ -90,8 +90,7 @@ def main() -> int:
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
     lines = [
-        f"# python benchmarks/distilled_training.py --recipe {args.recipe} --user {args.user} --seeds "
-        f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
+        provenance(),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
         f"# --report-only: the runs in {args.out}, trained earlier"
         if args.report_only

@@ -10,9 +10,7 @@ Writes ``benchmarks/results/give_up_time.txt`` unless ``--no-write``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _machine import cpu_model  # noqa: E402
+from _machine import cpu_model, provenance  # noqa: E402
 
 from empathy_gym.backends.openai_backend import OpenAIBackend  # noqa: E402
 from empathy_gym.personas import builtin_bank  # noqa: E402
@@ -72,11 +70,9 @@ def main() -> int:
         ),
     ]
     silent.close()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     lines = [
         "# An LLM user's appraisal at a dead URL, default retries and timeouts (benchmarks/give_up_time.py)",
-        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit.strip()}, "
-        f"command: python benchmarks/give_up_time.py --timeout {args.timeout:g}",
+        provenance(),
         f"# machine: {cpu_model()}",
         f"{'server':34s} {'requests':>8s} {'seconds':>8s}  error",
         *(f"{name:34s} {count:8d} {seconds:8.1f}  {error}" for name, count, seconds, error in rows),

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, start_training  # noqa: E402
+from _machine import REPO, cpu_model, provenance, start_training  # noqa: E402
 from heldout_control import CHILD, words_taken_up  # noqa: E402
 
 
@@ -61,8 +61,7 @@ def main() -> int:
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
     lines = [
-        f"# python benchmarks/heldout_seeds.py --recipe {args.recipe} --seeds "
-        f"{' '.join(map(str, args.seeds))} {' '.join(args.overrides)}".rstrip(),
+        provenance(),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
         f"# {time.time() - started:.0f} s wall in all; load average before "
         f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
