@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -69,12 +70,18 @@ def train(personas: Sequence, args: argparse.Namespace) -> PPO:
     return model.learn(total_timesteps=args.timesteps)
 
 
-def policies(model: PPO, seed: int) -> dict[str, Callable[[np.ndarray], int]]:
-    """The contenders: the trained PPO policy (greedy), a uniformly random strategy, and
-    each fixed strategy."""
+def policies(model: PPO, seed: int, chosen: Counter) -> dict[str, Callable[[np.ndarray], int]]:
+    """The contenders: the trained PPO policy (greedy; each strategy it picks is counted in
+    ``chosen``), a uniformly random strategy, and each fixed strategy."""
     rng = np.random.default_rng(seed)
+
+    def ppo(obs: np.ndarray) -> int:
+        action = int(model.predict(obs, deterministic=True)[0])
+        chosen[STRATEGY_NAMES[STRATEGIES[action]]] += 1
+        return action
+
     out: dict[str, Callable[[np.ndarray], int]] = {
-        "PPO (trained)": lambda obs: int(model.predict(obs, deterministic=True)[0]),
+        "PPO (trained)": ppo,
         "random strategy": lambda obs: int(rng.integers(len(STRATEGIES))),
     }
     for index, strategy in enumerate(STRATEGIES):
@@ -95,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     model = train(train_personas, args)
     print(f"PPO: {args.timesteps} steps in {time.perf_counter() - started:.0f} s")
 
+    chosen: Counter = Counter()
     results = {
         name: final_emotions(
             policy,
@@ -103,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, np.ndarray]:
             seed=100_000 + args.seed,
             difficulty=args.difficulty,
         )
-        for name, policy in policies(model, args.seed).items()
+        for name, policy in policies(model, args.seed, chosen).items()
     }
     width = max(len(name) for name in results)
     print(
@@ -117,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, np.ndarray]:
             f"{name.ljust(width)}  {emotions.mean():5.1f}  {se:4.1f}  "
             f"{(emotions >= 100).mean():7.0%}  {(emotions < 10).mean():7.0%}"
         )
+    turns = sum(chosen.values())
+    print(
+        "PPO's strategies on the held-out turns: " + ", ".join(f"{n} {c / turns:.0%}" for n, c in chosen.most_common())
+    )
     return results
 
 
