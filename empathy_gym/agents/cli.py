@@ -188,7 +188,8 @@ def where_everything_is(
         f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
         f"(train {config.total_steps} more step{'s' if config.total_steps != 1 else ''})",
         f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
-        "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user)",
+        "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user; "
+        "tens of minutes on a CPU: its progress bar estimates the time left after two rounds of turns)",
     ]
     return lines
 

@@ -530,6 +530,8 @@ was then fitted on every turn:
   in the named features and the user's state (emotion, turn, trend).
 - English judgements, where the logs are Chinese, rest on the named features and on the
   ranked bad replies, not on English logs.
-- A policy trained against it long enough can find what it overpays: train with a second
-  judge and the reward-hacking monitors (docs/reward-hacking.md).
+- A policy trained against it can find what it overpays (the quick start's recipe did,
+  against every appraiser shipped so far): train against `distilled,pessimistic=true`,
+  which pays the lower of its change and the rule user's, with a second judge and the
+  reward-hacking monitors (docs/simulated-user.md, docs/reward-hacking.md).
 """
