@@ -26,15 +26,15 @@ def cpu_model() -> str:
 
 def provenance() -> str:
     """The line that opens a results file: when it ran (UTC), the commit of the code that
-    made it (``+ uncommitted changes`` when the package, recipes or benchmarks differ from
-    it) and the command, as this process was started (tests/test_results.py checks that
-    every results file names both)."""
+    made it (``+ uncommitted changes`` when the package, recipes or benchmark scripts
+    differ from it; other results do not count) and the command, as this process was
+    started (tests/test_results.py checks that every results file names both)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    if git("status", "--porcelain", "--", "empathy_gym", "agents", "benchmarks", "envs"):
+    if git("status", "--porcelain", "--", "empathy_gym", "agents", "benchmarks", "envs", ":!benchmarks/results"):
         commit += " + uncommitted changes"
     command = shlex.join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
     return f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"

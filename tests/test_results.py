@@ -28,6 +28,20 @@ def test_the_check_catches_a_table_without_its_commit_or_command():
     assert provenance_problems("# commit: 6279b19, python benchmarks/distilled_training.py --seeds 0\n") == []
 
 
+def test_the_opening_line_benchmarks_write_passes_the_check(monkeypatch):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "busy_cores.py"), "--steps", "4", "a b"])
+
+    spec = importlib.util.spec_from_file_location("_machine", ROOT / "benchmarks" / "_machine.py")
+    machine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(machine)
+    line = machine.provenance()
+    assert line.startswith("# run: ") and not provenance_problems(line), line
+    assert line.endswith(", command: python benchmarks/busy_cores.py --steps 4 'a b'"), line
+
+
 @pytest.mark.parametrize("path", RESULTS, ids=[path.name for path in RESULTS])
 def test_each_results_file_names_its_commit_and_command(path):
     assert not provenance_problems(path.read_text(encoding="utf-8")), (
