@@ -29,10 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import REPO, cpu_model, provenance  # noqa: E402
 
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
-from empathy_gym.evaluation.policies import (
-    BackendPolicy,  # noqa: E402
-    load_transformers_policy,  # noqa: E402
-)
+from empathy_gym.evaluation.policies import BackendPolicy, load_transformers_policy  # noqa: E402
 
 PERSONAS, MAX_TOKENS, SUGGESTED_TURNS = "en", 64, 48 * 9
 
