@@ -40,6 +40,16 @@ def provenance() -> str:
     return f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"
 
 
+def publish(lines: list[str], name: str, write: bool = True) -> str:
+    """Print a benchmark's table (``lines``, joined) and, with ``write``, save it as
+    ``benchmarks/results/NAME``; returns the text."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if write:
+        (REPO / "benchmarks" / "results" / name).write_text(text)
+    return text
+
+
 def start_training(command: list[str], out: Path, overrides: list[str]) -> subprocess.Popen:
     """``python COMMAND output_dir=OUT progress=false OVERRIDES... [--resume]`` from the
     repository root, one thread (jobs share the cores), its output in ``OUT/console.log``;

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, provenance  # noqa: E402
+from _machine import REPO, cpu_model, provenance, publish  # noqa: E402
 
 COMPETITOR = "import torch\na = torch.randn(1024, 1024)\nwhile True:\n    a @ a\n"
 NOTICE = "other work is using the cores"
@@ -91,10 +91,7 @@ def main() -> int:
             f"{where:24} {threads or 'unset':>15} {row['mean']:7.1f} {row['slowest']:7.1f} {row['wall']:7.0f}  "
             f"{row['notice']}"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        (REPO / "benchmarks" / "results" / "busy_cores.txt").write_text(text)
+    publish(lines, "busy_cores.txt", write=not args.no_write)
     return 0
 
 

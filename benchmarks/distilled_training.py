@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, provenance, start_training  # noqa: E402
+from _machine import cpu_model, provenance, publish, start_training  # noqa: E402
 from heldout_control import CHILD  # noqa: E402
 
 MONITORS = (
@@ -119,10 +119,7 @@ def main() -> int:
             f"(standard deviation {spread:.2f}); every interval's low end >= 0: "
             f"{all(runs[seed]['real'][judge]['low'] >= 0 for seed in runs)}"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        (REPO / "benchmarks" / "results" / "distilled_training.txt").write_text(text)
+    publish(lines, "distilled_training.txt", write=not args.no_write)
     return 0
 
 

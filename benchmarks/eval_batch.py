@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, provenance  # noqa: E402
+from _machine import cpu_model, provenance, publish  # noqa: E402
 
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 from empathy_gym.evaluation.policies import BackendPolicy, load_transformers_policy  # noqa: E402
@@ -83,10 +83,7 @@ def main() -> int:
         f"rate: at most about {SUGGESTED_TURNS / (best['turns'] / best['seconds']) / 60:.0f} minutes "
         f"(a batch of 32 runs faster per turn than one of {args.limit}; longer dialogues slower)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        (REPO / "benchmarks" / "results" / "eval_batch.txt").write_text(text)
+    publish(lines, "eval_batch.txt", write=not args.no_write)
     policy.close()
     return 0
 

@@ -19,7 +19,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _machine import cpu_model, provenance  # noqa: E402
+from _machine import cpu_model, provenance, publish  # noqa: E402
 
 from empathy_gym.backends.openai_backend import OpenAIBackend  # noqa: E402
 from empathy_gym.personas import builtin_bank  # noqa: E402
@@ -77,10 +77,7 @@ def main() -> int:
         f"{'server':34s} {'requests':>8s} {'seconds':>8s}  error",
         *(f"{name:34s} {count:8d} {seconds:8.1f}  {error}" for name, count, seconds, error in rows),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        (ROOT / "benchmarks" / "results" / "give_up_time.txt").write_text(text)
+    publish(lines, "give_up_time.txt", write=not args.no_write)
     return 0
 
 

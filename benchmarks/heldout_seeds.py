@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import REPO, cpu_model, provenance, start_training  # noqa: E402
+from _machine import cpu_model, provenance, publish, start_training  # noqa: E402
 from heldout_control import CHILD, words_taken_up  # noqa: E402
 
 
@@ -84,10 +84,7 @@ def main() -> int:
             f"standard deviation across seeds {spread:.2f}; every seed's interval above 0: "
             f"{all(runs[seed][name]['low'] > 0 for seed in runs)}"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        (REPO / "benchmarks" / "results" / "heldout_seeds.txt").write_text(text)
+    publish(lines, "heldout_seeds.txt", write=not args.no_write)
     return 0
 
 
