@@ -7,7 +7,10 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+from _inputs import inputs_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,11 +27,13 @@ def cpu_model() -> str:
     return f"{cpu}; nproc {os.cpu_count()}"
 
 
-def provenance() -> str:
+def provenance(inputs: Sequence[str] = ()) -> str:
     """The line that opens a results file: when it ran (UTC), the commit of the code that
     made it (``+ uncommitted changes`` when the package, recipes or benchmark scripts
     differ from it; other results do not count) and the command, as this process was
-    started (tests/test_results.py checks that every results file names both)."""
+    started (tests/test_results.py checks that every results file names both); with
+    ``inputs`` (names as in benchmarks/_inputs.py: ``"rule-user"``, ``"recipe PATH"``...)
+    a second line with their fingerprints, which the same tests compare with the checkout's."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -37,7 +42,8 @@ def provenance() -> str:
     if git("status", "--porcelain", "--", "empathy_gym", "agents", "benchmarks", "envs", ":!benchmarks/results"):
         commit += " + uncommitted changes"
     command = shlex.join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
-    return f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"
+    line = f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"
+    return line + (f"\n{inputs_line(list(inputs))}" if inputs else "")
 
 
 def publish(lines: list[str], name: str, write: bool = True) -> str:

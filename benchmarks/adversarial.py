@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_model  # noqa: E402
+from _machine import cpu_model, provenance  # noqa: E402
 
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 from empathy_gym.evaluation.must_not import CHECKS  # noqa: E402
@@ -68,10 +68,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     which = f"{len(bank)} personas" + (f" ({args.language} only)" if args.language else ", en 8 / zh 8")
     lines = [
-        f"# python benchmarks/adversarial.py --user {args.user} --repeats {args.repeats}"
-        + (f" --language {args.language}" if args.language else "")
-        + " --policies "
-        + " ".join(args.policies),
+        provenance(inputs=["rule-user"] if args.user == "rule" else []),
         f"# {cpu_model()}; load average {load:.1f}; {time.time() - started:.0f} s in all",
         f"# bank 'adversarial' ({which}) x {args.repeats} dialogues, user {args.user}, SAGE protocol; local models'",
         "# replies capped at 128 new tokens, as `empathy-gym eval` caps them;",

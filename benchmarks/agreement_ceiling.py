@@ -34,7 +34,6 @@ The table goes to ``benchmarks/results/agreement_ceiling.txt``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import os
 import sys
@@ -47,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import cpu_model  # noqa: E402
+from _machine import cpu_model, provenance  # noqa: E402
 from fit_rule_model import GEMINI, GOAL, GPT, Rows, evaluate, features_of, fit, fit_arguments, mismatched, read_rows  # noqa: E402
 
 from empathy_gym.evaluation.replay import agreement  # noqa: E402
@@ -226,10 +225,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines: list[str] = []
     out = lines.append
     out("# How far per-turn agreement with an unseen simulator family goes (benchmarks/agreement_ceiling.py)")
-    out(
-        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-        f"benchmarks/agreement_ceiling.py --C {args.C:g} --negative-weight {args.negative_weight:g}"
-    )
+    out(provenance(inputs=["rule-user"]))
     out(f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     out(
         f"# logs: {args.logs.name}/ ({len(rows.change)} scored turns: GPT-4o {int(gpt.sum())}, "

@@ -58,7 +58,8 @@ TEMPLATES = ROOT / "empathy_gym" / "integrations" / "strategy_templates"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+from _inputs import inputs_line  # noqa: E402
+from _machine import cpu_model, provenance  # noqa: E402  (benchmarks/_machine.py)
 
 from empathy_gym.evaluation.replay import agreement, reappraise, turn_request  # noqa: E402
 from empathy_gym.evaluation.sage_logs import log_names, read_sage_log  # noqa: E402
@@ -364,11 +365,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         speeds.append(len(sample) / (time.perf_counter() - tick))
 
     out("# The rule user's appraisal against SAGE's LLM simulators, held out (benchmarks/fit_rule_model.py)")
-    out(
-        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: "
-        "python benchmarks/fit_rule_model.py"
-        f" --C {args.C} --seed {args.seed} --negative-weight {args.negative_weight:g}"
-    )
+    out(provenance())  # its inputs line follows once the artefact is written (the rule user it fits)
     out(
         f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
         "(other developers share these cores)"
@@ -456,8 +453,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     if args.no_write:
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
     units = en_units_per_word()
     meta = {
         "name": "empathy-gym rule user appraisal model",
@@ -485,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     AppraisalModel(
         weights=final.weights, bias=final.bias, scale=final.scale, step=final.step, en_units_per_word=units, meta=meta
     ).save(args.model_out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join([*lines[:2], inputs_line(["rule-user"]), *lines[2:]]) + "\n", encoding="utf-8")
     print(f"wrote {args.out} and {args.model_out}")
 
 

@@ -18,7 +18,6 @@ header), so the same script measures an older checkout too.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+from _machine import cpu_model, provenance  # noqa: E402  (benchmarks/_machine.py)
 
 import empathy_gym  # noqa: E402
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
@@ -46,8 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.time()
     lines = [
         "# Baseline policies against the rule user, per bank (benchmarks/rule_user_baselines.py)",
-        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-        f"benchmarks/rule_user_baselines.py --limit {args.limit}",
+        provenance(inputs=["rule-user"]),
         f"# code: {Path(empathy_gym.__file__).parent}",
         f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "# score: mean final emotion (0-100, start 40); success: ended at 100; failure: ended below 10",

@@ -34,7 +34,6 @@ The checks (written here, independent of the rule user's own filters where possi
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import re
 import sys
@@ -46,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # _machine; empathy_gym: whatever PYTHONPATH finds
 
-from _machine import cpu_model  # noqa: E402  (benchmarks/_machine.py)
+from _machine import cpu_model, provenance  # noqa: E402  (benchmarks/_machine.py)
 
 from empathy_gym.evaluation.benchmark import evaluate  # noqa: E402
 from empathy_gym.personas import Persona, load_personas  # noqa: E402
@@ -267,8 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.time()
     lines = [
         "# The rule user's replies (benchmarks/rule_user_replies.py), per 1,000 user turns",
-        f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, command: python "
-        "benchmarks/rule_user_replies.py",
+        provenance(inputs=["rule-user"]),
         f"# machine: {cpu_model()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         "# one dialogue per persona and policy, rule user 'moderate', SAGE protocol, seed 0; goals (issue 10):",
         "# repeated sentences < 100, markdown 0, need statements 0, pronoun errors 0",
