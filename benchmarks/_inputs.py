@@ -7,12 +7,12 @@ A results file names its inputs on a line of its own::
 
 and the test recomputes each one on the checkout it runs on. The kinds:
 
-- ``rule-user``: the rule user's *behaviour*: every reward, emotion and reply of a fixed set
-  of dialogues (the default persona bank, the moderate and challenging difficulties, fixed
-  replies from caring to word salad). A refactor that keeps behaviour keeps it; a change to
-  the appraisal, its lexicons, the reply templates, the difficulty files or the bank changes it.
+- ``rule-user``: the rule user's *behaviour*: every emotion change and reply of fixed
+  dialogues (:func:`rule_user_dialogues`: the ``en`` and ``zh`` banks, the moderate and
+  challenging difficulties). A refactor that keeps behaviour keeps it; a change to the
+  appraisal, its lexicons, the reply templates, the difficulty files or the banks changes it.
 - ``rule-appraisal``: the part of it a one-turn dialogue (the CPU recipes' ``max_turns: 1``)
-  sees: the opening, and the reward and emotion of each fixed reply as the first turn.
+  sees: the openings and the first turn's changes.
 - ``distilled``: the bytes of the shipped appraiser (``empathy_gym/user/distilled``).
 - ``recipe PATH``: the recipe's parsed YAML (comments and layout do not count).
 
@@ -30,62 +30,84 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 INPUTS_LINE = re.compile(r"^# inputs: (.*)$", re.MULTILINE)
 
-REPLIES = (
-    "That sounds really hard. What happened?",
-    "Whatever. You'll get over it, everyone does.",
-    "I can hear how much you put into this, and it makes sense that it hurts. What would help most right now?",
-    "A family drama, I must not be. A family, I am not, a family of a family.",
-    "Have you tried just thinking about it differently? Here are three tips: sleep, exercise, and a list.",
-    "You did the right thing to say it out loud. I'm proud of you for that, it took courage.",
-)
+EN = [
+    "That sounds really hard. What happened next?",
+    "I hear you.",
+    "Why don't you just quit?",
+    "It makes sense that you feel this way. What do you need now?",
+    "I'm here. What? I'm here.",
+    "You should try meditation and exercise. 1. Sleep 2. Eat well",
+    "It wasn't your fault.",
+    "That must have been exhausting at work. How did your manager react?",
+    "ok",
+    "Thank you for telling me.",
+]
+ZH = [
+    "这确实很不容易。后来发生了什么？",
+    "我在听。",
+    "你为什么不直接辞职？",
+    "难怪你会难过，你现在最需要什么？",
+    "我在。什么？我在。",
+    "建议你：1. 多运动 2. 早点睡",
+    "这不是你的错。",
+    "辛苦你了，家里人怎么说？",
+    "嗯",
+    "谢谢你愿意说出来。",
+]
 
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:10]
 
 
-def rule_user(dialogues: int = 16) -> str:
-    """The rule user's behaviour over ``dialogues`` seeds x two difficulties, each played
-    to its end with the fixed ``REPLIES`` in a seed-dependent order (the user's last words
-    echoed back on every fifth turn). Takes well under a second."""
+def rule_user_dialogues(difficulties: tuple[str, ...] = ("moderate", "challenging")) -> dict[str, dict]:
+    """The rule user on fixed dialogues: ``{"<bank>/<difficulty>/<seed>": {"opening_sha256",
+    "changes", "replies_sha256"}}`` for 12 dialogues per bank (``en``, ``zh``) and
+    difficulty, each played with the bank's utterances (``EN``, ``ZH``, caring to dismissive
+    to markdown advice) rotated by the seed, every third turn prefixed with the start of
+    the user's last reply (the rule user weighs shared words). ``changes``: the emotion
+    change of each turn (ints); the digests: SHA-256 of the opening and of every reply.
+    tests/data/rule_user_pinned.json keeps them for a refactor to be checked against."""
     import gymnasium as gym
 
     import empathy_gym  # noqa: F401  (registers the env)
 
-    played = []
-    for difficulty in ("moderate", "challenging"):
-        env = gym.make("EmpathyDialogue-v0", difficulty=difficulty)
-        for seed in range(dialogues):
-            observation, info = env.reset(seed=seed)
-            turns, done = [[observation, info["emotion"]]], False
-            while not done:
-                turn = len(turns)
-                reply = observation if turn % 5 == 0 else REPLIES[(seed + turn) % len(REPLIES)]
-                observation, reward, terminated, truncated, info = env.step(reply)
-                turns.append([observation, round(float(reward), 6), info["emotion"], terminated, truncated])
-                done = terminated or truncated
-            played.append(turns)
-        env.close()
-    return _digest(json.dumps(played, ensure_ascii=False).encode())
+    played = {}
+    for difficulty in difficulties:
+        for bank, texts in (("en", EN), ("zh", ZH)):
+            env = gym.make("EmpathyDialogue-v0", personas=bank, difficulty=difficulty)
+            for seed in range(12):
+                observation, _ = env.reset(seed=seed)
+                replies, changes = [observation], []
+                for turn in range(len(texts)):
+                    utterance = texts[(seed + turn) % len(texts)]
+                    if turn % 3 == 1:
+                        utterance = f"{observation[:60]} {utterance}"
+                    observation, _, terminated, truncated, info = env.step(utterance)
+                    replies.append(observation)
+                    changes.append(info["emotion_change"])
+                    if terminated or truncated:
+                        break
+                played[f"{bank}/{difficulty}/{seed}"] = {
+                    "opening_sha256": hashlib.sha256(replies[0].encode()).hexdigest(),
+                    "changes": changes,
+                    "replies_sha256": hashlib.sha256("\n\x00".join(replies).encode()).hexdigest(),
+                }
+            env.close()
+    return played
 
 
-def rule_appraisal(dialogues: int = 16) -> str:
-    """The rule user's openings and its appraisal of each of ``REPLIES`` as the first turn,
-    over ``dialogues`` seeds x two difficulties (not the replies it writes back)."""
-    import gymnasium as gym
+def rule_user() -> str:
+    """Every change and reply of :func:`rule_user_dialogues` (well under a second)."""
+    return _digest(json.dumps(rule_user_dialogues(), sort_keys=True).encode())
 
-    import empathy_gym  # noqa: F401  (registers the env)
 
-    played = []
-    for difficulty in ("moderate", "challenging"):
-        env = gym.make("EmpathyDialogue-v0", difficulty=difficulty)
-        for seed in range(dialogues):
-            for reply in REPLIES:
-                observation, info = env.reset(seed=seed)
-                _, reward, *_, after = env.step(reply)
-                played.append([observation, info["emotion"], round(float(reward), 6), after["emotion"]])
-        env.close()
-    return _digest(json.dumps(played, ensure_ascii=False).encode())
+def rule_appraisal() -> str:
+    """What a one-turn dialogue sees of :func:`rule_user_dialogues`: each opening and the
+    first turn's change (not the replies written back)."""
+    played = rule_user_dialogues()
+    first = {key: [dialogue["opening_sha256"], dialogue["changes"][:1]] for key, dialogue in played.items()}
+    return _digest(json.dumps(first, sort_keys=True).encode())
 
 
 def distilled() -> str:
