@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from empathy_gym.backends import BACKENDS
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 
 EXIT_CODES = (
@@ -66,8 +67,9 @@ MAX_TOKENS_HELP = (
 DIFFICULTY_HELP = "moderate | challenging | easy | a preset JSON path"
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
-    "offline) | transformers:PATH | vllm:PATH | "
-    "openai:MODEL@URL; options as key=value after commas: appraisal_mode (free, choice), "
+    "offline) | "
+    + " | ".join(f"{name}:MODEL@URL" if entry.served else f"{name}:PATH" for name, entry in BACKENDS.items())
+    + "; options as key=value after commas: appraisal_mode (free, choice), "
     "difficulty, temperature, max_concurrency, ..."
 )
 

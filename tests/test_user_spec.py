@@ -9,6 +9,7 @@ import gymnasium as gym
 import pytest
 
 import empathy_gym  # noqa: F401  (registers the ids)
+from empathy_gym.backends.base import ChatBackend
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.user import make_user
 from empathy_gym.user.llm_user import LLMUser
@@ -299,3 +300,63 @@ def test_a_malformed_option_names_the_spec_as_written(text, bad):
     """The spec is named as the user wrote it (it was shown as 'rule:,' before)."""
     with pytest.raises(SpecError, match=f"^{text!r}: option {bad} is not key=value$"):
         UserSpec.parse(text)
+
+
+class EchoServer(ChatBackend):
+    """Stands in for a server-backed chat backend that a user registers."""
+
+    def __init__(self, base_url, model, timeout=1.0):
+        self.base_url, self.model = base_url, model
+
+    def _generate(self, conversations, sampling, seeds):
+        return ["..." for _ in conversations]
+
+    def choice_logprobs(self, conversations, options):
+        raise NotImplementedError
+
+
+def test_a_registered_backend_is_a_user_spec_everywhere(monkeypatch):
+    """One call to register_backend makes a new backend a user spec: parsed, checked
+    (its constructor's options, its model and URL) and built by the env (issue 38)."""
+    from empathy_gym import backends
+
+    monkeypatch.setattr(backends, "BACKENDS", dict(backends.BACKENDS))
+    backends.register_backend("echo", "test_llm_user:FakeBackend")
+    backends.register_backend("echoserver", "test_user_spec:EchoServer", served=True)
+    spec = UserSpec.parse("echo:my-model,respond=1")
+    assert (spec.backend, spec.model, spec.backend_kwargs) == ("echo", "my-model", {"respond": 1})
+    served = UserSpec.parse("echoserver:m@http://127.0.0.1:9/v1")
+    assert (served.model, served.base_url, str(served)) == (
+        "m",
+        "http://127.0.0.1:9/v1",
+        "echoserver:m@http://127.0.0.1:9/v1",
+    )
+    with pytest.raises(SpecError, match=r"unknown option\(s\) \['nope'\]; the echo user takes .*logprobs, respond"):
+        UserSpec.parse("echo:m,nope=1")
+    with pytest.raises(SpecError, match=r"user\.base_url: only the openai and echoserver backend takes a URL"):
+        UserSpec(backend="echo", model="m", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(
+        SpecError,
+        match=r"expected one of rule, distilled\[:PATH\], transformers:PATH, .*echo:PATH, "
+        r"echoserver:MODEL@URL, policy",
+    ):
+        UserSpec.parse("nothing:m")
+    with pytest.raises(ValueError, match="must be a lower-case identifier other than"):
+        backends.register_backend("rule", "x:Y")
+    with pytest.raises(ValueError, match="must be 'package.module:ClassName'"):
+        backends.register_backend("other", "module_only")
+
+    import test_llm_user
+
+    monkeypatch.setattr(test_llm_user.FakeBackend, "__init__", _fake_backend_init)
+    env = gym.make("EmpathyDialogue-v0", personas="en", user="echo:my-model")
+    user = env.unwrapped.user
+    assert isinstance(user, LLMUser) and user.backend.model == "my-model"
+    env.close()
+    built = UserSpec.parse("echoserver:m@http://127.0.0.1:9/v1").build()
+    assert isinstance(built.backend, EchoServer) and built.backend.base_url == "http://127.0.0.1:9/v1"
+
+
+def _fake_backend_init(self, model, respond=None, logprobs=None):
+    self.model, self.respond, self.logprobs = model, respond, logprobs
+    self.generate_calls, self.choice_calls = [], []

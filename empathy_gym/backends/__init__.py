@@ -1,51 +1,96 @@
 """Chat backends for the LLM simulated user (and anything else that needs an LLM).
 
-:func:`make_backend` builds one by name; heavy libraries (torch, transformers, vllm,
+:func:`make_backend` builds one by name from :data:`BACKENDS`
+(:func:`register_backend` adds one); heavy libraries (torch, transformers, vllm,
 httpx) are imported only when that backend is built. See docs/backends.md.
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from empathy_gym.backends.base import BackendError, ChatBackend, ChoiceScoringUnavailable, Conversation, Message
 
-BACKENDS = ("transformers", "vllm", "openai")
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A chat backend in the registry.
+
+    Attributes:
+        target: where its class lives, ``"package.module:ClassName"`` (imported when the
+            backend is first built or its options are checked).
+        served: ``True`` for a backend that talks to a server: it takes ``base_url=`` and a
+            spec names it ``NAME:MODEL@URL``; ``False``: ``NAME:PATH``, a model it loads.
+        model_hint: what ``model=`` is, for the error that says it is missing.
+    """
+
+    target: str
+    served: bool = False
+    model_hint: str = "a path or hub id"
+
+
+#: The chat backends by name (:func:`register_backend` adds one). ``"hf"`` reads as
+#: ``"transformers"`` wherever a user spec is parsed.
+BACKENDS: dict[str, BackendEntry] = {
+    "transformers": BackendEntry(
+        "empathy_gym.backends.transformers_backend:TransformersBackend", model_hint="a path, hub id or .gguf file"
+    ),
+    "vllm": BackendEntry("empathy_gym.backends.vllm_backend:VLLMBackend"),
+    "openai": BackendEntry("empathy_gym.backends.openai_backend:OpenAIBackend", served=True),
+}
+_RESERVED = ("rule", "distilled", "policy", "hf")
+
+
+def register_backend(name: str, target: str, *, served: bool = False, model_hint: str = "a path or hub id") -> None:
+    """Make a :class:`~empathy_gym.backends.base.ChatBackend` subclass buildable by name,
+    wherever a user spec is taken (``user="NAME:PATH"``, ``--user``, recipes): its class
+    is called as ``cls(model, **options)``, or ``cls(base_url=URL, model=MODEL, **options)``
+    when ``served``. See :class:`BackendEntry` for the arguments.
+
+    Raises:
+        ValueError: ``name`` is taken by a user kind (``rule``, ``distilled``, ``policy``,
+            ``hf``), is not a lower-case identifier, or ``target`` is not ``module:Class``.
+    """
+    if not name.isidentifier() or name != name.lower() or name in _RESERVED:
+        raise ValueError(f"register_backend: name {name!r} must be a lower-case identifier other than {_RESERVED}")
+    module, colon, attr = target.partition(":")
+    if not (module and colon and attr):
+        raise ValueError(f"register_backend: target {target!r} must be 'package.module:ClassName'")
+    BACKENDS[name] = BackendEntry(target, served, model_hint)
 
 
 def make_backend(name: str, *, model: Any = None, base_url: str | None = None, **kwargs: Any) -> ChatBackend:
-    """Build a backend by name.
+    """Build a backend by name (:data:`BACKENDS`).
 
     Args:
-        name: ``"transformers"``, ``"vllm"`` or ``"openai"``.
+        name: ``"transformers"``, ``"vllm"``, ``"openai"`` or a registered name.
         model: model path, hub id or GGUF file (transformers, vllm); the server's model
             name (openai). A ``transformers`` model object is accepted too.
-        base_url: the server's URL, e.g. ``http://localhost:8000/v1`` (openai only).
+        base_url: the server's URL, e.g. ``http://localhost:8000/v1`` (served backends only).
         **kwargs: passed to the backend's constructor.
 
     Raises:
         ValueError: unknown name or a missing required argument.
         ImportError: the backend's library is not installed (with the pip command).
     """
-    if name == "transformers":
-        if model is None:
-            raise ValueError("the transformers backend needs model= (a path, hub id or .gguf file)")
-        return backend_class(name)(model, **kwargs)
-    if name == "vllm":
-        if model is None:
-            raise ValueError("the vllm backend needs model= (a path or hub id)")
-        return backend_class(name)(model, **kwargs)
-    if name == "openai":
-        if base_url is None or model is None:
-            raise ValueError("the openai backend needs base_url= and model=")
-        return backend_class(name)(base_url=base_url, model=model, **kwargs)
     if name == "policy":
         raise ValueError(
             "backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
             "builds it from its policy (recipe env.kwargs.user: policy); elsewhere pass "
             "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)"
         )
-    raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
+    entry = BACKENDS[name]
+    if entry.served:
+        if base_url is None or model is None:
+            raise ValueError(f"the {name} backend needs base_url= and model=")
+        return backend_class(name)(base_url=base_url, model=model, **kwargs)
+    if model is None:
+        raise ValueError(f"the {name} backend needs model= ({entry.model_hint})")
+    return backend_class(name)(model, **kwargs)
 
 
 def backend_class(name: str) -> type[ChatBackend]:
@@ -55,23 +100,15 @@ def backend_class(name: str) -> type[ChatBackend]:
     Raises:
         ValueError: a name not in :data:`BACKENDS`.
     """
-    if name == "transformers":
-        from empathy_gym.backends.transformers_backend import TransformersBackend
-
-        return TransformersBackend
-    if name == "vllm":
-        from empathy_gym.backends.vllm_backend import VLLMBackend
-
-        return VLLMBackend
-    if name == "openai":
-        from empathy_gym.backends.openai_backend import OpenAIBackend
-
-        return OpenAIBackend
-    raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)}")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)}")
+    module, _, attr = BACKENDS[name].target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 __all__ = [
     "BACKENDS",
+    "BackendEntry",
     "backend_class",
     "BackendError",
     "ChatBackend",
@@ -79,4 +116,5 @@ __all__ = [
     "Conversation",
     "Message",
     "make_backend",
+    "register_backend",
 ]

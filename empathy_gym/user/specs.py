@@ -21,10 +21,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from empathy_gym.user import SimulatedUser
 
-#: Kinds accepted by ``--user`` (``hf`` is an alias of ``transformers``).
-USER_KINDS: tuple[str, ...] = ("rule", "distilled", "transformers", "hf", "vllm", "openai", "policy")
-#: :attr:`UserSpec.backend` names (a ready ``ChatBackend`` object is accepted too).
-USER_BACKENDS: tuple[str, ...] = ("rule", "distilled", "transformers", "vllm", "openai", "policy")
 APPRAISAL_MODES: tuple[str, ...] = ("free", "choice")
 #: Options that the rule-based user takes (:class:`~empathy_gym.user.rule_user.RuleUser`).
 RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir", "difficulty")
@@ -33,6 +29,40 @@ RULE_USER_KEYWORDS: tuple[str, ...] = ("model", "rules_dir", "difficulty")
 DISTILLED_USER_KEYWORDS: tuple[str, ...] = ("difficulty", "device", "batch_size", "pessimistic")
 #: Users that run in-process without a chat backend, and the options each takes.
 LOCAL_USERS: dict[str, tuple[str, ...]] = {"rule": RULE_USER_KEYWORDS, "distilled": DISTILLED_USER_KEYWORDS}
+
+
+def user_backends() -> tuple[str, ...]:
+    """:attr:`UserSpec.backend` names: the local users, the chat backends of the registry
+    (:data:`empathy_gym.backends.BACKENDS`, registered ones included) and ``policy``; a
+    ready ``ChatBackend`` object is accepted too. ``--user`` also reads ``hf`` as
+    ``transformers``."""
+    from empathy_gym.backends import BACKENDS
+
+    return (*LOCAL_USERS, *BACKENDS, "policy")
+
+
+def _served(backend: Any) -> bool:
+    """Whether ``backend`` names a registered backend that talks to a server (takes a URL)."""
+    from empathy_gym.backends import BACKENDS
+
+    return isinstance(backend, str) and backend in BACKENDS and BACKENDS[backend].served
+
+
+def _llm_backends_text() -> str:
+    """``"'transformers', 'vllm' or 'openai'"``: the chat backends, for error messages."""
+    from empathy_gym.backends import BACKENDS
+
+    names = [repr(name) for name in BACKENDS]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _spec_forms() -> str:
+    """The ``--user`` forms, for the error on an unknown kind."""
+    from empathy_gym.backends import BACKENDS
+
+    llm = [f"{name}:MODEL@URL" if entry.served else f"{name}:PATH" for name, entry in BACKENDS.items()]
+    return ", ".join(["rule", "distilled[:PATH]", *llm, "policy"])
+
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
 
@@ -89,7 +119,7 @@ def split_openai_target(spec: ModelSpec, text: str) -> tuple[str, str]:
     match = _OPENAI_TARGET.match(spec.target)
     if match is None:
         raise SpecError(
-            f"{text!r}: expected openai:MODEL@URL, e.g. openai:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1"
+            f"{text!r}: expected {spec.kind}:MODEL@URL, e.g. {spec.kind}:Qwen/Qwen2.5-7B-Instruct@http://localhost:8000/v1"
         )
     return match["model"], match["url"]
 
@@ -117,7 +147,7 @@ class UserSpec:
     of these fields or a ``UserSpec`` (:func:`as_user_spec`); :meth:`build` makes it.
 
     Attributes:
-        backend: one of :data:`USER_BACKENDS` (``"hf"`` is read as ``"transformers"``;
+        backend: one of :func:`user_backends` (``"hf"`` is read as ``"transformers"``;
             only a trainer can build ``"policy"``), or a ready
             :class:`~empathy_gym.backends.base.ChatBackend` (not closed by the user).
         model: the LLM user's model: a path, hub id or GGUF file (transformers, vllm),
@@ -156,14 +186,14 @@ class UserSpec:
         backend = self.backend
         if isinstance(backend, str):
             backend = "transformers" if backend.strip().lower() == "hf" else backend.strip().lower()
-            if backend not in USER_BACKENDS:
+            if backend not in user_backends():
                 raise SpecError(
                     f"user.backend: unknown backend {self.backend!r}; expected one of "
-                    f"{', '.join(map(repr, USER_BACKENDS))} or a ChatBackend object"
+                    f"{', '.join(map(repr, user_backends()))} or a ChatBackend object"
                 )
         elif not _is_chat_backend(backend):
             raise SpecError(
-                f"user.backend: expected a backend name ({', '.join(map(repr, USER_BACKENDS))}) "
+                f"user.backend: expected a backend name ({', '.join(map(repr, user_backends()))}) "
                 f"or a ChatBackend object, got {type(backend).__name__}"
             )
         object.__setattr__(self, "backend", backend)
@@ -190,7 +220,7 @@ class UserSpec:
             if set_fields:
                 raise SpecError(
                     f"user: {', '.join(set_fields)} given, but backend='rule' (the rule-based "
-                    "user uses no LLM); set backend='openai', 'transformers' or 'vllm'"
+                    f"user uses no LLM); set backend={_llm_backends_text()}"
                 )
             unknown = sorted(set(self.user_kwargs) - set(RULE_USER_KEYWORDS))
             strange = sorted(set(unknown) - _llm_user_keywords())
@@ -204,7 +234,7 @@ class UserSpec:
                     f"user.user_kwargs {unknown} given, but backend='rule' takes only 'model' "
                     "(an appraisal model artefact), 'rules_dir' and 'difficulty' (its own, over "
                     "the env's); the others are LLM-user "
-                    "options: set backend='openai', 'transformers' or 'vllm'"
+                    f"options: set backend={_llm_backends_text()}"
                 )
             return
         unknown = sorted(set(self.user_kwargs) - _llm_user_keywords())
@@ -224,14 +254,18 @@ class UserSpec:
                 if getattr(self, name) is not None:
                     raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own model; drop {name}")
         elif self.model is None:
-            example = "openai:MODEL@URL" if backend == "openai" else f"{backend}:PATH"
+            example = f"{backend}:MODEL@URL" if _served(backend) else f"{backend}:PATH"
             raise SpecError(f"user.model: the {backend} backend needs a model (e.g. {example})")
-        elif backend == "openai" and self.base_url is None:
+        elif _served(backend) and self.base_url is None:
             raise SpecError(
-                "user.base_url: the openai backend needs the server's URL, e.g. openai:MODEL@http://localhost:8000/v1"
+                f"user.base_url: the {backend} backend needs the server's URL, e.g. "
+                f"{backend}:MODEL@http://localhost:8000/v1"
             )
-        elif backend != "openai" and self.base_url is not None:
-            raise SpecError(f"user.base_url: only the openai backend takes a URL, not backend={backend!r}")
+        elif not _served(backend) and self.base_url is not None:
+            from empathy_gym.backends import BACKENDS
+
+            served = " and ".join(name for name, entry in BACKENDS.items() if entry.served)
+            raise SpecError(f"user.base_url: only the {served} backend takes a URL, not backend={backend!r}")
 
     def _check_distilled(self, set_fields: list[str]) -> None:
         wrong = [name for name in set_fields if name != "model"]
@@ -279,11 +313,8 @@ class UserSpec:
                 field the kind does not take (naming the spec).
         """
         spec = parse_spec(text)
-        if spec.kind not in USER_KINDS:
-            raise SpecError(
-                f"{text!r}: unknown user kind {spec.kind!r}; expected one of "
-                f"rule, distilled[:PATH], transformers:PATH, vllm:PATH, openai:MODEL@URL, policy"
-            )
+        if spec.kind not in (*user_backends(), "hf"):
+            raise SpecError(f"{text!r}: unknown user kind {spec.kind!r}; expected one of {_spec_forms()}")
         options = dict(spec.options)
         values: dict[str, Any] = {"appraisal_mode": options.pop("appraisal_mode", "free")}
         if spec.kind in ("rule", "policy"):
@@ -293,7 +324,7 @@ class UserSpec:
             values["model"] = spec.target or None
         elif not spec.target:
             raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
-        elif spec.kind == "openai":
+        elif _served(spec.kind):
             values["model"], values["base_url"] = split_openai_target(spec, text)
         else:
             values["model"] = spec.target
@@ -313,8 +344,8 @@ class UserSpec:
         are JSON values); a ready backend shows as ``<TypeName>``, which does not parse."""
         kind = self.backend if isinstance(self.backend, str) else f"<{type(self.backend).__name__}>"
         text = kind
-        if self.backend == "openai":
-            text = f"openai:{self.model}@{self.base_url}"
+        if _served(self.backend):
+            text = f"{kind}:{self.model}@{self.base_url}"
         elif self.model is not None:
             text = f"{kind}:{self.model}"
         options = {
