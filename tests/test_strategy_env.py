@@ -149,13 +149,40 @@ class WriterBackend(ChatBackend):
 
 def test_llm_writer_is_asked_for_the_strategy():
     writer = WriterBackend()
-    env = EmpathyStrategyEnv([ANA], user=ScriptedUser([5]), writer="llm", writer_backend=writer)
+    env = EmpathyStrategyEnv([ANA], user=ScriptedUser([5]), writer=writer)
     env.reset(seed=0)
     _, _, _, _, info = env.step(2)
     assert info["utterance"] == "You sound worn down by all of this."
     (chat,) = writer.chats
     assert "Reflection of Feelings" in chat[0]["content"] and chat[0]["role"] == "system"
     assert chat[1:] == [{"role": "user", "content": "They blamed me. Why?"}]
+
+
+def test_the_writer_is_named_as_a_user_spec_names_its_backend():
+    """writer= takes what user= takes for its backend (issue 38): a spec string or a ready
+    backend; the old flat keywords still work, with a DeprecationWarning."""
+    from empathy_gym.backends.openai_backend import OpenAIBackend
+    from empathy_gym.user.specs import SpecError
+
+    env = EmpathyStrategyEnv([ANA], user=ScriptedUser([5]), writer="openai:qwen@http://127.0.0.1:9/v1,max_retries=0")
+    backend = env.writer_backend
+    assert isinstance(backend, OpenAIBackend) and (backend.model, backend.base_url) == ("qwen", "http://127.0.0.1:9/v1")
+    assert env._owns_writer
+    env.close()
+    for bad, message in [
+        ("magic", r"writer must be 'templates', a backend spec \(transformers:PATH, vllm:PATH, openai:MODEL@URL"),
+        ("rule", "got 'rule'"),
+        ("openai:qwen", r"'openai:qwen': expected openai:MODEL@URL"),
+        ("hf", r"'hf': hf needs a model, e.g. hf:PATH"),
+        (3, "got 3"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            EmpathyStrategyEnv([ANA], writer=bad)
+    writer = WriterBackend()
+    with pytest.warns(DeprecationWarning, match="writer='openai:MODEL@URL'"):
+        old = EmpathyStrategyEnv([ANA], user=ScriptedUser([5]), writer="llm", writer_backend=writer)
+    old.reset(seed=0)
+    assert old.step(2)[4]["utterance"] == "You sound worn down by all of this." and not old._owns_writer
 
 
 def test_split_personas_is_stratified_disjoint_and_seeded():

@@ -11,6 +11,7 @@ change in [-1, 1]); the table of features and scales is in docs/integrations.md.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from empathy_gym.integrations.strategies import (
     user_words,
 )
 from empathy_gym.personas import Persona, PersonaSource
+from empathy_gym.user.specs import SpecError, chat_backend_target, parse_spec
 
 #: Names of the observation features, in order (docs/integrations.md has their scales).
 FEATURES: tuple[str, ...] = (
@@ -79,16 +81,38 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
     )
 
 
+def _writer_spec(writer: Any) -> tuple[Any, Any, str | None, dict[str, Any]]:
+    """``(backend, model, base_url, backend options)`` of a ``writer`` that is not
+    ``"templates"``: a ready ``ChatBackend`` or a backend spec string."""
+    from empathy_gym.backends import BACKENDS
+
+    if isinstance(writer, ChatBackend):
+        return writer, None, None, {}
+    forms = ", ".join(f"{n}:MODEL@URL" if e.served else f"{n}:PATH" for n, e in BACKENDS.items())
+    problem = f"writer must be 'templates', a backend spec ({forms}, or hf:PATH) or a ChatBackend, got {writer!r}"
+    if not isinstance(writer, str):
+        raise SpecError(problem)
+    spec = parse_spec(writer)
+    kind = "transformers" if spec.kind == "hf" else spec.kind
+    if kind not in BACKENDS:
+        raise SpecError(problem)
+    target = chat_backend_target(spec, writer)
+    return kind, target["model"], target.get("base_url"), spec.options
+
+
 class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
     """A dialogue in which each action is an ESConv support strategy.
 
     Args:
         personas, difficulty: as :class:`~empathy_gym.env.EmpathyDialogueEnv` (e.g. one
             part of :func:`~empathy_gym.personas.split_personas`).
-        writer: ``"templates"`` (default) or ``"llm"``.
-        writer_backend: for ``writer="llm"``: a ``ChatBackend`` or a backend name
-            (``"transformers"``, ``"vllm"``, ``"openai"``), built with ``writer_model``,
-            ``writer_base_url`` and ``writer_kwargs``.
+        writer: ``"templates"`` (default); an LLM that writes a reply with the strategy,
+            named as a user spec names its backend (``"hf:PATH"``, ``"vllm:PATH"``,
+            ``"openai:MODEL@URL"``, a registered backend; backend options after commas:
+            ``"openai:M@URL,max_concurrency=4"``); or a ready ``ChatBackend`` (not closed
+            by the env).
+        writer_backend, writer_model, writer_base_url, writer_kwargs: deprecated, with
+            ``writer="llm"``: the backend by name and its arguments (a spec string says it).
         writer_temperature, writer_max_tokens: the LLM writer's sampling.
         templates_dir: a folder with your own ``<language>.json`` template files.
         render_mode: ``None``, ``"ansi"`` or ``"human"`` (the inner env's transcript).
@@ -96,7 +120,8 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
             (``user``, ``protocol``, ``max_turns``, ...).
 
     Raises:
-        ValueError: an unknown ``writer``, or ``writer="llm"`` without a backend.
+        SpecError (a ``ValueError``): a ``writer`` that is none of the above, naming it.
+        ValueError: ``writer="llm"`` without a backend.
         TemplateError: a bad template file (naming the file and the field).
     """
 
@@ -107,7 +132,7 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         personas: PersonaSource | None = None,
         difficulty: Any = "moderate",
         *,
-        writer: str = "templates",
+        writer: str | ChatBackend = "templates",
         writer_backend: str | ChatBackend | None = None,
         writer_model: Any = None,
         writer_base_url: str | None = None,
@@ -118,25 +143,31 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         render_mode: str | None = None,
         **dialogue_kwargs: Any,
     ):
-        if writer not in ("templates", "llm"):
-            raise ValueError(f"writer must be 'templates' or 'llm', got {writer!r}")
-        self.dialogue_env = EmpathyDialogueEnv(personas, difficulty, render_mode=render_mode, **dialogue_kwargs)
-        self.render_mode = render_mode
-        self.writer = writer
-        self._owns_writer = False
-        self.writer_backend: ChatBackend | None = None
         if writer == "llm":
+            warnings.warn(
+                "writer='llm' with writer_backend=... is deprecated: pass writer='openai:MODEL@URL' (or hf:PATH, "
+                "vllm:PATH, with backend options after commas) or writer=<a ChatBackend>",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             if writer_backend is None:
                 raise ValueError("writer='llm' needs writer_backend= (a ChatBackend or a backend name)")
-            if isinstance(writer_backend, ChatBackend):
-                self.writer_backend = writer_backend
-            else:
-                from empathy_gym.backends import make_backend
+        elif writer != "templates":
+            writer_backend, writer_model, writer_base_url, writer_kwargs = _writer_spec(writer)
+        self.dialogue_env = EmpathyDialogueEnv(personas, difficulty, render_mode=render_mode, **dialogue_kwargs)
+        self.render_mode = render_mode
+        self.writer = "templates" if writer == "templates" else "llm"
+        self._owns_writer = False
+        self.writer_backend: ChatBackend | None = None
+        if isinstance(writer_backend, ChatBackend):
+            self.writer_backend = writer_backend
+        elif writer_backend is not None:
+            from empathy_gym.backends import make_backend
 
-                self.writer_backend = make_backend(
-                    writer_backend, model=writer_model, base_url=writer_base_url, **dict(writer_kwargs or {})
-                )
-                self._owns_writer = True
+            self.writer_backend = make_backend(
+                writer_backend, model=writer_model, base_url=writer_base_url, **dict(writer_kwargs or {})
+            )
+            self._owns_writer = True
         self.writer_temperature = float(writer_temperature)
         self.writer_max_tokens = int(writer_max_tokens)
         self.templates_dir = templates_dir

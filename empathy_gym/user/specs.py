@@ -124,6 +124,23 @@ def split_openai_target(spec: ModelSpec, text: str) -> tuple[str, str]:
     return match["model"], match["url"]
 
 
+def chat_backend_target(spec: ModelSpec, text: str) -> dict[str, str]:
+    """The ``model`` (and, for a served backend, ``base_url``) that a chat backend's spec
+    names: ``NAME:PATH``, or ``NAME:MODEL@URL`` for one that talks to a server
+    (:data:`empathy_gym.backends.BACKENDS`).
+
+    Raises:
+        SpecError: no target, or a served backend's target that is not ``MODEL@URL``
+            (naming ``text``, the whole spec).
+    """
+    if not spec.target:
+        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
+    if _served(spec.kind):
+        model, url = split_openai_target(spec, text)
+        return {"model": model, "base_url": url}
+    return {"model": spec.target}
+
+
 def init_keywords(cls: type, *excluded: str) -> set[str]:
     """The arguments ``cls(...)`` takes by name, less ``excluded`` (the options a spec may give it)."""
     return set(inspect.signature(cls.__init__).parameters) - {"self", *excluded}
@@ -322,12 +339,8 @@ class UserSpec:
                 raise SpecError(f"{text!r}: the {spec.kind} user takes no target; write just '{spec.kind}'")
         elif spec.kind == "distilled":
             values["model"] = spec.target or None
-        elif not spec.target:
-            raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
-        elif _served(spec.kind):
-            values["model"], values["base_url"] = split_openai_target(spec, text)
         else:
-            values["model"] = spec.target
+            values.update(chat_backend_target(spec, text))
         if spec.kind in LOCAL_USERS:
             values["user_kwargs"] = options
         else:
