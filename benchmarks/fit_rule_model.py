@@ -54,7 +54,7 @@ import numpy as np
 from scipy import optimize, special
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = ROOT / "empathy_gym" / "integrations" / "strategy_templates"
+TEMPLATES = ROOT / "empathy_gym" / "strategy_templates"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -495,9 +495,9 @@ def en_units_per_word() -> float:
 
     pairs = list(zip(ListenerAgent.EN, ListenerAgent.ZH))
     templates = {
-        code: json.loads(
-            (ROOT / "empathy_gym" / "integrations" / "strategy_templates" / f"{code}.json").read_text(encoding="utf-8")
-        )["strategies"]
+        code: json.loads((ROOT / "empathy_gym" / "strategy_templates" / f"{code}.json").read_text(encoding="utf-8"))[
+            "strategies"
+        ]
         for code in ("en", "zh")
     }
     for key, english in templates["en"].items():

@@ -24,9 +24,9 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
-from empathy_gym.integrations.strategies import STRATEGIES, STRATEGY_NAMES
 from empathy_gym.integrations.strategy_env import EmpathyStrategyEnv, final_emotions
 from empathy_gym.personas import load_personas, split_personas
+from empathy_gym.strategies import STRATEGIES, STRATEGY_NAMES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

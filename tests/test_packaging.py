@@ -44,8 +44,8 @@ def test_wheel_contents(wheel):
         "empathy_gym/user/distilled/appraiser.json",
         "empathy_gym/user/distilled/head.safetensors",
         "empathy_gym/user/distilled/MODEL_CARD.md",
-        "empathy_gym/integrations/strategy_templates/en.json",
-        "empathy_gym/integrations/strategy_templates/zh.json",
+        "empathy_gym/strategy_templates/en.json",
+        "empathy_gym/strategy_templates/zh.json",
     ]:
         assert expected in names, expected
     # empathy_dialogue.py: the verifiers plugin module (taskset id "empathy-dialogue")

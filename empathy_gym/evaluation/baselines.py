@@ -97,7 +97,7 @@ class ListenerAgent:
 
 class ESConvAgent:
     """Cycles through the ESConv support strategies of :attr:`ORDER` (Liu et al., 2021) turn
-    by turn, with :mod:`empathy_gym.integrations.strategies`' templates quoting the user's
+    by turn, with :mod:`empathy_gym.strategies`' templates quoting the user's
     newest words; the template variant rotates with the turn too."""
 
     ORDER = (
@@ -109,7 +109,7 @@ class ESConvAgent:
     )
 
     def __call__(self, messages: Messages) -> str:
-        from empathy_gym.integrations.strategies import load_templates, user_words
+        from empathy_gym.strategies import load_templates, user_words
 
         templates = load_templates("zh" if conversation_is_chinese(messages) else "en")
         turn = sum(1 for m in messages if m["role"] == "assistant")

@@ -1,7 +1,7 @@
 """``EmpathyStrategy-v0``: emotional support as a choice among the eight ESConv
 strategies, for RL libraries that cannot act in free text (Stable-Baselines3 and the like).
 
-Action: ``Discrete(8)``, the index into :data:`~empathy_gym.integrations.strategies.STRATEGIES`
+Action: ``Discrete(8)``, the index into :data:`~empathy_gym.strategies.STRATEGIES`
 (ESConv, Liu et al., 2021). The env turns the strategy into an utterance (templates, or an
 LLM writer) and plays it in an inner :class:`~empathy_gym.env.EmpathyDialogueEnv`, whose
 reward, termination, truncation and ``info`` it returns (``info`` adds ``strategy``).
@@ -20,7 +20,8 @@ import numpy as np
 
 from empathy_gym.backends.base import ChatBackend
 from empathy_gym.env import EmpathyDialogueEnv
-from empathy_gym.integrations.strategies import (
+from empathy_gym.personas import Persona, PersonaSource
+from empathy_gym.strategies import (
     STRATEGIES,
     STRATEGY_DEFINITIONS,
     STRATEGY_NAMES,
@@ -28,7 +29,6 @@ from empathy_gym.integrations.strategies import (
     load_templates,
     user_words,
 )
-from empathy_gym.personas import Persona, PersonaSource
 from empathy_gym.user.specs import SpecError, chat_backend_target, parse_spec
 
 #: Names of the observation features, in order (docs/integrations.md has their scales).
