@@ -98,7 +98,7 @@ def rule_user_dialogues(difficulties: tuple[str, ...] = ("moderate", "challengin
 
 
 def rule_user() -> str:
-    """Every change and reply of :func:`rule_user_dialogues` (well under a second)."""
+    """Every change and reply of :func:`rule_user_dialogues`."""
     return _digest(json.dumps(rule_user_dialogues(), sort_keys=True).encode())
 
 

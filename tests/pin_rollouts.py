@@ -37,6 +37,7 @@ TRAJECTORY_FIELDS = (
     "cut_turns thinking_tokens reply_tokens round"
 ).split()
 UNTIMED = ("time/", "tokens/generated_per_second", "memory/", "system/")
+SIMD = ("sse", "avx", "amx", "fma", "f16c")  # what picks torch's CPU kernels
 
 
 def machine() -> dict[str, str]:
@@ -44,13 +45,17 @@ def machine() -> dict[str, str]:
     import torch
     import transformers
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+        vector = sorted({f for line in info if line.startswith("flags") for f in line.split() if f.startswith(SIMD)})
+        flags = " ".join(vector)
     except (OSError, StopIteration):
         pass
     return {
         "cpu": cpu,
+        "vector instructions": flags,
         "torch threads": str(torch.get_num_threads()),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
