@@ -178,6 +178,7 @@ def test_the_writer_is_named_as_a_user_spec_names_its_backend():
     ]:
         with pytest.raises(SpecError, match=message):
             EmpathyStrategyEnv([ANA], writer=bad)
+    assert EmpathyStrategyEnv([ANA], writer_backend="openai").writer_backend is None  # templates: nothing built
     writer = WriterBackend()
     with pytest.warns(DeprecationWarning, match="writer='openai:MODEL@URL'"):
         old = EmpathyStrategyEnv([ANA], user=ScriptedUser([5]), writer="llm", writer_backend=writer)

@@ -159,9 +159,9 @@ class EmpathyStrategyEnv(gym.Env[np.ndarray, np.int64]):
         self.writer = "templates" if writer == "templates" else "llm"
         self._owns_writer = False
         self.writer_backend: ChatBackend | None = None
-        if isinstance(writer_backend, ChatBackend):
+        if self.writer == "llm" and isinstance(writer_backend, ChatBackend):
             self.writer_backend = writer_backend
-        elif writer_backend is not None:
+        elif self.writer == "llm":
             from empathy_gym.backends import make_backend
 
             self.writer_backend = make_backend(
