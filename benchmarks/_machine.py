@@ -27,13 +27,14 @@ def cpu_model() -> str:
     return f"{cpu}; nproc {os.cpu_count()}"
 
 
-def provenance(inputs: Sequence[str] = ()) -> str:
+def provenance(inputs: Sequence[str] = (), no_inputs: str | None = None) -> str:
     """The line that opens a results file: when it ran (UTC), the commit of the code that
     made it (``+ uncommitted changes`` when the package, recipes or benchmark scripts
     differ from it; other results do not count) and the command, as this process was
     started (tests/test_results.py checks that every results file names both); with
     ``inputs`` (names as in benchmarks/_inputs.py: ``"rule-user"``, ``"recipe PATH"``...)
-    a second line with their fingerprints, which the same tests compare with the checkout's."""
+    a second line with their fingerprints, which the same tests compare with the checkout's;
+    with ``no_inputs`` (why: "a timing of ..."), ``# inputs: none (why)`` instead."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -43,6 +44,8 @@ def provenance(inputs: Sequence[str] = ()) -> str:
         commit += " + uncommitted changes"
     command = shlex.join(["python", os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
     line = f"# run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%MZ}, commit {commit}, command: {command}"
+    if no_inputs is not None:
+        return f"{line}\n# inputs: none ({no_inputs})"
     return line + (f"\n{inputs_line(list(inputs))}" if inputs else "")
 
 

@@ -78,7 +78,7 @@ def main() -> int:
     rows = [(where, threads, quick_start(args.steps, threads, busy)) for where, threads, busy in settings]
     lines = [
         "# The quick start's step on idle cores and beside a competing CPU job (benchmarks/busy_cores.py)",
-        provenance(),
+        provenance(inputs=["recipe agents/smollm2-cpu-grpo.yaml"]),
         f"# machine: {cpu_model()}; load average before {' '.join(f'{x:.2f}' for x in load_before)}, "
         f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"# examples/train_grpo.py --recipe agents/smollm2-cpu-grpo.yaml total_steps={args.steps} heldout.bank=null; "

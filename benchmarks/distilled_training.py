@@ -90,7 +90,7 @@ def main() -> int:
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
     lines = [
-        provenance(),
+        provenance(inputs=["rule-user", "distilled", f"recipe {args.recipe}"]),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
         f"# --report-only: the runs in {args.out}, trained earlier"
         if args.report_only

@@ -59,7 +59,7 @@ def main() -> int:
             runs[batch_size].append(one_run(policy, args.limit, batch_size))
     lines = [
         "# A local policy's evaluation: dialogues together against one at a time (benchmarks/eval_batch.py)",
-        provenance(),
+        provenance(no_inputs="a timing of a local policy's evaluation; its replies are compared within the run"),
         f"# machine: {cpu_model()}; load average before {' '.join(f'{x:.2f}' for x in load_before)}, "
         f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"# hf:smollm2 (no adapter), --personas {PERSONAS} --limit {args.limit} --max-tokens {MAX_TOKENS}, rule user, "

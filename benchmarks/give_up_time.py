@@ -72,7 +72,7 @@ def main() -> int:
     silent.close()
     lines = [
         "# An LLM user's appraisal at a dead URL, default retries and timeouts (benchmarks/give_up_time.py)",
-        provenance(),
+        provenance(no_inputs="a timing of the retries at a dead URL"),
         f"# machine: {cpu_model()}",
         f"{'server':34s} {'requests':>8s} {'seconds':>8s}  error",
         *(f"{name:34s} {count:8d} {seconds:8.1f}  {error}" for name, count, seconds, error in rows),

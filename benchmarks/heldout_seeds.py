@@ -61,7 +61,7 @@ def main() -> int:
     started, load_before = time.time(), os.getloadavg()
     runs = {seed: run_seed(seed, args) for seed in args.seeds}
     lines = [
-        provenance(),
+        provenance(inputs=["rule-appraisal", f"recipe {args.recipe}"]),
         f"# {cpu_model()}, Python {sys.version.split()[0]}; real and control at once, OMP_NUM_THREADS=1 each",
         f"# {time.time() - started:.0f} s wall in all; load average before "
         f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in os.getloadavg())}",

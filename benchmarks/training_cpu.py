@@ -86,7 +86,7 @@ def main() -> None:
         f"{'update':>8}{'peak MiB':>10}"
     )
     lines = [
-        provenance(),
+        provenance(inputs=[f"recipe {RECIPES[recipe]}" for recipe in args.recipes]),
         f"machine: {platform.machine()}, {cpu_model()}, Python {platform.python_version()}, torch threads "
         f"{os.environ.get('OMP_NUM_THREADS', 'default')}; load average {load_before} before, "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after",

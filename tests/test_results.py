@@ -46,9 +46,14 @@ inputs = load_script(ROOT / "benchmarks" / "_inputs.py")
 
 def test_the_opening_line_benchmarks_write_passes_the_check(monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "busy_cores.py"), "--steps", "4", "a b"])
-    line = load_script(ROOT / "benchmarks" / "_machine.py").provenance()
+    machine = load_script(ROOT / "benchmarks" / "_machine.py")
+    line = machine.provenance()
     assert line.startswith("# run: ") and not provenance_problems(line), line
     assert line.endswith(", command: python benchmarks/busy_cores.py --steps 4 'a b'"), line
+    with_inputs = machine.provenance(inputs=["recipe agents/tiny-cpu.yaml"]).splitlines()
+    assert with_inputs[0] == line and stale_inputs(with_inputs[1]) == {}, with_inputs
+    without = machine.provenance(no_inputs="a timing").splitlines()
+    assert without == [line, "# inputs: none (a timing)"] and stale_inputs(without[1]) == {}
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=[path.name for path in RESULTS])
