@@ -135,7 +135,10 @@ def fingerprint(name: str) -> str:
         return distilled()
     if name.startswith("recipe "):
         return recipe(name.removeprefix("recipe "))
-    raise ValueError(f"unknown input {name!r}: expected 'rule-user', 'rule-appraisal', 'distilled' or 'recipe PATH'")
+    raise ValueError(
+        f"unknown input {name!r}: expected 'rule-user', 'rule-appraisal', 'distilled' or 'recipe PATH' "
+        "(one argument: quote it on a command line)"
+    )
 
 
 def inputs_line(names: list[str]) -> str:
@@ -143,20 +146,22 @@ def inputs_line(names: list[str]) -> str:
     return "# inputs: " + ", ".join(f"{name} {fingerprint(name)}" for name in names)
 
 
-def parse_inputs(text: str) -> dict[str, str] | None:
-    """A results file's first inputs line as ``{name: fingerprint}`` (``{}`` for
-    ``none (...)``); ``None`` when it has no inputs line. Raises ValueError on a malformed one."""
-    found = INPUTS_LINE.search(text)
-    if found is None:
+def parse_inputs(text: str) -> list[tuple[str, str]] | None:
+    """Every inputs line of a results file (one per run section) as ``(name, fingerprint)``
+    pairs (none for ``none (...)``); ``None`` when it has no inputs line. Raises
+    ValueError on a malformed one."""
+    lines = INPUTS_LINE.findall(text)
+    if not lines:
         return None
-    if found.group(1).startswith("none"):
-        return {}
-    inputs = {}
-    for item in found.group(1).split(", "):
-        name, _, digest = item.strip().rpartition(" ")
-        if not name or not re.fullmatch(r"[0-9a-f]{10}", digest):
-            raise ValueError(f"malformed inputs item {item!r}: expected 'NAME FINGERPRINT' (10 hex digits)")
-        inputs[name] = digest
+    inputs = []
+    for line in lines:
+        if line.startswith("none"):
+            continue
+        for item in line.split(", "):
+            name, _, digest = item.strip().rpartition(" ")
+            if not name or not re.fullmatch(r"[0-9a-f]{10}", digest):
+                raise ValueError(f"malformed inputs item {item!r}: expected 'NAME FINGERPRINT' (10 hex digits)")
+            inputs.append((name, digest))
     return inputs
 
 
@@ -182,9 +187,15 @@ def at_commit(commit: str, names: list[str]) -> str:
 
 if __name__ == "__main__":
     import argparse
+    import subprocess
+
+    import yaml
 
     parser = argparse.ArgumentParser(description="Print a results file's inputs line, now or at a commit.")
     parser.add_argument("names", nargs="+", help="'rule-user', 'rule-appraisal', 'distilled' or 'recipe PATH'")
     parser.add_argument("--at", metavar="COMMIT", help="compute it at this commit (a temporary worktree)")
     args = parser.parse_args()
-    print(at_commit(args.at, args.names) if args.at else inputs_line(args.names))
+    try:
+        print(at_commit(args.at, args.names) if args.at else inputs_line(args.names))
+    except (ValueError, OSError, RuntimeError, subprocess.CalledProcessError, yaml.YAMLError) as error:
+        parser.error(str(error))

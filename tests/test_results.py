@@ -93,16 +93,18 @@ def stale_inputs(text: str) -> dict[str, tuple[str, str]] | None:
     recorded = inputs.parse_inputs(text)
     if recorded is None:
         return None
-    return {name: (was, fingerprint_now(name)) for name, was in recorded.items() if fingerprint_now(name) != was}
+    return {name: (was, fingerprint_now(name)) for name, was in recorded if fingerprint_now(name) != was}
 
 
 def test_the_inputs_line_reads_back_and_a_changed_input_is_caught():
     line = inputs.inputs_line(["rule-user", "recipe agents/tiny-cpu.yaml"])
     assert re.fullmatch(r"# inputs: rule-user [0-9a-f]{10}, recipe agents/tiny-cpu\.yaml [0-9a-f]{10}", line), line
     assert stale_inputs(f"# run: ...\n{line}\ntable\n") == {}
-    assert inputs.parse_inputs("# inputs: none (a timing of a dead URL)\n") == {}
+    assert inputs.parse_inputs("# inputs: none (a timing of a dead URL)\n") == []
     now = fingerprint_now("rule-user")
     assert stale_inputs("# inputs: rule-user 0123456789\n") == {"rule-user": ("0123456789", now)}
+    second_section = f"{line}\ntable\n# inputs: rule-user 0123456789\ntable\n"  # a run appended below
+    assert stale_inputs(second_section) == {"rule-user": ("0123456789", now)}
     assert stale_inputs("# commit abc1234, python benchmarks/adversarial.py\n") is None
     with pytest.raises(ValueError, match="malformed inputs item 'rule-user'"):
         inputs.parse_inputs("# inputs: rule-user\n")

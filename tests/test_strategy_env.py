@@ -174,6 +174,12 @@ def test_the_writer_is_named_as_a_user_spec_names_its_backend():
         ("rule", "got 'rule'"),
         ("openai:qwen", r"'openai:qwen': expected openai:MODEL@URL"),
         ("hf", r"'hf': hf needs a model, e.g. hf:PATH"),
+        ("openai", r"'openai': openai needs a model, e.g. openai:MODEL@URL"),
+        (
+            "openai:q@http://127.0.0.1:9/v1,temperature=0.2",
+            r"unknown option\(s\) \['temperature'\]; the openai backend "
+            r"takes .*max_retries.*\(the writer's sampling: writer_temperature=",
+        ),
         (3, "got 3"),
     ]:
         with pytest.raises(SpecError, match=message):

@@ -333,7 +333,7 @@ def test_a_registered_backend_is_a_user_spec_everywhere(monkeypatch):
     )
     with pytest.raises(SpecError, match=r"unknown option\(s\) \['nope'\]; the echo user takes .*logprobs, respond"):
         UserSpec.parse("echo:m,nope=1")
-    with pytest.raises(SpecError, match=r"user\.base_url: only the openai and echoserver backend takes a URL"):
+    with pytest.raises(SpecError, match=r"user\.base_url: only the openai, echoserver backends take a URL"):
         UserSpec(backend="echo", model="m", base_url="http://127.0.0.1:9/v1")
     with pytest.raises(
         SpecError,
@@ -343,6 +343,21 @@ def test_a_registered_backend_is_a_user_spec_everywhere(monkeypatch):
         UserSpec.parse("nothing:m")
     with pytest.raises(ValueError, match="must be a lower-case identifier other than"):
         backends.register_backend("rule", "x:Y")
+    with pytest.raises(
+        ValueError, match=r"'openai' is registered \(empathy_gym.backends.openai_backend:OpenAIBackend\)"
+    ):
+        backends.register_backend("openai", "test_user_spec:EchoServer")
+    with pytest.raises(TypeError, match="name and target must be strings"):
+        backends.register_backend(3, "x:Y")
+    backends.register_backend("gone", "no_such_package.engines:Engine")
+    backends.register_backend("noclass", "test_user_spec:NoSuchClass")
+    backends.register_backend("notchat", "test_user_spec:_fake_backend_init")
+    with pytest.raises(ImportError, match=r"backend 'gone': cannot import its target no_such_package.engines:Engine"):
+        UserSpec.parse("gone:m").build()
+    with pytest.raises(SpecError, match=r"user.backend: backend 'noclass': its target .* names no class"):
+        UserSpec.parse("noclass:m")
+    with pytest.raises(SpecError, match=r"user.backend: backend 'notchat': .* is not a ChatBackend subclass"):
+        UserSpec.parse("notchat:m")
     with pytest.raises(ValueError, match="must be 'package.module:ClassName'"):
         backends.register_backend("other", "module_only")
 

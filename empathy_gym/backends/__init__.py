@@ -43,20 +43,29 @@ BACKENDS: dict[str, BackendEntry] = {
 _RESERVED = ("rule", "distilled", "policy", "hf")
 
 
-def register_backend(name: str, target: str, *, served: bool = False, model_hint: str = "a path or hub id") -> None:
+def register_backend(
+    name: str, target: str, *, served: bool = False, model_hint: str = "a path or hub id", replace: bool = False
+) -> None:
     """Make a :class:`~empathy_gym.backends.base.ChatBackend` subclass buildable by name,
-    wherever a user spec is taken (``user="NAME:PATH"``, ``--user``, recipes): its class
-    is called as ``cls(model, **options)``, or ``cls(base_url=URL, model=MODEL, **options)``
-    when ``served``. See :class:`BackendEntry` for the arguments.
+    wherever a user spec is taken in this process (``user="NAME:PATH"`` in ``gym.make``
+    and recipes): its class is called as ``cls(model, **options)``, or
+    ``cls(base_url=URL, model=MODEL, **options)`` when ``served``. See
+    :class:`BackendEntry` for the arguments; ``replace=True`` replaces a registered name.
 
     Raises:
+        TypeError: ``name`` or ``target`` is not a string.
         ValueError: ``name`` is taken by a user kind (``rule``, ``distilled``, ``policy``,
-            ``hf``), is not a lower-case identifier, or ``target`` is not ``module:Class``.
+            ``hf``) or, without ``replace``, by a backend; it is not a lower-case
+            identifier; or ``target`` is not ``module:Class``.
     """
+    if not isinstance(name, str) or not isinstance(target, str):
+        raise TypeError(f"register_backend: name and target must be strings, got {name!r} and {target!r}")
     if not name.isidentifier() or name != name.lower() or name in _RESERVED:
         raise ValueError(f"register_backend: name {name!r} must be a lower-case identifier other than {_RESERVED}")
+    if name in BACKENDS and not replace:
+        raise ValueError(f"register_backend: {name!r} is registered ({BACKENDS[name].target}); pass replace=True")
     module, colon, attr = target.partition(":")
-    if not (module and colon and attr):
+    if not (module and colon and attr.isidentifier()):
         raise ValueError(f"register_backend: target {target!r} must be 'package.module:ClassName'")
     BACKENDS[name] = BackendEntry(target, served, model_hint)
 
@@ -98,12 +107,23 @@ def backend_class(name: str) -> type[ChatBackend]:
     when one is built).
 
     Raises:
-        ValueError: a name not in :data:`BACKENDS`.
+        ValueError: a name not in :data:`BACKENDS`, or a target with no such class.
+        ImportError: the target's module cannot be imported (naming the backend).
+        TypeError: the target is not a :class:`~empathy_gym.backends.base.ChatBackend` subclass.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)}")
-    module, _, attr = BACKENDS[name].target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    target = BACKENDS[name].target
+    module, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as error:
+        raise ImportError(f"backend {name!r}: cannot import its target {target}: {error}") from error
+    except AttributeError:
+        raise ValueError(f"backend {name!r}: its target {target} names no class in {module}") from None
+    if not (isinstance(cls, type) and issubclass(cls, ChatBackend)):
+        raise TypeError(f"backend {name!r}: its target {target} is not a ChatBackend subclass")
+    return cls
 
 
 __all__ = [

@@ -29,7 +29,7 @@ from empathy_gym.strategies import (
     load_templates,
     user_words,
 )
-from empathy_gym.user.specs import SpecError, chat_backend_target, parse_spec
+from empathy_gym.user.specs import SpecError, chat_backend_target, init_keywords, parse_spec
 
 #: Names of the observation features, in order (docs/integrations.md has their scales).
 FEATURES: tuple[str, ...] = (
@@ -84,7 +84,7 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
 def _writer_spec(writer: Any) -> tuple[Any, Any, str | None, dict[str, Any]]:
     """``(backend, model, base_url, backend options)`` of a ``writer`` that is not
     ``"templates"``: a ready ``ChatBackend`` or a backend spec string."""
-    from empathy_gym.backends import BACKENDS
+    from empathy_gym.backends import BACKENDS, backend_class
 
     if isinstance(writer, ChatBackend):
         return writer, None, None, {}
@@ -97,6 +97,13 @@ def _writer_spec(writer: Any) -> tuple[Any, Any, str | None, dict[str, Any]]:
     if kind not in BACKENDS:
         raise SpecError(problem)
     target = chat_backend_target(spec, writer)
+    taken = init_keywords(backend_class(kind), "model", "base_url")
+    unknown = sorted(set(spec.options) - taken)
+    if unknown:
+        raise SpecError(
+            f"writer {writer!r}: unknown option(s) {unknown}; the {kind} backend takes {', '.join(sorted(taken))} "
+            "(the writer's sampling: writer_temperature=, writer_max_tokens=)"
+        )
     return kind, target["model"], target.get("base_url"), spec.options
 
 

@@ -134,7 +134,8 @@ def chat_backend_target(spec: ModelSpec, text: str) -> dict[str, str]:
             (naming ``text``, the whole spec).
     """
     if not spec.target:
-        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec.kind}:PATH")
+        example = f"{spec.kind}:MODEL@URL" if _served(spec.kind) else f"{spec.kind}:PATH"
+        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {example}")
     if _served(spec.kind):
         model, url = split_openai_target(spec, text)
         return {"model": model, "base_url": url}
@@ -142,8 +143,11 @@ def chat_backend_target(spec: ModelSpec, text: str) -> dict[str, str]:
 
 
 def init_keywords(cls: type, *excluded: str) -> set[str]:
-    """The arguments ``cls(...)`` takes by name, less ``excluded`` (the options a spec may give it)."""
-    return set(inspect.signature(cls.__init__).parameters) - {"self", *excluded}
+    """The arguments ``cls(...)`` names, less ``excluded``: the options a spec may give it
+    (a ``**kwargs`` catch-all is not one: a typo must not reach an expensive constructor)."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = (p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind not in variadic)
+    return set(named) - {"self", *excluded}
 
 
 def _llm_user_keywords() -> set[str]:
@@ -281,8 +285,9 @@ class UserSpec:
         elif not _served(backend) and self.base_url is not None:
             from empathy_gym.backends import BACKENDS
 
-            served = " and ".join(name for name, entry in BACKENDS.items() if entry.served)
-            raise SpecError(f"user.base_url: only the {served} backend takes a URL, not backend={backend!r}")
+            served = [name for name, entry in BACKENDS.items() if entry.served]
+            which = f"the {served[0]} backend takes" if len(served) == 1 else f"the {', '.join(served)} backends take"
+            raise SpecError(f"user.base_url: only {which} a URL, not backend={backend!r}")
 
     def _check_distilled(self, set_fields: list[str]) -> None:
         wrong = [name for name in set_fields if name != "model"]
@@ -308,9 +313,12 @@ class UserSpec:
         if self.backend not in BACKENDS:
             return
         try:
-            taken = init_keywords(backend_class(self.backend), "model", "base_url")
+            cls = backend_class(self.backend)
         except ImportError:  # its library (httpx, torch) is not here: building it will say so
             return
+        except (ValueError, TypeError) as error:  # a registered target that is no ChatBackend class
+            raise SpecError(f"user.backend: {error}") from None
+        taken = init_keywords(cls, "model", "base_url")
         unknown = sorted(set(self.backend_kwargs) - taken)
         if unknown:
             raise SpecError(
