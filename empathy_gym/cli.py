@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from empathy_gym.backends import BACKENDS
+from empathy_gym.backends import BACKENDS, spec_form
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 
 EXIT_CODES = (
@@ -68,7 +68,7 @@ DIFFICULTY_HELP = "moderate | challenging | easy | a preset JSON path"
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
     "offline) | "
-    + " | ".join(f"{name}:MODEL@URL" if entry.served else f"{name}:PATH" for name, entry in BACKENDS.items())
+    + " | ".join(map(spec_form, BACKENDS))
     + "; options as key=value after commas: appraisal_mode (free, choice), "
     "difficulty, temperature, max_concurrency, ..."
 )

@@ -70,6 +70,13 @@ def register_backend(
     BACKENDS[name] = BackendEntry(target, served, model_hint)
 
 
+def spec_form(name: str) -> str:
+    """How a spec names backend ``name``: ``"NAME:MODEL@URL"`` for a served one, else
+    ``"NAME:PATH"`` (also for a name not in :data:`BACKENDS`, such as ``hf``)."""
+    entry = BACKENDS.get(name)
+    return f"{name}:MODEL@URL" if entry is not None and entry.served else f"{name}:PATH"
+
+
 def make_backend(name: str, *, model: Any = None, base_url: str | None = None, **kwargs: Any) -> ChatBackend:
     """Build a backend by name (:data:`BACKENDS`).
 
@@ -137,4 +144,5 @@ __all__ = [
     "Message",
     "make_backend",
     "register_backend",
+    "spec_form",
 ]

@@ -84,11 +84,11 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
 def _writer_spec(writer: Any) -> tuple[Any, Any, str | None, dict[str, Any]]:
     """``(backend, model, base_url, backend options)`` of a ``writer`` that is not
     ``"templates"``: a ready ``ChatBackend`` or a backend spec string."""
-    from empathy_gym.backends import BACKENDS, backend_class
+    from empathy_gym.backends import BACKENDS, backend_class, spec_form
 
     if isinstance(writer, ChatBackend):
         return writer, None, None, {}
-    forms = ", ".join(f"{n}:MODEL@URL" if e.served else f"{n}:PATH" for n, e in BACKENDS.items())
+    forms = ", ".join(map(spec_form, BACKENDS))
     problem = f"writer must be 'templates', a backend spec ({forms}, or hf:PATH) or a ChatBackend, got {writer!r}"
     if not isinstance(writer, str):
         raise SpecError(problem)

@@ -58,10 +58,9 @@ def _llm_backends_text() -> str:
 
 def _spec_forms() -> str:
     """The ``--user`` forms, for the error on an unknown kind."""
-    from empathy_gym.backends import BACKENDS
+    from empathy_gym.backends import BACKENDS, spec_form
 
-    llm = [f"{name}:MODEL@URL" if entry.served else f"{name}:PATH" for name, entry in BACKENDS.items()]
-    return ", ".join(["rule", "distilled[:PATH]", *llm, "policy"])
+    return ", ".join(["rule", "distilled[:PATH]", *map(spec_form, BACKENDS), "policy"])
 
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
@@ -134,8 +133,9 @@ def chat_backend_target(spec: ModelSpec, text: str) -> dict[str, str]:
             (naming ``text``, the whole spec).
     """
     if not spec.target:
-        example = f"{spec.kind}:MODEL@URL" if _served(spec.kind) else f"{spec.kind}:PATH"
-        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {example}")
+        from empathy_gym.backends import spec_form
+
+        raise SpecError(f"{text!r}: {spec.kind} needs a model, e.g. {spec_form(spec.kind)}")
     if _served(spec.kind):
         model, url = split_openai_target(spec, text)
         return {"model": model, "base_url": url}
@@ -275,8 +275,9 @@ class UserSpec:
                 if getattr(self, name) is not None:
                     raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own model; drop {name}")
         elif self.model is None:
-            example = f"{backend}:MODEL@URL" if _served(backend) else f"{backend}:PATH"
-            raise SpecError(f"user.model: the {backend} backend needs a model (e.g. {example})")
+            from empathy_gym.backends import spec_form
+
+            raise SpecError(f"user.model: the {backend} backend needs a model (e.g. {spec_form(backend)})")
         elif _served(backend) and self.base_url is None:
             raise SpecError(
                 f"user.base_url: the {backend} backend needs the server's URL, e.g. "
