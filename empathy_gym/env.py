@@ -20,6 +20,7 @@ import gymnasium as gym
 
 from empathy_gym.boundary import clean_text, find_injection
 from empathy_gym.personas import Persona, PersonaSource, load_personas
+from empathy_gym.reward import Reward
 from empathy_gym.spaces import AnyText
 from empathy_gym.think import split_think
 from empathy_gym.user import SimulatedUser, UserRequest, UserTurn, resolve_protocol
@@ -103,10 +104,11 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
     ``str`` of at most ``max_utterance_chars`` characters (:class:`~empathy_gym.spaces.AnyText`);
     a longer action is cut before it reaches the user.
 
-    Reward (``reward_mode``): ``"delta"`` gives r_t = (e_t - e_{t-1}) / 100, in [-1, 1];
-    the undiscounted return telescopes to (e_T - e_0) / 100, RLVER's objective minus a
-    per-persona constant. ``"final"`` gives 0 until the last step, then e_T / 100 (RLVER,
-    section 3.1).
+    Reward (``reward_mode``, :class:`~empathy_gym.reward.Reward`): ``"delta"`` gives
+    r_t = (e_t - e_{t-1}) / 100, in [-1, 1]; the undiscounted return telescopes to
+    (e_T - e_0) / 100, RLVER's objective minus a per-persona constant. ``"final"`` gives 0
+    until the last step, then e_T / 100 (RLVER, section 3.1), plus ``reward_shaping`` times
+    each turn's change.
 
     Episode end: a step is one agent reply that the user appraises and answers.
     ``truncated=True`` at ``max_turns`` steps (9 under both protocols: SAGE never appraises
@@ -128,6 +130,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             :class:`~empathy_gym.user.EmotionProtocol`.
         initial_emotion, max_turns: override the protocol's.
         reward_mode: ``"delta"`` or ``"final"``.
+        reward_shaping: with ``"final"``, a per-turn term ``reward_shaping * (e_t - e_{t-1}) / 100``
+            on top (a finite float >= 0; 0: RLVER's reward).
         think: expect ``<think>...</think>`` before each reply; only the reply reaches the user.
         format_penalty: subtracted (>= 0) from the reward of a think-mode action whose block
             is missing or unclosed (``info["format_error"]``); the user still appraises the
@@ -174,14 +178,14 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         initial_emotion: int | None = None,
         max_turns: int | None = None,
         reward_mode: Literal["delta", "final"] = "delta",
+        reward_shaping: float = 0.0,
         think: bool = False,
         format_penalty: float = 0.1,
         system_prompt: str | Mapping[str, str] | None = None,
         max_utterance_chars: int = MAX_UTTERANCE_CHARS,
         render_mode: str | None = None,
     ):
-        if reward_mode not in ("delta", "final"):
-            raise ValueError(f"reward_mode must be 'delta' or 'final', got {reward_mode!r}")
+        reward = Reward(reward_mode, reward_shaping)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if not isinstance(think, bool):
@@ -202,7 +206,8 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         self.user: SimulatedUser = (
             self.user_spec.build(self.difficulty, self.protocol) if self.user_spec is not None else user
         )
-        self.reward_mode = reward_mode
+        #: how the emotion scores are paid (:class:`~empathy_gym.reward.Reward`).
+        self.reward = reward
         self.think = think
         self.format_penalty = float(format_penalty)
         self.system_prompt = system_prompt
@@ -212,6 +217,11 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         self.action_space = AnyText(max_length=self.max_utterance_chars, min_length=0)
         self.dialogue: Dialogue | None = None
         self._spec: gym.envs.registration.EnvSpec | None = None
+
+    @property
+    def reward_mode(self) -> str:
+        """``"delta"`` or ``"final"``: :attr:`reward`'s mode."""
+        return self.reward.mode
 
     # -- reset -------------------------------------------------------------------
     def prepare_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Persona, int]:
@@ -328,10 +338,7 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             dialogue.emotion, dialogue.turn, reply, dialogue.persona.language
         )
         dialogue.done_reason = reason
-        if self.reward_mode == "delta":
-            reward = (dialogue.emotion - previous) / 100.0
-        else:
-            reward = dialogue.emotion / 100.0 if (terminated or truncated) else 0.0
+        reward = self.reward.turn(previous, dialogue.emotion, terminated or truncated)
         if pending.format_error is not None:
             reward -= self.format_penalty
         info = self._info()

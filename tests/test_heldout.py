@@ -152,6 +152,20 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     assert np.isfinite(evaluation.finish(before, after)["difference"]["difference"])
 
 
+def test_the_suggested_evaluations_time_is_bounded_by_the_runs_own_generation_rate(tmp_path):
+    from empathy_gym.agents.cli import eval_time_bound
+
+    metrics = tmp_path / "metrics.jsonl"
+    # 12 steps: the first two (1000 tokens/s) fall outside the last 10, whose median is 30
+    rates = [1000, 1000, 20, 40, 30, 30, 30, 20, 40, 25, 35, 30]
+    metrics.write_text(
+        "".join(json.dumps({"step": i, "tokens/generated_per_second": r}) + "\n" for i, r in enumerate(rates))
+    )
+    # 48 English personas x 9 turns x 64 tokens = 27,648 tokens at 30 tokens/s: 921.6 s
+    assert eval_time_bound(metrics, 64) == "at most about 15 minutes at this run's 30 generated tokens/s"
+    assert eval_time_bound(tmp_path / "none.jsonl", 64).startswith("no estimate of its time")
+
+
 def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys, caplog):
     from empathy_gym.agents.cli import number, train_main
 
@@ -194,6 +208,7 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
         "heldout/",
         f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy",
         "--max-tokens 64",
+        "minutes at this run's",
     ):
         assert where in printed, where
     for path in (

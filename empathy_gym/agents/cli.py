@@ -189,9 +189,40 @@ def where_everything_is(
         f"(train {config.total_steps} more step{'s' if config.total_steps != 1 else ''})",
         f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
         "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user; "
-        "tens of minutes on a CPU: its progress bar estimates the time left after two rounds of turns)",
+        f"{eval_time_bound(out / 'metrics.jsonl', EVAL_MAX_TOKENS)}; "
+        "its progress bar estimates the time left after two rounds of turns)",
     ]
     return lines
+
+
+#: The suggested evaluation's reply cap (``--max-tokens``).
+EVAL_MAX_TOKENS = 64
+
+
+def eval_time_bound(metrics: Path, max_tokens: int, bank: str = "en") -> str:
+    """The suggested evaluation's time at most, from this run's own generation rate: every
+    dialogue of ``bank`` running SAGE's 9 turns, each reply ``max_tokens`` long, at the
+    median ``tokens/generated_per_second`` of the run's last 10 steps in ``metrics`` (the
+    run's ``metrics.jsonl``). Dialogues that end early, and the evaluation's larger batch,
+    make it shorter (benchmarks/results/eval_time.txt compares). Returns a phrase for the
+    closing lines; "no estimate" when ``metrics`` holds no rate."""
+    import json
+    import statistics
+
+    from empathy_gym.personas import load_personas
+    from empathy_gym.user import resolve_protocol
+
+    rates = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            rate = json.loads(line).get("tokens/generated_per_second") if line.strip() else None
+            if isinstance(rate, (int, float)) and rate > 0:
+                rates.append(float(rate))
+    if not rates:
+        return "no estimate of its time (no generation rate in this run's metrics)"
+    rate = statistics.median(rates[-10:])
+    tokens = len(load_personas(bank)) * resolve_protocol("sage").max_turns * max_tokens
+    return f"at most about {tokens / rate / 60:.0f} minutes at this run's {rate:.0f} generated tokens/s"
 
 
 def what_is_kept(output_dir: str) -> str:

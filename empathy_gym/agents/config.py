@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from empathy_gym.resources import find_recipe
+from empathy_gym.reward import Reward
 from empathy_gym.user.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
 
 
@@ -281,7 +282,7 @@ class GRPOConfig(TrainerConfig):
             same opening line). RLVER: 4. ``rollout_batch_size`` must be a multiple.
         advantage: ``"episode"`` (each turn gets the group-normalised episode return) or
             ``"reward_to_go"`` (:func:`~empathy_gym.agents.grpo.reward_to_go_advantages`;
-            refused with ``reward_mode: final``).
+            refused with ``reward_mode: final`` unless ``reward_shaping`` > 0).
         scale_rewards: divide by the group's standard deviation (False: only centre,
             as Dr. GRPO, arXiv 2503.20783).
         epsilon: policy ratio clip (0.2); the lower bound with ``epsilon_high``.
@@ -311,14 +312,6 @@ class GRPOConfig(TrainerConfig):
 
 
 ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConfig}
-
-
-#: Why ``advantage: reward_to_go`` and ``reward_mode: final`` are refused together.
-REWARD_TO_GO_FINAL = (
-    "advantage 'reward_to_go' with env reward_mode 'final' has no meaning: every turn's "
-    "return-to-go is then the final reward, which is advantage 'episode'; use "
-    "advantage=episode (or env.kwargs.reward_mode=delta)"
-)
 
 
 class RecipeError(ValueError):
@@ -474,8 +467,10 @@ def _check_env(config: TrainerConfig, source: Path | None, overrides: list[str])
 def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where: Callable[[str], str]) -> None:
     """The env's own checks of the ``env.kwargs`` and ``env.personas`` values (``max_turns:
     -1``, a missing persona file...), run at load on envs whose user is a stand-in, so that a
-    bad value is refused before any model loads: each value alone (naming its field), then
-    all together. A rule user's own ``difficulty`` is looked up too."""
+    bad value is refused before any model loads: each value alone (naming its field; a value
+    that only works beside another, such as ``reward_shaping`` beside ``reward_mode: final``,
+    passes when all together build), then all together. A rule user's own ``difficulty`` is
+    looked up too."""
     import functools
 
     from empathy_gym.user.difficulty import load_difficulty
@@ -492,14 +487,25 @@ def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where:
     spec = env_user_spec(config)
     if spec is not None and spec.deterministic and "difficulty" in spec.user_kwargs:
         checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
+    together = functools.partial(build, **kwargs)
     if len(kwargs) > 1:  # values that clash only together (one value, or none, was checked above or is a default)
-        checks.append(("env.kwargs", functools.partial(build, **kwargs)))
+        checks.append(("env.kwargs", together))
     for key, check in checks:
         try:
             check()
         except (TypeError, ValueError, KeyError, OSError) as error:
+            if key in fields.values() and len(kwargs) > 1 and _builds(together):
+                continue
             message = error.args[0] if isinstance(error, KeyError) and error.args else error
             raise RecipeError(f"{where(key)}: field '{key}': {message}") from None
+
+
+def _builds(build: Callable[[], None]) -> bool:
+    try:
+        build()
+    except (TypeError, ValueError, KeyError, OSError):
+        return False
+    return True
 
 
 def validate(config: TrainerConfig, place: Callable[[str], str | None] | None = None) -> None:
@@ -664,9 +670,22 @@ def _batch_problems(config: TrainerConfig) -> list[str]:
         )
     if config.dynamic_sampling_budget < 0:
         problems.append(f"dynamic_sampling_budget must be >= 0, got {config.dynamic_sampling_budget}")
-    if config.advantage == "reward_to_go" and config.env.kwargs.get("reward_mode") == "final":
-        problems.append(REWARD_TO_GO_FINAL)
-    return problems
+    return problems + _advantage_problems(config)
+
+
+def _advantage_problems(config: GRPOConfig) -> list[str]:
+    """``advantage`` against the env's reward (:meth:`Reward.check_advantage`); a bad
+    reward itself is left to the env check, which places it."""
+    kwargs = config.env.kwargs
+    try:
+        reward = Reward(kwargs.get("reward_mode", "delta"), kwargs.get("reward_shaping", 0.0))
+    except ValueError:
+        return []
+    try:
+        reward.check_advantage(config.advantage)
+    except ValueError as error:
+        return [str(error)]
+    return []
 
 
 def _user_problems(config: TrainerConfig) -> list[str]:

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from empathy_gym.agents.config import REWARD_TO_GO_FINAL, GRPOConfig, RecipeError
+from empathy_gym.agents.config import GRPOConfig, RecipeError
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.agents.tokens import TokenData
 from empathy_gym.agents.trainer import MinibatchSize, RLTrainer, describe
+from empathy_gym.reward import Reward
 from empathy_gym.seeding import derive_seed
 
 #: Added to the group standard deviation (as TRL's GRPOTrainer).
@@ -283,14 +284,17 @@ class GRPOTrainer(RLTrainer):
             self._ensure_reference()
 
     def check_envs(self, envs: Sequence[Any]) -> None:
-        """``advantage="reward_to_go"`` with ``reward_mode="final"`` has no meaning: every
-        turn's return-to-go is the final reward, so it is ``advantage="episode"``.
+        """``advantage="reward_to_go"`` needs an env reward with per-turn credit
+        (:meth:`Reward.check_advantage <empathy_gym.reward.Reward.check_advantage>`).
 
         Raises:
-            RecipeError: that combination.
+            RecipeError: an env whose reward pays only at the end.
         """
-        if self.config.advantage == "reward_to_go" and any(getattr(e, "reward_mode", None) == "final" for e in envs):
-            raise RecipeError(REWARD_TO_GO_FINAL)
+        for env in envs:
+            try:
+                getattr(env, "reward", Reward()).check_advantage(self.config.advantage)
+            except ValueError as error:
+                raise RecipeError(str(error)) from None
 
     def env_seeds(self, step: int) -> tuple[list[int], list[int]]:
         size = self.config.num_generations

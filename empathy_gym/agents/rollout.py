@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from empathy_gym.boundary import ChatEncoder
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.reward import Reward
 from empathy_gym.seeding import derive_seed
 from empathy_gym.think import CLOSE as CLOSE_THINK
 
@@ -130,8 +131,7 @@ class Trajectory:
         thinking_tokens, reply_tokens: sampled tokens of all agent turns inside the
             ``<think>...</think>`` block (think mode; the closing tag included) and
             after it (everything outside think mode; end-of-turn tokens included).
-        reward_mode: the env's ``reward_mode`` ("delta" or "final"; see
-            :meth:`outcome_rewards`).
+        reward: the env's :class:`~empathy_gym.reward.Reward` (see :meth:`outcome_rewards`).
         round: the step's rollout round it was played in (0: the first; GRPO's dynamic
             sampling adds more).
     """
@@ -155,7 +155,7 @@ class Trajectory:
     cut_turns: int = 0
     thinking_tokens: int = 0
     reply_tokens: int = 0
-    reward_mode: str = "delta"
+    reward: Reward = field(default_factory=Reward)
     round: int = 0
     done: bool = False
 
@@ -173,13 +173,12 @@ class Trajectory:
         """The turn rewards, a cut dialogue scored as if it had ended where it was cut (for
         GRPO; PPO bootstraps instead).
 
-        Under ``reward_mode="final"`` the env pays e_T / 100 only when the dialogue ends
-        (RLVER, section 3.1), so a cut dialogue's last turn gets e_T / 100 here. Under
-        ``"delta"`` the rewards already sum to (e_T - e_0) / 100.
+        A cut dialogue's last turn adds :meth:`Reward.at_end <empathy_gym.reward.Reward.at_end>`
+        (e_T / 100 under ``"final"``, which the env pays only at the end; 0 under ``"delta"``).
         """
         rewards = list(self.rewards)
-        if self.cut and self.reward_mode == "final" and rewards:
-            rewards[-1] += self.emotions[-1] / 100.0
+        if self.cut and rewards:
+            rewards[-1] += self.reward.at_end(self.emotions[-1])
         return rewards
 
     def extend(self, ids: Sequence[int], trainable: bool, logprobs: Sequence[float] | None = None) -> None:
@@ -208,7 +207,8 @@ class Trajectory:
             "thinking_tokens": self.thinking_tokens,
             "reply_tokens": self.reply_tokens,
             "round": self.round,
-            "reward_mode": self.reward_mode,
+            "reward_mode": self.reward.mode,
+            "reward_shaping": self.reward.shaping,
             "messages": self.messages,
         }
 
@@ -349,7 +349,7 @@ class RolloutEngine:
             character_type=persona.character_type,
             emotions=[info["emotion"]],
             messages=info["messages"],
-            reward_mode=getattr(env, "reward_mode", "delta"),
+            reward=getattr(env, "reward", Reward()),
             round=round_index,
         )
         trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)

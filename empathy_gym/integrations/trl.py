@@ -21,6 +21,7 @@ import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory
 from empathy_gym.env import EmpathyDialogueEnv
+from empathy_gym.reward import RLVER_REWARD
 from empathy_gym.seeding import derive_seed
 
 
@@ -199,7 +200,7 @@ def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
         out["completion_ids"].append(t.token_ids[start:])
         out["logprobs"].append(t.rollout_logprobs[start:])
         out["env_mask"].append(t.loss_mask[start:])
-        out["episode_return"].append(t.episode_return)
+        out["episode_return"].append(sum(t.outcome_rewards()))
         out["final_emotion"].append(t.emotions[-1])
         out["emotions"].append(list(t.emotions))
         out["termination"].append(t.termination)
@@ -209,10 +210,12 @@ def to_trl_fields(trajectories: Sequence[Trajectory]) -> dict[str, list]:
 
 def episode_return_reward(completions: Sequence[Any], episode_return: Sequence[float], **kwargs: Any) -> list[float]:
     """TRL reward function: the dialogue's return, the sum of the env's turn rewards
-    ((e_T - e_0) / 100 with ``reward_mode="delta"``, minus any think-format penalties)."""
+    ((e_T - e_0) / 100 with ``reward_mode="delta"``, minus any think-format penalties); a
+    dialogue cut at the context limit is scored as if it had ended there
+    (:meth:`Reward.at_end <empathy_gym.reward.Reward.at_end>`)."""
     return [float(r) for r in episode_return]
 
 
 def final_emotion_reward(completions: Sequence[Any], final_emotion: Sequence[int], **kwargs: Any) -> list[float]:
     """TRL reward function: RLVER's e_T / 100, the final emotion (RLVER, section 3.1)."""
-    return [e / 100.0 for e in final_emotion]
+    return [RLVER_REWARD.at_end(e) for e in final_emotion]

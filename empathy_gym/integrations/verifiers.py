@@ -16,6 +16,7 @@ from pydantic import Field
 from empathy_gym.boundary import neutralise
 from empathy_gym.engine import StepResult, play_one
 from empathy_gym.integrations.dialogues import dialogue_starts, shared, start_env
+from empathy_gym.reward import RLVER_REWARD
 
 try:
     import verifiers.v1 as vf
@@ -158,7 +159,7 @@ class EmpathyEnv(vf.Env[EmpathyEnvConfig]):
         finally:
             env.close()  # the shared user stays open
         trace = interaction.trace
-        scores = {"emotion_change": float(sum(rewards)), "final_emotion": dialogue.emotion / 100.0}
+        scores = {"emotion_change": float(sum(rewards)), "final_emotion": RLVER_REWARD.at_end(dialogue.emotion)}
         trace.record_reward(task.config.reward, scores[task.config.reward])
         trace.record_metrics(
             {**scores, "turns": float(len(rewards)), "success": float(dialogue.done_reason == "success")}

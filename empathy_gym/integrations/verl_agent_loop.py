@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: The name the loop is registered under (``agent_name`` / ``default_agent_loop``).
 AGENT_NAME = "empathy_dialogue"
+#: The loop's own endings: budgets that cut a dialogue the env has not ended.
+BUDGET_REASONS = ("response_length", "max_assistant_turns")
 
 
 def agent_turn_ends(response_mask: Sequence[int]) -> list[int]:
@@ -169,7 +171,9 @@ class EmpathyAgentLoop(AgentLoopBase):
             An :class:`EmpathyAgentLoopOutput`, cut to ``rollout.response_length``:
             ``reward_score`` is the return (the sum of the turn scores), ``num_turns`` 1 +
             replies + user turns, and ``extra_fields`` holds ``turn_scores`` (one per
-            appraised reply), ``turn_ends``, ``emotions`` (after reset and each reply),
+            appraised reply, the env's rewards; a dialogue cut by a budget is scored as
+            if it had ended there, :meth:`Reward.at_end <empathy_gym.reward.Reward.at_end>`),
+            ``turn_ends``, ``emotions`` (after reset and each reply),
             ``termination_reason`` (the env's, or ``"response_length"``,
             ``"max_assistant_turns"``), ``persona_id``, ``tool_rewards`` ([]) and
             ``reward_extra_info`` (``score``, ``final_emotion``).
@@ -285,7 +289,9 @@ class EmpathyAgentLoop(AgentLoopBase):
         response_ids = token_ids[len(token_ids) - len(response_mask) :][:cut]
         prompt_ids = token_ids[: len(token_ids) - len(response_mask)]
         response_mask = response_mask[:cut]
-        turn_scores = rollout.turn_scores
+        turn_scores = list(rollout.turn_scores)
+        if reason in BUDGET_REASONS and turn_scores:  # cut before its end: scored as if it had ended there
+            turn_scores[-1] += env.reward.at_end(rollout.emotions[-1])
         turn_ends = agent_turn_ends(response_mask)
         if len(turn_ends) < len(turn_scores):
             logger.warning(
