@@ -59,9 +59,9 @@ def main() -> int:
         "# The time a training run prints for its suggested evaluation, against that evaluation's time "
         "(benchmarks/eval_time.py)",
         provenance(no_inputs="a timing of the suggested evaluation; the bound is read from the run's metrics"),
-        f"# machine: {cpu_model()}; nproc {os.cpu_count()}; load average before "
+        f"# machine: {cpu_model()}; load average before "
         f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in load_after)}",
-        f"# run: {args.run_dir} (the README's main command); printed: {bound}",
+        f"# training run: {args.run_dir} (the README's main command); it printed: {bound}",
         "# each row: empathy-gym eval --policy POLICY --personas en --max-tokens 64 (48 dialogues, rule user), "
         "wall time with model loading",
         "",

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from empathy_gym.backends import BACKENDS, spec_form
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
+from empathy_gym.user.difficulty import builtin_difficulties
 
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 invalid input or a failed run (message on stderr); 2 usage error; "
@@ -64,7 +65,7 @@ MAX_TOKENS_HELP = (
     f"model policies: new tokens per reply; default: {LOCAL_MAX_TOKENS} for local "
     f"(hf:) policies, no cap for openai: ones (as SAGE); 0: no cap"
 )
-DIFFICULTY_HELP = "moderate | challenging | easy | a preset JSON path"
+DIFFICULTY_HELP = " | ".join([*builtin_difficulties(), "a preset JSON path"])
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
     "offline) | "

@@ -19,6 +19,7 @@ from typing import Any, Literal, SupportsFloat
 import gymnasium as gym
 
 from empathy_gym.boundary import clean_text, find_injection
+from empathy_gym.ending import Ending
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.reward import Reward
 from empathy_gym.spaces import AnyText
@@ -69,8 +70,8 @@ class Dialogue:
         messages: the agent-side chat (system prompt, user turns, the agent's full
             outputs including any thinking), as ``{"role", "content"}`` dicts.
         emotions: the emotion after each user turn, starting with e_0.
-        done_reason: ``None`` while running, else "success", "failure", "goodbye" or
-            "max_turns".
+        done_reason: ``None`` while running, else the protocol's
+            :class:`~empathy_gym.ending.Ending` (success, failure, goodbye, max_turns).
     """
 
     persona: Persona
@@ -79,7 +80,7 @@ class Dialogue:
     history: tuple[tuple[str, str], ...] = ()
     messages: list[dict[str, str]] = field(default_factory=list)
     emotions: list[int] = field(default_factory=list)
-    done_reason: str | None = None
+    done_reason: Ending | None = None
 
 
 @dataclass(frozen=True)

@@ -595,6 +595,20 @@ def test_reply_token_cap():
     assert reply_token_cap("baseline:listener", None) is None
 
 
+def test_difficulty_help_lists_the_shipped_presets(tmp_path):
+    """A preset added to envs/difficulty/ shows in the help (it was a hard-coded list)."""
+    (tmp_path / "difficulty").mkdir()
+    for name in ("gentle", "moderate"):
+        (tmp_path / "difficulty" / f"{name}.json").write_text("{}")
+    code = (
+        "import pathlib, sys, empathy_gym.user.difficulty as d\n"
+        "d.envs_dir = lambda: pathlib.Path(sys.argv[1])\n"
+        "from empathy_gym.cli import DIFFICULTY_HELP\nprint(DIFFICULTY_HELP)"
+    )
+    shown = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "gentle | moderate | a preset JSON path"
+
+
 def test_eval_help_names_the_default_reply_cap():
     shown = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"}).stdout
     assert (

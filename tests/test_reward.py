@@ -113,7 +113,8 @@ def cut_trajectory(reward):
         rewards=turns(reward, [30, 40, 35])[:1] + [reward.turn(40, 35, False)],
         emotions=[30, 40, 35],
         termination="context_limit",
-        reward=reward,
+        reward_mode=reward.mode,
+        reward_shaping=reward.shaping,
     )
 
 

@@ -337,8 +337,8 @@ def test_a_registered_backend_is_a_user_spec_everywhere(monkeypatch):
         UserSpec(backend="echo", model="m", base_url="http://127.0.0.1:9/v1")
     with pytest.raises(
         SpecError,
-        match=r"expected one of rule, distilled\[:PATH\], transformers:PATH, .*echo:PATH, "
-        r"echoserver:MODEL@URL, policy",
+        match=r"expected one of rule, distilled\[:PATH\], transformers:PATH, .*openai:MODEL@URL, policy, "
+        r"echo:PATH, echoserver:MODEL@URL$",
     ):
         UserSpec.parse("nothing:m")
     with pytest.raises(ValueError, match="must be a lower-case identifier other than"):
@@ -370,6 +370,31 @@ def test_a_registered_backend_is_a_user_spec_everywhere(monkeypatch):
     env.close()
     built = UserSpec.parse("echoserver:m@http://127.0.0.1:9/v1").build()
     assert isinstance(built.backend, EchoServer) and built.backend.base_url == "http://127.0.0.1:9/v1"
+
+
+def test_a_user_on_the_policys_weights_is_a_property_of_its_registry_entry(monkeypatch):
+    """Every check that a 'policy' user gets reads BackendEntry.from_policy, not the name
+    (issue 38): an entry of another name with the flag is parsed without a target, refused
+    a model, refused outside a trainer, as a second judge, and without LoRA."""
+    from empathy_gym import backends
+    from empathy_gym.agents.config import RecipeError, load_recipe
+
+    monkeypatch.setitem(backends.BACKENDS, "mine", backends.BackendEntry("test_user_spec:EchoServer", from_policy=True))
+    spec = UserSpec.parse("mine,max_batch_size=8")
+    assert (spec.backend, spec.on_policy, spec.backend_kwargs) == ("mine", True, {"max_batch_size": 8})
+    assert backends.spec_form("mine") == "mine" and not UserSpec.parse("rule").on_policy
+    with pytest.raises(SpecError, match=r"the mine user takes no target; write just 'mine'"):
+        UserSpec.parse("mine:some/model")
+    with pytest.raises(SpecError, match=r"user.model: backend 'mine' is served by the policy's own model"):
+        UserSpec("mine", model="m")
+    with pytest.raises(SpecError, match=r"user.backend 'mine' is the policy's own base model"):
+        spec.build()
+    with pytest.raises(ValueError, match=r"backend='mine' is the policy's own base model"):
+        backends.make_backend("mine")
+    with pytest.raises(RecipeError, match=r"heldout.user 'mine' is the training user's kind"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=mine"], algorithm="grpo")
+    with pytest.raises(RecipeError, match=r"env.kwargs.user 'mine' \(the simulated user on the policy's base"):
+        load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.user=mine", "policy.use_lora=false"], algorithm="grpo")
 
 
 def _fake_backend_init(self, model, respond=None, logprobs=None):

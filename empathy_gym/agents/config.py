@@ -606,9 +606,9 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
         except (SpecError, TypeError) as error:
             problems.append(f"heldout.user: {error}")
         else:
-            if judge.backend == "policy":
+            if judge.on_policy:
                 problems.append(
-                    "heldout.user 'policy' is the training user's kind; a second judge must be "
+                    f"heldout.user {judge.backend!r} is the training user's kind; a second judge must be "
                     "another user (rule, transformers:PATH, openai:MODEL@URL)"
                 )
     return problems
@@ -695,9 +695,9 @@ def _user_problems(config: TrainerConfig) -> list[str]:
     except RecipeError as error:
         spec = None
         problems.append(str(error))
-    if spec is not None and spec.backend == "policy" and not config.policy.use_lora:
+    if spec is not None and spec.on_policy and not config.policy.use_lora:
         problems.append(
-            "env.kwargs.user 'policy' (the simulated user on the policy's base weights) needs "
+            f"env.kwargs.user {spec.backend!r} (the simulated user on the policy's base weights) needs "
             "policy.use_lora=true: a fully fine-tuned policy would change the user at every step"
         )
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):

@@ -317,7 +317,7 @@ def plan_memory(
     from empathy_gym.agents.config import env_user_spec
 
     user = env_user_spec(config) if getattr(config, "env", None) is not None else None
-    if user is not None and user.backend == "policy" and generation.engine == "transformers":
+    if user is not None and user.on_policy and generation.engine == "transformers":
         backend_kwargs = dict(user.backend_kwargs)
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
         users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))

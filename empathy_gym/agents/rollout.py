@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from empathy_gym.boundary import ChatEncoder
+from empathy_gym.ending import Ending, close_cut_turn, is_cut
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.reward import Reward
@@ -124,14 +125,16 @@ class Trajectory:
         rewards: the env's reward for each agent turn (float).
         emotions: e_0, e_1, ..., e_T (ints in [0, 100]).
         messages: the agent-side chat as text (for transcripts).
-        termination: "success", "failure", "max_turns", "context_limit" or None.
+        termination: why it ended (an :class:`~empathy_gym.ending.Ending`: the protocol's,
+            or ``"context_limit"``), or None while it runs.
         format_errors: think-mode format errors (count).
         cut_turns: agent turns cut by length (``max_new_tokens``, or the room left in
             the context) before their end-of-turn token.
         thinking_tokens, reply_tokens: sampled tokens of all agent turns inside the
             ``<think>...</think>`` block (think mode; the closing tag included) and
             after it (everything outside think mode; end-of-turn tokens included).
-        reward: the env's :class:`~empathy_gym.reward.Reward` (see :meth:`outcome_rewards`).
+        reward_mode, reward_shaping: the env's :class:`~empathy_gym.reward.Reward`
+            (:attr:`reward`; see :meth:`outcome_rewards`).
         round: the step's rollout round it was played in (0: the first; GRPO's dynamic
             sampling adds more).
     """
@@ -150,12 +153,13 @@ class Trajectory:
     rewards: list[float] = field(default_factory=list)
     emotions: list[int] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
-    termination: str | None = None
+    termination: Ending | None = None
     format_errors: int = 0
     cut_turns: int = 0
     thinking_tokens: int = 0
     reply_tokens: int = 0
-    reward: Reward = field(default_factory=Reward)
+    reward_mode: str = "delta"
+    reward_shaping: float = 0.0
     round: int = 0
     done: bool = False
 
@@ -165,9 +169,14 @@ class Trajectory:
         return float(sum(self.rewards))
 
     @property
+    def reward(self) -> Reward:
+        """How the env paid its turns (:class:`~empathy_gym.reward.Reward`)."""
+        return Reward(self.reward_mode, self.reward_shaping)
+
+    @property
     def cut(self) -> bool:
         """The rollout cut the dialogue at the context limit (a truncation, not an end)."""
-        return self.termination == "context_limit"
+        return is_cut(self.termination)
 
     def outcome_rewards(self) -> list[float]:
         """The turn rewards, a cut dialogue scored as if it had ended where it was cut (for
@@ -207,8 +216,8 @@ class Trajectory:
             "thinking_tokens": self.thinking_tokens,
             "reply_tokens": self.reply_tokens,
             "round": self.round,
-            "reward_mode": self.reward.mode,
-            "reward_shaping": self.reward.shaping,
+            "reward_mode": self.reward_mode,
+            "reward_shaping": self.reward_shaping,
             "messages": self.messages,
         }
 
@@ -339,6 +348,7 @@ class RolloutEngine:
             ValueError: the opening prompt leaves no room for one turn.
         """
         persona = env.dialogue.persona
+        reward = getattr(env, "reward", Reward())
         trajectory = Trajectory(
             key=key,
             group=group,
@@ -349,7 +359,8 @@ class RolloutEngine:
             character_type=persona.character_type,
             emotions=[info["emotion"]],
             messages=info["messages"],
-            reward=getattr(env, "reward", Reward()),
+            reward_mode=reward.mode,
+            reward_shaping=reward.shaping,
             round=round_index,
         )
         trajectory.extend(self.chat.prompt(info["messages"]), trainable=False)
@@ -380,7 +391,9 @@ class RolloutEngine:
         trajectory.reply_tokens += len(sample.token_ids) - thinking
         if not sample.finished:
             trajectory.cut_turns += 1
-            trajectory.extend([self.chat.eos_id], trainable=False)
+            trajectory.token_ids, trajectory.loss_mask, trajectory.rollout_logprobs = close_cut_turn(
+                trajectory.token_ids, trajectory.loss_mask, trajectory.rollout_logprobs, self.chat.eos_id
+            )
         trajectory.rewards.append(float(reward))
         trajectory.emotions.append(info["emotion"])
         trajectory.messages = info["messages"]
@@ -393,7 +406,7 @@ class RolloutEngine:
             if fits:
                 trajectory.extend(reply, trainable=False)
             if not (fits and self.fits_a_turn(len(trajectory.token_ids))):
-                trajectory.termination = "context_limit"  # a truncation, not an end
+                trajectory.termination = Ending.CONTEXT_LIMIT  # a truncation, not an end
         trajectory.done = trajectory.termination is not None
 
     def _fit(self, sample: Sample, length: int) -> Sample:

@@ -146,9 +146,9 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
 
     kwargs = {**config.env.kwargs, **overrides}
     user = env_user_spec(config) if "user" not in overrides else None
-    if user is not None and user.backend == "policy":
+    if user is not None and user.on_policy:
         if policy_user is None:
-            raise RecipeError("env.kwargs.user 'policy': the trainer builds this user from its policy")
+            raise RecipeError(f"env.kwargs.user {user.backend!r}: the trainer builds this user from its policy")
         # the trainer gave the backend_kwargs to policy_user
         kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
     if config.env.personas is not None and "personas" not in overrides:
@@ -349,7 +349,7 @@ class RLTrainer:
         local_batch = config.rollout_batch_size // self.processes.world
         self.generator = self._make_generator()
         if envs is None:
-            on_policy = getattr(env_user_spec(config), "backend", None) == "policy"
+            on_policy = getattr(env_user_spec(config), "on_policy", False)
             policy_user = self.make_policy_user() if on_policy else None
             envs = make_envs(config, local_batch, config.generation.think, policy_user=policy_user)
         self.envs = list(envs)

@@ -24,11 +24,14 @@ class BackendEntry:
         served: ``True`` for a backend that talks to a server: it takes ``base_url=`` and a
             spec names it ``NAME:MODEL@URL``; ``False``: ``NAME:PATH``, a model it loads.
         model_hint: what ``model=`` is, for the error that says it is missing.
+        from_policy: ``True`` for a backend on the policy's own weights, which only a
+            trainer can build (from its policy; its spec takes no model or URL).
     """
 
     target: str
     served: bool = False
     model_hint: str = "a path or hub id"
+    from_policy: bool = False
 
 
 #: The chat backends by name (:func:`register_backend` adds one). ``"hf"`` reads as
@@ -39,8 +42,15 @@ BACKENDS: dict[str, BackendEntry] = {
     ),
     "vllm": BackendEntry("empathy_gym.backends.vllm_backend:VLLMBackend"),
     "openai": BackendEntry("empathy_gym.backends.openai_backend:OpenAIBackend", served=True),
+    "policy": BackendEntry("empathy_gym.backends.policy_backend:PolicyUserBackend", from_policy=True),
 }
 _RESERVED = ("rule", "distilled", "policy", "hf")
+
+
+def from_policy(name: object) -> bool:
+    """Whether ``name`` is a registered backend on the policy's own weights
+    (:attr:`BackendEntry.from_policy`: ``"policy"``)."""
+    return isinstance(name, str) and name in BACKENDS and BACKENDS[name].from_policy
 
 
 def register_backend(
@@ -71,9 +81,12 @@ def register_backend(
 
 
 def spec_form(name: str) -> str:
-    """How a spec names backend ``name``: ``"NAME:MODEL@URL"`` for a served one, else
-    ``"NAME:PATH"`` (also for a name not in :data:`BACKENDS`, such as ``hf``)."""
+    """How a spec names backend ``name``: ``"NAME:MODEL@URL"`` for a served one, ``"NAME"``
+    for one on the policy's weights, else ``"NAME:PATH"`` (also for a name not in
+    :data:`BACKENDS`, such as ``hf``)."""
     entry = BACKENDS.get(name)
+    if entry is not None and entry.from_policy:
+        return name
     return f"{name}:MODEL@URL" if entry is not None and entry.served else f"{name}:PATH"
 
 
@@ -91,10 +104,10 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
         ValueError: unknown name or a missing required argument.
         ImportError: the backend's library is not installed (with the pip command).
     """
-    if name == "policy":
+    if from_policy(name):
         raise ValueError(
-            "backend='policy' is the policy's own base model with its LoRA adapters off: a trainer "
-            "builds it from its policy (recipe env.kwargs.user: policy); elsewhere pass "
+            f"backend={name!r} is the policy's own base model with its LoRA adapters off: a trainer "
+            f"builds it from its policy (recipe env.kwargs.user: {name}); elsewhere pass "
             "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)"
         )
     if name not in BACKENDS:

@@ -22,6 +22,7 @@ import torch
 
 from empathy_gym.agents.generation import end_of_turn_ids
 from empathy_gym.boundary import ChatEncoder
+from empathy_gym.ending import Ending, close_cut_turn
 from empathy_gym.engine import DialogueEngine, StepResult, play_one
 from empathy_gym.integrations.dialogues import dialogue_fields, shared, start_env
 
@@ -39,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 #: The name the loop is registered under (``agent_name`` / ``default_agent_loop``).
 AGENT_NAME = "empathy_dialogue"
-#: The loop's own endings: budgets that cut a dialogue the env has not ended.
-BUDGET_REASONS = ("response_length", "max_assistant_turns")
 
 
 def agent_turn_ends(response_mask: Sequence[int]) -> list[int]:
@@ -211,11 +210,11 @@ class EmpathyAgentLoop(AgentLoopBase):
 
         async def act(observation: str | None) -> str | None:
             if observation is not None and not await self._add_user_turn(rollout, messages, observation):
-                rollout.reason = "response_length"  # no room for the user's turn
+                rollout.reason = Ending.RESPONSE_LENGTH  # no room for the user's turn
                 return None
             output = await self._generate(rollout, request_id, sampling_params)
             if len(rollout.response_mask) >= self.response_length:
-                rollout.reason = "response_length"  # the reply filled the budget: not appraised
+                rollout.reason = Ending.RESPONSE_LENGTH  # the reply filled the budget: not appraised
                 return None
             rollout.unfinished = not output.token_ids or output.token_ids[-1] not in self.end_of_turn_ids
             reply = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
@@ -230,9 +229,9 @@ class EmpathyAgentLoop(AgentLoopBase):
             rollout.turn_scores.append(float(reward))
             rollout.emotions.append(int(info["emotion"]))
             if terminated or truncated:
-                rollout.reason = info["termination_reason"] or "max_turns"
+                rollout.reason = Ending(info["termination_reason"])
             elif self.max_assistant_turns and rollout.replies >= self.max_assistant_turns:
-                rollout.reason = "max_assistant_turns"
+                rollout.reason = Ending.MAX_ASSISTANT_TURNS
             return rollout.reason is not None
 
         await play_one(self.session, env, act, record)
@@ -268,9 +267,9 @@ class EmpathyAgentLoop(AgentLoopBase):
         """Close a cut reply (end-of-turn token, mask 0, as the rollout engine does) and add
         the user's turn (mask 0); ``False`` when it does not fit in ``response_length``."""
         if rollout.unfinished:
-            rollout.token_ids, rollout.response_mask = rollout.token_ids + [self.eos_id], rollout.response_mask + [0]
-            if rollout.response_logprobs:
-                rollout.response_logprobs = rollout.response_logprobs + [0.0]
+            rollout.token_ids, rollout.response_mask, rollout.response_logprobs = close_cut_turn(
+                rollout.token_ids, rollout.response_mask, rollout.response_logprobs, self.eos_id
+            )
         before = list(messages)
         messages.append({"role": "user", "content": self.chat.plain_text(observation)})
         merged, mask, logprobs = await self.ct_merge_context_msg(
@@ -283,14 +282,14 @@ class EmpathyAgentLoop(AgentLoopBase):
         rollout.user_turns += 1
         return True
 
-    def _output(self, env, rollout: _Rollout, reason: str) -> EmpathyAgentLoopOutput:
+    def _output(self, env, rollout: _Rollout, reason: Ending) -> EmpathyAgentLoopOutput:
         """The dialogue as verl's output, cut to ``response_length``."""
         cut, token_ids, response_mask = self.response_length, rollout.token_ids, rollout.response_mask
         response_ids = token_ids[len(token_ids) - len(response_mask) :][:cut]
         prompt_ids = token_ids[: len(token_ids) - len(response_mask)]
         response_mask = response_mask[:cut]
         turn_scores = list(rollout.turn_scores)
-        if reason in BUDGET_REASONS and turn_scores:  # cut before its end: scored as if it had ended there
+        if reason.cut and turn_scores:  # scored as if it had ended there
             turn_scores[-1] += env.reward.at_end(rollout.emotions[-1])
         turn_ends = agent_turn_ends(response_mask)
         if len(turn_ends) < len(turn_scores):
@@ -308,7 +307,7 @@ class EmpathyAgentLoop(AgentLoopBase):
                 "tool_rewards": [],
                 "turn_ends": turn_ends[: len(turn_scores)],
                 "emotions": rollout.emotions,
-                "termination_reason": reason,
+                "termination_reason": reason.value,
                 "persona_id": env.dialogue.persona.id,
                 "reward_extra_info": {"score": score, "final_emotion": float(rollout.emotions[-1])},
             }
@@ -341,7 +340,7 @@ class _Rollout:
     user_turns: int = 0
     unfinished: bool = False  # the last reply was cut at the server's max_tokens
     user_started: float = 0.0  # perf_counter() when the last reply went to the user
-    reason: str | None = None  # why the dialogue ended, once it has
+    reason: Ending | None = None  # why the dialogue ended, once it has
     metrics: dict[str, Any] = field(default_factory=dict)
     extra_fields: dict[str, Any] = field(default_factory=dict)
 

@@ -19,9 +19,9 @@ import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-TerminationReason = Literal["success", "failure", "goodbye", "max_turns"]
+from empathy_gym.ending import Ending
 
 #: SAGE's goodbye rule (``test_npc.py`` line 107): the answer contains one of these.
 GOODBYE_ZH: tuple[str, ...] = ("再见", "拜拜")
@@ -101,7 +101,7 @@ class EmotionProtocol:
 
     def termination(
         self, emotion: int, turn: int, reply: str | None = None, language: str | None = None
-    ) -> tuple[bool, bool, TerminationReason | None]:
+    ) -> tuple[bool, bool, Ending | None]:
         """``(terminated, truncated, reason)`` after agent turn ``turn`` (1-based), given
         the new emotion and the user's answer ``reply`` (in ``language``).
 
@@ -111,13 +111,13 @@ class EmotionProtocol:
         threshold, as SAGE counts.
         """
         if self.success_emotion is not None and emotion >= self.success_emotion:
-            return True, False, "success"
+            return True, False, Ending.SUCCESS
         if emotion < self.failure_below:
-            return True, False, "failure"
+            return True, False, Ending.FAILURE
         if self.goodbye and reply is not None and says_goodbye(reply, language):
-            return True, False, "goodbye"
+            return True, False, Ending.GOODBYE
         if turn >= self.max_turns:
-            return False, True, "max_turns"
+            return False, True, Ending.MAX_TURNS
         return False, False, None
 
 

@@ -32,13 +32,13 @@ LOCAL_USERS: dict[str, tuple[str, ...]] = {"rule": RULE_USER_KEYWORDS, "distille
 
 
 def user_backends() -> tuple[str, ...]:
-    """:attr:`UserSpec.backend` names: the local users, the chat backends of the registry
-    (:data:`empathy_gym.backends.BACKENDS`, registered ones included) and ``policy``; a
-    ready ``ChatBackend`` object is accepted too. ``--user`` also reads ``hf`` as
-    ``transformers``."""
+    """:attr:`UserSpec.backend` names: the local users and the chat backends of the
+    registry (:data:`empathy_gym.backends.BACKENDS`: ``policy`` and registered ones
+    included); a ready ``ChatBackend`` object is accepted too. ``--user`` also reads ``hf``
+    as ``transformers``."""
     from empathy_gym.backends import BACKENDS
 
-    return (*LOCAL_USERS, *BACKENDS, "policy")
+    return (*LOCAL_USERS, *BACKENDS)
 
 
 def _served(backend: Any) -> bool:
@@ -49,10 +49,11 @@ def _served(backend: Any) -> bool:
 
 
 def _llm_backends_text() -> str:
-    """``"'transformers', 'vllm' or 'openai'"``: the chat backends, for error messages."""
+    """``"'transformers', 'vllm' or 'openai'"``: the chat backends a spec builds (not those
+    on the policy's weights), for error messages."""
     from empathy_gym.backends import BACKENDS
 
-    names = [repr(name) for name in BACKENDS]
+    names = [repr(name) for name, entry in BACKENDS.items() if not entry.from_policy]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
 
 
@@ -60,7 +61,7 @@ def _spec_forms() -> str:
     """The ``--user`` forms, for the error on an unknown kind."""
     from empathy_gym.backends import BACKENDS, spec_form
 
-    return ", ".join(["rule", "distilled[:PATH]", *map(spec_form, BACKENDS), "policy"])
+    return ", ".join(["rule", "distilled[:PATH]", *map(spec_form, BACKENDS)])
 
 
 _OPENAI_TARGET = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
@@ -270,10 +271,12 @@ class UserSpec:
                     f"user: {', '.join(set_fields)} given, but backend is a ready "
                     f"{type(backend).__name__}, which is already configured; drop them"
                 )
-        elif backend == "policy":
+        elif self.on_policy:
             for name in ("model", "base_url"):
                 if getattr(self, name) is not None:
-                    raise SpecError(f"user.{name}: backend 'policy' is served by the policy's own model; drop {name}")
+                    raise SpecError(
+                        f"user.{name}: backend {backend!r} is served by the policy's own model; drop {name}"
+                    )
         elif self.model is None:
             from empathy_gym.backends import spec_form
 
@@ -311,7 +314,7 @@ class UserSpec:
         """A typo in an option would reach the backend as a TypeError when it is built."""
         from empathy_gym.backends import BACKENDS, backend_class
 
-        if self.backend not in BACKENDS:
+        if self.backend not in BACKENDS or self.on_policy:  # the trainer builds it, with its own options
             return
         try:
             cls = backend_class(self.backend)
@@ -338,12 +341,14 @@ class UserSpec:
             SpecError: an empty spec, an unknown kind, a malformed target or option, or a
                 field the kind does not take (naming the spec).
         """
+        from empathy_gym.backends import from_policy
+
         spec = parse_spec(text)
         if spec.kind not in (*user_backends(), "hf"):
             raise SpecError(f"{text!r}: unknown user kind {spec.kind!r}; expected one of {_spec_forms()}")
         options = dict(spec.options)
         values: dict[str, Any] = {"appraisal_mode": options.pop("appraisal_mode", "free")}
-        if spec.kind in ("rule", "policy"):
+        if spec.kind == "rule" or from_policy(spec.kind):
             if spec.target:
                 raise SpecError(f"{text!r}: the {spec.kind} user takes no target; write just '{spec.kind}'")
         elif spec.kind == "distilled":
@@ -380,6 +385,14 @@ class UserSpec:
         )
 
     @property
+    def on_policy(self) -> bool:
+        """The user runs on the policy's own weights (``policy``: a registry entry with
+        :attr:`~empathy_gym.backends.BackendEntry.from_policy`), so only a trainer builds it."""
+        from empathy_gym.backends import from_policy
+
+        return from_policy(self.backend)
+
+    @property
     def deterministic(self) -> bool:
         """The same requests and seeds always give the same turns (the rule and distilled users)."""
         return self.backend in LOCAL_USERS
@@ -414,10 +427,10 @@ class UserSpec:
             from empathy_gym.user.distilled_user import DistilledUser
 
             return DistilledUser(**{"difficulty": difficulty, **self.user_kwargs}, appraiser=self.model)
-        if self.backend == "policy":
+        if self.on_policy:
             raise SpecError(
-                "user.backend 'policy' is the policy's own base model with its LoRA adapters "
-                "off: a trainer builds it from its policy (recipe env.kwargs.user: policy); "
+                f"user.backend {self.backend!r} is the policy's own base model with its LoRA adapters "
+                f"off: a trainer builds it from its policy (recipe env.kwargs.user: {self.backend}); "
                 "elsewhere pass user={'backend': PolicyUserBackend(peft_model, tokenizer)} "
                 "(empathy_gym.backends.policy_backend)"
             )
