@@ -69,7 +69,7 @@ DIFFICULTY_HELP = " | ".join([*builtin_difficulties(), "a preset JSON path"])
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
     "offline) | "
-    + " | ".join(map(spec_form, BACKENDS))
+    + " | ".join(spec_form(name) for name, entry in BACKENDS.items() if not entry.from_policy)  # no trainer here
     + "; options as key=value after commas: appraisal_mode (free, choice), "
     "difficulty, temperature, max_concurrency, ..."
 )

@@ -609,6 +609,12 @@ def test_difficulty_help_lists_the_shipped_presets(tmp_path):
     assert shown.stdout.strip() == "gentle | moderate | a preset JSON path"
 
 
+def test_user_help_offers_no_user_that_only_a_trainer_builds():
+    from empathy_gym.cli import USER_HELP
+
+    assert "openai:MODEL@URL;" in USER_HELP and "policy" not in USER_HELP
+
+
 def test_eval_help_names_the_default_reply_cap():
     shown = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"}).stdout
     assert (
