@@ -9,7 +9,8 @@ from enum import Enum
 
 class Ending(str, Enum):
     """Why a dialogue stopped. A ``str``: each member equals (and serialises as) its value,
-    as the logs have always written it.
+    as the logs have always written it; the env's ``info["termination_reason"]`` and
+    ``Dialogue.done_reason`` hold the plain value (``Ending(value)`` reads it back).
 
     The protocol's (:meth:`~empathy_gym.user.EmotionProtocol.termination`): ``SUCCESS``,
     ``FAILURE`` and ``GOODBYE`` (the user ended it: ``terminated``), ``MAX_TURNS`` (the

@@ -19,7 +19,6 @@ from typing import Any, Literal, SupportsFloat
 import gymnasium as gym
 
 from empathy_gym.boundary import clean_text, find_injection
-from empathy_gym.ending import Ending
 from empathy_gym.personas import Persona, PersonaSource, load_personas
 from empathy_gym.reward import Reward
 from empathy_gym.spaces import AnyText
@@ -70,8 +69,8 @@ class Dialogue:
         messages: the agent-side chat (system prompt, user turns, the agent's full
             outputs including any thinking), as ``{"role", "content"}`` dicts.
         emotions: the emotion after each user turn, starting with e_0.
-        done_reason: ``None`` while running, else the protocol's
-            :class:`~empathy_gym.ending.Ending` (success, failure, goodbye, max_turns).
+        done_reason: ``None`` while running, else the value of the protocol's
+            :class:`~empathy_gym.ending.Ending`: "success", "failure", "goodbye" or "max_turns".
     """
 
     persona: Persona
@@ -80,7 +79,7 @@ class Dialogue:
     history: tuple[tuple[str, str], ...] = ()
     messages: list[dict[str, str]] = field(default_factory=list)
     emotions: list[int] = field(default_factory=list)
-    done_reason: Ending | None = None
+    done_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -338,14 +337,14 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
         terminated, truncated, reason = self.protocol.termination(
             dialogue.emotion, dialogue.turn, reply, dialogue.persona.language
         )
-        dialogue.done_reason = reason
+        dialogue.done_reason = None if reason is None else reason.value  # plain data, as the logs write it
         reward = self.reward.turn(previous, dialogue.emotion, terminated or truncated)
         if pending.format_error is not None:
             reward -= self.format_penalty
         info = self._info()
         info.update(
             emotion_change=dialogue.emotion - previous,
-            termination_reason=reason,
+            termination_reason=dialogue.done_reason,
             format_error=pending.format_error,
             action_truncated=pending.action_truncated,
             action_sanitized=pending.action_sanitized,

@@ -55,14 +55,18 @@ class Reward:
         if self.mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be 'delta' or 'final', got {self.mode!r}")
         shaping = self.shaping
-        if isinstance(shaping, bool) or not isinstance(shaping, numbers.Real) or not 0 <= shaping < math.inf:
+        try:  # float() overflows on a huge int, gives inf for a huge long double
+            value = float(shaping) if isinstance(shaping, numbers.Real) and not isinstance(shaping, bool) else None
+        except OverflowError:
+            value = None
+        if value is None or not math.isfinite(value) or value < 0:
             raise ValueError(f"reward_shaping must be a finite number >= 0, got {shaping!r}")
-        if shaping and self.mode == "delta":
+        if value and self.mode == "delta":
             raise ValueError(
                 f"reward_shaping={shaping} needs reward_mode 'final': it adds a per-turn emotion change "
                 "on top of the final reward, which 'delta' already pays"
             )
-        object.__setattr__(self, "shaping", float(shaping))
+        object.__setattr__(self, "shaping", value + 0.0)  # -0.0 reads as 0.0
 
     @property
     def per_turn(self) -> bool:

@@ -35,3 +35,16 @@ def test_a_cut_turn_is_closed_with_an_untrained_end_token():
     assert (ids, mask, logprobs) == ([5, 6], [0, 1], [0.0, -0.5])  # the inputs are kept
     assert close_cut_turn(ids, mask, None, 9)[2] is None  # a caller that keeps no log-probabilities
     assert close_cut_turn(ids, mask, [], 9)[2] == []
+
+
+def test_the_envs_outputs_hold_the_plain_value():
+    """info and Dialogue are data for any code (yaml.safe_dump refuses a str subclass, and
+    its repr read <Ending.MAX_TURNS: 'max_turns'>: a newcomer's probe)."""
+    from empathy_gym.env import EmpathyDialogueEnv
+    from empathy_gym.user.scripted import ScriptedUser
+
+    env = EmpathyDialogueEnv("en", user=ScriptedUser([1]), max_turns=1)
+    env.reset(seed=0)
+    *_, info = env.step("I hear you.")
+    assert type(info["termination_reason"]) is str and info["termination_reason"] == "max_turns"
+    assert type(env.dialogue.done_reason) is str and Ending(env.dialogue.done_reason).cut is False

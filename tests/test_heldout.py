@@ -164,6 +164,15 @@ def test_the_suggested_evaluations_time_is_bounded_by_the_runs_own_generation_ra
     # 48 English personas x 9 turns x 64 tokens = 27,648 tokens at 30 tokens/s: 921.6 s
     assert eval_time_bound(metrics, 64) == "at most about 15 minutes at this run's 30 generated tokens/s"
     assert eval_time_bound(tmp_path / "none.jsonl", 64).startswith("no estimate of its time")
+    # a newcomer's probe: lines that are JSON but no object raised; a fast GPU read "0 minutes"
+    metrics.write_text(
+        '[1, 2]\nnull\n{"tokens/generated_per_second": true}\n{"tokens/generated_per_second": Infinity}\n'
+    )
+    assert eval_time_bound(metrics, 64).startswith("no estimate of its time")
+    metrics.write_text('{"tokens/generated_per_second": 2000}\n')
+    assert eval_time_bound(metrics, 64) == "at most under a minute at this run's 2000 generated tokens/s"
+    metrics.write_text('{"tokens/generated_per_second": 460.8}\n')  # 60 s
+    assert eval_time_bound(metrics, 64) == "at most about 1 minute at this run's 461 generated tokens/s"
 
 
 def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_path, capsys, caplog):

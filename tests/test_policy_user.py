@@ -83,6 +83,21 @@ USER_OVERRIDES = [
 ]
 
 
+def test_a_policy_users_backend_options_are_checked_when_the_recipe_loads(tmp_path):
+    """A typo reached TransformersBackend as a bare TypeError after the model had loaded
+    (a newcomer's probe); now the recipe is refused, naming the field and what it takes."""
+    from empathy_gym.agents.config import RecipeError, load_recipe
+
+    base = [f"output_dir={tmp_path}", *USER_OVERRIDES]
+    load_recipe("agents/tiny-cpu.yaml", [*base, "env.kwargs.user.backend_kwargs.max_batch_size=4"], algorithm="ppo")
+    with pytest.raises(
+        RecipeError,
+        match=r"env.kwargs.user: unknown option\(s\) \['bogus'\]; the policy user's backend takes "
+        r"chat_template, max_batch_size, prefix_cache_tokens with generation.engine transformers",
+    ):
+        load_recipe("agents/tiny-cpu.yaml", [*base, "env.kwargs.user.backend_kwargs.bogus=1"], algorithm="ppo")
+
+
 def watch_adapters(trainer, user_methods):
     """Record, at every forward of one LoRA layer, who called (the user, the policy's
     sampler, or the update) and whether the adapters were off."""

@@ -56,6 +56,7 @@ def test_reward_to_go_needs_per_turn_credit():
         ("final", float("inf"), "reward_shaping must be a finite number >= 0, got inf"),
         ("final", "0.1", "reward_shaping must be a finite number >= 0, got '0.1'"),
         ("final", True, "reward_shaping must be a finite number >= 0, got True"),
+        ("final", 10**400, "reward_shaping must be a finite number >= 0, got 1000"),  # was an OverflowError
         ("delta", 0.1, "reward_shaping=0.1 needs reward_mode 'final'"),
     ],
 )

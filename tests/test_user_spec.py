@@ -391,7 +391,7 @@ def test_a_user_on_the_policys_weights_is_a_property_of_its_registry_entry(monke
         spec.build()
     with pytest.raises(ValueError, match=r"backend='mine' is the policy's own base model"):
         backends.make_backend("mine")
-    with pytest.raises(RecipeError, match=r"heldout.user 'mine' is the training user's kind"):
+    with pytest.raises(RecipeError, match=r"heldout.user 'mine' would run on the policy being judged"):
         load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=mine"], algorithm="grpo")
     with pytest.raises(RecipeError, match=r"env.kwargs.user 'mine' \(the simulated user on the policy's base"):
         load_recipe("agents/tiny-cpu.yaml", ["env.kwargs.user=mine", "policy.use_lora=false"], algorithm="grpo")

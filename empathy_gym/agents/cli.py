@@ -201,28 +201,37 @@ EVAL_MAX_TOKENS = 64
 
 def eval_time_bound(metrics: Path, max_tokens: int, bank: str = "en") -> str:
     """The suggested evaluation's time at most, from this run's own generation rate: every
-    dialogue of ``bank`` running SAGE's 9 turns, each reply ``max_tokens`` long, at the
-    median ``tokens/generated_per_second`` of the run's last 10 steps in ``metrics`` (the
-    run's ``metrics.jsonl``). Dialogues that end early, and the evaluation's larger batch,
-    make it shorter (benchmarks/results/eval_time.txt compares). Returns a phrase for the
-    closing lines; "no estimate" when ``metrics`` holds no rate."""
+    dialogue of ``bank`` running SAGE's 9 turns, each reply ``max_tokens`` (>= 1) long, at
+    the median ``tokens/generated_per_second`` of the last 10 steps in ``metrics`` (the run's
+    ``metrics.jsonl``; lines that are not a JSON object with a finite rate > 0 are skipped).
+    Dialogues that end early, and the evaluation's larger batch, make it shorter
+    (benchmarks/results/eval_time.txt compares). Returns a phrase for the closing lines;
+    "no estimate" when ``metrics`` cannot be read or holds no rate. Never raises."""
     import json
+    import math
     import statistics
 
     from empathy_gym.personas import load_personas
     from empathy_gym.user import resolve_protocol
 
+    try:
+        lines = Path(metrics).read_text(encoding="utf-8-sig", errors="replace").splitlines()
+    except OSError:
+        lines = []
     rates = []
-    with contextlib.suppress(OSError, ValueError):
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            rate = json.loads(line).get("tokens/generated_per_second") if line.strip() else None
-            if isinstance(rate, (int, float)) and rate > 0:
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            rate = record.get("tokens/generated_per_second") if isinstance(record, dict) else None
+            if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0:
                 rates.append(float(rate))
     if not rates:
         return "no estimate of its time (no generation rate in this run's metrics)"
     rate = statistics.median(rates[-10:])
-    tokens = len(load_personas(bank)) * resolve_protocol("sage").max_turns * max_tokens
-    return f"at most about {tokens / rate / 60:.0f} minutes at this run's {rate:.0f} generated tokens/s"
+    minutes = len(load_personas(bank)) * resolve_protocol("sage").max_turns * max_tokens / rate / 60
+    said = "under a minute" if minutes < 1 else f"about {minutes:.0f} minute{'s' if round(minutes) != 1 else ''}"
+    shown = f"{rate:.0f}" if rate >= 1 else f"{rate:.2g}"
+    return f"at most {said} at this run's {shown} generated tokens/s"
 
 
 def what_is_kept(output_dir: str) -> str:

@@ -608,8 +608,8 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
         else:
             if judge.on_policy:
                 problems.append(
-                    f"heldout.user {judge.backend!r} is the training user's kind; a second judge must be "
-                    "another user (rule, transformers:PATH, openai:MODEL@URL)"
+                    f"heldout.user {judge.backend!r} would run on the policy being judged; a second judge "
+                    "must be another user (rule, distilled, transformers:PATH, openai:MODEL@URL, ...)"
                 )
     return problems
 
@@ -700,6 +700,16 @@ def _user_problems(config: TrainerConfig) -> list[str]:
             f"env.kwargs.user {spec.backend!r} (the simulated user on the policy's base weights) needs "
             "policy.use_lora=true: a fully fine-tuned policy would change the user at every step"
         )
+    if spec is not None and spec.on_policy:  # its backend is built by the trainer, after the model loads
+        from empathy_gym.backends.policy_backend import policy_user_options
+
+        taken = policy_user_options(config.generation.engine)
+        unknown = sorted(set(spec.backend_kwargs) - taken)
+        if unknown:
+            problems.append(
+                f"env.kwargs.user: unknown option(s) {unknown}; the {spec.backend} user's backend takes "
+                f"{', '.join(sorted(taken))} with generation.engine {config.generation.engine}"
+            )
     if config.policy.dtype not in ("float32", "bfloat16", "auto"):
         problems.append(
             f"policy.dtype must be 'float32', 'bfloat16' or 'auto' (float16 would need loss "

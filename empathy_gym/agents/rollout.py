@@ -399,7 +399,7 @@ class RolloutEngine:
         trajectory.messages = info["messages"]
         trajectory.format_errors += info["format_error"] is not None
         if terminated or truncated:
-            trajectory.termination = info["termination_reason"]
+            trajectory.termination = Ending(info["termination_reason"])
         else:
             reply = self.chat.user_turn(obs)
             fits = len(trajectory.token_ids) + len(reply) <= self.max_context_tokens

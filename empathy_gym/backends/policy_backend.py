@@ -116,3 +116,16 @@ class VLLMPolicyUserBackend(VLLMBackend):
 
     def __repr__(self) -> str:
         return "VLLMPolicyUserBackend(the policy's engine, no LoRA request)"
+
+
+def policy_user_options(engine: str) -> set[str]:
+    """The options a ``policy`` user spec may give its backend (``policy,KEY=VALUE``) when
+    the policy generates with ``engine``: :class:`VLLMPolicyUserBackend`'s with ``"vllm"``,
+    else :class:`PolicyUserBackend`'s, :class:`TransformersBackend`'s less what the policy
+    itself fixes (its model, tokenizer, device, dtype and files)."""
+    from empathy_gym.user.specs import init_keywords
+
+    if engine == "vllm":
+        return init_keywords(VLLMPolicyUserBackend, "generator")
+    fixed = ("model", "tokenizer", "device", "dtype", "gguf_file", "trust_remote_code", "model_kwargs")
+    return init_keywords(TransformersBackend, *fixed)
