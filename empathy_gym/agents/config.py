@@ -182,6 +182,15 @@ class HeldoutConfig:
     user: Any = None
 
 
+#: The folder under ``output_dir`` where the held-out evaluation writes (its split, reports, dialogues).
+HELDOUT_DIR = "heldout"
+
+
+def training_split_path(config: Any) -> Path:
+    """Where :func:`empathy_gym.agents.heldout.prepare` writes the training part of the split."""
+    return Path(config.output_dir) / HELDOUT_DIR / "train_personas.jsonl"
+
+
 @dataclass
 class TrainerConfig(Checked):
     """Settings shared by PPO and GRPO.
@@ -616,8 +625,6 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
 
 def _persona_problems(config: TrainerConfig) -> list[str]:
     """Training personas named twice: ``heldout.bank``'s split would silently win."""
-    from empathy_gym.agents.heldout import training_split_path
-
     if config.heldout.bank is None:
         return []
     split = str(training_split_path(config))  # what heldout.prepare sets

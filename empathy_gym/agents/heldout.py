@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.config import HELDOUT_DIR, env_user_spec, training_split_path
+from empathy_gym.agents.envs import make_envs
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
@@ -33,7 +35,6 @@ from empathy_gym.evaluation.run_folder import append_records
 from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
 from empathy_gym.user.specs import as_user_spec
 
-HELDOUT_DIR = "heldout"
 log = logging.getLogger(__name__)
 
 #: What the table can and cannot claim, printed under it: the start, then what the
@@ -58,8 +59,6 @@ USER_KINDS = {
 def caveat(config: Any) -> str:
     """:data:`CAVEAT` for the training user of ``config``: :data:`USER_KINDS` by its backend, else
     an LLM user (or a user given in code) named by its spec."""
-    from empathy_gym.agents.config import env_user_spec
-
     spec = env_user_spec(config)
     if spec is None:
         return CAVEAT.format(user="a SimulatedUser given in code")
@@ -68,8 +67,6 @@ def caveat(config: Any) -> str:
 
 
 def _user_label(config: Any) -> str:
-    from empathy_gym.agents.config import env_user_spec
-
     spec = env_user_spec(config)
     return str(spec) if spec is not None else "a ready SimulatedUser"
 
@@ -142,11 +139,6 @@ def prepare(config: Any) -> tuple[Persona, ...]:
     return test
 
 
-def training_split_path(config: Any) -> Path:
-    """Where :func:`prepare` writes the training part of the split."""
-    return Path(config.output_dir) / HELDOUT_DIR / "train_personas.jsonl"
-
-
 def play(
     trainer: Any, personas: Sequence[Persona], *, user: Any = None, on_dialogue: Callable[[], None] | None = None
 ) -> list[dict[str, Any]]:
@@ -155,8 +147,6 @@ def play(
     task order. The seeds depend only on ``heldout.seed``, the persona and the repeat
     (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`): two calls play the same dialogues.
     """
-    from empathy_gym.agents.trainer import make_envs
-
     config = trainer.config
     held = config.heldout
     tasks = plan_tasks(list(personas), repeats=held.repeats, seed=held.seed)

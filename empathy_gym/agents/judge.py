@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.envs import make_envs
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.evaluation.own_logs import own_dialogue
 from empathy_gym.evaluation.replay import turn_request
@@ -60,8 +61,6 @@ class TrainingJudge(TrainerCallback):
     """
 
     def __init__(self, trainer: Any):
-        from empathy_gym.agents.trainer import make_envs
-
         config = trainer.config
         self.env = make_envs(config, 1, config.generation.think, user=config.heldout.user)[0]  # owns the judge
         self.bank = {persona.id: persona for persona in self.env.personas}

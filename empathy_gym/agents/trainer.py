@@ -11,7 +11,6 @@ RNG state (env seeds, sampling seeds and minibatch order derive from ``(seed, st
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import numbers
 import os
@@ -23,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -40,6 +38,7 @@ from empathy_gym.agents.checkpoint import (
 from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
+from empathy_gym.agents.envs import make_envs
 from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
 from empathy_gym.agents.judge import TrainingJudge
 from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
@@ -50,7 +49,6 @@ from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.cpu_load import SlowStepWatch, busy_cores_warning
-from empathy_gym.env import sharing_one_user
 from empathy_gym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
@@ -128,39 +126,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None, **overrides: Any) -> list[Any]:
-    """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
-    rollout's user turns go to it as one batch.
-
-    Args:
-        policy_user: the backend ``env.kwargs.user: policy`` stands for
-            (:meth:`RLTrainer.make_policy_user`).
-        overrides: env keyword arguments over ``env.kwargs`` and ``env.personas``.
-
-    Raises:
-        RecipeError: a bad value under ``env.kwargs``.
-    """
-    import empathy_gym  # noqa: F401  (registers the ids)
-
-    kwargs = {**config.env.kwargs, **overrides}
-    user = env_user_spec(config) if "user" not in overrides else None
-    if user is not None and user.on_policy:
-        if policy_user is None:
-            raise RecipeError(f"env.kwargs.user {user.backend!r}: the trainer builds this user from its policy")
-        # the trainer gave the backend_kwargs to policy_user
-        kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
-    if config.env.personas is not None and "personas" not in overrides:
-        kwargs["personas"] = config.env.personas
-    kwargs.setdefault("think", think)
-    try:
-        return sharing_one_user(lambda **options: gym.make(config.env.id, **options).unwrapped, count, **kwargs)
-    except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
-        raise RecipeError(
-            f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
-            f"{str(error).split(' was raised from the environment creator')[0]}"
-        ) from None
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -1,0 +1,46 @@
+"""The envs a recipe names (``config.env``): built together so that they share one simulated
+user, whose turns then go to it as one batch. The trainer, the held-out evaluation and the
+second judge build theirs here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+
+from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec
+from empathy_gym.env import sharing_one_user
+
+
+def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None, **overrides: Any) -> list[Any]:
+    """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
+    rollout's user turns go to it as one batch.
+
+    Args:
+        policy_user: the backend ``env.kwargs.user: policy`` stands for
+            (:meth:`~empathy_gym.agents.trainer.RLTrainer.make_policy_user`).
+        overrides: env keyword arguments over ``env.kwargs`` and ``env.personas``.
+
+    Raises:
+        RecipeError: a bad value under ``env.kwargs``.
+    """
+    import empathy_gym  # noqa: F401  (registers the ids)
+
+    kwargs = {**config.env.kwargs, **overrides}
+    user = env_user_spec(config) if "user" not in overrides else None
+    if user is not None and user.on_policy:
+        if policy_user is None:
+            raise RecipeError(f"env.kwargs.user {user.backend!r}: the trainer builds this user from its policy")
+        # the trainer gave the backend_kwargs to policy_user
+        kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
+    if config.env.personas is not None and "personas" not in overrides:
+        kwargs["personas"] = config.env.personas
+    kwargs.setdefault("think", think)
+    try:
+        return sharing_one_user(lambda **options: gym.make(config.env.id, **options).unwrapped, count, **kwargs)
+    except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
+        raise RecipeError(
+            f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "
+            f"{str(error).split(' was raised from the environment creator')[0]}"
+        ) from None
