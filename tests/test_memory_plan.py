@@ -141,13 +141,15 @@ def test_the_transformers_engine_rows_by_hand():
             "generation.engine=transformers",
             "generation.max_new_tokens=128",
             "generation.max_context_tokens=4096",
-            "env.kwargs.user.backend=policy",
-            "env.kwargs.user.model=null",
-            "env.kwargs.user.base_url=null",
-            "env.kwargs.user.backend_kwargs={prefix_cache_tokens: 8192, max_batch_size: 16}",
         ],
         algorithm="ppo",
     )
+    # set whole: overrides would merge into the recipe's openai user, whose max_concurrency
+    # the policy user does not take (refused at load since stop 45; it was a TypeError in the trainer)
+    config.env.kwargs["user"] = {
+        "backend": "policy",
+        "backend_kwargs": {"prefix_cache_tokens": 8192, "max_batch_size": 16},
+    }
     rows = {name: size for name, size, _ in plan_memory(config, DecoderShape.from_config(QWEN7B)).rows}
     assert rows["generation KV cache"] == 16 * 4096 * 57_344
     assert rows["generation logits kept"] == 16 * 128 * 152064 * 4 * 2
