@@ -169,6 +169,8 @@ def test_the_suggested_evaluations_time_is_bounded_by_the_runs_own_generation_ra
         '[1, 2]\nnull\n{"tokens/generated_per_second": true}\n{"tokens/generated_per_second": Infinity}\n'
     )
     assert eval_time_bound(metrics, 64).startswith("no estimate of its time")
+    metrics.write_text('{"tokens/generated_per_second": 1' + "0" * 400 + "}\n")  # isfinite overflowed
+    assert eval_time_bound(metrics, 64).startswith("no estimate of its time")
     metrics.write_text('{"tokens/generated_per_second": 2000}\n')
     assert eval_time_bound(metrics, 64) == "at most under a minute at this run's 2000 generated tokens/s"
     metrics.write_text('{"tokens/generated_per_second": 460.8}\n')  # 60 s

@@ -220,7 +220,7 @@ def eval_time_bound(metrics: Path, max_tokens: int, bank: str = "en") -> str:
         lines = []
     rates = []
     for line in lines:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, OverflowError):  # OverflowError: an int too large for a float
             record = json.loads(line)
             rate = record.get("tokens/generated_per_second") if isinstance(record, dict) else None
             if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0:
