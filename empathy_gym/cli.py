@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from empathy_gym.backends import BACKENDS, spec_form
+from empathy_gym.backends import chat_backends, spec_form
 from empathy_gym.evaluation.policies import LOCAL_MAX_TOKENS, reply_token_cap
 from empathy_gym.user.difficulty import builtin_difficulties
 
@@ -69,7 +69,7 @@ DIFFICULTY_HELP = " | ".join([*builtin_difficulties(), "a preset JSON path"])
 USER_HELP = (
     "simulated user: rule (offline, deterministic) | distilled[:FOLDER] (a small distilled appraiser, "
     "offline) | "
-    + " | ".join(spec_form(name) for name, entry in BACKENDS.items() if not entry.from_policy)  # no trainer here
+    + " | ".join(map(spec_form, chat_backends()))
     + "; options as key=value after commas: appraisal_mode (free, choice), "
     "difficulty, temperature, max_concurrency, ..."
 )

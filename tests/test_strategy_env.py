@@ -170,8 +170,9 @@ def test_the_writer_is_named_as_a_user_spec_names_its_backend():
     assert env._owns_writer
     env.close()
     for bad, message in [
-        ("magic", r"writer must be 'templates', a backend spec \(transformers:PATH, vllm:PATH, openai:MODEL@URL"),
+        ("magic", r"writer must be 'templates', a backend spec \(transformers:PATH, vllm:PATH, openai:MODEL@URL, or"),
         ("rule", "got 'rule'"),
+        ("policy", "got 'policy'"),  # only a trainer builds it (it read "policy needs a model, e.g. policy")
         ("openai:qwen", r"'openai:qwen': expected openai:MODEL@URL"),
         ("hf", r"'hf': hf needs a model, e.g. hf:PATH"),
         ("openai", r"'openai': openai needs a model, e.g. openai:MODEL@URL"),

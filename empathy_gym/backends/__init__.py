@@ -47,10 +47,21 @@ BACKENDS: dict[str, BackendEntry] = {
 _RESERVED = ("rule", "distilled", "policy", "hf")
 
 
+def served(name: object) -> bool:
+    """Whether ``name`` is a registered backend that talks to a server (:attr:`BackendEntry.served`)."""
+    return isinstance(name, str) and name in BACKENDS and BACKENDS[name].served
+
+
 def from_policy(name: object) -> bool:
     """Whether ``name`` is a registered backend on the policy's own weights
     (:attr:`BackendEntry.from_policy`: ``"policy"``)."""
     return isinstance(name, str) and name in BACKENDS and BACKENDS[name].from_policy
+
+
+def chat_backends() -> list[str]:
+    """The registered backends a spec builds anywhere: all but those on the policy's own
+    weights, which only a trainer builds (for help texts and error messages)."""
+    return [name for name, entry in BACKENDS.items() if not entry.from_policy]
 
 
 def register_backend(
@@ -150,6 +161,7 @@ __all__ = [
     "BACKENDS",
     "BackendEntry",
     "backend_class",
+    "chat_backends",
     "BackendError",
     "ChatBackend",
     "ChoiceScoringUnavailable",

@@ -84,17 +84,17 @@ def utterance_features(text: str, templates: StrategyTemplates) -> np.ndarray:
 def _writer_spec(writer: Any) -> tuple[Any, Any, str | None, dict[str, Any]]:
     """``(backend, model, base_url, backend options)`` of a ``writer`` that is not
     ``"templates"``: a ready ``ChatBackend`` or a backend spec string."""
-    from empathy_gym.backends import BACKENDS, backend_class, spec_form
+    from empathy_gym.backends import backend_class, chat_backends, spec_form
 
     if isinstance(writer, ChatBackend):
         return writer, None, None, {}
-    forms = ", ".join(map(spec_form, BACKENDS))
+    forms = ", ".join(map(spec_form, chat_backends()))
     problem = f"writer must be 'templates', a backend spec ({forms}, or hf:PATH) or a ChatBackend, got {writer!r}"
     if not isinstance(writer, str):
         raise SpecError(problem)
     spec = parse_spec(writer)
     kind = "transformers" if spec.kind == "hf" else spec.kind
-    if kind not in BACKENDS:
+    if kind not in chat_backends():
         raise SpecError(problem)
     target = chat_backend_target(spec, writer)
     taken = init_keywords(backend_class(kind), "model", "base_url")

@@ -43,17 +43,17 @@ def user_backends() -> tuple[str, ...]:
 
 def _served(backend: Any) -> bool:
     """Whether ``backend`` names a registered backend that talks to a server (takes a URL)."""
-    from empathy_gym.backends import BACKENDS
+    from empathy_gym.backends import served
 
-    return isinstance(backend, str) and backend in BACKENDS and BACKENDS[backend].served
+    return served(backend)
 
 
 def _llm_backends_text() -> str:
     """``"'transformers', 'vllm' or 'openai'"``: the chat backends a spec builds (not those
     on the policy's weights), for error messages."""
-    from empathy_gym.backends import BACKENDS
+    from empathy_gym.backends import chat_backends
 
-    names = [repr(name) for name, entry in BACKENDS.items() if not entry.from_policy]
+    names = [repr(name) for name in chat_backends()]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
 
 
