@@ -21,6 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from empathy_gym.agents.engines import ENGINES, sampler_engine
 from empathy_gym.resources import find_recipe
 from empathy_gym.reward import Reward
 from empathy_gym.user.specs import USER_FIELDS, SpecError, UserSpec, as_user_spec
@@ -42,7 +43,7 @@ def _choices(name: str, values: str) -> Any:
     return Choice(name, [(value, value) for value in values.split()], module=__name__)
 
 
-Engine = _choices("Engine", "transformers vllm")
+Engine = _choices("Engine", " ".join(ENGINES))
 Schedule = _choices("Schedule", "constant cosine")
 ReportTo = _choices("ReportTo", "tensorboard none")
 Critic = _choices("Critic", "shared separate")
@@ -708,7 +709,7 @@ def _user_problems(config: TrainerConfig) -> list[str]:
             "policy.use_lora=true: a fully fine-tuned policy would change the user at every step"
         )
     if spec is not None and spec.on_policy:  # its backend is built by the trainer, after the model loads
-        from empathy_gym.backends.policy_backend import policy_user_options
+        from empathy_gym.agents.engines import policy_user_options
 
         taken = policy_user_options(config.generation.engine)
         unknown = sorted(set(spec.backend_kwargs) - taken)
@@ -736,8 +737,9 @@ def _process_problems(config: TrainerConfig) -> list[str]:
             f"{groups} dialogue groups per step do not split evenly over {world} processes; "
             "make rollout_batch_size (/ num_generations) a multiple of the process count"
         )
-    if config.generation.engine != "transformers":
-        problems.append("several processes need generation.engine='transformers' (vLLM: one process)")
+    if not sampler_engine(config.generation.engine).several_processes:
+        several = " or ".join(f"generation.engine='{name}'" for name, e in ENGINES.items() if e.several_processes)
+        problems.append(f"several processes need {several} ({config.generation.engine}: one process)")
     budget = getattr(config, "dynamic_sampling_budget", 0)
     if budget % world:
         problems.append(

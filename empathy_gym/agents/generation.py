@@ -85,6 +85,12 @@ class TransformersGenerator:
         # one entry per live dialogue (a turn's entry replaces the one it extends): bounded by the rollout
         self.prefix_cache = PrefixKVCache(max_tokens=sys.maxsize) if reuse_kv else None
 
+    @classmethod
+    def from_trainer(cls, trainer: Any, *, should_stop: Any = None) -> TransformersGenerator:
+        """The generator of ``trainer``'s policy with its recipe's sampling settings
+        (:meth:`~empathy_gym.agents.trainer.RLTrainer.transformers_generator`)."""
+        return trainer.transformers_generator(should_stop=should_stop)
+
     def sync(self, model: Any, step: int) -> None:
         """Generation runs on the training model itself; only the cached key/value
         states, computed with the previous weights, are dropped."""
@@ -246,6 +252,33 @@ class VLLMGenerator:
         self._adapter_dir = tempfile.mkdtemp(prefix="empathy-gym-lora-")
         self.adapter_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
         self._lora_request = None
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, *, should_stop: Any = None) -> VLLMGenerator:
+        """An engine on ``trainer``'s base model (a transformers checkpoint) with its
+        recipe's sampling, LoRA rank, device share and dtype; ``should_stop`` is not
+        polled (vLLM finishes its batch).
+
+        Raises:
+            ValueError: the base model is a GGUF file.
+        """
+        from empathy_gym.backends.models import resolve_model
+
+        config = trainer.config
+        gen, policy = config.generation, config.policy
+        path, gguf = resolve_model(trainer.base_model_name)
+        if gguf is not None:
+            raise ValueError("generation.engine='vllm' needs a transformers checkpoint, not a GGUF file")
+        return cls(
+            path,
+            trainer.tokenizer,
+            max_new_tokens=gen.max_new_tokens,
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            lora_rank=policy.lora_r if policy.use_lora else 0,
+            gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
+            dtype=policy.dtype,
+        )
 
     def sync(self, model: Any, step: int) -> None:
         """Give vLLM the policy's current weights: the LoRA adapter, or the full state

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from empathy_gym.agents.engines import sampler_engine
+
 GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -249,7 +251,7 @@ def _generation_rows(
 ) -> list[tuple[str, int, str]]:
     """The rows of the policy's sampler: the transformers engine's KV cache and kept
     logits for ``batch`` dialogues per ``generate`` call, or vLLM's share of the device."""
-    if generation.engine == "transformers":
+    if sampler_engine(generation.engine).kv_in_process:
         context, new = generation.max_context_tokens, generation.max_new_tokens
         kv = batch * context * shape.kv_bytes_per_token(half)
         logits = batch * new * shape.vocab * 4 * 2
@@ -317,7 +319,7 @@ def plan_memory(
     from empathy_gym.agents.config import env_user_spec
 
     user = env_user_spec(config) if getattr(config, "env", None) is not None else None
-    if user is not None and user.on_policy and generation.engine == "transformers":
+    if user is not None and user.on_policy and sampler_engine(generation.engine).kv_in_process:
         backend_kwargs = dict(user.backend_kwargs)
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))
         users = min(dialogues, int(backend_kwargs.get("max_batch_size", 16)))

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from empathy_gym.agents.engines import sampler_engine
+
 
 def mismatch_stats(
     trainer_logprobs: Sequence[torch.Tensor], sampler_logprobs: Sequence[torch.Tensor | None], cap: float = 0.0
@@ -77,9 +79,14 @@ def tis_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, 
 
 
 def resolve_tis_cap(cap: float | None, engine: str) -> float:
-    """The cap in force: the recipe's ``tis_cap``, or when it is ``None`` 2.0 for vLLM
-    rollouts (Yao et al.'s C) and 0 (off) for the transformers engine, where generation
-    and training run the same model code and agree up to rounding."""
+    """The cap in force: the recipe's ``tis_cap``, or when it is ``None`` the engine's
+    default (:attr:`~empathy_gym.agents.engines.SamplerEngine.tis_cap`: 2.0 for vLLM
+    rollouts, Yao et al.'s C; 0, off, for the transformers engine, where generation and
+    training run the same model code and agree up to rounding).
+
+    Raises:
+        ValueError: an unknown engine.
+    """
     if cap is not None:
         return float(cap)
-    return 2.0 if engine == "vllm" else 0.0
+    return sampler_engine(engine).tis_cap

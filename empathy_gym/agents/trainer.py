@@ -38,8 +38,9 @@ from empathy_gym.agents.checkpoint import (
 from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
+from empathy_gym.agents.engines import sampler_engine
 from empathy_gym.agents.envs import make_envs
-from empathy_gym.agents.generation import TransformersGenerator, VLLMGenerator
+from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.judge import TrainingJudge
 from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
@@ -388,36 +389,15 @@ class RLTrainer:
 
     def make_policy_user(self) -> Any:
         """The simulated user's backend on this policy's base weights (``env.kwargs.user:
-        policy``), given the user spec's ``backend_kwargs``: a
-        :class:`~empathy_gym.backends.policy_backend.PolicyUserBackend` (adapters off), or
-        with vLLM a :class:`~empathy_gym.backends.policy_backend.VLLMPolicyUserBackend`."""
-        from empathy_gym.backends.policy_backend import PolicyUserBackend, VLLMPolicyUserBackend
-
+        policy``), through the generation engine's policy-user class
+        (:mod:`empathy_gym.agents.engines`), given the user spec's ``backend_kwargs``."""
         user = env_user_spec(self.config)
         kwargs = dict(user.backend_kwargs) if user is not None else {}
-        if self.config.generation.engine == "vllm":
-            return VLLMPolicyUserBackend(self.generator, **kwargs)
-        return PolicyUserBackend(self.model, self.tokenizer, compute_dtype=self.compute_dtype, **kwargs)
+        return sampler_engine(self.config.generation.engine).policy_user_class().on_generator(self.generator, **kwargs)
 
     def _make_generator(self) -> Any:
-        gen = self.config.generation
-        if gen.engine == "vllm":
-            from empathy_gym.backends.models import resolve_model
-
-            path, gguf = resolve_model(self.base_model_name)
-            if gguf is not None:
-                raise ValueError("generation.engine='vllm' needs a transformers checkpoint, not a GGUF file")
-            return VLLMGenerator(
-                path,
-                self.tokenizer,
-                max_new_tokens=gen.max_new_tokens,
-                temperature=gen.temperature,
-                top_p=gen.top_p,
-                lora_rank=self.config.policy.lora_r if self.config.policy.use_lora else 0,
-                gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
-                dtype=self.config.policy.dtype,
-            )
-        return self.transformers_generator(should_stop=lambda: self._stop)
+        generator = sampler_engine(self.config.generation.engine).generator_class()
+        return generator.from_trainer(self, should_stop=lambda: self._stop)
 
     def transformers_generator(self, **options: Any) -> TransformersGenerator:
         """A :class:`~empathy_gym.agents.generation.TransformersGenerator` of the policy with

@@ -83,6 +83,21 @@ class PolicyUserBackend(TransformersBackend):
     def __repr__(self) -> str:
         return f"PolicyUserBackend(device={str(self.device)!r})"
 
+    @classmethod
+    def on_generator(cls, generator: Any, **options: Any) -> PolicyUserBackend:
+        """The user on a :class:`~empathy_gym.agents.generation.TransformersGenerator`'s
+        model (the policy itself), in its compute dtype; ``options``: :meth:`options`."""
+        return cls(generator.model, generator.tokenizer, compute_dtype=generator.compute_dtype, **options)
+
+    @staticmethod
+    def options() -> set[str]:
+        """:class:`TransformersBackend`'s keywords less what the policy fixes (its model,
+        tokenizer, device, dtype and files)."""
+        from empathy_gym.user.specs import init_keywords
+
+        fixed = ("model", "tokenizer", "device", "dtype", "gguf_file", "trust_remote_code", "model_kwargs")
+        return init_keywords(TransformersBackend, *fixed)
+
 
 class VLLMPolicyUserBackend(VLLMBackend):
     """A :class:`~empathy_gym.backends.vllm_backend.VLLMBackend` on the policy's own vLLM
@@ -117,15 +132,15 @@ class VLLMPolicyUserBackend(VLLMBackend):
     def __repr__(self) -> str:
         return "VLLMPolicyUserBackend(the policy's engine, no LoRA request)"
 
+    @classmethod
+    def on_generator(cls, generator: Any, **options: Any) -> VLLMPolicyUserBackend:
+        """The user on a :class:`~empathy_gym.agents.generation.VLLMGenerator`'s engine;
+        ``options``: :meth:`options`."""
+        return cls(generator, **options)
 
-def policy_user_options(engine: str) -> set[str]:
-    """The options a ``policy`` user spec may give its backend (``policy,KEY=VALUE``) when
-    the policy generates with ``engine``: :class:`VLLMPolicyUserBackend`'s with ``"vllm"``,
-    else :class:`PolicyUserBackend`'s, :class:`TransformersBackend`'s less what the policy
-    itself fixes (its model, tokenizer, device, dtype and files)."""
-    from empathy_gym.user.specs import init_keywords
+    @staticmethod
+    def options() -> set[str]:
+        """This class's keywords but the generator."""
+        from empathy_gym.user.specs import init_keywords
 
-    if engine == "vllm":
         return init_keywords(VLLMPolicyUserBackend, "generator")
-    fixed = ("model", "tokenizer", "device", "dtype", "gguf_file", "trust_remote_code", "model_kwargs")
-    return init_keywords(TransformersBackend, *fixed)
