@@ -70,7 +70,13 @@ def register_persona_env(
     if isinstance(difficulty, (str, os.PathLike)) and Path(difficulty).suffix:  # a file, not a preset's name
         difficulty = os.path.abspath(difficulty)
     user = kwargs.get("user", "rule")
-    deterministic = user.deterministic if isinstance(user, SimulatedUser) else as_user_spec(user).deterministic
+    spec = None if isinstance(user, SimulatedUser) else as_user_spec(user)
+    if spec is not None and spec.on_policy:
+        raise ValueError(
+            f"register_persona_env: user backend {spec.backend!r} is built only by a trainer, from its policy; "
+            "register the id with another user and give the recipe env.kwargs.user: policy"
+        )
+    deterministic = user.deterministic if spec is None else spec.deterministic
     from empathy_gym.env import EmpathyDialogueEnv
 
     EmpathyDialogueEnv(bank, difficulty, **{**kwargs, "user": "rule"}).close()  # the other keywords, checked now

@@ -63,8 +63,9 @@ class Reward:
             raise ValueError(f"reward_shaping must be a finite number >= 0, got {shaping!r}")
         if value and self.mode == "delta":
             raise ValueError(
-                f"reward_shaping={shaping} needs reward_mode 'final': it adds a per-turn emotion change "
-                "on top of the final reward, which 'delta' already pays"
+                f"reward_shaping={shaping} needs reward_mode 'final' (reward_mode is 'delta', the default "
+                "when none is given): it adds a per-turn emotion change on top of the final reward, which "
+                "'delta' already pays; set reward_mode='final' beside it"
             )
         object.__setattr__(self, "shaping", value + 0.0)  # -0.0 reads as 0.0
 

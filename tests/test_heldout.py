@@ -316,3 +316,6 @@ def test_a_bad_second_judge_is_refused_before_training():
         load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=gpt:4"], algorithm="grpo")
     with pytest.raises(RecipeError, match="heldout.user 'policy'"):
         load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=policy"], algorithm="grpo")
+    # was: with the evaluation off, a typo in the judge passed until it was turned on
+    with pytest.raises(RecipeError, match="heldout.user: .*gpt"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=null", "heldout.user=gpt:4"], algorithm="grpo")

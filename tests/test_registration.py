@@ -105,6 +105,14 @@ def test_the_envs_other_keywords_fail_at_registration(kwargs, message):
     assert "BadKeyword-v0" not in gym.registry
 
 
+def test_an_id_cannot_default_to_the_user_on_the_policys_weights():
+    """Was accepted: the id then failed at every gym.make, and a recipe naming it without
+    env.kwargs.user trained with no user the trainer could build."""
+    with pytest.raises(ValueError, match=r"user backend 'policy' is built only by a trainer, from its policy; "):
+        empathy_gym.register_persona_env("OnPolicy-v0", personas=[GOOD], user="policy")
+    assert "OnPolicy-v0" not in gym.registry
+
+
 def test_every_difficulty_field_is_described_in_the_schema_and_the_docs():
     # Issue 37: what gain_scale, loss_scale, intention_required and hint_below_band mean was
     # written nowhere a user of docs/personas.md would look.

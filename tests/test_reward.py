@@ -74,8 +74,11 @@ def test_the_env_pays_the_shaped_final_reward():
     assert env.dialogue.emotions == [40, 45, 35, 45]
     assert rewards == pytest.approx([0.025, -0.05, 0.05 + 0.45])
     assert env.reward == Reward("final", 0.5) and env.reward_mode == "final"
-    with pytest.raises(ValueError, match="reward_shaping=0.2 needs reward_mode 'final'"):
+    with pytest.raises(ValueError, match="reward_shaping=0.2 needs reward_mode 'final'") as refused:
         EmpathyDialogueEnv("en", reward_shaping=0.2)
+    # was: said nothing of where 'delta' came from when the caller had not named a mode
+    assert "reward_mode is 'delta', the default when none is given" in str(refused.value)
+    assert "set reward_mode='final' beside it" in str(refused.value)
 
 
 def test_a_recipe_may_use_reward_to_go_with_a_shaped_final_reward_only():

@@ -400,3 +400,18 @@ def test_a_user_on_the_policys_weights_is_a_property_of_its_registry_entry(monke
 def _fake_backend_init(self, model, respond=None, logprobs=None):
     self.model, self.respond, self.logprobs = model, respond, logprobs
     self.generate_calls, self.choice_calls = [], []
+
+
+def test_make_backend_of_a_user_kind_that_is_not_a_backend():
+    """Was: "unknown backend 'rule'; known: [..., 'policy'] (or 'rule' for no LLM)", which
+    called 'rule' unknown, offered it, and offered 'policy', which make_backend refuses."""
+    from empathy_gym.backends import make_backend
+
+    with pytest.raises(
+        ValueError, match=r"^'rule' is not a chat backend; known: \['transformers', 'vllm', 'openai'\]; "
+    ):
+        make_backend("rule")
+    with pytest.raises(
+        ValueError, match=r"^unknown backend 'gpt'; known: \['transformers', 'vllm', 'openai'\]; the rule"
+    ):
+        make_backend("gpt")

@@ -600,16 +600,9 @@ def _sampling_problems(generation: GenerationConfig) -> list[str]:
 
 
 def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
-    if heldout.bank is None:
-        return []
+    """The held-out section's problems; the second judge's spec is checked even with
+    ``bank`` null (off), so that a typo shows before someone turns the evaluation on."""
     problems = []
-    if not 0 < heldout.test_fraction < 1:
-        problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
-    for name in ("repeats", "batch_size", "n_resamples"):
-        if getattr(heldout, name) < 1:
-            problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
-    if not 0 < heldout.confidence < 1:
-        problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
     if heldout.user is not None:
         try:
             judge = as_user_spec(heldout.user)
@@ -621,6 +614,15 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
                     f"heldout.user {judge.backend!r} would run on the policy being judged; a second judge "
                     "must be another user (rule, distilled, transformers:PATH, openai:MODEL@URL, ...)"
                 )
+    if heldout.bank is None:
+        return problems
+    if not 0 < heldout.test_fraction < 1:
+        problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
+    for name in ("repeats", "batch_size", "n_resamples"):
+        if getattr(heldout, name) < 1:
+            problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
+    if not 0 < heldout.confidence < 1:
+        problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
     return problems
 
 

@@ -122,7 +122,8 @@ def make_backend(name: str, *, model: Any = None, base_url: str | None = None, *
             "backend=PolicyUserBackend(peft_model, tokenizer) (empathy_gym.backends.policy_backend)"
         )
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; known: {list(BACKENDS)} (or 'rule' for no LLM)")
+        rule = "'rule' is not a chat backend" if name == "rule" else f"unknown backend {name!r}"
+        raise ValueError(f"{rule}; known: {chat_backends()}; the rule-based user needs none (user='rule')")
     entry = BACKENDS[name]
     if entry.served:
         if base_url is None or model is None:
