@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import gymnasium as gym
-
 from empathy_gym.batching import MicroBatcher
 from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.session import Session
 
 #: ``observation, reward, terminated, truncated, info``, as ``env.step`` returns it.
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
@@ -49,11 +48,14 @@ class DialogueEngine:
         self.options: dict[str, Any] = {key: config.pop(key, default) for key, default in ENGINE_KEYS.items()}
         self.env_id: str = self.options["env_id"]
         self.env_kwargs: dict[str, Any] = config
-        first = gym.make(self.env_id, **self.env_kwargs).unwrapped
-        if not isinstance(first, EmpathyDialogueEnv):
-            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv (got {type(first).__name__})")
-        self._owner = first  # owns the user; never handed out, so no caller closes it
-        self.user = first.user
+        try:
+            #: the simulated user and the envs that share it
+            self.session = Session.of_id(self.env_id, **self.env_kwargs)
+        except TypeError as error:
+            if "a session needs EmpathyDialogueEnv" not in str(error):
+                raise
+            raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv ({error})") from None
+        self.user = self.session.user
         self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], StepResult] = MicroBatcher(
             lambda items: step_many([env for env, _ in items], [action for _, action in items]),
             window_s=float(self.options["batch_window_ms"]) / 1000.0,
@@ -62,7 +64,7 @@ class DialogueEngine:
 
     def new_env(self) -> EmpathyDialogueEnv:
         """An env with this config and the shared user (closing it leaves the user open)."""
-        return gym.make(self.env_id, **{**self.env_kwargs, "user": self.user}).unwrapped
+        return self.session.new_env()
 
     async def submit(self, env: EmpathyDialogueEnv, action: str) -> StepResult:
         """``env.step(action)``, batched with the other coroutines' turns queued within
@@ -74,8 +76,8 @@ class DialogueEngine:
         return await self.batcher.submit((env, action))
 
     def close(self) -> None:
-        """Close the simulated user (it was built here)."""
-        self._owner.close()
+        """Close the envs handed out and the simulated user (it was built here)."""
+        self.session.close()
 
 
 @dataclass(frozen=True)

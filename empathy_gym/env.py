@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsFloat
 
@@ -437,6 +437,13 @@ class EmpathyDialogueEnv(gym.Env[str, str]):
             return None
         return text
 
+    def hand_over_user(self) -> bool:
+        """Leave the closing of this env's user to the caller (a
+        :class:`~empathy_gym.session.Session`); returns whether the env had built it (and so
+        whether the caller must close it)."""
+        owned, self._owns_user = self._owns_user, False
+        return owned
+
     def close(self) -> None:
         if self._owns_user:
             self.user.close()
@@ -470,14 +477,6 @@ def _grouped_by_user(envs: Sequence[EmpathyDialogueEnv]) -> dict[tuple[int, Any]
     for index, env in enumerate(envs):
         groups.setdefault((id(env.user), env.protocol), []).append(index)
     return groups
-
-
-def sharing_one_user(make: Callable[..., EmpathyDialogueEnv], count: int, **kwargs: Any) -> list[EmpathyDialogueEnv]:
-    """``count`` (>= 1) envs ``make(**kwargs)`` that share one simulated user: the first
-    builds it from ``kwargs`` (and owns it: closing the first closes the user), the others
-    get it as ``user=``, so :func:`step_many` batches their user turns in one call."""
-    first = make(**kwargs)
-    return [first] + [make(**{**kwargs, "user": first.user}) for _ in range(count - 1)]
 
 
 def reset_many(

@@ -17,7 +17,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user, step_many
+from empathy_gym.env import EmpathyDialogueEnv, reset_many, step_many
+from empathy_gym.session import Session
 
 
 class EmpathyDialogueVectorEnv(VectorEnv):
@@ -69,7 +70,9 @@ class EmpathyDialogueVectorEnv(VectorEnv):
             autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         )
         self.num_envs = int(num_envs)
-        self.envs: list[EmpathyDialogueEnv] = sharing_one_user(EmpathyDialogueEnv, self.num_envs, **kwargs)
+        #: the simulated user and the sub-envs that share it (closed with this env)
+        self.session = Session(EmpathyDialogueEnv, **kwargs)
+        self.envs: list[EmpathyDialogueEnv] = self.session.envs(self.num_envs)
         first = self.envs[0]
         self.user = first.user
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
@@ -221,6 +224,7 @@ class EmpathyDialogueVectorEnv(VectorEnv):
         return tuple(getattr(env, name) for env in self.envs)
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close the sub-envs (the first closes the simulated user it built)."""
+        """Close the sub-envs and the simulated user, when it was built here (the session)."""
         for env in self.envs:
             env.close()
+        self.session.close()

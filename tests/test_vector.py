@@ -139,7 +139,7 @@ def test_seeds_reset_mask_and_make_vec():
     envs = gym.make_vec("EmpathyDialogue-v0", num_envs=3, max_turns=2)
     assert isinstance(envs, EmpathyDialogueVectorEnv) and envs.spec.id == "EmpathyDialogue-v0"
     assert all(env.protocol.max_turns == 2 and env.user is envs.user for env in envs.envs)
-    assert envs.envs[0]._owns_user and not envs.envs[1]._owns_user
+    assert envs.session.owns_user and not any(env._owns_user for env in envs.envs)  # one owner: the session
     obs, _ = envs.reset(seed=5)
     singles = [EmpathyDialogueEnv(max_turns=2).reset(seed=5 + i) for i in range(3)]
     assert obs == tuple(o for o, _ in singles)

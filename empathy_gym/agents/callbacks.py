@@ -24,3 +24,7 @@ class TrainerCallback:
 
     def on_train_end(self, trainer: Any) -> None:
         """After the last of ``total_steps`` steps, once the checkpoint is saved (not after Ctrl-C)."""
+
+    def close(self) -> None:
+        """Release what the callback holds (a simulated user); the trainer's ``close``
+        calls it, after Ctrl-C too. Called more than once, it does nothing more."""

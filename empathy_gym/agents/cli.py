@@ -290,6 +290,8 @@ def _train(
         else:
             logging.getLogger(__name__).warning("aborted at step %d; %s", trainer.step, what_is_kept(config.output_dir))
         return 130
+    finally:
+        trainer.close()  # the simulated users it built (a server's connections, a model's memory)
     if metrics:
         first, last = metrics[0], metrics[-1]
         rows = [

@@ -1,5 +1,5 @@
-"""The envs a recipe names (``config.env``): built together so that they share one simulated
-user, whose turns then go to it as one batch. The trainer, the held-out evaluation and the
+"""The session a recipe names (``config.env``): one simulated user and the envs that share
+it, whose turns then go to it as one batch. The trainer, the held-out evaluation and the
 second judge build theirs here."""
 
 from __future__ import annotations
@@ -7,15 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import gymnasium as gym
-
 from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec
-from empathy_gym.env import sharing_one_user
+from empathy_gym.session import Session
 
 
-def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any = None, **overrides: Any) -> list[Any]:
-    """``count`` unwrapped envs of ``config.env`` that share one simulated user, so a
-    rollout's user turns go to it as one batch.
+def make_session(config: TrainerConfig, think: bool, policy_user: Any = None, **overrides: Any) -> Session:
+    """A :class:`~empathy_gym.session.Session` of ``config.env``'s envs: one simulated user
+    (built here; closed with the session) whose envs a rollout takes, so its user turns go
+    to the user as one batch.
 
     Args:
         policy_user: the backend ``env.kwargs.user: policy`` stands for
@@ -38,7 +37,7 @@ def make_envs(config: TrainerConfig, count: int, think: bool, policy_user: Any =
         kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
     try:
-        return sharing_one_user(lambda **options: gym.make(config.env.id, **options).unwrapped, count, **kwargs)
+        return Session.of_id(config.env.id, **kwargs)
     except (TypeError, ValueError, KeyError) as error:  # a bad value under env.kwargs
         raise RecipeError(
             f"field 'env' ({config.env.id} with kwargs {dict(config.env.kwargs)}): "

@@ -27,7 +27,7 @@ import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
 from empathy_gym.agents.config import HELDOUT_DIR, env_user_spec, training_split_path
-from empathy_gym.agents.envs import make_envs
+from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
@@ -152,14 +152,15 @@ def play(
     tasks = plan_tasks(list(personas), repeats=held.repeats, seed=held.seed)
     judge = {} if user is None else {"user": user}  # the second judge plays the same dialogues
     count = min(held.batch_size, len(tasks))
-    slots = iter(make_envs(config, count, config.generation.think, personas=list(personas), **judge))
     generator = trainer.transformers_generator(max_batch_size=held.batch_size, reuse_kv=False)
     policy = HeldoutPolicy(generator, trainer.tokenizer)
     done = {}
-    for record in run_dialogues(tasks, policy, lambda: next(slots), batch_size=held.batch_size):
-        done[(record["persona_id"], record["repeat"])] = record
-        if on_dialogue is not None:
-            on_dialogue()
+    with make_session(config, config.generation.think, personas=list(personas), **judge) as session:
+        slots = iter(session.envs(count))
+        for record in run_dialogues(tasks, policy, lambda: next(slots), batch_size=held.batch_size):
+            done[(record["persona_id"], record["repeat"])] = record
+            if on_dialogue is not None:
+                on_dialogue()
     return [done[(t.persona.id, t.repeat)] for t in tasks]
 
 

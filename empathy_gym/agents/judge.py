@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
-from empathy_gym.agents.envs import make_envs
+from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.evaluation.own_logs import own_dialogue
 from empathy_gym.evaluation.replay import turn_request
@@ -62,8 +62,9 @@ class TrainingJudge(TrainerCallback):
 
     def __init__(self, trainer: Any):
         config = trainer.config
-        self.env = make_envs(config, 1, config.generation.think, user=config.heldout.user)[0]  # owns the judge
-        self.bank = {persona.id: persona for persona in self.env.personas}
+        #: the second judge (closed by :meth:`close`)
+        self.session = make_session(config, config.generation.think, user=config.heldout.user)
+        self.bank = {persona.id: persona for persona in self.session.personas}
         self.seed = trainer.config.seed
         self.history: list[tuple[float, float]] = []
 
@@ -78,8 +79,8 @@ class TrainingJudge(TrainerCallback):
                 paid.append(turn.change)
         if not requests:
             return {}
-        protocol = self.env.protocol
-        judged = [protocol.clamp_change(appraisal.change) for appraisal in self.env.user.appraise(requests)]
+        protocol = self.session.protocol
+        judged = [protocol.clamp_change(appraisal.change) for appraisal in self.session.user.appraise(requests)]
         train_mean, judge_mean = float(np.mean(paid)), float(np.mean(judged))
         self.history.append((train_mean, judge_mean))
         metrics = {
@@ -99,4 +100,7 @@ class TrainingJudge(TrainerCallback):
         return metrics
 
     def on_train_end(self, trainer: Any) -> None:
-        self.env.close()
+        self.close()
+
+    def close(self) -> None:
+        self.session.close()

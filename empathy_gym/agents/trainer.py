@@ -39,7 +39,7 @@ from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec,
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.engines import sampler_engine
-from empathy_gym.agents.envs import make_envs
+from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.judge import TrainingJudge
 from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
@@ -314,10 +314,12 @@ class RLTrainer:
         config = self.config
         local_batch = config.rollout_batch_size // self.processes.world
         self.generator = self._make_generator()
+        self.session = None  # envs given: the caller's user
         if envs is None:
             on_policy = getattr(env_user_spec(config), "on_policy", False)
             policy_user = self.make_policy_user() if on_policy else None
-            envs = make_envs(config, local_batch, config.generation.think, policy_user=policy_user)
+            self.session = make_session(config, config.generation.think, policy_user=policy_user)
+            envs = self.session.envs(local_batch)
         self.envs = list(envs)
         if len(self.envs) < local_batch:
             raise ValueError(
@@ -770,6 +772,14 @@ class RLTrainer:
             for callback in self.callbacks:
                 callback.on_train_end(self)
         return self.run_log.read_metrics() if self.run_log else []
+
+    def close(self) -> None:
+        """Close the simulated users this trainer built (its session's and its callbacks',
+        the second judge's); a second call does nothing. The policy stays usable."""
+        if self.session is not None:
+            self.session.close()
+        for callback in self.callbacks:
+            callback.close()
 
     def _resume(self, checkpoints: Path) -> None:
         """Load the first of :func:`checkpoint_candidates` that loads; none: stay at step 0.

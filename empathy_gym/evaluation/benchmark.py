@@ -28,6 +28,7 @@ from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap
 from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.seeding import derive_seed
+from empathy_gym.session import Session
 from empathy_gym.user import SimulatedUser, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
@@ -645,10 +646,15 @@ def _play_tasks(
     """Play ``todo``'s dialogues and add each record to ``done`` (and the folder) as it
     ends (``progress()`` after each, ``on_turns(played)`` after each round); the user and
     a policy loaded from its spec are closed at the end."""
-    difficulty, protocol = load_difficulty(config.difficulty), resolve_protocol(config.protocol)
-    user = (
-        config.user if isinstance(config.user, SimulatedUser) else as_user_spec(config.user).build(difficulty, protocol)
-    )
+    session = Session(
+        EmpathyDialogueEnv,
+        personas=bank,
+        difficulty=load_difficulty(config.difficulty),
+        user=config.user,
+        protocol=resolve_protocol(config.protocol),
+        think=config.think,
+        system_prompt=recorded["system_prompt"],
+    )  # a user given ready is the caller's: the session does not close it
     owns_policy = policy_obj is None
     try:
         if owns_policy:
@@ -657,20 +663,9 @@ def _play_tasks(
             )
         if folder is not None:
             folder.start()  # once both have loaded
-
-        def make_env() -> EmpathyDialogueEnv:
-            return EmpathyDialogueEnv(
-                bank,
-                difficulty,
-                user=user,
-                protocol=protocol,
-                think=config.think,
-                system_prompt=recorded["system_prompt"],
-            )
-
         if on_turns is not None:
             on_turns(0)
-        for record in run_dialogues(todo, policy_obj, make_env, batch_size=config.batch_size, on_turns=on_turns):
+        for record in run_dialogues(todo, policy_obj, session.new_env, batch_size=config.batch_size, on_turns=on_turns):
             if folder is not None:  # adds it to folder.done, which is done
                 where = f"dialogue {record['persona_id']!r} (repeat {record['repeat']}, seed {record['seed']})"
                 folder.append([record], where=[where])
@@ -680,5 +675,4 @@ def _play_tasks(
     finally:
         if owns_policy and policy_obj is not None:
             policy_obj.close()
-        if user is not config.user:
-            user.close()
+        session.close()

@@ -22,8 +22,9 @@ import gymnasium as gym
 
 import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.engine import ENGINE_KEYS, DialogueEngine
-from empathy_gym.env import EmpathyDialogueEnv, reset_many, sharing_one_user
+from empathy_gym.env import EmpathyDialogueEnv, reset_many
 from empathy_gym.personas import Persona, load_personas
+from empathy_gym.session import Session
 
 _SHARED: dict[str, DialogueEngine] = {}
 _SHARED_LOCK = threading.Lock()
@@ -93,10 +94,10 @@ def dialogue_starts(
         config.pop(key, None)
     bank = persona_bank({**config, "env_id": env_id})
     ids = list(persona_ids) if persona_ids is not None else [p.id for p in bank]
-    envs = sharing_one_user(lambda **options: gym.make(env_id, **options).unwrapped, max(1, len(ids)), **config)
     seeds = [seed + index for index in range(len(ids))]
-    results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
-    envs[0].close()  # closes the user only if it was built here
+    with Session.of_id(env_id, **config) as session:
+        envs = session.envs(max(1, len(ids)))
+        results = reset_many(envs, seeds, [{"persona": pid} for pid in ids]) if ids else []
     return [
         DialogueStart(pid, row_seed, opening, info["messages"])
         for pid, row_seed, (opening, info) in zip(ids, seeds, results)

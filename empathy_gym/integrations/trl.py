@@ -15,14 +15,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium as gym
-
 import empathy_gym  # noqa: F401  (registers the env ids)
 from empathy_gym.agents.generation import TransformersGenerator
 from empathy_gym.agents.rollout import Generator, RolloutEngine, Trajectory
 from empathy_gym.env import EmpathyDialogueEnv
 from empathy_gym.reward import RLVER_REWARD
 from empathy_gym.seeding import derive_seed
+from empathy_gym.session import Session
 
 
 def prompt_key(prompt: Sequence[Mapping[str, Any]] | str) -> str:
@@ -36,8 +35,8 @@ class EmpathyRollout:
     """A TRL ``rollout_func`` that plays whole dialogues against an empathy-gym env.
 
     Args:
-        env_id: a registered dialogue id, built with ``gym.make_vec`` so all envs share one
-            simulated user.
+        env_id: a registered dialogue id; its envs share one simulated user (a
+            :class:`~empathy_gym.session.Session`, closed by :meth:`close`).
         env_kwargs: ``gym.make`` keyword arguments (``user``, ``think``, ``max_turns``...).
         max_new_tokens: the most tokens per agent turn.
         max_context_tokens: a dialogue reaching this many tokens stops
@@ -72,6 +71,7 @@ class EmpathyRollout:
         self.last_trajectories: list[Trajectory] = []
         self._seeds: dict[str, int] = {}
         self._envs: list[EmpathyDialogueEnv] = []
+        self._session: Session | None = None
 
     # -- the dataset ---------------------------------------------------------------
     def dataset(self, num_prompts: int, *, seed: int = 0) -> Any:
@@ -156,12 +156,17 @@ class EmpathyRollout:
         )
 
     def _ensure_envs(self, n: int) -> list[EmpathyDialogueEnv]:
+        if self._session is None:
+            self._session = Session.of_id(self.env_id, **self.env_kwargs)
         if len(self._envs) < n:
-            for env in self._envs[:1]:
-                env.close()
-            vector = gym.make_vec(self.env_id, num_envs=n, vectorization_mode="vector_entry_point", **self.env_kwargs)
-            self._envs = list(vector.unwrapped.envs)
+            self._envs += self._session.envs(n - len(self._envs))
         return self._envs[:n]
+
+    def close(self) -> None:
+        """Close the simulated user (when built here); a later call builds a new one."""
+        if self._session is not None:
+            self._session.close()
+        self._session, self._envs = None, []
 
 
 def _groups(seeds: Sequence[int]) -> list[int]:
