@@ -516,11 +516,15 @@ def builtin_bank(name: str) -> tuple[Persona, ...]:
     return load_personas_file(envs_dir() / BUILTIN_BANKS[name])
 
 
+def personas_text(personas: Iterable[Persona]) -> str:
+    """Personas as the text of a JSONL bank in our format (one per line)."""
+    return "".join(json.dumps(persona.to_dict(), ensure_ascii=False) + "\n" for persona in personas)
+
+
 def write_personas(personas: Iterable[Persona], path: str | os.PathLike) -> None:
     """Write personas as a JSONL bank in our format (UTF-8, one per line)."""
     with open(path, "w", encoding="utf-8") as handle:
-        for persona in personas:
-            handle.write(json.dumps(persona.to_dict(), ensure_ascii=False) + "\n")
+        handle.write(personas_text(personas))
 
 
 def split_personas(

@@ -74,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> GRPOTrainer:
         train_dataset=rollout.dataset(args.prompts, seed=args.seed),
         rollout_func=rollout,
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        rollout.close()  # the simulated user it built
     for record in trainer.state.log_history:
         if "reward" in record:
             print(

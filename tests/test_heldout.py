@@ -113,8 +113,10 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
         ],
         algorithm="grpo",
     )
-    held_out = prepare(config)
+    given = config
+    config, held_out = prepare(config)
     assert config.env.personas == str(tmp_path / "heldout" / "train_personas.jsonl")
+    assert given.env.personas is None  # was: rewritten in place, under the caller
     trained_on = {p.id for p in load_personas(config.env.personas)}
     tested = {p.id for p in held_out}
     assert len(tested) == 8 and not trained_on & tested  # round(0.2 * 6) = 1 of each intention
@@ -319,3 +321,21 @@ def test_a_bad_second_judge_is_refused_before_training():
     # was: with the evaluation off, a typo in the judge passed until it was turned on
     with pytest.raises(RecipeError, match="heldout.user: .*gpt"):
         load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=null", "heldout.user=gpt:4"], algorithm="grpo")
+
+
+def test_another_runs_split_is_kept_and_the_new_run_refused(tmp_path):
+    """Was: the split was written before the fresh-run check, over another run's (whose
+    --resume then trained and evaluated on other personas)."""
+    from empathy_gym.agents.heldout import prepare
+
+    def recipe(split_seed):
+        overrides = [f"output_dir={tmp_path}", "heldout.bank=en", f"heldout.split_seed={split_seed}"]
+        return load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo")
+
+    prepare(recipe(0))
+    written = {path.name: path.read_bytes() for path in (tmp_path / "heldout").iterdir()}
+    assert sorted(written) == ["test_personas.jsonl", "train_personas.jsonl"]
+    prepare(recipe(0))  # the same run again (--resume): the same files, no complaint
+    with pytest.raises(FileExistsError, match=r"train_personas.jsonl holds another split .* it is kept"):
+        prepare(recipe(1))
+    assert {path.name: path.read_bytes() for path in (tmp_path / "heldout").iterdir()} == written

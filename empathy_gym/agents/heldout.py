@@ -32,7 +32,7 @@ from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
 from empathy_gym.evaluation.run_folder import append_records
-from empathy_gym.personas import Persona, load_personas, split_personas, write_personas
+from empathy_gym.personas import Persona, load_personas, personas_text, split_personas
 from empathy_gym.user.specs import as_user_spec
 
 log = logging.getLogger(__name__)
@@ -120,23 +120,45 @@ def split_bank(config: Any) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
     return split_personas(load_personas(held.bank), held.test_fraction, seed=held.split_seed)
 
 
-def prepare(config: Any) -> tuple[Persona, ...]:
-    """Write the split under ``<output_dir>/heldout/`` and point ``config.env.personas``
-    at the training part (in place). Returns the held-out personas (``()`` without
-    ``heldout.bank``).
+def prepare(config: Any) -> tuple[Any, tuple[Persona, ...]]:
+    """Write the split under ``<output_dir>/heldout/``; return the config to train with (a
+    copy whose ``env.personas`` is the training part; ``config`` itself is left as it is)
+    and the held-out personas. Without ``heldout.bank``: ``(config, ())``.
 
     Raises:
         PersonaError, ValueError: as :func:`split_bank`.
+        FileExistsError: the folder already holds another split (another run's, with
+            another bank or seed), which is kept: nothing is written.
     """
+    import dataclasses
+
     if config.heldout.bank is None:
-        return ()
+        return config, ()
     train, test = split_bank(config)
     train_path = training_split_path(config)
+    parts = {train_path: train, train_path.parent / "test_personas.jsonl": test}
+    for path, personas in parts.items():  # all checked before any is written
+        if path.exists() and path.read_text(encoding="utf-8") != personas_text(personas):
+            raise FileExistsError(
+                f"{path} holds another split of held-out personas (another run's: heldout.bank, "
+                "test_fraction or split_seed differ); it is kept. Resume that run with its own recipe, "
+                "or choose another output_dir"
+            )
     train_path.parent.mkdir(parents=True, exist_ok=True)
-    write_personas(train, train_path)
-    write_personas(test, train_path.parent / "test_personas.jsonl")
-    config.env.personas = str(train_path)
-    return test
+    for path, personas in parts.items():
+        if not path.exists():
+            _write_atomically(path, personas_text(personas))
+    return dataclasses.replace(config, env=dataclasses.replace(config.env, personas=str(train_path))), test
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder (several training
+    processes write the same split: a reader sees the whole file or none)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+    os.replace(handle.name, path)
 
 
 def play(

@@ -14,9 +14,7 @@ import copy
 import logging
 import numbers
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,16 +33,24 @@ from empathy_gym.agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec, to_dict, validate
+from empathy_gym.agents.config import TrainerConfig, env_user_spec, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.engines import sampler_engine
 from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.generation import TransformersGenerator
+from empathy_gym.agents.interrupts import StopRequest
 from empathy_gym.agents.judge import TrainingJudge
 from empathy_gym.agents.memory import DecoderShape, MemoryPlan, device_capacity, plan_memory, read_shape
 from empathy_gym.agents.mismatch import mismatch_stats, resolve_tis_cap, tis_weights
 from empathy_gym.agents.monitors import replies_of, reply_monitors, tripped
+from empathy_gym.agents.policy_model import (
+    half_precision_dtype,
+    load_policy,
+    resolve_device,
+    seed_everything,
+    wrap_policy,
+)
 from empathy_gym.agents.rollout import RolloutEngine, RolloutInterrupted, RolloutTimes, Trajectory
 from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
@@ -69,45 +75,6 @@ class MinibatchSize(NamedTuple):
     sequences: float  #: trajectories
 
 
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` is CUDA when available, else CPU.
-
-    Raises:
-        RecipeError: a CUDA device asked for where torch has none.
-    """
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RecipeError(
-            f"policy.device {device!r}: this torch has no CUDA device (torch {torch.__version__}); use 'cpu' or 'auto'"
-        )
-    return torch.device(device)
-
-
-def half_precision_dtype(model: Any) -> torch.dtype | None:
-    """The model's floating dtype when it is bfloat16 or float16, else ``None``."""
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype if parameter.dtype in (torch.bfloat16, torch.float16) else None
-    return None
-
-
-def keep_trainable_in_float32(model: Any) -> Any:
-    """Cast the parameters that train to float32 in place; frozen ones keep their dtype.
-
-    Mixed precision (Micikevicius et al. 2018, arXiv 1710.03740, section 3.1): an update
-    of lr * 1 (Adam's first step) = 1e-6 on a bfloat16 weight of size 0.02 is far below
-    half of bfloat16's spacing there (2^-13 ~ 1.2e-4) and rounds away, so full fine-tuning
-    in pure bfloat16 at RLVER's learning rate would not move at all. The forward passes
-    still compute in half precision under ``torch.autocast``
-    (:func:`~empathy_gym.agents.tokens.forward_tokens`).
-    """
-    for parameter in model.parameters():
-        if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
-            parameter.data = parameter.data.float()
-    return model
-
-
 def changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
     """``"key: old -> new"`` for every dotted key whose value differs between two config dicts."""
     changed = []
@@ -118,15 +85,6 @@ def changed_settings(saved: dict[str, Any], now: dict[str, Any], prefix: str = "
         elif old != new:
             changed.append(f"{prefix}{key}: {old!r} -> {new!r}")
     return changed
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (for model initialisation; steps use derived seeds)."""
-    import random
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -223,7 +181,7 @@ class RLTrainer:
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got a {type(config).__name__}"
             )
         validate(config)
-        heldout.prepare(config)  # with heldout.bank: env.personas becomes the training part
+        config, _ = heldout.prepare(config)  # with heldout.bank: env.personas is the training part
         self.config = config
         seed_everything(config.seed)
         self.processes = Processes(cpu=config.policy.device == "cpu" or not torch.cuda.is_available())
@@ -253,7 +211,7 @@ class RLTrainer:
         if config.heldout.user is not None:
             self.callbacks.append(TrainingJudge(self))
         self.heldout_report: dict[str, Any] | None = None  # set by HeldoutEvaluation
-        self._stop = False
+        self.stop_request = StopRequest()  # Ctrl-C / SIGTERM: finish the phase, save, stop
         self._dirty = False  # parameters changed since the last completed step
         self._saved_step = -1
         self.run_log: RunLog | None = None
@@ -266,26 +224,17 @@ class RLTrainer:
             ValueError: ``model`` without ``tokenizer``.
             MemoryPlanError: a plan that does not fit (``policy.check_memory``).
         """
-        config = self.config
         if model is not None:
             if tokenizer is None:
                 raise ValueError("pass the tokenizer together with the model")
             self.memory_plan = self.plan_memory(model)
             return model, tokenizer
-        from empathy_gym.backends.models import load_causal_lm
-
-        kwargs = {}
-        if config.policy.attn_implementation:
-            kwargs["attn_implementation"] = config.policy.attn_implementation
         if not self.processes.is_main:
             self.processes.barrier()  # the first process fills the model caches (tiny, GGUF) first
         self.memory_plan = self.plan_memory(None)  # from the config alone: before any weight is loaded
-        model, tokenizer = load_causal_lm(config.policy.model, dtype=config.policy.dtype, device=self.device, **kwargs)
+        model, tokenizer = load_policy(self.config, self.device)
         if self.processes.is_main:
             self.processes.barrier()
-        # a first load converts a GGUF file, which draws from the global RNG; what comes
-        # next (LoRA's initial weights) must not depend on whether the cache was warm
-        seed_everything(config.seed)
         return model, tokenizer
 
     def _build_optimizer(self) -> None:
@@ -367,27 +316,8 @@ class RLTrainer:
         return plan
 
     def _wrap_policy(self, model: Any, task_type: str | None = "CAUSAL_LM") -> Any:
-        """LoRA adapters (when ``policy.use_lora``), float32 trained weights, gradient
-        checkpointing; ``task_type=None`` for a backbone without a language-model head."""
-        policy = self.config.policy
-        if policy.use_lora:
-            from peft import LoraConfig, get_peft_model
-
-            target = policy.lora_target_modules
-            lora = LoraConfig(
-                r=policy.lora_r,
-                lora_alpha=policy.lora_alpha,
-                lora_dropout=policy.lora_dropout,
-                task_type=task_type,
-                target_modules=list(target) if isinstance(target, (list, tuple)) else target,
-            )
-            model = get_peft_model(model, lora)
-        keep_trainable_in_float32(model)
-        if policy.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if policy.use_lora:
-                model.enable_input_require_grads()
-        return model
+        """:func:`~empathy_gym.agents.policy_model.wrap_policy` with this recipe's ``policy``."""
+        return wrap_policy(model, self.config.policy, task_type)
 
     def make_policy_user(self) -> Any:
         """The simulated user's backend on this policy's base weights (``env.kwargs.user:
@@ -399,7 +329,7 @@ class RLTrainer:
 
     def _make_generator(self) -> Any:
         generator = sampler_engine(self.config.generation.engine).generator_class()
-        return generator.from_trainer(self, should_stop=lambda: self._stop)
+        return generator.from_trainer(self, should_stop=lambda: self.stop_request.requested)
 
     def transformers_generator(self, **options: Any) -> TransformersGenerator:
         """A :class:`~empathy_gym.agents.generation.TransformersGenerator` of the policy with
@@ -744,7 +674,7 @@ class RLTrainer:
         self._saved_step = self.step if resume_step is not None else -1
         if main and self.memory_plan is not None:
             (Path(config.output_dir) / "memory_plan.txt").write_text(self.memory_plan.table() + "\n", encoding="utf-8")
-        previous_handlers = self._install_interrupt_handler()
+        self.stop_request.install()
         # the bar writes to a stream that may die (`| tee log`, then Ctrl-C): never let that stop the run
         bar = tqdm(
             total=config.total_steps,
@@ -756,12 +686,11 @@ class RLTrainer:
         )
         self._say_busy(bar, busy)
         try:
-            while self.step < config.total_steps and not self.processes.any(self._stop):
+            while self.step < config.total_steps and not self.processes.any(self.stop_request.requested):
                 if not self._run_step(self.step + 1, bar):
                     break
         finally:
-            for signum, previous in previous_handlers.items():
-                signal.signal(signum, previous)
+            self.stop_request.restore()
             if not self._dirty and self.step > self._saved_step and self.step > 0:
                 self.save()  # first: nothing below may cost the checkpoint
             bar.close()
@@ -905,7 +834,7 @@ class RLTrainer:
                 seeds,
                 groups=group_ids,
                 sampling_seed=sampling_seed,
-                should_stop=lambda: self._stop,
+                should_stop=lambda: self.stop_request.requested,
                 on_episode_end=(lambda t: self.run_log.episode(step, t)) if single else None,
                 key_offset=offset,
                 seed_keys=mine if first_round else None,
@@ -971,25 +900,6 @@ class RLTrainer:
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return metrics
-
-    def _install_interrupt_handler(self) -> dict[int, Any]:
-        """Ctrl-C, or the SIGTERM a scheduler (Slurm, Kubernetes) sends before it kills: finish
-        the current phase, save, stop; a second signal aborts. Returns the handlers it replaced
-        (none off the main thread, where Python cannot install any)."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop:
-                raise KeyboardInterrupt
-            self._stop = True
-            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            log.warning("%s: finishing the current phase, then saving; send it again to abort", name)
-
-        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-        for signum in previous:
-            signal.signal(signum, handler)
-        return {signum: old for signum, old in previous.items() if old is not None}
 
     # -- checkpoints ---------------------------------------------------------------
     def save(self) -> Path | None:
