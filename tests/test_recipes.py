@@ -270,3 +270,12 @@ def test_training_personas_named_beside_a_held_out_bank_are_refused_not_ignored(
 def test_an_override_without_a_value_is_refused_as_such():
     with pytest.raises(RecipeError, match=r"command-line override 'total_steps': expected KEY=VALUE"):
         load_recipe("agents/tiny-cpu.yaml", ["total_steps"], algorithm="ppo")
+
+
+def test_each_algorithm_names_its_kl_weight_and_warmups():
+    """The trainer and the memory plan read these instead of getattr on the other
+    algorithm's field names (issue 38)."""
+    ppo = load_recipe("agents/tiny-cpu.yaml", ["kl_coef=0.05", "critic_warmup_ratio=0.1"], algorithm="ppo")
+    assert ppo.kl_weight == 0.05 and ppo.warmup_ratios == {"policy": ppo.warmup_ratio, "value": 0.1}
+    grpo = load_recipe("agents/tiny-cpu.yaml", ["beta=0.02"], algorithm="grpo")
+    assert grpo.kl_weight == 0.02 and grpo.warmup_ratios == {"policy": grpo.warmup_ratio}

@@ -252,6 +252,17 @@ class TrainerConfig(Checked):
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     heldout: HeldoutConfig = field(default_factory=HeldoutConfig)
 
+    @property
+    def kl_weight(self) -> float:
+        """The KL-to-reference term's coefficient (PPO's ``kl_coef``, GRPO's ``beta``); 0: none."""
+        return 0.0
+
+    @property
+    def warmup_ratios(self) -> dict[str, float]:
+        """The warm-up share of ``total_steps`` per parameter group (``"policy"``; PPO's
+        critic adds ``"value"``)."""
+        return {"policy": self.warmup_ratio}
+
 
 @dataclass
 class PPOConfig(TrainerConfig):
@@ -281,6 +292,14 @@ class PPOConfig(TrainerConfig):
     lam: float = 1.0
     whiten_advantages: bool = True
     kl_coef: float = 0.0
+
+    @property
+    def kl_weight(self) -> float:
+        return self.kl_coef
+
+    @property
+    def warmup_ratios(self) -> dict[str, float]:
+        return {"policy": self.warmup_ratio, "value": self.critic_warmup_ratio}
 
 
 @dataclass
@@ -319,6 +338,10 @@ class GRPOConfig(TrainerConfig):
     beta: float = 0.0
     loss_type: LossType = LossType.token_mean
     dynamic_sampling_budget: int = 0
+
+    @property
+    def kl_weight(self) -> float:
+        return self.beta
 
 
 ALGORITHMS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "grpo": GRPOConfig}

@@ -240,7 +240,7 @@ def _weight_rows(config: Any, shape: DecoderShape, half: int) -> list[tuple[str,
         size = (body * half if policy.use_lora else 0) + trained * 16
         note = "its own backbone without LM head" + (" + LoRA" if policy.use_lora else ", fully trained")
         rows.append(("critic (separate)", size, note))
-    kl = getattr(config, "kl_coef", 0.0) or getattr(config, "beta", 0.0)
+    kl = config.kl_weight
     if kl and not policy.use_lora:
         rows.append(("reference model (frozen)", total * half, "a copy for the KL term"))
     return rows

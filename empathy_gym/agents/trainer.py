@@ -245,7 +245,7 @@ class RLTrainer:
         #: parameters by name ("policy", "value"): each set is clipped to max_grad_norm on its own
         self.gradient_groups = {group.pop("name"): group["params"] for group in groups}
         self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-        warmups = {"policy": config.warmup_ratio, "value": getattr(config, "critic_warmup_ratio", 0.0)}
+        warmups = config.warmup_ratios
         self.scheduler = make_scheduler(
             self.optimizer,
             [warmups[name] for name in self.gradient_groups],
@@ -518,8 +518,7 @@ class RLTrainer:
     def measures_reference_nll(self) -> bool:
         """Whether each step measures ``monitor/reference_nll`` (a forward pass of the
         reference): with a threshold for it in ``monitors`` or a KL term; else it is NaN."""
-        kl = getattr(self.config, "beta", 0.0) or getattr(self.config, "kl_coef", 0.0)
-        return "reference_nll" in self.config.monitors or kl > 0
+        return "reference_nll" in self.config.monitors or self.config.kl_weight > 0
 
     def reference_nll(self, trajectories: Sequence[Trajectory]) -> float:
         """The reference model's mean negative log-likelihood, in nats per token (at the
