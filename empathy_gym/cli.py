@@ -1,4 +1,4 @@
-"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``distill``, ``play``, ``personas``, ``envs``.
+"""The ``empathy-gym`` command (typer): ``eval``, ``replay``, ``distill``, ``serve``, ``play``, ``personas``, ``envs``.
 
 Exit codes: :data:`EXIT_CODES` (the table in docs/evaluation.md).
 """
@@ -502,6 +502,40 @@ def _agreement_table(report: dict[str, Any], resumed: int) -> Table:
     for name, stats in rows:
         table.add_row(escape(name), str(stats["turns"]), *(_number(stats[key]) for key in _AGREEMENT_COLUMNS.values()))
     return table
+
+
+# -- serve -----------------------------------------------------------------------------
+@app.command(epilog=EXIT_CODES)
+def serve(
+    env_id: Annotated[
+        str, typer.Option("--env", help="a registered id (see `empathy-gym envs`)")
+    ] = "EmpathyDialogue-v0",
+    user: Annotated[str | None, typer.Option(help=USER_HELP + "; default: the env's own")] = None,
+    personas: Annotated[str | None, typer.Option(help=PERSONAS_HELP + "; default: the env's own")] = None,
+    difficulty: Annotated[str | None, typer.Option(help=DIFFICULTY_HELP + "; default: the env's own")] = None,
+    host: Annotated[str, typer.Option(help="address to bind (another than 127.0.0.1 opens it to the network)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    max_sessions: Annotated[int, typer.Option(min=1, help="concurrent WebSocket sessions (one dialogue each)")] = 64,
+    batch_window_ms: Annotated[
+        float, typer.Option(min=0, help="how long a turn waits for other sessions' turns to reach the user with it")
+    ] = 5.0,
+) -> None:
+    """Serve the env to OpenEnv clients (HTTP and WebSocket; TRL's environment path): every
+    session plays its own dialogue, and all of them share one simulated user, whose turns
+    arrive together. Needs `pip install 'empathy-gym[openenv]'`. SIGTERM or Ctrl-C stops it.
+    """
+    config: dict[str, Any] = {"env_id": env_id, "batch_window_ms": batch_window_ms}
+    for name, value in (("user", user), ("personas", personas), ("difficulty", difficulty)):
+        if value is not None:
+            config[name] = value
+    with _exit_codes():
+        import uvicorn
+
+        from empathy_gym.integrations.openenv import make_app
+
+        uvicorn.run(make_app(config, max_sessions=max_sessions), host=host, port=port, log_level="info")
 
 
 # -- play ------------------------------------------------------------------------------

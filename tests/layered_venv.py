@@ -134,6 +134,8 @@ LLAMA_CPP_SERVER = [
 #: verifiers 0.4.0 (on PyPI now; it pins openai < 3) with its dependencies, and uv, which
 #: verifiers' chat harness needs to prepare its program.
 VERIFIERS_0_4 = [["verifiers==0.4.0", "uv"]]
+#: openenv-core 0.3.0 (the server, its clients, fastmcp and gradio, which its server imports)
+OPENENV_0_3 = [["openenv-core==0.3.0"]]
 
 
 class LayerUnavailable(RuntimeError):

@@ -1,0 +1,50 @@
+"""The OpenEnv server (``empathy-gym serve``, ``empathy_gym.integrations.openenv``): checked
+against openenv-core 0.3.0's own server machinery and client.
+
+openenv-core's server imports fastmcp and its package pulls gradio, which this test
+environment does not hold: the checks in ``tests/layered/openenv_checks.py`` run with
+pytest in a venv layered on this one (``tests/layered_venv.py``) that has openenv-core
+0.3.0. Each starts the real server process on 127.0.0.1 and stops it by PID. The layer is
+cached; the test skips only when the layer cannot be built (no package index).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from layered_venv import OPENENV_0_3, LayerUnavailable, check_passed, layered_venv, run_pytest
+
+CHECKS = Path(__file__).resolve().parent / "layered" / "openenv_checks.py"
+
+
+def test_the_server_against_openenv_core_0_3_0(measured):
+    try:
+        python, build_s = layered_venv("openenv-core-0.3.0", OPENENV_0_3)
+    except LayerUnavailable as error:
+        pytest.skip(f"openenv-core 0.3.0 cannot be installed on this machine: {error}")
+    expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
+    start = time.monotonic()
+    check_passed(run_pytest(python, CHECKS), expected)
+    measured(
+        f"openenv-core 0.3.0 layer: built in {build_s:.0f} s (0 = cached); "
+        f"{expected} server checks ran in {time.monotonic() - start:.0f} s"
+    )
+
+
+def test_serve_says_what_to_install_without_openenv(tmp_path):
+    try:
+        import openenv.core  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("openenv-core is importable here; the layered checks cover the module")
+    from typer.testing import CliRunner
+
+    from empathy_gym.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 1
+    assert "needs openenv-core 0.3: pip install 'empathy-gym[openenv]'" in result.output
