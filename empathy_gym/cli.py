@@ -521,6 +521,24 @@ def serve(
     batch_window_ms: Annotated[
         float, typer.Option(min=0, help="how long a turn waits for other sessions' turns to reach the user with it")
     ] = 5.0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EMPATHY_GYM_SERVE_TOKEN",
+            show_envvar=True,
+            help="require `Authorization: Bearer TOKEN` on every route but /health (prefer the variable: "
+            "a command line is visible to other users)",
+        ),
+    ] = None,
+    max_action_chars: Annotated[int, typer.Option(min=1, help="the longest utterance taken")] = 8192,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="the largest request body and WebSocket message")] = 1
+    << 20,
+    idle_timeout_s: Annotated[
+        float, typer.Option(min=0, help="a session idle this long expires and frees its slot (0: never)")
+    ] = 600.0,
+    log_dialogues: Annotated[
+        Path | None, typer.Option(help="append every finished dialogue to this JSONL file as it ends")
+    ] = None,
 ) -> None:
     """Serve the env to OpenEnv clients (HTTP and WebSocket; TRL's environment path): every
     session plays its own dialogue, and all of them share one simulated user, whose turns
@@ -535,7 +553,16 @@ def serve(
 
         from empathy_gym.integrations.openenv import make_app
 
-        uvicorn.run(make_app(config, max_sessions=max_sessions), host=host, port=port, log_level="info")
+        application = make_app(
+            config,
+            max_sessions=max_sessions,
+            token=token,
+            max_action_chars=max_action_chars,
+            max_body_bytes=max_body_bytes,
+            idle_timeout_s=idle_timeout_s or None,
+            log_dialogues=log_dialogues,
+        )
+        uvicorn.run(application, host=host, port=port, log_level="info", ws_max_size=max_body_bytes)
 
 
 # -- play ------------------------------------------------------------------------------

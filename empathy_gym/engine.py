@@ -9,6 +9,8 @@ of its own (no room left in its token budget).
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -56,8 +58,10 @@ class DialogueEngine:
                 raise
             raise TypeError(f"env_id {self.env_id!r} is not an EmpathyDialogueEnv ({error})") from None
         self.user = self.session.user
+        #: held by every batch of turns and by :meth:`reset`: the user never serves two threads at once
+        self.user_lock = threading.Lock()
         self.batcher: MicroBatcher[tuple[EmpathyDialogueEnv, str], StepResult] = MicroBatcher(
-            lambda items: step_many([env for env, _ in items], [action for _, action in items]),
+            self._step_batch,
             window_s=float(self.options["batch_window_ms"]) / 1000.0,
             max_batch=int(self.options["max_batch_size"]),
         )
@@ -65,6 +69,27 @@ class DialogueEngine:
     def new_env(self) -> EmpathyDialogueEnv:
         """An env with this config and the shared user (closing it leaves the user open)."""
         return self.session.new_env()
+
+    def _step_batch(self, items: Sequence[tuple[EmpathyDialogueEnv, str]]) -> list[StepResult]:
+        with self.user_lock:
+            return step_many([env for env, _ in items], [action for _, action in items])
+
+    async def reset(
+        self, env: EmpathyDialogueEnv, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """``env.reset(seed=seed, options=options)`` in a worker thread, under the lock the
+        turns' batches hold (a coroutine: the event loop goes on meanwhile).
+
+        Raises:
+            As ``env.reset``.
+        """
+        return await asyncio.to_thread(self._reset_locked, env, seed, options)
+
+    def _reset_locked(
+        self, env: EmpathyDialogueEnv, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[str, dict[str, Any]]:
+        with self.user_lock:
+            return env.reset(seed=seed, options=options)
 
     async def submit(self, env: EmpathyDialogueEnv, action: str) -> StepResult:
         """``env.step(action)``, batched with the other coroutines' turns queued within

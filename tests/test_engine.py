@@ -143,3 +143,45 @@ def test_play_one_stops_when_the_policy_step_returns_none_or_record_says_so():
     assert len(results) == 2 and user.calls == calls + 2  # the third act never reached the user
     seen, results = run(stop_acting_at=None, stop_recording_at=4)
     assert len(seen) == 4 and len(results) == 4
+
+
+def test_a_reset_and_a_batch_of_turns_never_reach_the_user_at_once():
+    """The OpenEnv server resets one session while others' turns are in a batch: both go
+    through the engine's user lock (a transformers user is not safe from two threads)."""
+    import threading
+    import time
+
+    class Watched(ScriptedUser):
+        inside = 0
+        overlapped = False
+        guard = threading.Lock()
+
+        def _enter(self):
+            with self.guard:
+                Watched.inside += 1
+                Watched.overlapped |= Watched.inside > 1
+            time.sleep(0.05)
+            with self.guard:
+                Watched.inside -= 1
+
+        def opening(self, personas, seeds):
+            self._enter()
+            return super().opening(personas, seeds)
+
+        def respond(self, requests, protocol):
+            self._enter()
+            return super().respond(requests, protocol)
+
+    engine = engine_with(Watched([1] * 50))
+    envs = [engine.new_env() for _ in range(4)]
+
+    async def together():
+        for index, env in enumerate(envs[:2]):
+            await engine.reset(env, seed=index)
+        steps = [engine.submit(env, "I hear you.") for env in envs[:2]]
+        resets = [engine.reset(env, seed=9 + index) for index, env in enumerate(envs[2:])]
+        return await asyncio.gather(*steps, *resets)
+
+    results = asyncio.run(together())
+    assert len(results) == 4 and not Watched.overlapped
+    assert results[2][1]["persona_id"] == envs[2].dialogue.persona.id

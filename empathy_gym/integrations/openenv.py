@@ -23,8 +23,13 @@ Run it with ``empathy-gym serve`` (binds 127.0.0.1 by default). Needs
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
+import threading
+from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 try:
@@ -39,7 +44,12 @@ except ImportError as error:  # pragma: no cover - the layered checks run with i
         "empathy_gym.integrations.openenv needs openenv-core 0.3: pip install 'empathy-gym[openenv]'"
     ) from error
 
+from empathy_gym.backends.base import BackendError
 from empathy_gym.engine import DialogueEngine
+from empathy_gym.evaluation.run_folder import append_records
+from empathy_gym.user.base import SimulatorError
+
+log = logging.getLogger(__name__)
 
 ENV_NAME = "empathy_dialogue"
 #: the info keys an observation carries as fields of their own
@@ -75,6 +85,40 @@ class EmpathyState(State):
     persona_id: str = ""
 
 
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and a message naming the field or
+    limit (over a WebSocket session, the message of OpenEnv's error answer)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class ServerLog:
+    """What :func:`make_app` counts for ``/metrics`` (thread-safe), and the finished
+    dialogues it appends to ``path`` (JSON lines, fsynced as each one ends)."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else None
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, name: str, by: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += by
+
+    def active_sessions(self) -> int:
+        """Sessions opened and not yet closed (expired or disconnected)."""
+        with self._lock:
+            return self.counts["sessions_opened"] - self.counts["sessions_closed"]
+
+    def finished(self, record: dict[str, Any]) -> None:
+        self.count("dialogues_finished")
+        if self.path is not None:
+            with self._lock:
+                append_records(self.path, [record])
+
+
 class EmpathyEnvironment(Environment):
     """One session's dialogue, an env of ``engine`` (whose simulated user every session shares).
 
@@ -86,34 +130,89 @@ class EmpathyEnvironment(Environment):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, engine: DialogueEngine):
+    def __init__(self, engine: DialogueEngine, *, max_action_chars: int = 8192, server_log: ServerLog | None = None):
         super().__init__()
         self.engine = engine
         self.env = engine.new_env()
+        self.max_action_chars = max_action_chars
+        self.server_log = server_log if server_log is not None else ServerLog()
+        self.server_log.count("sessions_opened")
         self._state = EmpathyState()
+        self._seed: int | None = None
 
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, persona: str | None = None, **kwargs: Any
     ) -> EmpathyObservation:
-        """A new dialogue: ``env.reset(seed=seed, options={"persona": persona})``."""
-        text, info = self.env.reset(seed=seed, options={"persona": persona} if persona is not None else None)
+        """A new dialogue, without the user's lock (OpenEnv calls :meth:`reset_async`)."""
+        options = {"persona": persona} if persona is not None else None
+        return self._started(*_refusing(lambda: self.env.reset(seed=seed, options=options)), seed, episode_id)
+
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, persona: str | None = None, **kwargs: Any
+    ) -> EmpathyObservation:
+        """A new dialogue: ``env.reset(seed=seed, options={"persona": persona})``, in a worker
+        thread under the lock the turns' batches hold."""
+        options = {"persona": persona} if persona is not None else None
+        try:
+            text, info = await self.engine.reset(self.env, seed, options)
+        except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
+            raise _translated(error) from None
+        return self._started(text, info, seed, episode_id)
+
+    def _started(self, text: str, info: dict[str, Any], seed: int | None, episode_id: str | None) -> EmpathyObservation:
+        self._seed = seed
         self._state = EmpathyState(episode_id=episode_id, step_count=0, persona_id=info["persona_id"])
+        self.server_log.count("dialogues_started")
         return self._observation(text, info, reward=None, done=False)
 
     def step(self, action: EmpathyAction, timeout_s: float | None = None, **kwargs: Any) -> EmpathyObservation:
         """One turn without batching (OpenEnv calls :meth:`step_async`)."""
-        return self._finish(self.env.step(action.utterance))
+        self._check(action)
+        return self._finish(_refusing(lambda: self.env.step(action.utterance)))
 
     async def step_async(
         self, action: EmpathyAction, timeout_s: float | None = None, **kwargs: Any
     ) -> EmpathyObservation:
-        """One turn, batched with the other sessions' turns into one call of the user."""
-        return self._finish(await self.engine.submit(self.env, action.utterance))
+        """One turn, batched with the other sessions' turns into one call of the user.
+
+        Raises:
+            RequestError: 413, an utterance over ``max_action_chars``; 409, no dialogue
+                running; 503, the simulated user failed (the server serves on).
+        """
+        self._check(action)
+        try:
+            result = await self.engine.submit(self.env, action.utterance)
+        except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
+            raise _translated(error) from None
+        return self._finish(result)
+
+    def _check(self, action: EmpathyAction) -> None:
+        if len(action.utterance) > self.max_action_chars:
+            self.server_log.count("refused_action_too_long")
+            raise RequestError(
+                413,
+                f"action.utterance: {len(action.utterance)} characters, over this server's limit of "
+                f"{self.max_action_chars} (--max-action-chars)",
+            )
 
     def _finish(self, result: tuple[str, Any, bool, bool, dict[str, Any]]) -> EmpathyObservation:
         text, reward, terminated, truncated, info = result
         self._state.step_count += 1
-        return self._observation(text, info, reward=float(reward), done=bool(terminated or truncated))
+        self.server_log.count("steps")
+        done = bool(terminated or truncated)
+        if done:
+            dialogue = self.env.dialogue
+            self.server_log.finished(
+                {
+                    "episode_id": self._state.episode_id,
+                    "seed": self._seed,
+                    "persona_id": dialogue.persona.id,
+                    "emotions": list(dialogue.emotions),
+                    "termination_reason": dialogue.done_reason,
+                    "messages": [dict(message) for message in dialogue.messages],
+                }
+            )
+        return self._observation(text, info, reward=float(reward), done=done)
 
     def _observation(self, text: str, info: dict[str, Any], *, reward: float | None, done: bool) -> EmpathyObservation:
         self._state.emotion = int(info["emotion"])
@@ -134,39 +233,197 @@ class EmpathyEnvironment(Environment):
         return self._state
 
     def close(self) -> None:
-        """Nothing to release: the user belongs to the server's engine."""
+        """The session ended (closed, expired or disconnected): its slot is free; the user
+        belongs to the server's engine."""
+        self.server_log.count("sessions_closed")
 
 
-def make_app(config: Mapping[str, Any] | None = None, *, max_sessions: int = 64) -> Any:
+def _translated(error: Exception) -> Exception:
+    """The env's and the user's errors as :class:`RequestError` (others unchanged)."""
+    if isinstance(error, (SimulatorError, BackendError)):
+        return RequestError(503, f"the simulated user failed: {error}")
+    if isinstance(error, RuntimeError):  # step before reset, or after the end
+        return RequestError(409, str(error))
+    if isinstance(error, KeyError):  # an unknown persona
+        return RequestError(422, str(error.args[0]) if error.args else str(error))
+    if isinstance(error, (TypeError, ValueError)):
+        return RequestError(422, str(error))
+    return error
+
+
+def _refusing(call: Any) -> Any:
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
+        raise _translated(error) from None
+
+
+#: routes open without the bearer token (a load balancer's or an orchestrator's probe)
+OPEN_PATHS = ("/health",)
+
+
+def make_app(
+    config: Mapping[str, Any] | None = None,
+    *,
+    max_sessions: int = 64,
+    token: str | None = None,
+    max_action_chars: int = 8192,
+    max_body_bytes: int = 1 << 20,
+    idle_timeout_s: float | None = 600.0,
+    log_dialogues: str | Path | None = None,
+) -> Any:
     """The OpenEnv FastAPI app of an env config.
 
     Args:
         config: as for :class:`~empathy_gym.engine.DialogueEngine`: ``env_id``,
             ``batch_window_ms``, ``max_batch_size`` and any ``gym.make`` keyword
             (``user``, ``personas``, ``difficulty``, ...).
-        max_sessions: concurrent WebSocket sessions (each holds one dialogue).
+        max_sessions: concurrent WebSocket sessions (each holds one dialogue); one more
+            is answered with OpenEnv's ``CAPACITY_REACHED`` error.
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer
+            TOKEN``; others get 401 with no detail (a WebSocket is closed, code 1008).
+        max_action_chars: the longest utterance taken (413 naming the limit).
+        max_body_bytes: the largest request body, and WebSocket message (413 naming it).
+        idle_timeout_s: a session idle this long (seconds) expires and frees its slot;
+            ``None``: never.
+        log_dialogues: a JSONL file that every finished dialogue is appended to as it
+            ends (fsynced: a stopped server loses none).
 
     Returns:
-        The app; ``app.state.engine`` is the engine (closed on the app's shutdown).
+        The app (``app.state.engine``: the engine, closed when the app shuts down;
+        ``app.state.server_log``: the counts ``/metrics`` reports).
 
     Raises:
-        As :class:`~empathy_gym.engine.DialogueEngine` for a bad config.
+        ValueError: a limit < 1. As :class:`~empathy_gym.engine.DialogueEngine` for a bad config.
     """
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    for name, value in (("max_sessions", max_sessions), ("max_action_chars", max_action_chars)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     engine = DialogueEngine(config or {})
+    server_log = ServerLog(log_dialogues)
     app = create_app(
-        lambda: EmpathyEnvironment(engine),
+        lambda: EmpathyEnvironment(engine, max_action_chars=max_action_chars, server_log=server_log),
         EmpathyAction,
         EmpathyObservation,
         env_name=ENV_NAME,
-        max_concurrent_envs=max_sessions,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=idle_timeout_s),
     )
-    app.state.engine = engine
+
+    async def refused(request: Any, error: RequestError) -> Any:
+        server_log.count(f"refused_{error.status}")
+        log.warning("refused %s %s from %s: %s", request.method, request.url.path, request.client, error)
+        return JSONResponse({"detail": str(error)}, status_code=error.status)
+
+    @app.get("/metrics", tags=["Health"], summary="Counts of sessions, dialogues, steps and refusals")
+    async def metrics() -> dict[str, int]:
+        return {**server_log.counts, "sessions_active": server_log.active_sessions()}
+
+    app.add_exception_handler(RequestError, refused)
+    app.add_middleware(
+        Guard, token=token, max_body_bytes=max_body_bytes, max_sessions=max_sessions, server_log=server_log
+    )
+    app.state.engine, app.state.server_log = engine, server_log
     app.router.add_event_handler("shutdown", engine.close)
     return app
 
 
+class Guard:
+    """ASGI middleware in front of the app: the bearer token (when set), the request body
+    limit, and the session limit at the WebSocket handshake (429 naming it, where OpenEnv
+    would accept the connection and close it); each refusal is logged with the client's
+    address and counted."""
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, max_sessions: int, server_log: ServerLog):
+        self.app, self.token, self.max_body_bytes, self.server_log = app, token, max_body_bytes, server_log
+        self.max_sessions = max_sessions
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        if self.token is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            self.server_log.count("refused_401")
+            log.warning(
+                "refused %s %s from %s: no valid bearer token", scope["type"], scope["path"], scope.get("client")
+            )
+            if scope["type"] == "http":
+                return await _respond(send, 401, b"", [(b"www-authenticate", b"Bearer")])
+            await receive()  # the handshake's websocket.connect
+            return await send({"type": "websocket.close", "code": 1008})
+        if scope["type"] == "websocket" and self.server_log.active_sessions() >= self.max_sessions:
+            self.server_log.count("refused_429")
+            log.warning("refused a session from %s: %d sessions open", scope.get("client"), self.max_sessions)
+            message = f"this server holds at most {self.max_sessions} sessions (--max-sessions); try again later"
+            await receive()  # the handshake's websocket.connect
+            if "websocket.http.response" in scope.get("extensions", {}):
+                body = json.dumps({"detail": message}).encode()
+                start = {"status": 429, "headers": [(b"content-type", b"application/json")]}
+                await send({"type": "websocket.http.response.start", **start})
+                return await send({"type": "websocket.http.response.body", "body": body})
+            return await send({"type": "websocket.close", "code": 1013, "reason": message})
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await self._bounded_body(receive)
+            if body is None:
+                self.server_log.count("refused_413")
+                log.warning(
+                    "refused %s from %s: body over %d bytes", scope["path"], scope.get("client"), self.max_body_bytes
+                )
+                message = f"request body over this server's limit of {self.max_body_bytes} bytes (--max-body-bytes)"
+                return await _respond(
+                    send, 413, json.dumps({"detail": message}).encode(), [(b"content-type", b"application/json")]
+                )
+            receive = _replay(body)
+        return await self.app(scope, receive, send)
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        given = dict(scope.get("headers", ())).get(b"authorization", b"")
+        return hmac.compare_digest(given, b"Bearer " + self.token.encode())
+
+    async def _bounded_body(self, receive: Any) -> bytes | None:
+        """The whole body, or ``None`` once it passes the limit (the rest is not read)."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes) -> Any:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class EmpathyEnvClient(EnvClient[EmpathyAction, EmpathyObservation, EmpathyState]):
     """OpenEnv's client for this server: ``reset(seed=..., persona=...)``, ``step(EmpathyAction(utterance=...))``.
+
+    Args:
+        base_url: the server's ``http://`` or ``ws://`` URL.
+        token: the server's bearer token (``empathy-gym serve --token``), if it has one.
+        options: more ``EnvClient`` arguments (``connect_timeout_s``, ``message_timeout_s``).
 
     Example:
         >>> with EmpathyEnvClient(base_url="http://127.0.0.1:8000").sync() as client:  # doctest: +SKIP
@@ -174,6 +431,32 @@ class EmpathyEnvClient(EnvClient[EmpathyAction, EmpathyObservation, EmpathyState
         ...     result = client.step(EmpathyAction(utterance="That sounds hard."))
         ...     print(result.observation.emotion, result.reward, result.done)
     """
+
+    def __init__(self, base_url: str, *, token: str | None = None, **options: Any):
+        super().__init__(base_url, **options)
+        self._token = token
+
+    async def connect(self) -> EmpathyEnvClient:
+        """Open the WebSocket session, with ``Authorization: Bearer TOKEN`` when a token is given.
+
+        Raises:
+            ConnectionError: the server is not there, or it refused the session (401).
+        """
+        from websockets.asyncio.client import connect as ws_connect
+
+        if self._ws is not None:
+            return self
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token is not None else None
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                additional_headers=headers,
+            )
+        except Exception as error:  # noqa: BLE001  (OpenEnv's own client says the same)
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {error}") from error
+        return self
 
     def _step_payload(self, action: EmpathyAction) -> dict[str, Any]:
         return action.model_dump(exclude={"metadata"})

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import gymnasium as gym
@@ -30,31 +32,48 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class Server:
+    """``empathy-gym serve ARGS`` on a free port of 127.0.0.1, stopped by PID (SIGTERM)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.process.kill()
+                    pytest.fail(f"the server did not start: {self.process.communicate()[0][-3000:]}")
+                time.sleep(0.3)
+
+    def metrics(self, **headers: str) -> dict[str, int]:
+        request = urllib.request.Request(f"{self.url}/metrics", headers=headers)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> str:
+        self.process.send_signal(signal.SIGTERM)
+        output = self.process.communicate(timeout=60)[0]
+        assert self.process.returncode == 0, output[-3000:]  # a clean stop
+        return output
+
+
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(port), "--max-sessions", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"the server did not start: {process.communicate()[0][-3000:]}")
-            time.sleep(0.3)
-    yield url, process
-    process.send_signal(signal.SIGTERM)  # by PID: stops cleanly
-    output = process.communicate(timeout=60)[0]
-    assert process.returncode == 0, output[-3000:]
+    running = Server("--max-sessions", "8")
+    yield running.url, running.process
+    running.stop()
 
 
 def in_process(seed: int) -> list[tuple]:
@@ -130,3 +149,77 @@ def test_the_schema_names_the_typed_action_and_observation(server):
     assert "utterance" in schema["action"]["properties"]
     assert {"text", "emotion", "turn", "persona_id", "messages"} <= set(schema["observation"]["properties"])
     assert {"episode_id", "step_count"} <= set(schema["state"]["properties"])
+
+
+def post(url: str, payload: bytes, **headers: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def test_a_server_that_holds_under_bad_clients(tmp_path):
+    """One server with every guard on: a bearer token, two sessions at most, a 60-character
+    action, a 4 kB body, sessions idle for a second expire, finished dialogues logged."""
+    log = tmp_path / "dialogues.jsonl"
+    token = "t0ken"
+    running = Server(
+        "--max-sessions", "2", "--max-action-chars", "60", "--max-body-bytes", "4096", "--idle-timeout-s", "1",
+        "--log-dialogues", str(log), env={"EMPATHY_GYM_SERVE_TOKEN": token},
+    )  # fmt: skip
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        # the token: 401 without detail, /health open, the client with the token plays
+        assert post(f"{running.url}/reset", b"{}") == (401, "")
+        assert post(f"{running.url}/reset", b"{}", Authorization="Bearer wrong") == (401, "")
+        with urllib.request.urlopen(f"{running.url}/health", timeout=5) as response:
+            assert response.status == 200
+        with pytest.raises(ConnectionError):
+            EmpathyEnvClient(base_url=running.url).sync().reset(seed=0)
+        # limits, each named; the session goes on after each refusal
+        status, body = post(f"{running.url}/reset", b"x" * 5000, **auth)
+        assert status == 413 and "over this server's limit of 4096 bytes (--max-body-bytes)" in body
+        with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
+            client.reset(seed=0, persona=PERSONA)
+            with pytest.raises(Exception, match=r"over this server's limit of 60 \(--max-action-chars\)"):
+                client.step(EmpathyAction(utterance="x" * 61))
+            for reply in REPLIES * 5:  # to its end: logged
+                if client.step(EmpathyAction(utterance=reply)).done:
+                    break
+        assert json.loads(log.read_text().splitlines()[0])["persona_id"] == PERSONA
+        # two sessions at most; a client that vanishes mid-dialogue and one left idle free theirs
+        first = EmpathyEnvClient(base_url=running.url, token=token).sync()
+        first.reset(seed=1)
+        second = EmpathyEnvClient(base_url=running.url, token=token).sync()
+        second.reset(seed=2)
+        with pytest.raises(ConnectionError, match="429"):
+            EmpathyEnvClient(base_url=running.url, token=token).sync().reset(seed=3)
+        asyncio.run_coroutine_threadsafe(first.async_client._ws.close(), first._loop).result(10)  # no goodbye
+        deadline = time.monotonic() + 30
+        while running.metrics(**auth)["sessions_active"] > 0:  # the vanished one and the idle one
+            assert time.monotonic() < deadline, running.metrics(**auth)
+            time.sleep(0.5)
+        with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
+            assert client.reset(seed=4, persona=PERSONA).observation.persona_id == PERSONA
+        counts = running.metrics(**auth)
+        assert counts["refused_401"] >= 3 and counts["refused_413"] >= 1 and counts["refused_429"] == 1
+        assert counts["dialogues_finished"] == 1
+    finally:
+        output = running.stop()
+    assert "no valid bearer token" in output and "body over 4096 bytes" in output and "2 sessions open" in output
+
+
+def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on():
+    running = Server("--user", f"openai:m@http://127.0.0.1:{free_port()}/v1,max_retries=0")
+    try:
+        with EmpathyEnvClient(base_url=running.url).sync() as client:
+            client.reset(seed=0, persona=PERSONA)  # the opening line is the persona's: no call
+            with pytest.raises(Exception, match="the simulated user failed") as failed:
+                client.step(EmpathyAction(utterance=REPLIES[0]))
+            assert "127.0.0.1" in str(failed.value)  # names the server that is gone
+        with urllib.request.urlopen(f"{running.url}/health", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        running.stop()
