@@ -101,7 +101,7 @@ class DialogueEngine:
         return await self.batcher.submit((env, action))
 
     def close(self) -> None:
-        """Close the envs handed out and the simulated user (it was built here)."""
+        """Close the simulated user (it was built here); the envs handed out hold nothing else."""
         self.session.close()
 
 
