@@ -542,16 +542,15 @@ def serve(
 ) -> None:
     """Serve the env to OpenEnv clients (HTTP and WebSocket; TRL's environment path): every
     session plays its own dialogue, and all of them share one simulated user, whose turns
-    arrive together. Needs `pip install 'empathy-gym[openenv]'`. SIGTERM or Ctrl-C stops it.
+    arrive together. Needs `pip install 'empathy-gym[openenv]'`. SIGTERM or Ctrl-C stops it
+    once the running turns are answered; a second one at once.
     """
     config: dict[str, Any] = {"env_id": env_id, "batch_window_ms": batch_window_ms}
     for name, value in (("user", user), ("personas", personas), ("difficulty", difficulty)):
         if value is not None:
             config[name] = value
     with _exit_codes():
-        import uvicorn
-
-        from empathy_gym.integrations.openenv import make_app
+        from empathy_gym.integrations.openenv import make_app, run_server
 
         application = make_app(
             config,
@@ -562,7 +561,7 @@ def serve(
             idle_timeout_s=idle_timeout_s or None,
             log_dialogues=log_dialogues,
         )
-        uvicorn.run(application, host=host, port=port, log_level="info", ws_max_size=max_body_bytes)
+        run_server(application, host=host, port=port, max_message_bytes=max_body_bytes)
 
 
 # -- play ------------------------------------------------------------------------------

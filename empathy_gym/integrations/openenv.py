@@ -332,6 +332,26 @@ def make_app(
     return app
 
 
+def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_message_bytes: int = 1 << 20) -> None:
+    """Serve ``app`` with uvicorn until SIGINT or SIGTERM, with one change: a second signal
+    ends the process at once (exit code 130). uvicorn's own second signal still waits for
+    the turns running in worker threads, which a model user may spend minutes on and nothing
+    can interrupt; the finished dialogues are on disk already (``log_dialogues``)."""
+    import os
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                log.warning("a second %s: exiting now, without the running turns", signal.Signals(sig).name)
+                os._exit(130)
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="info", ws_max_size=max_message_bytes)).run()
+
+
 class Guard:
     """ASGI middleware in front of the app: the bearer token (when set), the request body
     limit, and the session limit at the WebSocket handshake (429 naming it, where OpenEnv

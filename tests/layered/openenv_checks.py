@@ -6,6 +6,7 @@ against openenv-core 0.3.0's own client, run in a venv layered on the test envir
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -223,3 +224,30 @@ def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on():
             assert response.status == 200
     finally:
         running.stop()
+
+
+def test_a_second_sigterm_stops_a_server_whose_user_hangs():
+    """Was: the first SIGTERM waited for the turn running in a worker thread (a model user
+    can take minutes; here a server that never answers), and uvicorn's second did too."""
+    import threading
+
+    silent = socket.socket()  # takes connections, never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    running = Server("--user", f"openai:m@http://127.0.0.1:{silent.getsockname()[1]}/v1,max_retries=0")
+    client = EmpathyEnvClient(base_url=running.url).sync()
+    client.reset(seed=0, persona=PERSONA)
+
+    def step_until_the_server_goes() -> None:
+        with contextlib.suppress(Exception):  # the server's stop ends it
+            client.step(EmpathyAction(utterance="hello"))
+
+    threading.Thread(target=step_until_the_server_goes, daemon=True).start()
+    time.sleep(2)  # the turn is waiting on the silent server
+    running.process.send_signal(signal.SIGTERM)
+    time.sleep(2)
+    running.process.send_signal(signal.SIGTERM)
+    output = running.process.communicate(timeout=20)[0]
+    assert running.process.returncode == 130, output[-2000:]
+    assert "a second SIGTERM: exiting now" in output
+    silent.close()
