@@ -10,7 +10,7 @@
    :class:`~empathy_gym.engine.DialogueEngine`, ``N`` coroutines). Step latency is the
    client's, from sending the action to reading the observation; p50 and p99 over every
    step.
-2. The batching window's effect with the SmolLM2 transformers user (``appraisal_mode=choice``) (``--llm-steps`` turns
+2. The batching window's effect with the SmolLM2 transformers user (:data:`LLM_USER`) (``--llm-steps`` turns
    each over 1 and over 8 concurrent sessions): appraisals per second.
 3. Memory: the server's resident set (``/proc/PID/status`` VmRSS) after each of 10 rounds
    of 256 concurrent dialogues: no growth.
@@ -51,6 +51,9 @@ from empathy_gym.integrations.openenv import EmpathyAction, EmpathyEnvClient  # 
 
 REPLIES = ["That sounds really hard. What happened?", "I hear you. You are not alone in this.", "Tell me more."]
 ENV = {"env_id": "EmpathyDialogue-v0"}
+#: SmolLM2 scores the appraisal's options and writes the bare reply (SAGE's planned reply,
+#: one JSON object, is more than it writes reliably), at most 64 tokens
+LLM_USER = "transformers:smollm2,appraisal_mode=choice,reply_plan=false,max_tokens=64"
 
 
 def free_port() -> int:
@@ -86,8 +89,13 @@ class Server:
             return json.loads(response.read())
 
     def stop(self) -> None:
+        """SIGTERM; a second one after 10 s (a model user's running turn would hold the first)."""
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=120)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
 
 
 async def llm_session(url: str, steps: int, seed: int) -> tuple[int, int]:
@@ -242,8 +250,8 @@ def main() -> None:
         )
     finally:
         server.stop()
-    lines += ["", f"the SmolLM2 transformers user, appraisal_mode=choice ({args.llm_steps} turns per session):"]
-    llm = Server("--env", ENV["env_id"], "--user", "transformers:smollm2,appraisal_mode=choice", "--max-sessions", "16")
+    lines += ["", f"the SmolLM2 transformers user, {LLM_USER} ({args.llm_steps} turns per session):"]
+    llm = Server("--env", ENV["env_id"], "--user", LLM_USER, "--max-sessions", "16")
     try:
         steps = max(1, args.llm_steps)
         for sessions in (1, 8):
