@@ -349,7 +349,11 @@ def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_messa
                 os._exit(130)
             super().handle_exit(sig, frame)
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level="info", ws_max_size=max_message_bytes)).run()
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", ws_max_size=max_message_bytes)
+    try:
+        Server(config).run()
+    except KeyboardInterrupt:  # uvicorn raises the signal it stopped on again once it has stopped (as uvicorn.run)
+        pass
 
 
 class Guard:
