@@ -519,7 +519,10 @@ def serve(
     port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
     max_sessions: Annotated[int, typer.Option(min=1, help="concurrent WebSocket sessions (one dialogue each)")] = 64,
     batch_window_ms: Annotated[
-        float, typer.Option(min=0, help="how long a turn waits for other sessions' turns to reach the user with it")
+        float,
+        typer.Option(
+            min=0, max=10_000, help="how long a turn waits for other sessions' turns to reach the user with it"
+        ),
     ] = 5.0,
     token: Annotated[
         str | None,

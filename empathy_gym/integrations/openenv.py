@@ -108,9 +108,11 @@ class ServerLog:
             self.counts[name] += by
 
     def active_sessions(self) -> int:
-        """Sessions opened and not yet closed (expired or disconnected)."""
+        """Sessions open: envs built and not yet closed (expired or disconnected), less the
+        plain HTTP requests in flight (OpenEnv builds an env for each, and closes it after)."""
         with self._lock:
-            return self.counts["sessions_opened"] - self.counts["sessions_closed"]
+            built = self.counts["sessions_opened"] - self.counts["sessions_closed"]
+            return max(0, built - self.counts["http_requests_in_flight"])
 
     def finished(self, record: dict[str, Any]) -> None:
         self.count("dialogues_finished")
@@ -139,25 +141,63 @@ class EmpathyEnvironment(Environment):
         self.server_log.count("sessions_opened")
         self._state = EmpathyState()
         self._seed: int | None = None
+        self.closed = False
 
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, persona: str | None = None, **kwargs: Any
     ) -> EmpathyObservation:
         """A new dialogue, without the user's lock (OpenEnv calls :meth:`reset_async`)."""
-        options = {"persona": persona} if persona is not None else None
-        return self._started(*_refusing(lambda: self.env.reset(seed=seed, options=options)), seed, episode_id)
+        options = self._reset_options(seed, persona, kwargs)
+        return self._started(*self._refusing(lambda: self.env.reset(seed=seed, options=options)), seed, episode_id)
 
     async def reset_async(
         self, seed: int | None = None, episode_id: str | None = None, persona: str | None = None, **kwargs: Any
     ) -> EmpathyObservation:
         """A new dialogue: ``env.reset(seed=seed, options={"persona": persona})``, in a worker
-        thread under the lock the turns' batches hold."""
-        options = {"persona": persona} if persona is not None else None
+        thread under the lock the turns' batches hold.
+
+        Raises:
+            RequestError: 422, a key other than ``seed``, ``episode_id`` and ``persona``, a
+                persona that is not a string or not in the bank, a seed that is not an int;
+                410, the session expired.
+        """
+        options = self._reset_options(seed, persona, kwargs)
         try:
             text, info = await self.engine.reset(self.env, seed, options)
         except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
-            raise _translated(error) from None
+            raise self._refused(_translated(error)) from None
         return self._started(text, info, seed, episode_id)
+
+    def _reset_options(self, seed: Any, persona: Any, unknown: dict[str, Any]) -> dict[str, Any] | None:
+        self._check_open()
+        if unknown:
+            raise self._refused(
+                RequestError(422, f"reset: unknown key(s) {sorted(unknown)}; it takes seed, episode_id and persona")
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise self._refused(RequestError(422, f"reset: seed must be an int >= 0 or null, got {seed!r}"))
+        if persona is not None and not isinstance(persona, str):
+            raise self._refused(RequestError(422, f"reset: persona must be a persona id (a string), got {persona!r}"))
+        return {"persona": persona} if persona is not None else None
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise self._refused(
+                RequestError(410, "this session has expired (idle over --idle-timeout-s) or was closed; open a new one")
+            )
+
+    def _refused(self, error: Exception) -> Exception:
+        """Count and log a refusal (over WebSocket too, where no HTTP handler sees it)."""
+        if isinstance(error, RequestError):
+            self.server_log.count(f"refused_{error.status}")
+            log.warning("refused a request of session %s: %s", self._state.episode_id or "-", error)
+        return error
+
+    def _refusing(self, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
+            raise self._refused(_translated(error)) from None
 
     def _started(self, text: str, info: dict[str, Any], seed: int | None, episode_id: str | None) -> EmpathyObservation:
         self._seed = seed
@@ -168,7 +208,7 @@ class EmpathyEnvironment(Environment):
     def step(self, action: EmpathyAction, timeout_s: float | None = None, **kwargs: Any) -> EmpathyObservation:
         """One turn without batching (OpenEnv calls :meth:`step_async`)."""
         self._check(action)
-        return self._finish(_refusing(lambda: self.env.step(action.utterance)))
+        return self._finish(self._refusing(lambda: self.env.step(action.utterance)))
 
     async def step_async(
         self, action: EmpathyAction, timeout_s: float | None = None, **kwargs: Any
@@ -183,16 +223,18 @@ class EmpathyEnvironment(Environment):
         try:
             result = await self.engine.submit(self.env, action.utterance)
         except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
-            raise _translated(error) from None
+            raise self._refused(_translated(error)) from None
         return self._finish(result)
 
     def _check(self, action: EmpathyAction) -> None:
+        self._check_open()
         if len(action.utterance) > self.max_action_chars:
-            self.server_log.count("refused_action_too_long")
-            raise RequestError(
-                413,
-                f"action.utterance: {len(action.utterance)} characters, over this server's limit of "
-                f"{self.max_action_chars} (--max-action-chars)",
+            raise self._refused(
+                RequestError(
+                    413,
+                    f"action.utterance: {len(action.utterance)} characters, over this server's limit of "
+                    f"{self.max_action_chars} (--max-action-chars)",
+                )
             )
 
     def _finish(self, result: tuple[str, Any, bool, bool, dict[str, Any]]) -> EmpathyObservation:
@@ -233,9 +275,12 @@ class EmpathyEnvironment(Environment):
         return self._state
 
     def close(self) -> None:
-        """The session ended (closed, expired or disconnected): its slot is free; the user
-        belongs to the server's engine."""
-        self.server_log.count("sessions_closed")
+        """The session ended (closed, expired or disconnected): its slot is free, and a
+        client still holding its connection is refused (410); the user belongs to the
+        server's engine."""
+        if not self.closed:
+            self.closed = True
+            self.server_log.count("sessions_closed")
 
 
 def _translated(error: Exception) -> Exception:
@@ -251,15 +296,10 @@ def _translated(error: Exception) -> Exception:
     return error
 
 
-def _refusing(call: Any) -> Any:
-    try:
-        return call()
-    except Exception as error:  # noqa: BLE001  (translated, or raised as it is)
-        raise _translated(error) from None
-
-
 #: routes open without the bearer token (a load balancer's or an orchestrator's probe)
 OPEN_PATHS = ("/health",)
+#: OpenEnv's plain HTTP routes that build an env for the request (not a session)
+ENV_ROUTES = ("/reset", "/step", "/state", "/metadata", "/schema")
 
 
 def make_app(
@@ -304,6 +344,10 @@ def make_app(
             raise ValueError(f"{name} must be >= 1, got {value}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    if token is not None and not token.strip():
+        raise ValueError(
+            "token: empty (an unset secret expanded to nothing?); give a token, or none for a server without one"
+        )
     engine = DialogueEngine(config or {})
     server_log = ServerLog(log_dialogues)
     app = create_app(
@@ -314,9 +358,8 @@ def make_app(
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=idle_timeout_s),
     )
 
-    async def refused(request: Any, error: RequestError) -> Any:
-        server_log.count(f"refused_{error.status}")
-        log.warning("refused %s %s from %s: %s", request.method, request.url.path, request.client, error)
+    async def refused(request: Any, error: RequestError) -> Any:  # counted and logged where raised
+        log.warning("refused %s %s from %s (%s)", request.method, request.url.path, request.client, error.status)
         return JSONResponse({"detail": str(error)}, status_code=error.status)
 
     @app.get("/metrics", tags=["Health"], summary="Counts of sessions, dialogues, steps and refusals")
@@ -374,21 +417,12 @@ class Guard:
             log.warning(
                 "refused %s %s from %s: no valid bearer token", scope["type"], scope["path"], scope.get("client")
             )
-            if scope["type"] == "http":
-                return await _respond(send, 401, b"", [(b"www-authenticate", b"Bearer")])
-            await receive()  # the handshake's websocket.connect
-            return await send({"type": "websocket.close", "code": 1008})
+            return await self._refuse(scope, receive, send, 401, None, [(b"www-authenticate", b"Bearer")])
         if scope["type"] == "websocket" and self.server_log.active_sessions() >= self.max_sessions:
             self.server_log.count("refused_429")
             log.warning("refused a session from %s: %d sessions open", scope.get("client"), self.max_sessions)
             message = f"this server holds at most {self.max_sessions} sessions (--max-sessions); try again later"
-            await receive()  # the handshake's websocket.connect
-            if "websocket.http.response" in scope.get("extensions", {}):
-                body = json.dumps({"detail": message}).encode()
-                start = {"status": 429, "headers": [(b"content-type", b"application/json")]}
-                await send({"type": "websocket.http.response.start", **start})
-                return await send({"type": "websocket.http.response.body", "body": body})
-            return await send({"type": "websocket.close", "code": 1013, "reason": message})
+            return await self._refuse(scope, receive, send, 429, message)
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._bounded_body(receive)
             if body is None:
@@ -397,11 +431,36 @@ class Guard:
                     "refused %s from %s: body over %d bytes", scope["path"], scope.get("client"), self.max_body_bytes
                 )
                 message = f"request body over this server's limit of {self.max_body_bytes} bytes (--max-body-bytes)"
-                return await _respond(
-                    send, 413, json.dumps({"detail": message}).encode(), [(b"content-type", b"application/json")]
-                )
+                return await self._refuse(scope, receive, send, 413, message)
             receive = _replay(body)
+        if scope["type"] == "http" and scope["path"] in ENV_ROUTES:
+            self.server_log.count("http_requests_in_flight")
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.server_log.count("http_requests_in_flight", -1)
         return await self.app(scope, receive, send)
+
+    async def _refuse(
+        self,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        status: int,
+        message: str | None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        """An HTTP answer with ``status`` and ``{"detail": message}`` (no body without a
+        message), also to a WebSocket handshake where the server can answer one."""
+        body = json.dumps({"detail": message}).encode() if message is not None else b""
+        headers = [*headers, *([(b"content-type", b"application/json")] if message is not None else [])]
+        if scope["type"] == "http":
+            return await _respond(send, status, body, headers)
+        await receive()  # the handshake's websocket.connect
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            return await send({"type": "websocket.http.response.body", "body": body})
+        return await send({"type": "websocket.close", "code": 1008, "reason": message or ""})
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         given = dict(scope.get("headers", ())).get(b"authorization", b"")
@@ -479,7 +538,10 @@ class EmpathyEnvClient(EnvClient[EmpathyAction, EmpathyObservation, EmpathyState
                 additional_headers=headers,
             )
         except Exception as error:  # noqa: BLE001  (OpenEnv's own client says the same)
-            raise ConnectionError(f"Failed to connect to {self._ws_url}: {error}") from error
+            response = getattr(error, "response", None)
+            detail = getattr(response, "body", b"") or b""
+            said = f" {detail.decode('utf-8', 'replace')}" if detail else ""
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {error}{said}") from error
         return self
 
     def _step_payload(self, action: EmpathyAction) -> dict[str, Any]:

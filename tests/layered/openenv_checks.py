@@ -177,12 +177,16 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
         assert post(f"{running.url}/reset", b"{}", Authorization="Bearer wrong") == (401, "")
         with urllib.request.urlopen(f"{running.url}/health", timeout=5) as response:
             assert response.status == 200
-        with pytest.raises(ConnectionError):
+        with pytest.raises(ConnectionError, match="401"):  # was 403: the handshake is answered with 401 now
             EmpathyEnvClient(base_url=running.url).sync().reset(seed=0)
         # limits, each named; the session goes on after each refusal
         status, body = post(f"{running.url}/reset", b"x" * 5000, **auth)
         assert status == 413 and "over this server's limit of 4096 bytes (--max-body-bytes)" in body
         with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
+            with pytest.raises(Exception, match=r"unknown key\(s\) \['options'\]"):  # was: ignored, another persona
+                client.reset(seed=0, options={"persona": PERSONA})
+            with pytest.raises(Exception, match="persona must be a persona id"):
+                client.reset(seed=0, persona=["a"])
             client.reset(seed=0, persona=PERSONA)
             with pytest.raises(Exception, match=r"over this server's limit of 60 \(--max-action-chars\)"):
                 client.step(EmpathyAction(utterance="x" * 61))
@@ -195,13 +199,15 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
         first.reset(seed=1)
         second = EmpathyEnvClient(base_url=running.url, token=token).sync()
         second.reset(seed=2)
-        with pytest.raises(ConnectionError, match="429"):
+        with pytest.raises(ConnectionError, match=r"429.*at most 2 sessions \(--max-sessions\)"):
             EmpathyEnvClient(base_url=running.url, token=token).sync().reset(seed=3)
         asyncio.run_coroutine_threadsafe(first.async_client._ws.close(), first._loop).result(10)  # no goodbye
         deadline = time.monotonic() + 30
         while running.metrics(**auth)["sessions_active"] > 0:  # the vanished one and the idle one
             assert time.monotonic() < deadline, running.metrics(**auth)
             time.sleep(0.5)
+        with pytest.raises(Exception, match="this session has expired"):  # was: it played on, past the limit
+            second.step(EmpathyAction(utterance=REPLIES[0]))
         with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
             assert client.reset(seed=4, persona=PERSONA).observation.persona_id == PERSONA
         counts = running.metrics(**auth)
@@ -251,3 +257,13 @@ def test_a_second_sigterm_stops_a_server_whose_user_hangs():
     assert running.process.returncode == 130, output[-2000:]
     assert "a second SIGTERM: exiting now" in output
     silent.close()
+
+
+def test_an_empty_token_is_refused_at_start():
+    """Was: an empty EMPATHY_GYM_SERVE_TOKEN ran the server open, and --token '' ran one
+    nobody could use."""
+    from empathy_gym.integrations.openenv import make_app
+
+    for token in ("", "  "):
+        with pytest.raises(ValueError, match="token: empty"):
+            make_app({"env_id": "EmpathyDialogue-v0"}, token=token)
