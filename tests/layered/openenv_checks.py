@@ -267,3 +267,24 @@ def test_an_empty_token_is_refused_at_start():
     for token in ("", "  "):
         with pytest.raises(ValueError, match="token: empty"):
             make_app({"env_id": "EmpathyDialogue-v0"}, token=token)
+
+
+def test_plain_http_requests_take_no_session_slot():
+    """Was: each HTTP /reset built an env that counted as a session, so a loop of them kept
+    WebSocket clients out (429). (seed=true still reads as 1: OpenEnv's request model
+    coerces it before the env sees it.)"""
+    from fastapi.testclient import TestClient
+
+    from empathy_gym.integrations.openenv import ServerLog, make_app
+
+    log = ServerLog()
+    log.count("sessions_opened", 3)
+    log.count("http_requests_in_flight", 2)  # two HTTP requests, each with its env
+    assert log.active_sessions() == 1
+    app = make_app({"env_id": "EmpathyDialogue-v0"}, max_sessions=1)
+    with TestClient(app) as client:
+        assert client.post("/reset", json={"seed": 1}).status_code == 200
+        assert client.get("/metrics").json()["sessions_active"] == 0
+        with client.websocket_connect("/ws") as session:  # the one slot is free
+            session.send_json({"type": "reset", "data": {"seed": 0}})
+            assert session.receive_json()["type"] != "error"
