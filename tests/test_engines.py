@@ -6,26 +6,15 @@ every reader follow."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
+from test_memory_plan import SMOLLM2  # the decoder shapes of that file's plans
 
 from empathy_gym.agents import load_recipe
 from empathy_gym.agents.config import RecipeError
 from empathy_gym.agents.engines import ENGINES, policy_user_options, sampler_engine
 from empathy_gym.agents.memory import DecoderShape, plan_memory
 from empathy_gym.agents.mismatch import resolve_tis_cap
-
-SMOLLM2 = SimpleNamespace(
-    model_type="llama",
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    tie_word_embeddings=True,
-)
 
 
 class OtherPolicyUser:

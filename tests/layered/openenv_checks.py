@@ -11,11 +11,11 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -23,58 +23,39 @@ import pytest
 import empathy_gym  # noqa: F401
 from empathy_gym.integrations.openenv import EmpathyAction, EmpathyEnvClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the server launcher
+from servers import Server, free_port, start  # noqa: E402
+
 REPLIES = ["That sounds really hard. What happened?", "I hear you. You are not alone in this.", "Tell me more."]
 PERSONA = "en-002-group-project"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def serve(log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """``empathy-gym serve ARGS`` on a free port of 127.0.0.1, ready (tests/servers.py's launcher)."""
+    port = free_port()
+    command = [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(port), *args]
+    return start(command, f"http://127.0.0.1:{port}", "", log, {**os.environ, **(env or {})}, timeout_s=120)
 
 
-class Server:
-    """``empathy-gym serve ARGS`` on a free port of 127.0.0.1, stopped by PID (SIGTERM)."""
+def metrics(server: Server, **headers: str) -> dict[str, int]:
+    request = urllib.request.Request(f"{server.url}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.process.kill()
-                    pytest.fail(f"the server did not start: {self.process.communicate()[0][-3000:]}")
-                time.sleep(0.3)
 
-    def metrics(self, **headers: str) -> dict[str, int]:
-        request = urllib.request.Request(f"{self.url}/metrics", headers=headers)
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.loads(response.read())
-
-    def stop(self) -> str:
-        self.process.send_signal(signal.SIGTERM)
-        output = self.process.communicate(timeout=60)[0]
-        assert self.process.returncode == 0, output[-3000:]  # a clean stop
-        return output
+def stop_cleanly(server: Server) -> str:
+    """SIGTERM by PID; the server must exit 0 (a clean stop). Returns its log."""
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(timeout=60)
+    assert server.process.returncode == 0, server.log_tail()
+    return server.log_tail(1_000_000)
 
 
 @pytest.fixture(scope="module")
-def server():
-    running = Server("--max-sessions", "8")
+def server(tmp_path_factory):
+    running = serve(tmp_path_factory.mktemp("serve") / "serve.log", "--max-sessions", "8")
     yield running.url, running.process
-    running.stop()
+    stop_cleanly(running)
 
 
 def in_process(seed: int) -> list[tuple]:
@@ -166,7 +147,8 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
     action, a 4 kB body, sessions idle for a second expire, finished dialogues logged."""
     log = tmp_path / "dialogues.jsonl"
     token = "t0ken"
-    running = Server(
+    running = serve(
+        tmp_path / "serve.log",
         "--max-sessions", "2", "--max-action-chars", "60", "--max-body-bytes", "4096", "--idle-timeout-s", "1",
         "--log-dialogues", str(log), env={"EMPATHY_GYM_SERVE_TOKEN": token},
     )  # fmt: skip
@@ -203,23 +185,23 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
             EmpathyEnvClient(base_url=running.url, token=token).sync().reset(seed=3)
         asyncio.run_coroutine_threadsafe(first.async_client._ws.close(), first._loop).result(10)  # no goodbye
         deadline = time.monotonic() + 30
-        while running.metrics(**auth)["sessions_active"] > 0:  # the vanished one and the idle one
-            assert time.monotonic() < deadline, running.metrics(**auth)
+        while metrics(running, **auth)["sessions_active"] > 0:  # the vanished one and the idle one
+            assert time.monotonic() < deadline, metrics(running, **auth)
             time.sleep(0.5)
         with pytest.raises(Exception, match="this session has expired"):  # was: it played on, past the limit
             second.step(EmpathyAction(utterance=REPLIES[0]))
         with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
             assert client.reset(seed=4, persona=PERSONA).observation.persona_id == PERSONA
-        counts = running.metrics(**auth)
+        counts = metrics(running, **auth)
         assert counts["refused_401"] >= 3 and counts["refused_413"] >= 1 and counts["refused_429"] == 1
         assert counts["dialogues_finished"] == 1
     finally:
-        output = running.stop()
+        output = stop_cleanly(running)
     assert "no valid bearer token" in output and "body over 4096 bytes" in output and "2 sessions open" in output
 
 
-def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on():
-    running = Server("--user", f"openai:m@http://127.0.0.1:{free_port()}/v1,max_retries=0")
+def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on(tmp_path):
+    running = serve(tmp_path / "serve.log", "--user", f"openai:m@http://127.0.0.1:{free_port()}/v1,max_retries=0")
     try:
         with EmpathyEnvClient(base_url=running.url).sync() as client:
             client.reset(seed=0, persona=PERSONA)  # the opening line is the persona's: no call
@@ -229,10 +211,10 @@ def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on():
         with urllib.request.urlopen(f"{running.url}/health", timeout=5) as response:
             assert response.status == 200
     finally:
-        running.stop()
+        stop_cleanly(running)
 
 
-def test_a_second_sigterm_stops_a_server_whose_user_hangs():
+def test_a_second_sigterm_stops_a_server_whose_user_hangs(tmp_path):
     """Was: the first SIGTERM waited for the turn running in a worker thread (a model user
     can take minutes; here a server that never answers), and uvicorn's second did too."""
     import threading
@@ -240,7 +222,9 @@ def test_a_second_sigterm_stops_a_server_whose_user_hangs():
     silent = socket.socket()  # takes connections, never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
-    running = Server("--user", f"openai:m@http://127.0.0.1:{silent.getsockname()[1]}/v1,max_retries=0")
+    running = serve(
+        tmp_path / "serve.log", "--user", f"openai:m@http://127.0.0.1:{silent.getsockname()[1]}/v1,max_retries=0"
+    )
     client = EmpathyEnvClient(base_url=running.url).sync()
     client.reset(seed=0, persona=PERSONA)
 
@@ -253,8 +237,9 @@ def test_a_second_sigterm_stops_a_server_whose_user_hangs():
     running.process.send_signal(signal.SIGTERM)
     time.sleep(2)
     running.process.send_signal(signal.SIGTERM)
-    output = running.process.communicate(timeout=20)[0]
-    assert running.process.returncode == 130, output[-2000:]
+    running.process.wait(timeout=20)
+    output = running.log_tail()
+    assert running.process.returncode == 130, output
     assert "a second SIGTERM: exiting now" in output
     silent.close()
 
