@@ -31,9 +31,8 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -43,8 +42,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # the server launcher of the tests
 
 from _machine import cpu_model, provenance, publish  # noqa: E402
+from servers import Server, free_port, start  # noqa: E402
 
 from empathy_gym.engine import DialogueEngine  # noqa: E402
 from empathy_gym.integrations.openenv import EmpathyAction, EmpathyEnvClient  # noqa: E402
@@ -56,46 +57,25 @@ ENV = {"env_id": "EmpathyDialogue-v0"}
 LLM_USER = "transformers:smollm2,appraisal_mode=choice,reply_plan=false,max_tokens=64"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def serve(*args: str) -> Server:
+    """``empathy-gym serve ARGS`` on a free port of 127.0.0.1, ready (tests/servers.py's
+    launcher: stopped by PID, SIGKILL after 15 s if a model user's turn holds SIGTERM)."""
+    port = free_port()
+    command = [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(port), *args]
+    log = Path(tempfile.mkdtemp(prefix="serve-load-")) / "serve.log"
+    return start(command, f"http://127.0.0.1:{port}", "", log, timeout_s=300)
 
 
-class Server:
-    def __init__(self, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(self.port), *args]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not start (exit code {self.process.poll()})") from None
-                time.sleep(0.3)
+def rss_mib(server: Server) -> float:
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
 
-    def metrics(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
-            return json.loads(response.read())
-
-    def stop(self) -> None:
-        """SIGTERM; a second one after 10 s (a model user's running turn would hold the first)."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
+def metrics(server: Server) -> dict[str, int]:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+        return json.loads(response.read())
 
 
 async def llm_session(url: str, steps: int, seed: int) -> tuple[int, int]:
@@ -218,7 +198,7 @@ def main() -> None:
     ]
     # room for the sessions a finished round's clients have closed and the server not yet freed
     room = 2 * max(256, *args.sessions)
-    server = Server("--env", ENV["env_id"], "--max-sessions", str(room), "--idle-timeout-s", "5")
+    server = serve("--env", ENV["env_id"], "--max-sessions", str(room), "--idle-timeout-s", "5")
     try:
         for sessions in args.sessions:
             remote, local = throughput(server.url, sessions, args.dialogues)
@@ -229,11 +209,11 @@ def main() -> None:
         rss = []
         for _ in range(10):
             asyncio.run(at_most(256, [functools.partial(played_remotely, server.url, s, []) for s in range(256)]))
-            rss.append(server.rss_mib())
+            rss.append(rss_mib(server))
         lines.append(
             "server resident set after each of 10 rounds of 256 dialogues (MiB): " + " ".join(f"{x:.0f}" for x in rss)
         )
-        before, deadline, rounds, rng = server.rss_mib(), time.monotonic() + args.soak_s, 0, random.Random(0)
+        before, deadline, rounds, rng = rss_mib(server), time.monotonic() + args.soak_s, 0, random.Random(0)
         while time.monotonic() < deadline:
             jobs = [
                 lambda s=s: played_remotely(server.url, s, [], vanish=rng.random() < 1 / 3)
@@ -242,16 +222,16 @@ def main() -> None:
             asyncio.run(at_most(64, jobs))
             rounds += 1
         time.sleep(12)  # a vanished session is freed when the server notices the closed socket
-        metrics = server.metrics()
+        counts = metrics(server)
         lines.append(
             f"soak: {args.soak_s:.0f} s, {rounds * 64} dialogues (a third vanished after one turn); "
-            f"sessions still open after: {metrics['sessions_active']}; "
-            f"resident set {before:.0f} -> {server.rss_mib():.0f} MiB"
+            f"sessions still open after: {counts['sessions_active']}; "
+            f"resident set {before:.0f} -> {rss_mib(server):.0f} MiB"
         )
     finally:
         server.stop()
     lines += ["", f"the SmolLM2 transformers user, {LLM_USER} ({args.llm_steps} turns per session):"]
-    llm = Server("--env", ENV["env_id"], "--user", LLM_USER, "--max-sessions", "16")
+    llm = serve("--env", ENV["env_id"], "--user", LLM_USER, "--max-sessions", "16")
     try:
         steps = max(1, args.llm_steps)
         for sessions in (1, 8):
