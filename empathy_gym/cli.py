@@ -505,66 +505,145 @@ def _agreement_table(report: dict[str, Any], resumed: int) -> Table:
 
 
 # -- serve -----------------------------------------------------------------------------
+SERVE_ENV = "EMPATHY_GYM_SERVE_"
+
+
+def _serve_option(name: str, **kwargs: Any) -> Any:
+    """A ``serve`` option that its variable ``EMPATHY_GYM_SERVE_<NAME>`` can also give (how
+    a container or an OpenEnv Space sets it)."""
+    return typer.Option(
+        *([name] if name.startswith("--") else []),
+        envvar=SERVE_ENV + name.lstrip("-").replace("-", "_").upper(),
+        show_envvar=True,
+        **kwargs,
+    )
+
+
 @app.command(epilog=EXIT_CODES)
 def serve(
-    env_id: Annotated[
-        str, typer.Option("--env", help="a registered id (see `empathy-gym envs`)")
-    ] = "EmpathyDialogue-v0",
-    user: Annotated[str | None, typer.Option(help=USER_HELP + "; default: the env's own")] = None,
-    personas: Annotated[str | None, typer.Option(help=PERSONAS_HELP + "; default: the env's own")] = None,
-    difficulty: Annotated[str | None, typer.Option(help=DIFFICULTY_HELP + "; default: the env's own")] = None,
-    host: Annotated[str, typer.Option(help="address to bind (another than 127.0.0.1 opens it to the network)")] = (
-        "127.0.0.1"
+    env_id: Annotated[str, _serve_option("--env", help="a registered id (see `empathy-gym envs`)")] = (
+        "EmpathyDialogue-v0"
     ),
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
-    max_sessions: Annotated[int, typer.Option(min=1, help="concurrent WebSocket sessions (one dialogue each)")] = 64,
+    user: Annotated[str | None, _serve_option("user", help=USER_HELP + "; default: the env's own")] = None,
+    personas: Annotated[str | None, _serve_option("personas", help=PERSONAS_HELP + "; default: the env's own")] = None,
+    difficulty: Annotated[
+        str | None, _serve_option("difficulty", help=DIFFICULTY_HELP + "; default: the env's own")
+    ] = None,
+    host: Annotated[
+        str, _serve_option("host", help="address to bind (another than 127.0.0.1 opens it to the network)")
+    ] = "127.0.0.1",
+    port: Annotated[int, _serve_option("port", min=0, max=65535)] = 8000,
+    max_sessions: Annotated[
+        int, _serve_option("max_sessions", min=1, help="concurrent WebSocket sessions (one dialogue each)")
+    ] = 64,
     batch_window_ms: Annotated[
         float,
-        typer.Option(
-            min=0, max=10_000, help="how long a turn waits for other sessions' turns to reach the user with it"
+        _serve_option(
+            "batch_window_ms",
+            min=0,
+            max=10_000,
+            help="how long a turn waits for other sessions' turns to reach the user with it",
         ),
     ] = 5.0,
     token: Annotated[
         str | None,
-        typer.Option(
-            envvar="EMPATHY_GYM_SERVE_TOKEN",
-            show_envvar=True,
+        _serve_option(
+            "token",
             help="require `Authorization: Bearer TOKEN` on every route but /health (prefer the variable: "
             "a command line is visible to other users)",
         ),
     ] = None,
-    max_action_chars: Annotated[int, typer.Option(min=1, help="the longest utterance taken")] = 8192,
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="the largest request body and WebSocket message")] = 1
-    << 20,
+    max_action_chars: Annotated[int, _serve_option("max_action_chars", min=1, help="the longest utterance taken")] = (
+        8192
+    ),
+    max_body_bytes: Annotated[
+        int, _serve_option("max_body_bytes", min=1, help="the largest request body and WebSocket message")
+    ] = 1 << 20,
     idle_timeout_s: Annotated[
-        float, typer.Option(min=0, help="a session idle this long expires and frees its slot (0: never)")
+        float,
+        _serve_option("idle_timeout_s", min=0, help="a session idle this long expires and frees its slot (0: never)"),
     ] = 600.0,
     log_dialogues: Annotated[
-        Path | None, typer.Option(help="append every finished dialogue to this JSONL file as it ends")
+        Path | None, _serve_option("log_dialogues", help="append every finished dialogue to this JSONL file as it ends")
     ] = None,
 ) -> None:
     """Serve the env to OpenEnv clients (HTTP and WebSocket; TRL's environment path): every
     session plays its own dialogue, and all of them share one simulated user, whose turns
     arrive together. Needs `pip install 'empathy-gym[openenv]'`. SIGTERM or Ctrl-C stops it
-    once the running turns are answered; a second one at once.
+    once the running turns are answered; a second one at once. Every option can also be
+    given by its variable (EMPATHY_GYM_SERVE_PORT, ...); the command line wins.
     """
+    with _exit_codes():
+        from empathy_gym.integrations.openenv import run_server
+
+        application = _serve_app(
+            env_id,
+            user,
+            personas,
+            difficulty,
+            batch_window_ms,
+            max_sessions,
+            token,
+            max_action_chars,
+            max_body_bytes,
+            idle_timeout_s,
+            log_dialogues,
+        )
+        run_server(application, host=host, port=port, max_message_bytes=max_body_bytes)
+
+
+def _serve_app(
+    env_id: str,
+    user: str | None,
+    personas: str | None,
+    difficulty: str | None,
+    batch_window_ms: float,
+    max_sessions: int,
+    token: str | None,
+    max_action_chars: int,
+    max_body_bytes: int,
+    idle_timeout_s: float,
+    log_dialogues: Path | None,
+) -> Any:
+    from empathy_gym.integrations.openenv import make_app
+
     config: dict[str, Any] = {"env_id": env_id, "batch_window_ms": batch_window_ms}
     for name, value in (("user", user), ("personas", personas), ("difficulty", difficulty)):
         if value is not None:
             config[name] = value
-    with _exit_codes():
-        from empathy_gym.integrations.openenv import make_app, run_server
+    return make_app(
+        config,
+        max_sessions=max_sessions,
+        token=token,
+        max_action_chars=max_action_chars,
+        max_body_bytes=max_body_bytes,
+        idle_timeout_s=idle_timeout_s or None,
+        log_dialogues=log_dialogues,
+    )
 
-        application = make_app(
-            config,
-            max_sessions=max_sessions,
-            token=token,
-            max_action_chars=max_action_chars,
-            max_body_bytes=max_body_bytes,
-            idle_timeout_s=idle_timeout_s or None,
-            log_dialogues=log_dialogues,
-        )
-        run_server(application, host=host, port=port, max_message_bytes=max_body_bytes)
+
+def serve_app_from_environ() -> tuple[Any, dict[str, Any]]:
+    """The app ``empathy-gym serve`` runs, with its options read from the
+    ``EMPATHY_GYM_SERVE_*`` variables alone (``empathy-gym serve --help`` lists them): what
+    an OpenEnv deployment imports (``deploy/empathy_env/server/app.py``).
+
+    Returns:
+        ``(app, run)``: the FastAPI app and the keywords of
+        :func:`~empathy_gym.integrations.openenv.run_server` (``host``, ``port``,
+        ``max_message_bytes``).
+
+    Raises:
+        ValueError: a variable's value is not valid for its option (the message names the
+            variable). As :func:`~empathy_gym.integrations.openenv.make_app`.
+    """
+    group = typer.main.get_command(app)
+    command = group.get_command(typer.Context(group), "serve")
+    try:
+        params = dict(command.make_context("serve", []).params)
+    except typer.BadParameter as error:  # its message names the option and the variable
+        raise ValueError(error.format_message()) from None
+    host, port = params.pop("host"), params.pop("port")
+    return _serve_app(**params), {"host": host, "port": port, "max_message_bytes": params["max_body_bytes"]}
 
 
 # -- play ------------------------------------------------------------------------------

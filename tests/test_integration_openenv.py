@@ -48,3 +48,20 @@ def test_serve_says_what_to_install_without_openenv(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--port", "0"])
     assert result.exit_code == 1
     assert "needs openenv-core 0.3: pip install 'empathy-gym[openenv]'" in result.output
+
+
+def test_a_bad_serve_variable_is_refused_naming_it(monkeypatch):
+    """``serve_app_from_environ`` (the deployment's ``server/app.py``) reads ``serve``'s
+    options from ``EMPATHY_GYM_SERVE_*``; a bad value names the variable and the option,
+    before anything is built."""
+    from empathy_gym.cli import serve_app_from_environ
+
+    monkeypatch.setenv("EMPATHY_GYM_SERVE_MAX_SESSIONS", "0")
+    with pytest.raises(
+        ValueError, match=r"'--max-sessions' \(env var: 'EMPATHY_GYM_SERVE_MAX_SESSIONS'\).*greater than or equal to 1"
+    ):
+        serve_app_from_environ()
+    monkeypatch.setenv("EMPATHY_GYM_SERVE_MAX_SESSIONS", "4")
+    monkeypatch.setenv("EMPATHY_GYM_SERVE_PORT", "http")
+    with pytest.raises(ValueError, match=r"'--port' \(env var: 'EMPATHY_GYM_SERVE_PORT'\)"):
+        serve_app_from_environ()

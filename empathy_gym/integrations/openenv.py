@@ -379,11 +379,16 @@ def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_messa
     """Serve ``app`` with uvicorn until SIGINT or SIGTERM, with one change: a second signal
     ends the process at once (exit code 130). uvicorn's own second signal still waits for
     the turns running in worker threads, which a model user may spend minutes on and nothing
-    can interrupt; the finished dialogues are on disk already (``log_dialogues``)."""
+    can interrupt; the finished dialogues are on disk already (``log_dialogues``). A clean
+    stop exits 0 however the server was started (the command line, ``python -m server.app``)."""
     import os
     import signal
 
     import uvicorn
+
+    from empathy_gym.agents.console import honour_interrupts
+
+    honour_interrupts()  # SIGTERM as Ctrl-C: uvicorn raises it again once stopped, caught below
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -273,3 +275,62 @@ def test_plain_http_requests_take_no_session_slot():
         with client.websocket_connect("/ws") as session:  # the one slot is free
             session.send_json({"type": "reset", "data": {"seed": 0}})
             assert session.receive_json()["type"] != "error"
+
+
+# -- the OpenEnv environment folder (deploy/empathy_env) -----------------------------------
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "empathy_env"
+
+
+def openenv_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "openenv.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_openenv_validate_passes_the_deployment_folder_and_fails_one_without_its_lock(tmp_path):
+    """OpenEnv's offline checks of a folder that ``openenv build`` and ``openenv push`` take:
+    ``openenv validate`` (manifest, pyproject's ``server`` script, lock, ``server/app.py``'s
+    guarded ``main``) and push's structure check."""
+    from openenv.cli._cli_utils import validate_env_structure
+
+    passed = openenv_cli("validate", str(DEPLOY), "--json", "--verbose")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    report = json.loads(passed.stdout)
+    assert report["passed"] and report["deployment_modes"] == {
+        "docker": True,
+        "openenv_serve": True,
+        "uv_run": True,
+        "python_module": True,
+    }
+    assert validate_env_structure(DEPLOY) == ["Recommended directory missing: outputs/"]
+
+    unlocked = tmp_path / "empathy_env"
+    shutil.copytree(DEPLOY, unlocked, ignore=shutil.ignore_patterns("uv.lock", "vendor", "__pycache__"))
+    failed = openenv_cli("validate", str(unlocked))
+    assert failed.returncode == 1 and "Missing uv.lock" in failed.stdout
+
+
+def test_the_deployment_app_reads_serve_options_from_variables_and_passes_runtime_validation(tmp_path):
+    """``python -m server.app`` (the Dockerfile's command) serves ``empathy-gym serve``'s app
+    with its options from ``EMPATHY_GYM_SERVE_*`` (here the port and the persona bank: a
+    reset draws the persona that ``gym.make(personas="sage")`` draws with the same seed),
+    ``openenv validate --url`` passes every criterion, and SIGTERM stops it with exit code 0."""
+    port = free_port()
+    variables = {"PYTHONPATH": str(DEPLOY), "EMPATHY_GYM_SERVE_PORT": str(port), "EMPATHY_GYM_SERVE_PERSONAS": "sage"}
+    command = [sys.executable, "-m", "server.app"]
+    running = start(command, f"http://127.0.0.1:{port}", "", tmp_path / "app.log", {**os.environ, **variables}, 120)
+    try:
+
+        async def persona_of_reset(seed: int) -> str:
+            async with EmpathyEnvClient(base_url=running.url) as client:
+                return (await client.reset(seed=seed)).observation.persona_id
+
+        in_process = gym.make("EmpathyDialogue-v0", personas="sage").reset(seed=3)[1]["persona_id"]
+        assert asyncio.run(persona_of_reset(3)) == in_process
+        assert in_process != gym.make("EmpathyDialogue-v0").reset(seed=3)[1]["persona_id"]
+
+        runtime = openenv_cli("validate", "--url", running.url)
+        report = json.loads(runtime.stdout)
+        assert runtime.returncode == 0 and report["passed"], runtime.stdout
+        assert report["mode"] == "simulation" and report["summary"]["failed_criteria"] == []
+    finally:
+        log = stop_cleanly(running)
+    assert "Application shutdown complete" in log

@@ -1,0 +1,20 @@
+"""``empathy-gym serve`` as OpenEnv's tooling runs it: ``server.app:app`` (openenv.yaml,
+uvicorn), ``python -m server.app`` (the Dockerfile), ``uv run server`` (pyproject.toml).
+
+Its options are ``empathy-gym serve``'s, read from the ``EMPATHY_GYM_SERVE_*`` variables
+(``empathy-gym serve --help`` lists them; a Space sets them as variables and secrets).
+"""
+
+from empathy_gym.cli import serve_app_from_environ
+from empathy_gym.integrations.openenv import run_server
+
+app, run = serve_app_from_environ()
+
+
+def main() -> None:
+    """Serve ``app`` until SIGINT or SIGTERM (a second one ends it at once)."""
+    run_server(app, **run)
+
+
+if __name__ == "__main__":
+    main()
