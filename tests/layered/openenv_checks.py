@@ -334,3 +334,95 @@ def test_the_deployment_app_reads_serve_options_from_variables_and_passes_runtim
     finally:
         log = stop_cleanly(running)
     assert "Application shutdown complete" in log
+
+
+# -- TRL's environment path (environment_factory) over the server --------------------------
+SAID = "I hear you."
+TOOL_CALL = "<tool_call>\n" + json.dumps({"name": "reply", "arguments": {"message": SAID}}) + "\n</tool_call><|im_end|>"
+
+
+def teach_the_tool_call(model, tokenizer, contexts: list[str], steps: int) -> float:
+    """Fit the tiny random model to answer every context with :data:`TOOL_CALL` (a random
+    model never calls a tool; a 7B instruct model does). Returns the last loss."""
+    import torch
+
+    rows = []
+    for context in contexts:
+        prompt = tokenizer(context, add_special_tokens=False)["input_ids"]
+        target = tokenizer(TOOL_CALL, add_special_tokens=False)["input_ids"]
+        rows.append((prompt + target, [-100] * len(prompt) + target))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in rows])
+    mask = (ids != 0).long()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+def test_a_grpo_step_through_trl_environment_factory_plays_the_server_dialogues(tmp_path, tiny_model_dir):
+    """TRL's native environment path, as ``examples/trl_openenv.py`` runs it:
+    ``GRPOTrainer(environment_factory=...)`` with :class:`EmpathyToolEnv` on the real
+    server. The tiny model (taught first to call the ``reply`` tool) speaks through the tool;
+    every rollout's turns are the in-process dialogue of its row's seed and persona (same
+    user lines, same emotions), and the reward TRL logs is the mean of their returns."""
+    import importlib.util
+
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from empathy_gym.integrations.trl_environment import EmpathyToolEnv
+
+    spec = importlib.util.spec_from_file_location("trl_openenv", DEPLOY.parents[1] / "examples" / "trl_openenv.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    running = serve(tmp_path / "serve.log")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        teacher, contexts = EmpathyToolEnv(running.url), []
+        for row in EmpathyToolEnv.dataset(running.url, 2, seed=0):
+            chat = [dict(message) for message in row["prompt"]]
+            chat[-1]["content"] = teacher.reset(**row)
+            for _ in range(2):
+                contexts.append(
+                    tokenizer.apply_chat_template(
+                        chat, tools=[teacher.reply], add_generation_prompt=True, tokenize=False
+                    )
+                )
+                call = {"type": "function", "function": {"name": "reply", "arguments": {"message": SAID}}}
+                answer = teacher.reply(SAID)
+                chat += [
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": answer},
+                ]
+        assert teach_the_tool_call(model, tokenizer, contexts, steps=80) < 0.1
+
+        argv = ["--url", running.url, "--steps", "1", "--prompts", "2", "--generations", "2", "--max-turns", "2"]
+        argv += ["--max-completion-length", "200", "--output-dir", str(tmp_path / "grpo")]
+        trainer = example.main(argv, model=model, tokenizer=tokenizer)
+    finally:
+        stop_cleanly(running)
+
+    played = trainer.environments
+    assert len(played) == 2 and all(len(env.emotions) >= 2 for env in played), "the policy spoke through the tool"
+    for env in played:
+        local = gym.make("EmpathyDialogue-v0")
+        text, info = local.reset(seed=env.env_seed, options={"persona": env.persona_id})
+        lines, emotions, total = [text], [info["emotion"]], 0.0
+        for _ in env.emotions[1:]:
+            text, reward, *_, info = local.step(SAID)
+            lines.append(text)
+            emotions.append(info["emotion"])
+            total += reward
+        assert (env.user_lines, env.emotions) == (lines, emotions)
+        assert env.episode_return == pytest.approx(total)
+    logged = trainer.state.log_history[0]
+    assert logged["tools/call_frequency"] > 0
+    assert logged["rewards/EmpathyToolEnv/mean"] == pytest.approx(sum(e.episode_return for e in played) / 2, abs=1e-6)
