@@ -504,6 +504,19 @@ def _agreement_table(report: dict[str, Any], resumed: int) -> Table:
     return table
 
 
+def _check_dialogue_env(env_id: str) -> None:
+    """Raises ValueError naming ``--env`` when ``env_id`` is not a registered dialogue env
+    (gymnasium's own suggestion would be the closest of every env, e.g. Hopper)."""
+    import gymnasium as gym
+
+    import empathy_gym  # noqa: F401  (registers the ids)
+    from empathy_gym.registration import ENTRY_POINT
+
+    ours = sorted(name for name, spec in gym.registry.items() if spec.entry_point == ENTRY_POINT)
+    if env_id not in ours:
+        raise ValueError(f"--env {env_id}: not a dialogue env; the registered ones: {', '.join(ours)}")
+
+
 # -- serve -----------------------------------------------------------------------------
 SERVE_ENV = "EMPATHY_GYM_SERVE_"
 
@@ -574,8 +587,6 @@ def serve(
     given by its variable (EMPATHY_GYM_SERVE_PORT, ...); the command line wins.
     """
     with _exit_codes():
-        from empathy_gym.integrations.openenv import run_server
-
         application = _serve_app(
             env_id,
             user,
@@ -589,6 +600,8 @@ def serve(
             idle_timeout_s,
             log_dialogues,
         )
+        from empathy_gym.integrations.openenv import run_server
+
         run_server(application, host=host, port=port, max_message_bytes=max_body_bytes)
 
 
@@ -605,6 +618,7 @@ def _serve_app(
     idle_timeout_s: float,
     log_dialogues: Path | None,
 ) -> Any:
+    _check_dialogue_env(env_id)
     from empathy_gym.integrations.openenv import make_app
 
     config: dict[str, Any] = {"env_id": env_id, "batch_window_ms": batch_window_ms}
@@ -675,13 +689,8 @@ def play(
     """
     import gymnasium as gym
 
-    import empathy_gym  # noqa: F401  (registers the ids)
-    from empathy_gym.registration import ENTRY_POINT
-
     with _exit_codes():
-        ours = sorted(name for name, spec in gym.registry.items() if spec.entry_point == ENTRY_POINT)
-        if env_id not in ours:  # gymnasium's own suggestion is the closest of every env, e.g. Hopper
-            raise ValueError(f"--env {env_id}: not a dialogue env; the registered ones: {', '.join(ours)}")
+        _check_dialogue_env(env_id)
         env = gym.make(env_id, **({"user": user} if user else {})).unwrapped
         if persona and persona not in {p.id for p in env.personas}:
             raise ValueError(

@@ -65,3 +65,14 @@ def test_a_bad_serve_variable_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv("EMPATHY_GYM_SERVE_PORT", "http")
     with pytest.raises(ValueError, match=r"'--port' \(env var: 'EMPATHY_GYM_SERVE_PORT'\)"):
         serve_app_from_environ()
+
+
+def test_serve_refuses_an_env_that_is_not_a_dialogue_env():
+    """Before: a TypeError's traceback from deep in the session. Now: exit 1 naming --env."""
+    from typer.testing import CliRunner
+
+    from empathy_gym.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--env", "CartPole-v1", "--port", "0"])
+    assert result.exit_code == 1
+    assert "--env CartPole-v1: not a dialogue env; the registered ones: EmpathyDialogue-Easy-v0" in result.output

@@ -52,6 +52,8 @@ from empathy_gym.user.base import SimulatorError
 log = logging.getLogger(__name__)
 
 ENV_NAME = "empathy_dialogue"
+#: uvicorn's exit code when the server cannot start (a port in use, say)
+STARTUP_FAILURE = 3
 #: the info keys an observation carries as fields of their own
 NAMED = ("messages", "emotion", "turn", "persona_id", "termination_reason")
 
@@ -380,7 +382,11 @@ def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_messa
     ends the process at once (exit code 130). uvicorn's own second signal still waits for
     the turns running in worker threads, which a model user may spend minutes on and nothing
     can interrupt; the finished dialogues are on disk already (``log_dialogues``). A clean
-    stop exits 0 however the server was started (the command line, ``python -m server.app``)."""
+    stop exits 0 however the server was started (the command line, ``python -m server.app``).
+
+    Raises:
+        OSError: the server did not start (a port in use, say; uvicorn logs why).
+    """
     import os
     import signal
 
@@ -402,6 +408,10 @@ def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_messa
         Server(config).run()
     except KeyboardInterrupt:  # uvicorn raises the signal it stopped on again once it has stopped (as uvicorn.run)
         pass
+    except SystemExit as stopped:
+        if stopped.code != STARTUP_FAILURE:
+            raise
+        raise OSError(f"the server did not start on {host}:{port}: the error above says why") from None
 
 
 class Guard:
@@ -444,6 +454,14 @@ class Guard:
                 return await self.app(scope, receive, send)
             finally:
                 self.server_log.count("http_requests_in_flight", -1)
+        if scope["type"] == "websocket":
+            from starlette.websockets import WebSocketDisconnect
+
+            try:
+                return await self.app(scope, receive, send)
+            except WebSocketDisconnect:  # OpenEnv 0.3 closes a socket whose client is gone, its session freed by then
+                log.warning("session from %s ended: the client went away", scope.get("client"))
+                return None
         return await self.app(scope, receive, send)
 
     async def _refuse(

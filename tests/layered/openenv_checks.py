@@ -192,6 +192,13 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
             time.sleep(0.5)
         with pytest.raises(Exception, match="this session has expired"):  # was: it played on, past the limit
             second.step(EmpathyAction(utterance=REPLIES[0]))
+        # a client process killed mid-dialogue: its slot is freed, with no traceback in the log
+        killed = "from empathy_gym.integrations.openenv import *; import os\n"
+        killed += f"EmpathyEnvClient(base_url={running.url!r}, token={token!r}).sync().reset(seed=5); os._exit(9)"
+        assert subprocess.run([sys.executable, "-c", killed], timeout=60).returncode == 9
+        while metrics(running, **auth)["sessions_active"] > 0:
+            assert time.monotonic() < deadline + 30, metrics(running, **auth)
+            time.sleep(0.5)
         with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
             assert client.reset(seed=4, persona=PERSONA).observation.persona_id == PERSONA
         counts = metrics(running, **auth)
@@ -200,6 +207,7 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
     finally:
         output = stop_cleanly(running)
     assert "no valid bearer token" in output and "body over 4096 bytes" in output and "2 sessions open" in output
+    assert "the client went away" in output and "Exception in ASGI application" not in output  # was: a traceback
 
 
 def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on(tmp_path):
@@ -426,3 +434,14 @@ def test_a_grpo_step_through_trl_environment_factory_plays_the_server_dialogues(
     logged = trainer.state.log_history[0]
     assert logged["tools/call_frequency"] > 0
     assert logged["rewards/EmpathyToolEnv/mean"] == pytest.approx(sum(e.episode_return for e in played) / 2, abs=1e-6)
+
+
+def test_a_port_in_use_is_an_error_naming_it_exit_1(server, tmp_path):
+    """Before: uvicorn's exit code 3, outside the command line's codes. Now: 1, with the
+    address, after uvicorn's own line saying why."""
+    port = server[0].rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", port]
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    assert "address already in use" in second.stderr + second.stdout
+    assert f"the server did not start on 127.0.0.1:{port}" in second.stderr + second.stdout
