@@ -11,7 +11,8 @@
    client's, from sending the action to reading the observation; p50 and p99 over every
    step.
 2. The batching window's effect with the SmolLM2 transformers user (:data:`LLM_USER`) (``--llm-steps`` turns
-   each over 1 and over 8 concurrent sessions): appraisals per second.
+   each over 1 and over 8 concurrent sessions, reset first, then started together): turns
+   answered (appraised and replied to) per second, and how many user batches held them.
 3. Memory: the server's resident set (``/proc/PID/status`` VmRSS) after each of 10 rounds
    of 256 concurrent dialogues: no growth.
 4. Soak: ``--soak-s`` seconds of clients that each play a dialogue, a third of them
@@ -78,28 +79,39 @@ def metrics(server: Server) -> dict[str, int]:
         return json.loads(response.read())
 
 
-async def llm_session(url: str, steps: int, seed: int) -> tuple[int, int]:
-    """One session of ``steps`` turns (a new dialogue when one ends, or when the user
-    failed to answer: SmolLM2 does not always write the reply's JSON); ``(answered, failed)``."""
-    client = EmpathyEnvClient(base_url=url, message_timeout_s=1200)
-    await client.connect()
-    answered = failed = 0
+async def llm_sessions(url: str, sessions: int, steps: int) -> tuple[int, int, float]:
+    """``sessions`` sessions of ``steps`` turns each, started together: every session
+    resets first, then all play (a new dialogue when one ends, or when the user failed to
+    answer: SmolLM2 does not always write the reply's JSON). ``(answered, failed, seconds
+    from the first turn to the last answer)``."""
+    clients = [EmpathyEnvClient(base_url=url, message_timeout_s=1200) for _ in range(sessions)]
     try:
-        await client.reset(seed=seed)
-        for turn in range(steps):
-            try:
-                result = await client.step(EmpathyAction(utterance=REPLIES[turn % len(REPLIES)]))
-            except RuntimeError as error:
-                if "the simulated user failed" not in str(error):
-                    raise
-                failed += 1
-                await client.reset(seed=seed + 1000 * (turn + 1))
-                continue
-            answered += 1
-            if result.done:
-                await client.reset(seed=seed + 1000 * (turn + 1))
+        for seed, client in enumerate(clients):  # one at a time: a reset waits for the user anyway
+            await client.connect()
+            await client.reset(seed=seed)
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(llm_turns(client, steps, seed) for seed, client in enumerate(clients)))
+        seconds = time.perf_counter() - start
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
+    return sum(a for a, _ in counts), sum(f for _, f in counts), seconds
+
+
+async def llm_turns(client: EmpathyEnvClient, steps: int, seed: int) -> tuple[int, int]:
+    answered = failed = 0
+    for turn in range(steps):
+        try:
+            result = await client.step(EmpathyAction(utterance=REPLIES[turn % len(REPLIES)]))
+        except RuntimeError as error:
+            if "the simulated user failed" not in str(error):
+                raise
+            failed += 1
+            await client.reset(seed=seed + 1000 * (turn + 1))
+            continue
+        answered += 1
+        if result.done:
+            await client.reset(seed=seed + 1000 * (turn + 1))
     return answered, failed
 
 
@@ -235,14 +247,14 @@ def main() -> None:
     try:
         steps = max(1, args.llm_steps)
         for sessions in (1, 8):
-            start = time.perf_counter()
-            jobs = [functools.partial(llm_session, llm.url, steps, s) for s in range(sessions)]
-            counts = asyncio.run(at_most(sessions, jobs))
-            seconds = time.perf_counter() - start
-            answered, failed = sum(a for a, _ in counts), sum(f for _, f in counts)
+            before = metrics(llm)
+            answered, failed, seconds = asyncio.run(llm_sessions(llm.url, sessions, steps))
+            after = metrics(llm)
+            batches = after["user_batches"] - before["user_batches"]
+            turns = after["turns_batched"] - before["turns_batched"]
             lines.append(
                 f"  {sessions} session(s): {answered / seconds:.2f} turns answered/s ({answered} answered, "
-                f"{failed} the user failed to answer, {seconds:.0f} s)"
+                f"{failed} the user failed to answer, {seconds:.0f} s; {turns} turns in {batches} user batches)"
             )
     finally:
         llm.stop()

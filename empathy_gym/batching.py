@@ -12,6 +12,7 @@ backend that serves single requests in parallel anyway, ``max_batch=1`` and
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -54,7 +55,10 @@ class MicroBatcher(Generic[Item, Result]):
         self.batch_fn = batch_fn
         self.window_s = float(window_s)
         self.max_batch = int(max_batch)
-        self.batch_sizes: list[int] = []  # size of every batch run, for logs and tests
+        #: the sizes of the last 1024 batches run (bounded: a server runs for weeks)
+        self.batch_sizes: deque[int] = deque(maxlen=1024)
+        #: batches run and items they held, since the start
+        self.batches, self.items = 0, 0
         self._queue: list[tuple[Item, asyncio.Future[Result]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +81,7 @@ class MicroBatcher(Generic[Item, Result]):
                 await asyncio.sleep(self.window_s)
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             self.batch_sizes.append(len(batch))
+            self.batches, self.items = self.batches + 1, self.items + len(batch)
             try:
                 results = await asyncio.to_thread(self.batch_fn, [item for item, _ in batch])
                 if len(results) != len(batch):

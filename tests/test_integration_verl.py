@@ -117,7 +117,7 @@ def _four_concurrent_turns(**options):
 
     results = run(main())
     assert [r[0] for r in results] == ["reply 1 (emotion 35)"] * 4
-    return user.calls, session.batcher.batch_sizes
+    return user.calls, list(session.batcher.batch_sizes)
 
 
 def test_micro_batcher_sends_concurrent_turns_as_one_user_call():

@@ -364,9 +364,10 @@ def make_app(
         log.warning("refused %s %s from %s (%s)", request.method, request.url.path, request.client, error.status)
         return JSONResponse({"detail": str(error)}, status_code=error.status)
 
-    @app.get("/metrics", tags=["Health"], summary="Counts of sessions, dialogues, steps and refusals")
+    @app.get("/metrics", tags=["Health"], summary="Counts of sessions, dialogues, steps, refusals and user batches")
     async def metrics() -> dict[str, int]:
-        return {**server_log.counts, "sessions_active": server_log.active_sessions()}
+        batched = {"user_batches": engine.batcher.batches, "turns_batched": engine.batcher.items}
+        return {**server_log.counts, "sessions_active": server_log.active_sessions(), **batched}
 
     app.add_exception_handler(RequestError, refused)
     app.add_middleware(

@@ -102,7 +102,17 @@ def test_concurrent_sessions_share_one_user_and_play_their_own_dialogues(server)
     async def together():
         return await asyncio.gather(*(over_the_server(url, seed) for seed in range(4)))
 
-    assert asyncio.run(together()) == [in_process(seed) for seed in range(4)]
+    def counted() -> dict[str, int]:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            return json.loads(response.read())
+
+    before = counted()
+    played = asyncio.run(together())
+    assert played == [in_process(seed) for seed in range(4)]
+    after = counted()
+    turns = sum(len(dialogue) - 1 for dialogue in played)  # the first entry is the reset's
+    assert after["turns_batched"] - before["turns_batched"] == turns
+    assert 1 <= after["user_batches"] - before["user_batches"] <= turns
 
 
 def test_a_step_before_reset_and_a_malformed_action_are_answered_not_fatal(server):

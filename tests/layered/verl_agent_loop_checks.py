@@ -360,7 +360,7 @@ def test_concurrent_dialogues_share_one_user_in_batched_calls(tmp_path, tokenize
     ]
     assert [o.extra_fields["termination_reason"] for o in outputs] == ["max_turns", "failure", "max_turns", "max_turns"]
     assert [o.extra_fields["persona_id"] for o in outputs] == EN[:4]
-    assert session.batcher.batch_sizes == [4, 4, 3] and user.calls == 3
+    assert list(session.batcher.batch_sizes) == [4, 4, 3] and user.calls == 3
     for output, emotions in zip(outputs, [[40, 50], [10], [35, 40], [30, 30]]):
         text = tokenizer.decode(output.response_ids)
         assert all(f"(emotion {e})" in text for e in emotions)  # its own user's replies
