@@ -259,3 +259,23 @@ def check_passed(result: subprocess.CompletedProcess[str], expected: int) -> str
     assert re.search(rf"\b{expected} passed\b", summary), output[-3000:]
     assert "skipped" not in summary and "failed" not in summary, output[-3000:]
     return summary
+
+
+def run_layered_checks(name: str, installs: Sequence[str], checks: Path, what: str) -> str:
+    """Build (or reuse) the layer ``name`` with ``installs``, run the file ``checks`` in it
+    with pytest and require every one of its ``def test_`` to pass (:func:`check_passed`).
+    Skips the calling test when the layer cannot be built (no package index). Returns a
+    line for the ``measured`` fixture: the layer's build time and the checks' run time."""
+    import pytest
+
+    try:
+        python, build_s = layered_venv(name, installs)
+    except LayerUnavailable as error:
+        pytest.skip(f"{what} cannot be installed on this machine: {error}")
+    expected = len(re.findall(r"^def test_", checks.read_text(), flags=re.M))
+    start = time.monotonic()
+    check_passed(run_pytest(python, checks), expected)
+    return (
+        f"{what} layer: built in {build_s:.0f} s (0 = cached); "
+        f"{expected} checks ({checks.name}) ran in {time.monotonic() - start:.0f} s"
+    )

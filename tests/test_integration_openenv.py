@@ -10,28 +10,16 @@ cached; the test skips only when the layer cannot be built (no package index).
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
 import pytest
-from layered_venv import OPENENV_0_3, LayerUnavailable, check_passed, layered_venv, run_pytest
+from layered_venv import OPENENV_0_3, run_layered_checks
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "openenv_checks.py"
 
 
 def test_the_server_against_openenv_core_0_3_0(measured):
-    try:
-        python, build_s = layered_venv("openenv-core-0.3.0", OPENENV_0_3)
-    except LayerUnavailable as error:
-        pytest.skip(f"openenv-core 0.3.0 cannot be installed on this machine: {error}")
-    expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
-    start = time.monotonic()
-    check_passed(run_pytest(python, CHECKS), expected)
-    measured(
-        f"openenv-core 0.3.0 layer: built in {build_s:.0f} s (0 = cached); "
-        f"{expected} server checks ran in {time.monotonic() - start:.0f} s"
-    )
+    measured(run_layered_checks("openenv-core-0.3.0", OPENENV_0_3, CHECKS, "openenv-core 0.3.0"))
 
 
 def test_serve_says_what_to_install_without_openenv(tmp_path):

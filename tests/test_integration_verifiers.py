@@ -13,28 +13,16 @@ cannot be built (no package index).
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
 import pytest
-from layered_venv import VERIFIERS_0_4, LayerUnavailable, check_passed, layered_venv, run_pytest
+from layered_venv import VERIFIERS_0_4, run_layered_checks
 
 CHECKS = Path(__file__).resolve().parent / "layered" / "verifiers_checks.py"
 
 
 def test_environment_against_verifiers_0_4_0(measured):
-    try:
-        python, build_s = layered_venv("verifiers-0.4.0", VERIFIERS_0_4)
-    except LayerUnavailable as error:
-        pytest.skip(f"verifiers 0.4.0 cannot be installed on this machine: {error}")
-    expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
-    start = time.monotonic()
-    check_passed(run_pytest(python, CHECKS), expected)
-    measured(
-        f"verifiers 0.4.0 layer: built in {build_s:.0f} s (0 = cached); "
-        f"{expected} environment checks ran in {time.monotonic() - start:.0f} s"
-    )
+    measured(run_layered_checks("verifiers-0.4.0", VERIFIERS_0_4, CHECKS, "verifiers 0.4.0"))
 
 
 def test_the_modules_say_what_to_install_without_verifiers():

@@ -13,12 +13,10 @@ The tests below the first need no verl.
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
 import pytest
-from layered_venv import VERL_0_9, LayerUnavailable, check_passed, layered_venv, run_pytest
+from layered_venv import VERL_0_9, run_layered_checks
 
 from empathy_gym.integrations import verl as ev
 
@@ -27,23 +25,8 @@ CHECKS = REPO / "tests" / "layered" / "verl_agent_loop_checks.py"
 FOLDER = REPO / "agents" / "verl"
 
 
-@pytest.fixture(scope="session")
-def verl_layer():
-    try:
-        return layered_venv("verl-0.9.1", VERL_0_9)
-    except LayerUnavailable as error:
-        pytest.skip(f"verl 0.9.1 cannot be installed on this machine: {error}")
-
-
-def test_agent_loop_against_verl_0_9_1(verl_layer, measured):
-    python, build_s = verl_layer
-    expected = len(re.findall(r"^def test_", CHECKS.read_text(), flags=re.M))
-    start = time.monotonic()
-    check_passed(run_pytest(python, CHECKS), expected)
-    measured(
-        f"verl 0.9.1 layer: built in {build_s:.0f} s (0 = cached); "
-        f"{expected} agent-loop checks ran in {time.monotonic() - start:.0f} s"
-    )
+def test_agent_loop_against_verl_0_9_1(measured):
+    measured(run_layered_checks("verl-0.9.1", VERL_0_9, CHECKS, "verl 0.9.1"))
 
 
 # -- without verl ------------------------------------------------------------------------------
