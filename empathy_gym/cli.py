@@ -583,8 +583,9 @@ def serve(
     """Serve the env to OpenEnv clients (HTTP and WebSocket; TRL's environment path): every
     session plays its own dialogue, and all of them share one simulated user, whose turns
     arrive together. Needs `pip install 'empathy-gym[openenv]'`. SIGTERM or Ctrl-C stops it
-    once the running turns are answered; a second one at once. Every option can also be
-    given by its variable (EMPATHY_GYM_SERVE_PORT, ...); the command line wins.
+    once the running turns are answered (exit code 0); a second one at once (130). Every
+    option can also be given by its variable (EMPATHY_GYM_SERVE_PORT, ...; docs/integrations.md
+    lists them); the command line wins.
     """
     with _exit_codes():
         application = _serve_app(
@@ -619,6 +620,11 @@ def _serve_app(
     log_dialogues: Path | None,
 ) -> Any:
     _check_dialogue_env(env_id)
+    if token is None and os.environ.get(SERVE_ENV + "TOKEN") is not None:  # click reads "" as unset
+        raise ValueError(
+            f"{SERVE_ENV}TOKEN: empty (an unset secret expanded to nothing?); give a token, or unset the "
+            "variable for a server without one"
+        )
     from empathy_gym.integrations.openenv import make_app
 
     config: dict[str, Any] = {"env_id": env_id, "batch_window_ms": batch_window_ms}

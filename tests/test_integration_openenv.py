@@ -64,3 +64,13 @@ def test_serve_refuses_an_env_that_is_not_a_dialogue_env():
     result = CliRunner().invoke(app, ["serve", "--env", "CartPole-v1", "--port", "0"])
     assert result.exit_code == 1
     assert "--env CartPole-v1: not a dialogue env; the registered ones: EmpathyDialogue-Easy-v0" in result.output
+
+
+def test_an_empty_token_variable_is_refused_not_an_open_server(monkeypatch):
+    """Before: click reads an empty variable as unset, so ``-e EMPATHY_GYM_SERVE_TOKEN=$UNSET``
+    started a server that asked no token (found by a probe). Now it is refused, naming it."""
+    from empathy_gym.cli import serve_app_from_environ
+
+    monkeypatch.setenv("EMPATHY_GYM_SERVE_TOKEN", "")
+    with pytest.raises(ValueError, match=r"EMPATHY_GYM_SERVE_TOKEN: empty \(an unset secret expanded to nothing\?\)"):
+        serve_app_from_environ()

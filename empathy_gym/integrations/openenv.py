@@ -26,6 +26,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -46,7 +47,7 @@ except ImportError as error:  # pragma: no cover - the layered checks run with i
 
 from empathy_gym.backends.base import BackendError
 from empathy_gym.engine import DialogueEngine
-from empathy_gym.evaluation.run_folder import append_records
+from empathy_gym.evaluation.run_folder import EvaluationError, append_records
 from empathy_gym.user.base import SimulatorError
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,11 @@ class ServerLog:
         self.path = Path(path) if path is not None else None
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        if self.path is not None:
+            try:
+                self.path.open("ab").close()
+            except OSError as error:
+                raise OSError(f"--log-dialogues {self.path}: cannot append to it ({error.strerror})") from None
 
     def count(self, name: str, by: int = 1) -> None:
         with self._lock:
@@ -117,10 +123,16 @@ class ServerLog:
             return max(0, built - self.counts["http_requests_in_flight"])
 
     def finished(self, record: dict[str, Any]) -> None:
+        """Count a finished dialogue and append it to ``path``; a failed write is logged
+        and counted (``log_failures``), and the client's turn is answered all the same."""
         self.count("dialogues_finished")
         if self.path is not None:
-            with self._lock:
-                append_records(self.path, [record])
+            try:
+                with self._lock:
+                    append_records(self.path, [record])
+            except (OSError, EvaluationError) as error:
+                self.count("log_failures")
+                log.error("a finished dialogue (%s) was not logged: %s", record.get("episode_id"), error)
 
 
 class EmpathyEnvironment(Environment):
@@ -338,6 +350,8 @@ def make_app(
     Raises:
         ValueError: a limit < 1. As :class:`~empathy_gym.engine.DialogueEngine` for a bad config.
     """
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.types import ConcurrencyConfig
 
@@ -369,13 +383,30 @@ def make_app(
         batched = {"user_batches": engine.batcher.batches, "turns_batched": engine.batcher.items}
         return {**server_log.counts, "sessions_active": server_log.active_sessions(), **batched}
 
+    async def invalid(request: Any, error: RequestValidationError) -> Any:  # FastAPI's, JSON-safe
+        server_log.count("refused_422")
+        return JSONResponse({"detail": _finite(jsonable_encoder(error.errors()))}, status_code=422)
+
     app.add_exception_handler(RequestError, refused)
+    app.add_exception_handler(RequestValidationError, invalid)
     app.add_middleware(
         Guard, token=token, max_body_bytes=max_body_bytes, max_sessions=max_sessions, server_log=server_log
     )
     app.state.engine, app.state.server_log = engine, server_log
     app.router.add_event_handler("shutdown", engine.close)
     return app
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a body's ``1e400`` or ``NaN``, echoed back in
+    a 422) as its text: JSON has no such numbers, and FastAPI's handler failed on them (500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, max_message_bytes: int = 1 << 20) -> None:

@@ -16,9 +16,12 @@ policy must call the tool: a completion without a tool call ends the rollout.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from empathy_gym.integrations.openenv import EmpathyAction, EmpathyEnvClient
+
+log = logging.getLogger(__name__)
 
 #: appended to the env's system prompt in :meth:`EmpathyToolEnv.dataset`'s prompts
 TOOL_INSTRUCTION = (
@@ -43,7 +46,15 @@ class EmpathyToolEnv:
             (the env's reward: emotion change / 100 under ``reward_mode="delta"``, so
             in [-1, 1]); what :meth:`get_reward` returns.
         done: the dialogue has ended (the user's emotion reached 0 or 100, or the turn
-            budget ran out).
+            budget ran out), or no reset has succeeded yet.
+
+    Each :meth:`reset` opens a new session on the server (and closes the last one), so an
+    object that TRL keeps across batches survives an expired session, a dropped
+    connection and a restarted server. :meth:`reply`'s docstring is the tool's description
+    the policy reads; what it raises TRL hands to the policy as the tool's error:
+    ``ValueError`` after the dialogue ended, ``RuntimeError`` for the server's refusal
+    (an utterance over its limit, the user's failure), websockets' ``ConnectionClosed``
+    for a connection that dropped (the next :meth:`reset` opens a new one).
 
     Example:
         >>> from functools import partial  # doctest: +SKIP
@@ -52,7 +63,8 @@ class EmpathyToolEnv:
     """
 
     def __init__(self, base_url: str, *, token: str | None = None):
-        self._client = EmpathyEnvClient(base_url=base_url, token=token).sync()
+        self.base_url, self._token = base_url, token
+        self._client: Any = None
         self.env_seed: int | None = None
         self.persona_id: str | None = None
         self.user_lines: list[str] = []
@@ -98,7 +110,9 @@ class EmpathyToolEnv:
             ConnectionError: the server is not there or refused the session.
             RuntimeError: the server refused the reset (an unknown persona, say).
         """
-        self._client.connect()  # once: a no-op while connected
+        self.user_lines, self.emotions, self.episode_return, self.done = [], [], 0.0, True
+        self._close()
+        self._client = EmpathyEnvClient(base_url=self.base_url, token=self._token).sync().connect()
         result = self._client.reset(seed=env_seed, persona=persona_id)
         self.env_seed, self.persona_id = env_seed, result.observation.persona_id
         self.user_lines, self.emotions = [result.observation.text], [result.observation.emotion]
@@ -114,7 +128,7 @@ class EmpathyToolEnv:
         Returns:
             Their answer.
         """
-        if self.done:
+        if self.done or self._client is None:
             raise ValueError("the conversation has ended: the person is no longer listening")
         result = self._client.step(EmpathyAction(utterance=message))
         self.episode_return += float(result.reward or 0.0)
@@ -132,4 +146,12 @@ class EmpathyToolEnv:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._client.close()
+        self._close()
+
+    def _close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001  (a session the server already dropped)
+                log.debug("closing the last session failed", exc_info=True)

@@ -455,3 +455,48 @@ def test_a_port_in_use_is_an_error_naming_it_exit_1(server, tmp_path):
     assert second.returncode == 1
     assert "address already in use" in second.stderr + second.stdout
     assert f"the server did not start on 127.0.0.1:{port}" in second.stderr + second.stdout
+
+
+def test_non_finite_numbers_get_a_422_not_a_500(server):
+    """Before: FastAPI's own 422 handler failed to echo ``1e400`` or ``NaN`` back as JSON (a
+    500, found by a probe)."""
+    url, _ = server
+    for body in (b'{"seed": 1e400}', b'{"seed": NaN}'):
+        status, text = post(f"{url}/reset", body)
+        assert status == 422, (body, status, text)
+        assert json.loads(text)["detail"][0]["input"] in ("inf", "nan") and "finite number" in text
+
+
+def test_an_unwritable_dialogue_log_is_refused_at_start(tmp_path):
+    """Before: a folder (or a path the server cannot write) was taken, and the last turn of
+    every dialogue failed (found by a probe). Now the server refuses to start, naming it."""
+    command = [sys.executable, "-m", "empathy_gym.cli", "serve", "--port", str(free_port())]
+    started = subprocess.run([*command, "--log-dialogues", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 1
+    assert f"--log-dialogues {tmp_path}: cannot append to it (Is a directory)" in started.stdout + started.stderr
+
+
+def test_the_tool_env_outlives_an_expired_session_a_restart_and_a_failed_reset(tmp_path):
+    """Before: an ``EmpathyToolEnv`` that TRL keeps across batches failed for good once its
+    session expired or its server restarted, and a failed reset left the last dialogue
+    playable (found by a probe). Now every reset opens a new session."""
+    from empathy_gym.integrations.trl_environment import EmpathyToolEnv
+
+    running = serve(tmp_path / "serve.log", "--idle-timeout-s", "1")
+    try:
+        env = EmpathyToolEnv(running.url)
+        opening = env.reset(env_seed=0)
+        env.reply(REPLIES[0])
+        time.sleep(4)  # the session expires
+        assert env.reset(env_seed=0) == opening and env.emotions == [env.emotions[0]]
+        with pytest.raises(RuntimeError, match="unknown persona"):
+            env.reset(env_seed=0, persona_id="nope")
+        assert env.done and env.user_lines == [] and env.get_reward() == 0.0
+        with pytest.raises(ValueError, match="the conversation has ended"):
+            env.reply(REPLIES[0])
+        running.restart(timeout_s=120)
+        assert env.reset(env_seed=0) == opening
+        env.reply(REPLIES[0])
+        assert len(env.emotions) == 2
+    finally:
+        running.stop()
