@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 ENV_NAME = "empathy_dialogue"
 #: uvicorn's exit code when the server cannot start (a port in use, say)
 STARTUP_FAILURE = 3
+#: the WebSocket close code for a message over the size limit (RFC 6455)
+MESSAGE_TOO_BIG = 1009
 #: the info keys an observation carries as fields of their own
 NAMED = ("messages", "emotion", "turn", "persona_id", "termination_reason")
 
@@ -487,14 +489,35 @@ class Guard:
             finally:
                 self.server_log.count("http_requests_in_flight", -1)
         if scope["type"] == "websocket":
-            from starlette.websockets import WebSocketDisconnect
-
-            try:
-                return await self.app(scope, receive, send)
-            except WebSocketDisconnect:  # OpenEnv 0.3 closes a socket whose client is gone, its session freed by then
-                log.warning("session from %s ended: the client went away", scope.get("client"))
-                return None
+            return await self._session(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    async def _session(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A WebSocket session, with a log line for how it ended when the client did not
+        close it: a message over ``--max-body-bytes`` (uvicorn closes with 1009), or a
+        client that went away."""
+        from starlette.websockets import WebSocketDisconnect
+
+        closed: dict[str, Any] = {}
+
+        async def watched() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                closed["code"] = message.get("code")
+            return message
+
+        try:
+            await self.app(scope, watched, send)
+        except WebSocketDisconnect:  # OpenEnv 0.3 closes a socket whose client is gone, its session freed by then
+            if closed.get("code") != MESSAGE_TOO_BIG:
+                log.warning("session from %s ended: the client went away", scope.get("client"))
+        if closed.get("code") == MESSAGE_TOO_BIG:
+            self.server_log.count("refused_413")
+            log.warning(
+                "closed the session from %s: a message over %d bytes (--max-body-bytes)",
+                scope.get("client"),
+                self.max_body_bytes,
+            )
 
     async def _refuse(
         self,

@@ -188,6 +188,15 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
                 if client.step(EmpathyAction(utterance=reply)).done:
                     break
         assert json.loads(log.read_text().splitlines()[0])["persona_id"] == PERSONA
+        # a WebSocket message over the body limit closes that session (1009), logged naming the limit
+        oversized = EmpathyEnvClient(base_url=running.url, token=token).sync()
+        oversized.reset(seed=6)
+        with pytest.raises(Exception, match="1009"):
+            oversized.step(EmpathyAction(utterance="x" * 5000))
+        deadline = time.monotonic() + 30
+        while metrics(running, **auth)["sessions_active"] > 0:
+            assert time.monotonic() < deadline, metrics(running, **auth)
+            time.sleep(0.2)
         # two sessions at most; a client that vanishes mid-dialogue and one left idle free theirs
         first = EmpathyEnvClient(base_url=running.url, token=token).sync()
         first.reset(seed=1)
@@ -212,12 +221,13 @@ def test_a_server_that_holds_under_bad_clients(tmp_path):
         with EmpathyEnvClient(base_url=running.url, token=token).sync() as client:
             assert client.reset(seed=4, persona=PERSONA).observation.persona_id == PERSONA
         counts = metrics(running, **auth)
-        assert counts["refused_401"] >= 3 and counts["refused_413"] >= 1 and counts["refused_429"] == 1
+        assert counts["refused_401"] >= 3 and counts["refused_413"] >= 2 and counts["refused_429"] == 1
         assert counts["dialogues_finished"] == 1
     finally:
         output = stop_cleanly(running)
     assert "no valid bearer token" in output and "body over 4096 bytes" in output and "2 sessions open" in output
     assert "the client went away" in output and "Exception in ASGI application" not in output  # was: a traceback
+    assert "a message over 4096 bytes (--max-body-bytes)" in output  # was: "the client went away"
 
 
 def test_a_dead_user_backend_is_a_clear_error_and_the_server_lives_on(tmp_path):
