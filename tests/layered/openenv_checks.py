@@ -344,6 +344,10 @@ def test_the_deployment_app_reads_serve_options_from_variables_and_passes_runtim
     port = free_port()
     variables = {"PYTHONPATH": str(DEPLOY), "EMPATHY_GYM_SERVE_PORT": str(port), "EMPATHY_GYM_SERVE_PERSONAS": "sage"}
     command = [sys.executable, "-m", "server.app"]
+    bad = {**os.environ, **variables, "EMPATHY_GYM_SERVE_PERSONAS": "nosuch"}
+    refused = subprocess.run(command, env=bad, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: no persona bank 'nosuch'"), refused.stderr
+    assert "Traceback" not in refused.stderr  # was: a traceback of the import
     running = start(command, f"http://127.0.0.1:{port}", "", tmp_path / "app.log", {**os.environ, **variables}, 120)
     try:
 

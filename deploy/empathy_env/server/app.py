@@ -8,7 +8,10 @@ Its options are ``empathy-gym serve``'s, read from the ``EMPATHY_GYM_SERVE_*`` v
 from empathy_gym.cli import serve_app_from_environ
 from empathy_gym.integrations.openenv import run_server
 
-app, run = serve_app_from_environ()
+try:
+    app, run = serve_app_from_environ()
+except (ValueError, KeyError, OSError, ImportError) as error:  # a bad variable: its message, not a traceback
+    raise SystemExit(f"error: {error.args[0] if isinstance(error, KeyError) else error}") from None
 
 
 def main() -> None:
