@@ -589,17 +589,17 @@ def serve(
     """
     with _exit_codes():
         application = _serve_app(
-            env_id,
-            user,
-            personas,
-            difficulty,
-            batch_window_ms,
-            max_sessions,
-            token,
-            max_action_chars,
-            max_body_bytes,
-            idle_timeout_s,
-            log_dialogues,
+            env_id=env_id,
+            user=user,
+            personas=personas,
+            difficulty=difficulty,
+            batch_window_ms=batch_window_ms,
+            max_sessions=max_sessions,
+            token=token,
+            max_action_chars=max_action_chars,
+            max_body_bytes=max_body_bytes,
+            idle_timeout_s=idle_timeout_s,
+            log_dialogues=log_dialogues,
         )
         from empathy_gym.integrations.openenv import run_server
 
@@ -607,6 +607,7 @@ def serve(
 
 
 def _serve_app(
+    *,
     env_id: str,
     user: str | None,
     personas: str | None,

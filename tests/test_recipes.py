@@ -279,3 +279,25 @@ def test_each_algorithm_names_its_kl_weight_and_warmups():
     assert ppo.kl_weight == 0.05 and ppo.warmup_ratios == {"policy": ppo.warmup_ratio, "value": 0.1}
     grpo = load_recipe("agents/tiny-cpu.yaml", ["beta=0.02"], algorithm="grpo")
     assert grpo.kl_weight == 0.02 and grpo.warmup_ratios == {"policy": grpo.warmup_ratio}
+
+
+def test_the_env_config_reads_its_user_reward_and_gym_keywords_in_one_place():
+    """``EnvConfig`` is the one reading of ``env``: the Qwen recipe's user, RLVER's final
+    reward (``reward_mode: final``), ``env.personas`` over ``env.kwargs.personas`` and an
+    override over both; a bad reward is Reward's error."""
+    from empathy_gym.agents.config import EnvConfig
+    from empathy_gym.reward import Reward
+    from empathy_gym.user.specs import UserSpec
+
+    qwen = load_recipe(Path("agents") / "qwen2.5-7b-grpo.yaml").env
+    assert qwen.reward() == Reward("final") and qwen.user_spec().model == "Qwen/Qwen2.5-72B-Instruct"
+    env = EnvConfig(personas="sage", kwargs={"personas": "en", "max_turns": 3, "reward_shaping": 0.5})
+    assert env.gym_kwargs() == {"personas": "sage", "max_turns": 3, "reward_shaping": 0.5}
+    assert env.gym_kwargs(personas="rlver", user="rule")["personas"] == "rlver"
+    assert env.kwargs["personas"] == "en"  # not rewritten
+    assert env.user_spec() == UserSpec()
+    with pytest.raises(ValueError):
+        env.reward()  # shaping needs reward_mode final
+    assert EnvConfig(kwargs={"reward_mode": "final", "reward_shaping": 0.5}).reward() == Reward("final", 0.5)
+    with pytest.raises(RecipeError, match=r"env\.kwargs\.user"):
+        EnvConfig(kwargs={"user": "nonsense-backend:x"}).user_spec()

@@ -209,26 +209,25 @@ def test_the_old_user_keywords_are_unknown_keywords(old):
 
 def test_recipes_name_the_user_with_env_kwargs_user(tmp_path):
     from empathy_gym.agents import RecipeError, load_recipe
-    from empathy_gym.agents.config import env_user_spec
 
     qwen = load_recipe(Path("agents") / "qwen2.5-7b-ppo.yaml")
-    assert env_user_spec(qwen) == UserSpec(
+    assert qwen.env.user_spec() == UserSpec(
         "openai", "Qwen/Qwen2.5-72B-Instruct", "http://localhost:8001/v1", backend_kwargs={"max_concurrency": 64}
     )
-    assert env_user_spec(load_recipe(Path("agents") / "smollm2-cpu-ppo.yaml")) == UserSpec()
+    assert load_recipe(Path("agents") / "smollm2-cpu-ppo.yaml").env.user_spec() == UserSpec()
     tiny = load_recipe(Path("agents") / "tiny-cpu.yaml", algorithm="ppo")
-    assert env_user_spec(tiny) == UserSpec()  # no user: the rule user
+    assert tiny.env.user_spec() == UserSpec()  # no user: the rule user
     chosen = load_recipe(Path("agents") / "qwen2.5-7b-ppo.yaml", ["env.kwargs.user.appraisal_mode=choice"])
     assert (
-        env_user_spec(chosen).appraisal_mode == "choice"
-        and env_user_spec(chosen).model == qwen.env.kwargs["user"]["model"]
+        chosen.env.user_spec().appraisal_mode == "choice"
+        and chosen.env.user_spec().model == qwen.env.kwargs["user"]["model"]
     )
     text = load_recipe(
         Path("agents") / "tiny-cpu.yaml",
         algorithm="ppo",
         overrides=[f"env.kwargs.user='openai:m@{URL},appraisal_mode=choice'"],
     )
-    assert env_user_spec(text) == UserSpec("openai", "m", URL, appraisal_mode="choice")
+    assert text.env.user_spec() == UserSpec("openai", "m", URL, appraisal_mode="choice")
     path = tmp_path / "recipe.yaml"
     path.write_text("algorithm: ppo\nenv:\n  id: EmpathyDialogue-v0\n  kwargs:\n    backend: openai\n")
     with pytest.raises(

@@ -123,6 +123,46 @@ class EnvConfig:
     personas: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def user_spec(self) -> UserSpec | None:
+        """The :class:`~empathy_gym.user.specs.UserSpec` that ``kwargs["user"]`` names
+        (``rule`` when it is absent); ``None`` for a ready
+        :class:`~empathy_gym.user.SimulatedUser` put there from Python.
+
+        Raises:
+            RecipeError: a bad spec, naming the field (``env.kwargs.user.model: ...``).
+        """
+        from empathy_gym.user import SimulatedUser
+
+        value = (self.kwargs or {}).get("user")
+        if isinstance(value, SimulatedUser):
+            return None
+        try:
+            return as_user_spec(value)
+        except (SpecError, TypeError) as error:
+            message = str(error)
+            raise RecipeError(
+                f"env.kwargs.{message}" if message.startswith("user") else f"env.kwargs.user: {message}"
+            ) from None
+
+    def reward(self) -> Reward:
+        """The :class:`~empathy_gym.reward.Reward` that ``kwargs`` ``reward_mode`` and
+        ``reward_shaping`` name (the env's defaults where absent).
+
+        Raises:
+            ValueError: an unknown mode or a shaping term outside its range (Reward's message).
+        """
+        kwargs = self.kwargs or {}
+        return Reward(kwargs.get("reward_mode", "delta"), kwargs.get("reward_shaping", 0.0))
+
+    def gym_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """The keywords ``gym.make(self.id, ...)`` gets: ``kwargs``, then ``personas`` over
+        ``kwargs["personas"]`` when set, then ``overrides`` over both. The ``user`` value is
+        passed as written (a spec string, a mapping or a ready user)."""
+        gym_kwargs = dict(self.kwargs or {})
+        if self.personas is not None:
+            gym_kwargs["personas"] = self.personas
+        return {**gym_kwargs, **overrides}
+
 
 @dataclass
 class GenerationConfig(Checked):
@@ -512,12 +552,12 @@ def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where:
     def build(**values: Any) -> None:
         creator(**values, user=ScriptedUser([0])).close()
 
-    kwargs = {name: value for name, value in config.env.kwargs.items() if name != "user"}
+    kwargs = {name: value for name, value in config.env.gym_kwargs().items() if name != "user"}
     fields = {name: f"env.kwargs.{name}" for name in kwargs}
-    if config.env.personas is not None:  # the trainer puts it over env.kwargs.personas
-        kwargs["personas"], fields["personas"] = config.env.personas, "env.personas"
+    if config.env.personas is not None:  # it stands over env.kwargs.personas
+        fields["personas"] = "env.personas"
     checks = [(fields[name], functools.partial(build, **{name: value})) for name, value in kwargs.items()]
-    spec = env_user_spec(config)
+    spec = config.env.user_spec()
     if spec is not None and spec.deterministic and "difficulty" in spec.user_kwargs:
         checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
     together = functools.partial(build, **kwargs)
@@ -709,9 +749,8 @@ def _batch_problems(config: TrainerConfig) -> list[str]:
 def _advantage_problems(config: GRPOConfig) -> list[str]:
     """``advantage`` against the env's reward (:meth:`Reward.check_advantage`); a bad
     reward itself is left to the env check, which places it."""
-    kwargs = config.env.kwargs
     try:
-        reward = Reward(kwargs.get("reward_mode", "delta"), kwargs.get("reward_shaping", 0.0))
+        reward = config.env.reward()
     except ValueError:
         return []
     try:
@@ -724,7 +763,7 @@ def _advantage_problems(config: GRPOConfig) -> list[str]:
 def _user_problems(config: TrainerConfig) -> list[str]:
     problems = []
     try:
-        spec = env_user_spec(config)
+        spec = config.env.user_spec()
     except RecipeError as error:
         spec = None
         problems.append(str(error))
@@ -773,28 +812,6 @@ def _process_problems(config: TrainerConfig) -> list[str]:
             f"a multiple of {world}"
         )
     return problems
-
-
-def env_user_spec(config: TrainerConfig) -> UserSpec | None:
-    """The :class:`~empathy_gym.user.specs.UserSpec` that ``config.env.kwargs.user`` names
-    (``rule`` when it is absent); ``None`` for a ready
-    :class:`~empathy_gym.user.SimulatedUser` put there from Python.
-
-    Raises:
-        RecipeError: a bad spec, naming the field (``env.kwargs.user.model: ...``).
-    """
-    from empathy_gym.user import SimulatedUser
-
-    value = (getattr(getattr(config, "env", None), "kwargs", None) or {}).get("user")
-    if isinstance(value, SimulatedUser):
-        return None
-    try:
-        return as_user_spec(value)
-    except (SpecError, TypeError) as error:
-        message = str(error)
-        raise RecipeError(
-            f"env.kwargs.{message}" if message.startswith("user") else f"env.kwargs.user: {message}"
-        ) from None
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from empathy_gym.agents.config import RecipeError, TrainerConfig, env_user_spec
+from empathy_gym.agents.config import RecipeError, TrainerConfig
 from empathy_gym.session import Session
 
 
@@ -26,15 +26,13 @@ def make_session(config: TrainerConfig, think: bool, policy_user: Any = None, **
     """
     import empathy_gym  # noqa: F401  (registers the ids)
 
-    kwargs = {**config.env.kwargs, **overrides}
-    user = env_user_spec(config) if "user" not in overrides else None
+    kwargs = config.env.gym_kwargs(**overrides)
+    user = config.env.user_spec() if "user" not in overrides else None
     if user is not None and user.on_policy:
         if policy_user is None:
             raise RecipeError(f"env.kwargs.user {user.backend!r}: the trainer builds this user from its policy")
         # the trainer gave the backend_kwargs to policy_user
         kwargs["user"] = dataclasses.replace(user, backend=policy_user, backend_kwargs={})
-    if config.env.personas is not None and "personas" not in overrides:
-        kwargs["personas"] = config.env.personas
     kwargs.setdefault("think", think)
     try:
         return Session.of_id(config.env.id, **kwargs)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.agents.callbacks import TrainerCallback
-from empathy_gym.agents.config import HELDOUT_DIR, env_user_spec, training_split_path
+from empathy_gym.agents.config import HELDOUT_DIR, training_split_path
 from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
@@ -59,7 +59,7 @@ USER_KINDS = {
 def caveat(config: Any) -> str:
     """:data:`CAVEAT` for the training user of ``config``: :data:`USER_KINDS` by its backend, else
     an LLM user (or a user given in code) named by its spec."""
-    spec = env_user_spec(config)
+    spec = config.env.user_spec()
     if spec is None:
         return CAVEAT.format(user="a SimulatedUser given in code")
     backend = spec.backend if isinstance(spec.backend, str) else "a ready backend"
@@ -67,7 +67,7 @@ def caveat(config: Any) -> str:
 
 
 def _user_label(config: Any) -> str:
-    spec = env_user_spec(config)
+    spec = config.env.user_spec()
     return str(spec) if spec is not None else "a ready SimulatedUser"
 
 

@@ -316,9 +316,7 @@ def plan_memory(
     note = f"{chunk} positions x {shape.vocab} x 14 B (bf16 logits, fp32 copy, softmax, grad)"
     rows.append(("log-prob pass over the vocabulary", chunk * shape.vocab * 14, note))
     rows.extend(_generation_rows(generation, shape, half, min(dialogues, generation_rows), capacity))
-    from empathy_gym.agents.config import env_user_spec
-
-    user = env_user_spec(config) if getattr(config, "env", None) is not None else None
+    user = config.env.user_spec() if getattr(config, "env", None) is not None else None
     if user is not None and user.on_policy and sampler_engine(generation.engine).kv_in_process:
         backend_kwargs = dict(user.backend_kwargs)
         cached = int(backend_kwargs.get("prefix_cache_tokens", 32768))

@@ -33,7 +33,7 @@ from empathy_gym.agents.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from empathy_gym.agents.config import TrainerConfig, env_user_spec, to_dict, validate
+from empathy_gym.agents.config import TrainerConfig, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
 from empathy_gym.agents.distributed import Processes
 from empathy_gym.agents.engines import sampler_engine
@@ -265,7 +265,7 @@ class RLTrainer:
         self.generator = self._make_generator()
         self.session = None  # envs given: the caller's user
         if envs is None:
-            on_policy = getattr(env_user_spec(config), "on_policy", False)
+            on_policy = getattr(config.env.user_spec(), "on_policy", False)
             policy_user = self.make_policy_user() if on_policy else None
             self.session = make_session(config, config.generation.think, policy_user=policy_user)
             envs = self.session.envs(local_batch)
@@ -323,7 +323,7 @@ class RLTrainer:
         """The simulated user's backend on this policy's base weights (``env.kwargs.user:
         policy``), through the generation engine's policy-user class
         (:mod:`empathy_gym.agents.engines`), given the user spec's ``backend_kwargs``."""
-        user = env_user_spec(self.config)
+        user = self.config.env.user_spec()
         kwargs = dict(user.backend_kwargs) if user is not None else {}
         return sampler_engine(self.config.generation.engine).policy_user_class().on_generator(self.generator, **kwargs)
 
