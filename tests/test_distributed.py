@@ -30,9 +30,9 @@ config = load_recipe("agents/tiny-cpu.yaml", [f"output_dir={out}", "total_steps=
 from empathy_gym.agents.callbacks import TrainerCallback
 class Counting(TrainerCallback):
     calls = 0
-    def on_step_end(self, trainer, step, trajectories):
+    def on_step_end(self, state, step, trajectories):
         Counting.calls += 1
-        return {"test/rank": float(trainer.processes.rank), "test/trajectories": float(len(trajectories))}
+        return {"test/rank": float(state.rank), "test/trajectories": float(len(trajectories))}
 trainer = TRAINERS[algorithm](config, callbacks=[Counting()])
 before = float(sum(p.double().sum() for p in trainer.model.parameters()))
 trainer.train()

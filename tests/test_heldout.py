@@ -123,19 +123,21 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     assert trained_on | tested == {p.id for p in load_personas("en")}
     trainer = GRPOTrainer(config)
     assert {env.dialogue.persona.id if env.dialogue else None for env in trainer.envs} <= trained_on | {None}
-    evaluation = HeldoutEvaluation(trainer, progress=False)
-    before = evaluation.run("before")
+    evaluation = HeldoutEvaluation(config, progress=False)
+    state = trainer.training_state()
+    assert state.session is trainer.session and state.config is trainer.config
+    before = evaluation.run("before", state)
     assert len(before) == 16 and {r["persona_id"] for r in before} == tested
     assert (tmp_path / "heldout" / "before.jsonl").exists()
-    again = evaluation.run("after")  # the same weights: the same dialogues, reply for reply
+    again = evaluation.run("after", state)  # the same weights: the same dialogues, reply for reply
     assert [r["messages"] for r in again] == [r["messages"] for r in before]
-    result = evaluation.finish(before, again)
+    result = evaluation.finish(before, again, trainer.step)
     assert result["difference"]["difference"] == 0.0 and not result["excludes_zero"]
     saved = json.loads((tmp_path / "heldout" / "report.json").read_text())
     assert saved["difference"]["personas"] == 8
     assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
     capsys.readouterr()
-    HeldoutEvaluation(trainer, progress=True).run("after")
+    HeldoutEvaluation(config, progress=True).run("after", state)
     bar = capsys.readouterr().err
     assert "held-out evaluation (after)" in bar and "16/16" in bar
     # no time-left estimate: the dialogues play together (it said 33 min after the first one)
@@ -147,11 +149,11 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     assert "takes about as long" not in caplog.text
     assert trainer.heldout_report is not None and trainer.heldout_report["steps"] == 1
     assert json.loads((tmp_path / "heldout" / "report.json").read_text())["steps"] == 1
-    after = evaluation.run("after")
+    after = evaluation.run("after", trainer.training_state())
     # one step at the tiny recipe's learning rate changes replies, not the dialogues' seeds
     assert [r["seed"] for r in after] == [r["seed"] for r in before]
     assert [r["messages"] for r in after] != [r["messages"] for r in before]
-    assert np.isfinite(evaluation.finish(before, after)["difference"]["difference"])
+    assert np.isfinite(evaluation.finish(before, after, trainer.step)["difference"]["difference"])
 
 
 def test_the_suggested_evaluations_time_is_bounded_by_the_runs_own_generation_rate(tmp_path):

@@ -4,7 +4,6 @@ replies of a step against the changes the training user paid."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import gymnasium as gym
 import pytest
@@ -56,7 +55,7 @@ def test_the_judge_re_judges_each_reply_in_the_dialogue_the_training_user_shaped
     env = gym.make(config.env.id, **config.env.kwargs)
     played = [Played(key, env, seed, REPLIES) for key, seed in enumerate([3, 4, 5])]
     paid = [b - a for p in played for a, b in zip(p.record()["emotions"], p.record()["emotions"][1:])]
-    callback = TrainingJudge(SimpleNamespace(config=config))
+    callback = TrainingJudge(config)
     metrics = callback.on_step_end(None, 1, played)
     assert metrics["judge/train_change_mean"] == pytest.approx(sum(paid) / len(paid))
     if judge == "rule":  # the training user itself: it pays again exactly what it paid

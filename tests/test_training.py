@@ -348,7 +348,7 @@ def test_a_callbacks_metrics_must_be_numbers(tmp_path):
         def __init__(self, value):
             self.value = value
 
-        def on_step_end(self, trainer, step, trajectories):
+        def on_step_end(self, state, step, trajectories):
             return {"custom/x": self.value}
 
     good = trainer(tmp_path, "ppo", "good", 1)
@@ -359,6 +359,35 @@ def test_a_callbacks_metrics_must_be_numbers(tmp_path):
     bad.callbacks.append(Metrics("not a number"))
     with pytest.raises(TypeError, match=r"Metrics.on_step_end: metric 'custom/x' must be a number, got 'not a number'"):
         bad.train()
+
+
+def test_callbacks_are_given_the_runs_state_not_the_trainer(tmp_path):
+    """Was: every hook got the trainer itself (callbacks reached into its fields). Now a
+    :class:`TrainingState`: the config, the steps done, the session, a sampler of the
+    current policy and the tokenizer."""
+    from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
+    from empathy_gym.agents.generation import TransformersGenerator
+
+    seen = []
+
+    class Record(TrainerCallback):
+        def on_train_begin(self, state):
+            seen.append(("begin", state.step))
+
+        def on_step_end(self, state, step, trajectories):
+            seen.append(("step", step, state.step, isinstance(state, TrainingState)))
+            assert isinstance(state.sampler(max_batch_size=1), TransformersGenerator)
+
+        def on_train_end(self, state):
+            seen.append(("end", state.step, state.config.total_steps, state.rank, state.world))
+
+    run = trainer(tmp_path, "grpo", "state", 2)
+    run.callbacks.append(Record())
+    run.train()
+    assert seen == [("begin", 0), ("step", 1, 1, True), ("step", 2, 2, True), ("end", 2, 2, 0, 1)]
+    state = run.training_state()
+    assert state.tokenizer is run.tokenizer and state.session is None  # envs given: the caller's user
+    assert not hasattr(state, "model") and run.heldout_report is None
 
 
 def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_traceback(tmp_path, capsys):

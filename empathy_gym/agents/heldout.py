@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
 from empathy_gym.agents.config import HELDOUT_DIR, training_split_path
 from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
@@ -162,20 +162,25 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def play(
-    trainer: Any, personas: Sequence[Persona], *, user: Any = None, on_dialogue: Callable[[], None] | None = None
+    state: TrainingState,
+    personas: Sequence[Persona],
+    *,
+    user: Any = None,
+    on_dialogue: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Play ``heldout.repeats`` dialogues per persona with the trainer's current policy in
-    the training env's settings (``user``: another simulated user); returns the records in
-    task order. The seeds depend only on ``heldout.seed``, the persona and the repeat
-    (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`): two calls play the same dialogues.
+    """Play ``heldout.repeats`` dialogues per persona with the current policy (``state``'s
+    sampler) in the training env's settings (``user``: another simulated user); returns the
+    records in task order. The seeds depend only on ``heldout.seed``, the persona and the
+    repeat (:func:`~empathy_gym.evaluation.benchmark.dialogue_seed`): two calls play the same
+    dialogues.
     """
-    config = trainer.config
+    config = state.config
     held = config.heldout
     tasks = plan_tasks(list(personas), repeats=held.repeats, seed=held.seed)
     judge = {} if user is None else {"user": user}  # the second judge plays the same dialogues
     count = min(held.batch_size, len(tasks))
-    generator = trainer.transformers_generator(max_batch_size=held.batch_size, reuse_kv=False)
-    policy = HeldoutPolicy(generator, trainer.tokenizer)
+    generator = state.sampler(max_batch_size=held.batch_size, reuse_kv=False)
+    policy = HeldoutPolicy(generator, state.tokenizer)
     done = {}
     with make_session(config, config.generation.think, personas=list(personas), **judge) as session:
         slots = iter(session.envs(count))
@@ -473,18 +478,21 @@ def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
 
 
 class HeldoutEvaluation(TrainerCallback):
-    """Runs the before and after evaluations of a trainer and writes the report
-    (``trainer.heldout_report``); a trainer whose config sets ``heldout.bank`` adds one.
+    """Runs the before and after evaluations of a training run and writes the report
+    (:attr:`report`, also ``trainer.heldout_report``); a trainer whose config sets
+    ``heldout.bank`` adds one.
 
     Args:
-        trainer: an :class:`~empathy_gym.agents.trainer.RLTrainer` whose config has
-            ``heldout.bank`` set and was passed through :func:`prepare`.
+        config: a :class:`~empathy_gym.agents.config.TrainerConfig` with ``heldout.bank``
+            set, passed through :func:`prepare`.
         progress: show a progress bar (tqdm) over the evaluation's dialogues.
+
+    Attributes:
+        report: the report (:func:`report`) once :meth:`on_train_end` ran, else ``None``.
     """
 
-    def __init__(self, trainer: Any, *, progress: bool = True):
-        self.trainer = trainer
-        self.config = trainer.config
+    def __init__(self, config: Any, *, progress: bool = True):
+        self.config = config
         self.folder = Path(self.config.output_dir) / HELDOUT_DIR
         self.personas = split_bank(self.config)[1]
         self.progress = progress
@@ -492,13 +500,14 @@ class HeldoutEvaluation(TrainerCallback):
         self.before: list[dict[str, Any]] | None = None
         self.before_judge: list[dict[str, Any]] | None = None
         self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
+        self.report: dict[str, Any] | None = None
 
-    def on_train_begin(self, trainer: Any) -> None:
+    def on_train_begin(self, state: TrainingState) -> None:
         """Play (or read back) the evaluation before training (and the second judge's)."""
         started, self.read_back = time.perf_counter(), 0
-        self.before = self.run("before")
+        self.before = self.run("before", state)
         if self.judged:
-            self.before_judge = self.run("before", judge=True)
+            self.before_judge = self.run("before", state, judge=True)
         played = f"{len(self.before)} dialogues" + (" and as many with the second judge" if self.judged else "")
         if self.read_back == len(self.before) * (1 + self.judged):  # nothing played: no time to go by
             log.info("held-out evaluation before training: %s read back from %s", played, self.folder)
@@ -511,26 +520,29 @@ class HeldoutEvaluation(TrainerCallback):
             self.config.total_steps,
         )
 
-    def on_train_end(self, trainer: Any) -> None:
-        """Play the evaluation after training and write the report (``trainer.heldout_report``);
-        warn when the judges diverge (:data:`DIVERGE`)."""
-        before = self.before if self.before is not None else self.run("before")
+    def on_train_end(self, state: TrainingState) -> None:
+        """Play the evaluation after training and write the report (:attr:`report`); warn
+        when the judges diverge (:data:`DIVERGE`)."""
+        before = self.before if self.before is not None else self.run("before", state)
         judge = None
         if self.judged:
-            judge_before = self.before_judge if self.before_judge is not None else self.run("before", judge=True)
-            judge = (judge_before, self.run("after", judge=True))
-        trainer.heldout_report = self.finish(before, self.run("after"), judge=judge)
-        if trainer.heldout_report.get("judges_gap", {}).get("diverge"):
+            judge_before = self.before_judge
+            if judge_before is None:
+                judge_before = self.run("before", state, judge=True)
+            judge = (judge_before, self.run("after", state, judge=True))
+        self.report = self.finish(before, self.run("after", state), state.step, judge=judge)
+        if self.report.get("judges_gap", {}).get("diverge"):
             log.warning(DIVERGE)
 
     @property
     def dialogues(self) -> int:
         return len(self.personas) * self.config.heldout.repeats
 
-    def run(self, name: str, *, judge: bool = False) -> list[dict[str, Any]]:
-        """Play the evaluation ``name`` ("before" or "after") with the training user, or
-        with the second judge (``heldout.user``), and write ``<name>.jsonl`` (or
-        ``<name>_judge.jsonl``); a finished "before" file is read back instead of replayed."""
+    def run(self, name: str, state: TrainingState, *, judge: bool = False) -> list[dict[str, Any]]:
+        """Play the evaluation ``name`` ("before" or "after") with the current policy
+        (``state``'s sampler) and the training user, or with the second judge
+        (``heldout.user``), and write ``<name>.jsonl`` (or ``<name>_judge.jsonl``); a
+        finished "before" file is read back instead of replayed."""
         from tqdm.auto import tqdm
 
         from empathy_gym.agents.console import tolerant
@@ -552,7 +564,7 @@ class HeldoutEvaluation(TrainerCallback):
             file=tolerant(sys.stderr),
         ) as bar:
             records = play(
-                self.trainer,
+                state,
                 self.personas,
                 user=self.config.heldout.user if judge else None,
                 on_dialogue=lambda: bar.update(1),
@@ -564,11 +576,13 @@ class HeldoutEvaluation(TrainerCallback):
         self,
         before: Sequence[dict[str, Any]],
         after: Sequence[dict[str, Any]],
+        steps: int,
         judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
     ) -> dict[str, Any]:
-        """Write ``report.json`` and ``report.txt``; returns the report (:func:`report`)."""
+        """Write ``report.json`` and ``report.txt`` for a policy trained ``steps`` steps;
+        returns the report (:func:`report`)."""
         trend = training_trend(Path(self.config.output_dir) / "metrics.jsonl")
-        result = report(self.config, before, after, self.trainer.step, judge=judge, trend=trend)
+        result = report(self.config, before, after, steps, judge=judge, trend=trend)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(

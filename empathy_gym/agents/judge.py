@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
 from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.evaluation.own_logs import own_dialogue
@@ -60,15 +60,16 @@ class TrainingJudge(TrainerCallback):
         RecipeError: a bad ``heldout.user``.
     """
 
-    def __init__(self, trainer: Any):
-        config = trainer.config
+    def __init__(self, config: Any):
         #: the second judge (closed by :meth:`close`)
         self.session = make_session(config, config.generation.think, user=config.heldout.user)
         self.bank = {persona.id: persona for persona in self.session.personas}
-        self.seed = trainer.config.seed
+        self.seed = config.seed
         self.history: list[tuple[float, float]] = []
 
-    def on_step_end(self, trainer: Any, step: int, trajectories: Sequence[Trajectory]) -> Mapping[str, float]:
+    def on_step_end(
+        self, state: TrainingState | None, step: int, trajectories: Sequence[Trajectory]
+    ) -> Mapping[str, float]:
         """The ``judge/*`` metrics of this step's replies (see the module docstring)."""
         requests, paid = [], []
         for trajectory in trajectories:
@@ -99,7 +100,7 @@ class TrainingJudge(TrainerCallback):
             )
         return metrics
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, state: TrainingState | None) -> None:
         self.close()
 
     def close(self) -> None:

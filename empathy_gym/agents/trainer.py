@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from empathy_gym.agents import heldout
-from empathy_gym.agents.callbacks import TrainerCallback
+from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
 from empathy_gym.agents.checkpoint import (
     CheckpointError,
     check_resumable,
@@ -207,10 +207,9 @@ class RLTrainer:
         self.step = 0
         self.callbacks = list(callbacks)
         if config.heldout.bank:
-            self.callbacks.append(heldout.HeldoutEvaluation(self, progress=config.progress))
+            self.callbacks.append(heldout.HeldoutEvaluation(config, progress=config.progress))
         if config.heldout.user is not None:
-            self.callbacks.append(TrainingJudge(self))
-        self.heldout_report: dict[str, Any] | None = None  # set by HeldoutEvaluation
+            self.callbacks.append(TrainingJudge(config))
         self.stop_request = StopRequest()  # Ctrl-C / SIGTERM: finish the phase, save, stop
         self._dirty = False  # parameters changed since the last completed step
         self._saved_step = -1
@@ -651,7 +650,7 @@ class RLTrainer:
         # measured before the held-out evaluation's work (ours) runs; said with the bar below
         busy = busy_cores_warning(torch.get_num_threads()) if self._step_watch is not None else None
         for callback in self.callbacks:
-            callback.on_train_begin(self)
+            callback.on_train_begin(self.training_state())
         if resume:
             self._resume(checkpoints)
             resume_step = self.step
@@ -698,8 +697,29 @@ class RLTrainer:
                 self.run_log.close()
         if self.step >= config.total_steps:
             for callback in self.callbacks:
-                callback.on_train_end(self)
+                callback.on_train_end(self.training_state())
         return self.run_log.read_metrics() if self.run_log else []
+
+    def training_state(self) -> TrainingState:
+        """What the callbacks are given now (:class:`~empathy_gym.agents.callbacks.TrainingState`)."""
+        return TrainingState(
+            config=self.config,
+            step=self.step,
+            session=self.session,
+            sampler=self.transformers_generator,
+            tokenizer=self.tokenizer,
+            rank=self.processes.rank,
+            world=self.processes.world,
+        )
+
+    @property
+    def heldout_report(self) -> dict[str, Any] | None:
+        """The held-out report (:func:`~empathy_gym.agents.heldout.report`) once training
+        ended with ``heldout.bank`` set; else ``None``."""
+        for callback in self.callbacks:
+            if isinstance(callback, heldout.HeldoutEvaluation) and callback.report is not None:
+                return callback.report
+        return None
 
     def close(self) -> None:
         """Close the simulated users this trainer built (its session's and its callbacks',
@@ -791,8 +811,9 @@ class RLTrainer:
         Raises:
             TypeError: a callback returned a metric that is not a number."""
         metrics: dict[str, float] = {}
+        state = self.training_state()
         for callback in self.callbacks:
-            for key, value in dict(callback.on_step_end(self, step, trajectories) or {}).items():
+            for key, value in dict(callback.on_step_end(state, step, trajectories) or {}).items():
                 if isinstance(value, bool) or not isinstance(value, numbers.Real):
                     raise TypeError(
                         f"{type(callback).__name__}.on_step_end: metric {key!r} must be a number, got {value!r}"
