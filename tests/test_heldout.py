@@ -13,7 +13,15 @@ import pytest
 
 from empathy_gym.agents import load_recipe
 from empathy_gym.agents.config import RecipeError
-from empathy_gym.agents.heldout import HeldoutEvaluation, feature_shift, judges_gap, paired_difference, prepare, report
+from empathy_gym.agents.heldout import (
+    HeldoutEvaluation,
+    evaluation_settings,
+    feature_shift,
+    judges_gap,
+    paired_difference,
+    prepare,
+    report,
+)
 from empathy_gym.personas import load_personas
 
 
@@ -96,6 +104,27 @@ def test_the_report_says_which_features_moved():
     assert "Where the change came from" not in report(config, records({"a": [40]}), records({"a": [41]}), 1)["text"]
 
 
+def test_the_evaluation_before_training_is_read_back_only_when_played_with_this_runs_settings(tmp_path, caplog):
+    """Was: a run in the folder of a stopped run read back its before.jsonl whatever the
+    settings it was played with (another sampling temperature, another model), and compared
+    its own policy after training with that one before."""
+    overrides = [f"output_dir={tmp_path}", "heldout.bank=en", "heldout.repeats=1", "progress=false"]
+    config, held_out = prepare(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
+    folder = tmp_path / "heldout"
+    played = [{"persona_id": p.id, "repeat": 0, "final_emotion": 40} for p in held_out]
+    (folder / "before.jsonl").write_text("".join(json.dumps(r) + "\n" for r in played))
+    older = HeldoutEvaluation(config, progress=False)  # a folder from before run.json: read back
+    assert not older.stale and older.run("before", None) == played
+    (folder / "run.json").write_text(json.dumps(evaluation_settings(config)))
+    assert HeldoutEvaluation(config, progress=False).run("before", None) == played
+    total = load_recipe("agents/tiny-cpu.yaml", [*overrides, "total_steps=99"], algorithm="grpo")
+    assert not HeldoutEvaluation(prepare(total)[0], progress=False).stale  # a resume may train longer
+    hotter = load_recipe("agents/tiny-cpu.yaml", [*overrides, "generation.temperature=0.5"], algorithm="grpo")
+    with caplog.at_level(logging.WARNING, logger="empathy_gym.agents.heldout"):
+        assert HeldoutEvaluation(prepare(hotter)[0], progress=False).stale
+    assert "played with other settings (generation.temperature: 1.0 -> 0.5); it is played again" in caplog.text
+
+
 def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     from empathy_gym.agents import GRPOTrainer
 
@@ -129,6 +158,8 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     before = evaluation.run("before", state)
     assert len(before) == 16 and {r["persona_id"] for r in before} == tested
     assert (tmp_path / "heldout" / "before.jsonl").exists()
+    settings = json.loads((tmp_path / "heldout" / "run.json").read_text())
+    assert settings["policy.model"] == "tiny" and settings["heldout.repeats"] == 2 and "total_steps" not in settings
     again = evaluation.run("after", state)  # the same weights: the same dialogues, reply for reply
     assert [r["messages"] for r in again] == [r["messages"] for r in before]
     result = evaluation.finish(before, again, trainer.step)

@@ -9,7 +9,10 @@ percentile bootstrap intervals over personas (Efron & Tibshirani 1993, ch. 13).
 
 Files under ``<output_dir>/heldout/``: ``train_personas.jsonl``, ``test_personas.jsonl``,
 ``before.jsonl``, ``after.jsonl`` (``*_judge.jsonl``: the second judge's), ``report.json``
-and ``report.txt``. A finished ``before.jsonl`` is reused on ``--resume``.
+and ``report.txt``, and ``run.json`` (the settings the dialogues were played with:
+:func:`evaluation_settings`). A finished ``before.jsonl`` is reused on ``--resume`` when
+``run.json`` holds this run's settings, as eval's and replay's run folders are
+(:mod:`~empathy_gym.evaluation.run_folder`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
-from empathy_gym.evaluation.run_folder import append_records
+from empathy_gym.evaluation.run_folder import RUN_CONFIG, append_records, changed_fields, write_json
 from empathy_gym.personas import Persona, load_personas, personas_text, split_personas
 from empathy_gym.user.specs import as_user_spec
 
@@ -466,6 +469,24 @@ def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
+def evaluation_settings(config: Any) -> dict[str, Any] | None:
+    """What the held-out dialogues depend on, as ``{"field.name": value}``: the policy's
+    model and dtype, and every ``generation``, ``env`` and ``heldout`` field (not the
+    optimiser's nor ``total_steps``: a resumed run may change those). ``None`` for a config
+    that is not plain data (a ready user object in ``env.kwargs``)."""
+    from empathy_gym.agents.config import to_dict
+
+    try:
+        record = json.loads(json.dumps(to_dict(config)))
+    except (TypeError, ValueError):  # omegaconf's errors are ValueErrors
+        return None
+    settings = {f"policy.{name}": record["policy"][name] for name in ("model", "dtype")}
+    for section in ("generation", "env", "heldout"):
+        settings |= {f"{section}.{name}": value for name, value in record[section].items()}
+    settings.pop("env.personas")  # prepare sets it to the training part's file
+    return settings
+
+
 def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     """The records of a finished evaluation file, or ``None`` (missing, or cut short)."""
     if not path.exists():
@@ -500,6 +521,15 @@ class HeldoutEvaluation(TrainerCallback):
         self.before: list[dict[str, Any]] | None = None
         self.before_judge: list[dict[str, Any]] | None = None
         self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
+        self.settings = evaluation_settings(config)
+        #: the folder's records were played with other settings (its run.json): none is read back
+        self.stale = self.settings is not None and bool(changed_fields(self.folder, self.settings))
+        if self.stale and (self.folder / "before.jsonl").exists():
+            log.warning(
+                "%s holds a held-out evaluation played with other settings (%s); it is played again",
+                self.folder,
+                "; ".join(changed_fields(self.folder, self.settings)),
+            )
         self.report: dict[str, Any] | None = None
 
     def on_train_begin(self, state: TrainingState) -> None:
@@ -548,7 +578,7 @@ class HeldoutEvaluation(TrainerCallback):
         from empathy_gym.agents.console import tolerant
 
         path = self.folder / f"{name}{'_judge' if judge else ''}.jsonl"
-        if name == "before":
+        if name == "before" and not self.stale:
             records = _read_records(path, self.dialogues)
             if records is not None:
                 self.read_back += len(records)
@@ -569,6 +599,8 @@ class HeldoutEvaluation(TrainerCallback):
                 user=self.config.heldout.user if judge else None,
                 on_dialogue=lambda: bar.update(1),
             )
+        if self.settings is not None:
+            write_json(self.folder / RUN_CONFIG, self.settings)
         _write_records(path, records)
         return records
 

@@ -101,6 +101,24 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(temporary, path)
 
 
+def changed_fields(out_dir: Path, config: Mapping[str, Any]) -> list[str]:
+    """The fields in which a run directory's ``run.json`` differs from ``config``, each as
+    ``"field: old -> new"``; empty when they agree or there is no ``run.json``.
+
+    Raises:
+        EvaluationError: a ``run.json`` that is not valid JSON, naming the file and line.
+    """
+    path = out_dir / RUN_CONFIG
+    if not path.exists():
+        return []
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+    new = json.loads(json.dumps(dict(config)))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
 def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
     """Check that a run directory's ``run.json``, when there is one, holds ``config``.
 
@@ -108,20 +126,10 @@ def check_run_config(out_dir: Path, config: Mapping[str, Any]) -> None:
         EvaluationError: naming each field that differs (old and new value), or a
             ``run.json`` that is not valid JSON.
     """
-    path = out_dir / RUN_CONFIG
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
-    new = json.loads(json.dumps(dict(config)))
-    changed = [
-        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
-    ]
+    changed = changed_fields(out_dir, config)
     if changed:
         raise EvaluationError(
-            f"{path}: this directory holds a run with another configuration "
+            f"{out_dir / RUN_CONFIG}: this directory holds a run with another configuration "
             f"({'; '.join(changed)}); use another --out directory, or delete "
             f"it to start over"
         )
