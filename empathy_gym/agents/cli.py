@@ -92,8 +92,10 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
         return 1
     # refused before any model loads: --resume with no run or another algorithm's or model's
     # checkpoint; a fresh run in a previous run's folder
+    from empathy_gym.agents.run_log import check_fresh, holds_a_run
+
     if args.resume:
-        if not holds_a_run(Path(config.output_dir)):
+        if not holds_a_run(config.output_dir):
             say(
                 f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
                 f"heldout/); run without --resume to start one there, or give the run's output_dir=",
@@ -109,8 +111,6 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             say(f"error: --resume: {error}", file=sys.stderr)
             return 1
     else:
-        from empathy_gym.agents.run_log import check_fresh
-
         try:
             check_fresh(config.output_dir)
         except FileExistsError as error:
@@ -118,12 +118,6 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             return 1
     with _log_to_file(config.output_dir):
         return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)
-
-
-def holds_a_run(folder: Path) -> bool:
-    """A training run has written something in ``folder`` (a checkpoint, metrics, or the
-    held-out evaluation before training)."""
-    return any((folder / name).exists() for name in ("checkpoints", "metrics.jsonl", "heldout"))
 
 
 def quiet_known_noise() -> None:

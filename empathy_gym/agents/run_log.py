@@ -54,6 +54,12 @@ def _json_value(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def holds_a_run(output_dir: str | os.PathLike) -> bool:
+    """A training run has written something in ``output_dir`` that ``--resume`` continues
+    from (a checkpoint, metrics, or the held-out evaluation's files)."""
+    return any((Path(output_dir) / name).exists() for name in ("checkpoints", "metrics.jsonl", "heldout"))
+
+
 def check_fresh(output_dir: str | os.PathLike) -> None:
     """Raises ``FileExistsError`` when ``output_dir`` holds a previous run's metrics."""
     metrics = Path(output_dir) / "metrics.jsonl"
