@@ -425,6 +425,68 @@ def distill_command(
     console.print(f"wrote {out}/appraiser.json, head.safetensors, report.txt, report.json, calibration.png")
 
 
+@app.command("capabilities", epilog=EXIT_CODES)
+def capabilities_command(
+    model: Annotated[
+        str, typer.Option(help="the policy's base model: smollm2 (offline), tiny, a path, a hub id or a .gguf file")
+    ] = "smollm2",
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            help="a trained policy (a run's checkpoints/step-N/policy, LoRA or full): compares it with --model"
+        ),
+    ] = None,
+    tasks: Annotated[
+        str,
+        typer.Option(
+            help="lm-eval tasks, comma-separated: the offline empathy_math, empathy_humaneval, or any lm-eval "
+            "task (gsm8k, humaneval, mbpp... download their data)"
+        ),
+    ] = "empathy_math,empathy_humaneval",
+    limit: Annotated[int | None, typer.Option(min=1, help="the first LIMIT items of each task (default: all)")] = None,
+    margin: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="'kept': at most this much lower (scores 0-1), by the interval")
+    ] = 0.05,
+    batch_size: Annotated[int, typer.Option(min=1, help="prompts per generation batch")] = 8,
+    chat_template: Annotated[bool, typer.Option(help="render prompts with the model's chat template")] = False,
+    device: Annotated[str, typer.Option(help="where the models run: cpu, cuda")] = "cpu",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write report.json (every item's score) here")] = None,
+) -> None:
+    """Math and code ability of a policy, and with --adapter whether training kept it: the
+    same items, greedy, before (--model) and after (--model with --adapter), with the
+    paired difference and its bootstrap interval over items (lm-evaluation-harness;
+    extra capabilities).
+
+        empathy-gym capabilities --adapter runs/smollm2-cpu-grpo/checkpoints/step-000030/policy --limit 50
+    """
+    import json
+
+    from empathy_gym.evaluation import capabilities as cap
+
+    names = [name.strip() for name in tasks.split(",") if name.strip()]
+    with _exit_codes():
+        if not names:
+            raise ValueError("--tasks: no task named")
+        before_model, after_model, tokenizer = cap.load_before_after(
+            model, str(adapter) if adapter else None, device=device
+        )
+        options = {"limit": limit, "batch_size": batch_size, "chat_template": chat_template}
+        before = cap.measure(before_model, tokenizer, names, **options)
+        after = cap.measure(after_model, tokenizer, names, **options) if after_model is not None else None
+    if after is None:
+        console.print(escape(cap.scores_text(before)))
+        report: dict[str, Any] = {"model": model, "scores": before}
+    else:
+        table = cap.compare(before, after, margin=margin)
+        console.print(escape(f"{model} before -> with {adapter}:"))
+        console.print(escape(cap.table_text(table, margin=margin)))
+        report = {"model": model, "adapter": str(adapter), "table": table, "before": before, "after": after}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {out / 'report.json'}")
+
+
 def _number(value: Any, digits: int = 2) -> str:
     return "-" if value is None or value != value else f"{value:.{digits}f}"
 

