@@ -160,3 +160,52 @@ def test_the_offline_tasks_ship_in_the_wheels_data_folder():
         "math.jsonl",
         "build_math.py",
     }
+
+
+def test_the_held_out_report_measures_capabilities_before_and_after_training(tmp_path):
+    """``heldout.capabilities``: lm-eval's tasks on the policy itself before the first step
+    and after the last, their items' scores kept, the paired table in the report."""
+    from empathy_gym.agents import GRPOTrainer, load_recipe
+
+    overrides = [
+        f"output_dir={tmp_path}",
+        "progress=false",
+        "total_steps=1",
+        "rollout_batch_size=4",
+        "env.kwargs.max_turns=2",
+        "heldout.bank=en",
+        "heldout.repeats=1",
+        "heldout.capabilities=[empathy_math]",
+        "heldout.capabilities_limit=3",
+    ]
+    trainer = GRPOTrainer(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
+    trainer.train()
+    table = trainer.heldout_report["capabilities"]["empathy_math"]
+    assert table["items"] == 3 and table["verdict"] in ("kept", "lost", "not clear")
+    before = json.loads((tmp_path / "heldout" / "capabilities_before.json").read_text())
+    after = json.loads((tmp_path / "heldout" / "capabilities_after.json").read_text())
+    assert sorted(before["empathy_math"]) == sorted(after["empathy_math"]) == ["0", "1", "2"]
+    assert table["before"] == sum(before["empathy_math"].values()) / 3
+    text = (tmp_path / "heldout" / "report.txt").read_text()
+    assert "Capabilities (lm-eval, greedy, the same items before and after" in text and "empathy_math" in text
+    trainer.model.train()
+    evaluation = next(c for c in trainer.callbacks if getattr(c, "report", None) is not None)
+    assert evaluation.capabilities("after", trainer.training_state()) == {
+        task: {int(i): v for i, v in items.items()} for task, items in after.items()
+    }  # greedy: the same scores again
+    assert trainer.model.training  # measuring left the policy in training mode
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("heldout.capabilities_limit=0", "heldout.capabilities_limit must be >= 1 or null, got 0"),
+        ("heldout.capabilities_margin=2", "heldout.capabilities_margin must be in [0, 1], got 2"),
+    ],
+)
+def test_bad_capability_settings_are_refused_when_the_recipe_loads(override, message):
+    from empathy_gym.agents import RecipeError, load_recipe
+
+    base = ["heldout.bank=en", "heldout.capabilities=[empathy_math]"]
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        load_recipe("agents/tiny-cpu.yaml", [*base, override], algorithm="grpo")

@@ -27,6 +27,8 @@ class TrainingState:
             policy with the recipe's sampling settings (``options``: its keywords, e.g.
             ``max_batch_size``, ``reuse_kv``).
         tokenizer: the policy's tokenizer (its chat template renders the dialogues).
+        model: the policy module (a peft model with LoRA), for work that needs the module
+            itself (lm-eval's capability tasks); leave its weights alone.
         rank, world: this process's rank and the process count (``on_step_end`` runs
             in rank 0 only).
     """
@@ -36,6 +38,7 @@ class TrainingState:
     session: Any
     sampler: Callable[..., Any]
     tokenizer: Any
+    model: Any = None
     rank: int = 0
     world: int = 1
 

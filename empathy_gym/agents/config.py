@@ -210,6 +210,13 @@ class HeldoutConfig:
             ``"openai:MODEL@URL"``, or a mapping of
             :class:`~empathy_gym.user.specs.UserSpec` fields) that plays the same held-out
             personas and seeds. ``None`` (default): the training user only.
+        capabilities: lm-eval tasks measured before and after training
+            (:mod:`~empathy_gym.evaluation.capabilities`; extra ``capabilities``): the
+            offline ``empathy_math`` and ``empathy_humaneval``, or any task lm-eval knows.
+            Empty (default): none.
+        capabilities_limit: the first items of each task (``None``: all).
+        capabilities_margin: "kept" means at most this much lower (scores 0-1), by the
+            interval over items.
     """
 
     bank: str | None = None
@@ -221,6 +228,9 @@ class HeldoutConfig:
     confidence: float = 0.95
     n_resamples: int = 10_000
     user: Any = None
+    capabilities: list[str] = field(default_factory=list)
+    capabilities_limit: int | None = 50
+    capabilities_margin: float = 0.05
 
 
 #: The folder under ``output_dir`` where the held-out evaluation writes (its split, reports, dialogues).
@@ -686,6 +696,21 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
             problems.append(f"heldout.{name} must be >= 1, got {getattr(heldout, name)}")
     if not 0 < heldout.confidence < 1:
         problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
+    return problems + _capability_problems(heldout)
+
+
+def _capability_problems(heldout: HeldoutConfig) -> list[str]:
+    if not heldout.capabilities:
+        return []
+    import importlib.util
+
+    problems = []
+    if importlib.util.find_spec("lm_eval") is None:
+        problems.append("heldout.capabilities needs lm-evaluation-harness: pip install 'empathy-gym[capabilities]'")
+    if heldout.capabilities_limit is not None and heldout.capabilities_limit < 1:
+        problems.append(f"heldout.capabilities_limit must be >= 1 or null, got {heldout.capabilities_limit}")
+    if not 0 <= heldout.capabilities_margin <= 1:
+        problems.append(f"heldout.capabilities_margin must be in [0, 1], got {heldout.capabilities_margin}")
     return problems
 
 

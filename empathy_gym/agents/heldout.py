@@ -323,12 +323,15 @@ def report(
     steps: int,
     judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
     trend: Mapping[str, Mapping[str, float]] | None = None,
+    capabilities: tuple[Mapping[str, Mapping[int, float]], Mapping[str, Mapping[int, float]]] | None = None,
 ) -> dict[str, Any]:
     """The before/after summaries, the paired difference, and the table as ``text``;
     with ``judge`` (the second judge's before and after records, ``heldout.user``) its
     summaries and difference too, and the gap between the judges (:func:`judges_gap`);
     with ``trend`` (:func:`training_trend`) a line on how the run moved during training,
-    kept as ``training``."""
+    kept as ``training``; with ``capabilities`` (lm-eval scores before and after, item by
+    item) their paired table (:func:`~empathy_gym.evaluation.capabilities.compare`), kept as
+    ``capabilities``."""
     held = config.heldout
     kwargs = {"confidence": held.confidence, "n_resamples": held.n_resamples, "seed": held.seed}
     first, second = summarize(list(before), **kwargs), summarize(list(after), **kwargs)
@@ -374,6 +377,18 @@ def report(
     if trend:
         result["training"] = dict(trend)
         lines.append(_trend_line(trend))
+    if capabilities is not None:
+        from empathy_gym.evaluation.capabilities import compare, table_text
+
+        margin = held.capabilities_margin
+        table = compare(
+            *capabilities, confidence=held.confidence, margin=margin, n_resamples=held.n_resamples, seed=held.seed
+        )
+        result["capabilities"] = table
+        lines.append(
+            "Capabilities (lm-eval, greedy, the same items before and after; heldout.capabilities):\n"
+            + table_text(table, confidence=held.confidence, margin=margin)
+        )
     lines.append(caveat(config))
     return result | {"feature_shift": shift, "text": "\n".join(lines)}
 
@@ -530,6 +545,7 @@ class HeldoutEvaluation(TrainerCallback):
                 self.folder,
                 "; ".join(changed_fields(self.folder, self.settings)),
             )
+        self.capabilities_before: dict[str, dict[int, float]] | None = None
         self.report: dict[str, Any] | None = None
 
     def on_train_begin(self, state: TrainingState) -> None:
@@ -538,6 +554,7 @@ class HeldoutEvaluation(TrainerCallback):
         self.before = self.run("before", state)
         if self.judged:
             self.before_judge = self.run("before", state, judge=True)
+        self.capabilities_before = self.capabilities("before", state)
         played = f"{len(self.before)} dialogues" + (" and as many with the second judge" if self.judged else "")
         if self.read_back == len(self.before) * (1 + self.judged):  # nothing played: no time to go by
             log.info("held-out evaluation before training: %s read back from %s", played, self.folder)
@@ -560,7 +577,11 @@ class HeldoutEvaluation(TrainerCallback):
             if judge_before is None:
                 judge_before = self.run("before", state, judge=True)
             judge = (judge_before, self.run("after", state, judge=True))
-        self.report = self.finish(before, self.run("after", state), state.step, judge=judge)
+        capabilities = None
+        if self.config.heldout.capabilities:
+            capabilities_before = self.capabilities_before or self.capabilities("before", state)
+            capabilities = (capabilities_before, self.capabilities("after", state))
+        self.report = self.finish(before, self.run("after", state), state.step, judge=judge, capabilities=capabilities)
         if self.report.get("judges_gap", {}).get("diverge"):
             log.warning(DIVERGE)
 
@@ -604,17 +625,50 @@ class HeldoutEvaluation(TrainerCallback):
         _write_records(path, records)
         return records
 
+    def capabilities(self, name: str, state: TrainingState) -> dict[str, dict[int, float]] | None:
+        """The policy's lm-eval scores now (``heldout.capabilities``;
+        :func:`~empathy_gym.evaluation.capabilities.measure`), written to
+        ``capabilities_<name>.json``; "before" is read back from a finished file of this
+        run's settings. ``None`` with no task named."""
+        held = self.config.heldout
+        if not held.capabilities:
+            return None
+        path = self.folder / f"capabilities_{name}.json"
+        if name == "before" and not self.stale and path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}
+        from empathy_gym.evaluation.capabilities import measure
+
+        was_training = state.model.training
+        try:
+            scores = measure(
+                state.model,
+                state.tokenizer,
+                held.capabilities,
+                limit=held.capabilities_limit,
+                batch_size=held.batch_size,
+                seed=held.seed,
+            )
+        finally:
+            state.model.train(was_training)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.settings is not None:
+            write_json(self.folder / RUN_CONFIG, self.settings)
+        write_json(path, scores)
+        return scores
+
     def finish(
         self,
         before: Sequence[dict[str, Any]],
         after: Sequence[dict[str, Any]],
         steps: int,
         judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+        capabilities: tuple[Mapping[str, Mapping[int, float]], Mapping[str, Mapping[int, float]]] | None = None,
     ) -> dict[str, Any]:
         """Write ``report.json`` and ``report.txt`` for a policy trained ``steps`` steps;
         returns the report (:func:`report`)."""
         trend = training_trend(Path(self.config.output_dir) / "metrics.jsonl")
-        result = report(self.config, before, after, steps, judge=judge, trend=trend)
+        result = report(self.config, before, after, steps, judge=judge, trend=trend, capabilities=capabilities)
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(

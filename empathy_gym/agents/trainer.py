@@ -708,6 +708,7 @@ class RLTrainer:
             session=self.session,
             sampler=self.transformers_generator,
             tokenizer=self.tokenizer,
+            model=self.model,
             rank=self.processes.rank,
             world=self.processes.world,
         )
