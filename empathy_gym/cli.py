@@ -460,9 +460,14 @@ def capabilities_command(
         empathy-gym capabilities --adapter runs/smollm2-cpu-grpo/checkpoints/step-000030/policy --limit 50
     """
     import json
+    import logging
 
+    from empathy_gym.agents.cli import quiet_known_noise
     from empathy_gym.evaluation import capabilities as cap
 
+    quiet_known_noise()
+    # lm-eval warns that it was given a model object and a dataset function: both on purpose
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     with _exit_codes():
         if not names:

@@ -87,7 +87,9 @@ def test_the_paired_comparison_by_hand():
     assert -1.0 <= row["low"] <= -0.25 <= row["high"] <= 0.0 and row["verdict"] == "not clear"
     same = cap.compare(before, before)["t"]
     assert (same["difference"], same["low"], same["high"], same["verdict"]) == (0.0, 0.0, 0.0, "kept")
-    assert "(both 0: says nothing)" in cap.table_text(cap.compare({"z": {0: 0.0}}, {"z": {0: 0.0}}))
+    floor = cap.compare({"z": {0: 0.0, 1: 0.0}}, {"z": {0: 0.0, 1: 0.0}})
+    assert floor["z"]["verdict"] == "at floor" and "at floor" in cap.table_text(floor)  # was "kept"
+    assert cap.compare({"z": {0: 1.0}}, {"z": {0: 1.0}})["z"]["verdict"] == "at ceiling"
     with pytest.raises(ValueError, match="task 't': no item scored both"):
         cap.compare(before, {"t": {5: 1.0}})
 
@@ -122,7 +124,8 @@ def test_lm_eval_scores_the_math_task_as_our_own_greedy_decoding_does():
 
 def test_the_command_compares_a_model_with_its_adapter(tmp_path):
     """A LoRA adapter as peft initialises it (B = 0) changes nothing: the same greedy
-    replies, a difference of 0, "kept"; its report.json holds every item's score."""
+    replies, a difference of 0 (the tiny random model scores 0: "at floor"); its
+    report.json holds every item's score."""
     from peft import LoraConfig, get_peft_model
 
     from empathy_gym.backends.models import load_causal_lm
@@ -132,9 +135,11 @@ def test_the_command_compares_a_model_with_its_adapter(tmp_path):
     args = ["capabilities", "--model", "tiny", "--adapter", str(tmp_path / "policy"), "--tasks", "empathy_math"]
     result = runner.invoke(app, [*args, "--limit", "3", "--batch-size", "3", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert re.search(r"empathy_math\s+3\s+0\.000\s+0\.000\s+\+0\.000\s+\[\+0\.000, \+0\.000\]\s+kept", result.output)
+    assert re.search(
+        r"empathy_math\s+3\s+0\.000\s+0\.000\s+\+0\.000\s+\[\+0\.000, \+0\.000\]\s+at floor", result.output
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["table"]["empathy_math"]["verdict"] == "kept" and report["before"] == report["after"]
+    assert report["table"]["empathy_math"]["verdict"] == "at floor" and report["before"] == report["after"]
     assert sorted(report["before"]["empathy_math"]) == ["0", "1", "2"]
 
 
@@ -181,7 +186,7 @@ def test_the_held_out_report_measures_capabilities_before_and_after_training(tmp
     trainer = GRPOTrainer(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
     trainer.train()
     table = trainer.heldout_report["capabilities"]["empathy_math"]
-    assert table["items"] == 3 and table["verdict"] in ("kept", "lost", "not clear")
+    assert table["items"] == 3 and table["verdict"] in ("kept", "lost", "not clear", "at floor")
     before = json.loads((tmp_path / "heldout" / "capabilities_before.json").read_text())
     after = json.loads((tmp_path / "heldout" / "capabilities_after.json").read_text())
     assert sorted(before["empathy_math"]) == sorted(after["empathy_math"]) == ["0", "1", "2"]

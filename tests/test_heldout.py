@@ -255,6 +255,7 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
         f"empathy-gym eval --policy hf:{out}/checkpoints/step-000001/policy",
         "--max-tokens 64",
         "at this run's",  # the suggested eval's time at most (tiny: under a minute)
+        f"empathy-gym capabilities --model tiny --adapter {out}/checkpoints/step-000001/policy --limit 50",
     ):
         assert where in printed, where
     for path in (

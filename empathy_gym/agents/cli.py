@@ -185,6 +185,8 @@ def where_everything_is(
         "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user; "
         f"{eval_time_bound(out / 'metrics.jsonl', EVAL_MAX_TOKENS)}; "
         "its progress bar estimates the time left after two rounds of turns)",
+        f"  empathy-gym capabilities --model {config.policy.model} --adapter {latest} --limit 50   "
+        "(math and code before and after training, by lm-eval; pip install 'empathy-gym[capabilities]')",
     ]
     return lines
 

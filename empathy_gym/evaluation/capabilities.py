@@ -126,7 +126,9 @@ def compare(
     Returns:
         ``{task: {"items", "before", "after", "difference", "low", "high", "verdict"}}``:
         mean scores (0-1) over the items both hold, their difference and its percentile
-        bootstrap interval over items, and :func:`verdict`'s word.
+        bootstrap interval over items, and :func:`verdict`'s word, or ``"at floor"`` /
+        ``"at ceiling"`` when every item scored 0 (1) both times: no ability to keep or lose
+        is seen there, whatever the interval.
 
     Raises:
         ValueError: a task with no item in common.
@@ -146,9 +148,18 @@ def compare(
             "difference": float((new - old).mean()),
             "low": low,
             "high": high,
-            "verdict": verdict(low, high, margin),
+            "verdict": _bound(old, new) or verdict(low, high, margin),
         }
     return table
+
+
+def _bound(old: np.ndarray, new: np.ndarray) -> str | None:
+    both = np.concatenate([old, new])
+    if np.all(both == 0):
+        return "at floor"
+    if np.all(both == 1):
+        return "at ceiling"
+    return None
 
 
 def table_text(table: Mapping[str, Mapping[str, Any]], *, confidence: float = 0.95, margin: float = MARGIN) -> str:
@@ -158,14 +169,14 @@ def table_text(table: Mapping[str, Mapping[str, Any]], *, confidence: float = 0.
         f"{confidence:.0%} interval (bootstrap over items)"
     ]
     for task, row in table.items():
-        floor = "  (both 0: says nothing)" if row["before"] == row["after"] == 0 else ""
         lines.append(
             f"{task:20s} {row['items']:5d} {row['before']:7.3f} {row['after']:7.3f} {row['difference']:+11.3f}   "
-            f"[{row['low']:+.3f}, {row['high']:+.3f}]  {row['verdict']}{floor}"
+            f"[{row['low']:+.3f}, {row['high']:+.3f}]  {row['verdict']}"
         )
     lines.append(
         f"(scores 0-1; kept: the interval's low end is above -{margin:g}, at most {margin:g} lower; "
-        "lost: the whole interval is below 0; not clear: neither)"
+        "lost: the whole interval is below 0; not clear: neither; at floor: every item 0 both times, "
+        "which says nothing)"
     )
     return "\n".join(lines)
 
