@@ -460,18 +460,21 @@ def capabilities_command(
         empathy-gym capabilities --adapter runs/smollm2-cpu-grpo/checkpoints/step-000030/policy --limit 50
     """
     import json
-    import logging
 
     from empathy_gym.agents.cli import quiet_known_noise
     from empathy_gym.evaluation import capabilities as cap
 
     quiet_known_noise()
-    # lm-eval warns that it was given a model object and a dataset function: both on purpose
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    names = [name.strip() for name in tasks.split(",") if name.strip()]
+    names = list(dict.fromkeys(name.strip() for name in tasks.split(",") if name.strip()))
     with _exit_codes():
         if not names:
             raise ValueError("--tasks: no task named")
+        if out is not None:  # before any work: a run's scores must have somewhere to go
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise OSError(f"--out {out}: cannot write there ({error.strerror or error})") from None
+        cap.check_tasks(names)
         before_model, after_model, tokenizer = cap.load_before_after(
             model, str(adapter) if adapter else None, device=device
         )
@@ -487,8 +490,8 @@ def capabilities_command(
         console.print(escape(cap.table_text(table, margin=margin)))
         report = {"model": model, "adapter": str(adapter), "table": table, "before": before, "after": after}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        with _exit_codes():
+            (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {out / 'report.json'}")
 
 

@@ -8,7 +8,11 @@ of the choice, never of how many draws came before it. Batching, resuming and
 
 from __future__ import annotations
 
+import contextlib
+import random
 import zlib
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -23,3 +27,35 @@ def derive_seed(*parts: int | str) -> int:
     """
     entropy = [zlib.crc32(p.encode("utf-8")) if isinstance(p, str) else abs(int(p)) for p in parts]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU, and CUDA when present) global RNG states."""
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """Run code that seeds the global RNGs (a library that calls ``torch.manual_seed``)
+    and restore them after it, so that the surrounding run draws what it would have."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -62,6 +64,18 @@ def test_a_program_past_its_limits_fails_and_runs_in_a_folder_of_its_own(tmp_pat
     monkeypatch.chdir(tmp_path)
     assert utils.passes("open('left_behind.txt', 'w').write('x')")
     assert not (tmp_path / "left_behind.txt").exists()
+    # a program that ends before its tests ran (was: a pass)
+    assert not utils.passes("import sys\nsys.exit(0)\nassert False")
+    assert not utils.passes("import os\nos._exit(0)")
+    assert not utils.passes("while True:\n    print('x' * 1000)")  # output past its limit (was: held in memory)
+    marker = tmp_path / "child_lived_on"
+    started = time.monotonic()  # a child that holds the output open: was a 10 s wait and a fail
+    assert utils.passes(
+        f"import os, subprocess, time\nif os.fork() == 0:\n    time.sleep(1)\n    open({str(marker)!r}, 'w')"
+    )
+    assert utils.passes("import subprocess\nsubprocess.Popen(['sleep', '30'])") and time.monotonic() - started < 1.5
+    time.sleep(1.5)
+    assert not marker.exists()  # what the program started is killed with it
 
 
 @pytest.mark.parametrize(
@@ -149,9 +163,25 @@ def test_the_command_compares_a_model_with_its_adapter(tmp_path):
         (["--tasks", "no_such_task"], "lm-eval knows no task ['no_such_task']"),
         (["--adapter", "/nonexistent/policy"], "--adapter /nonexistent/policy: not a folder"),
         (["--tasks", " , "], "--tasks: no task named"),
+        (["--adapter", "{empty}"], "holds neither LoRA adapters (adapter_config.json) nor a model (config.json)"),
+        (["--out", "{file}"], "cannot write there"),  # was: a traceback after the whole run
+        (["--adapter", "{other_vocabulary}"], "tokens in its vocabulary; tiny has"),  # was: IndexError mid-run
     ],
 )
-def test_bad_input_is_one_line_naming_it(args, message):
+def test_bad_input_is_one_line_naming_it(args, message, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    if "{other_vocabulary}" in args:
+        from empathy_gym.backends.models import load_causal_lm
+
+        model, tokenizer = load_causal_lm("tiny")
+        model.resize_token_embeddings(1000)
+        model.save_pretrained(tmp_path / "other_vocabulary")
+        tokenizer.save_pretrained(tmp_path / "other_vocabulary")
+    args = [
+        arg.format(empty=tmp_path / "empty", file=tmp_path / "file", other_vocabulary=tmp_path / "other_vocabulary")
+        for arg in args
+    ]
     result = runner.invoke(app, ["capabilities", "--model", "tiny", "--limit", "1", *args])
     assert result.exit_code == 1 and message in result.output, result.output
     assert "Traceback" not in result.output
@@ -206,6 +236,8 @@ def test_the_held_out_report_measures_capabilities_before_and_after_training(tmp
     [
         ("heldout.capabilities_limit=0", "heldout.capabilities_limit must be >= 1 or null, got 0"),
         ("heldout.capabilities_margin=2", "heldout.capabilities_margin must be in [0, 1], got 2"),
+        ("heldout.capabilities=[nosuch]", "heldout.capabilities: lm-eval knows no task ['nosuch']"),  # was: mid-run
+        ("heldout.bank=null", "heldout.capabilities needs heldout.bank"),  # was: silently ignored
     ],
 )
 def test_bad_capability_settings_are_refused_when_the_recipe_loads(override, message):
@@ -214,3 +246,45 @@ def test_bad_capability_settings_are_refused_when_the_recipe_loads(override, mes
     base = ["heldout.bank=en", "heldout.capabilities=[empathy_math]"]
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_recipe("agents/tiny-cpu.yaml", [*base, override], algorithm="grpo")
+
+
+def test_measuring_leaves_the_global_rngs_as_they_were():
+    """lm-eval seeds Python's, NumPy's and torch's global RNGs; a run that measures before
+    its first step would otherwise draw other numbers than the same run without it."""
+    import numpy as np
+    import torch
+
+    from empathy_gym.backends.models import load_causal_lm
+
+    model, tokenizer = load_causal_lm("tiny")
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    cap.measure(model, tokenizer, ["empathy_math"], limit=1)
+    after = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    assert after == (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+
+def test_capability_scores_are_measured_again_when_made_with_other_settings(tmp_path):
+    """Was: run.json said nothing per file, so a resumed run with other capability settings
+    read back the old scores (and failed at the end: no item in common)."""
+    from empathy_gym.agents import load_recipe
+    from empathy_gym.agents.heldout import HeldoutEvaluation, evaluation_settings, prepare
+
+    base = [f"output_dir={tmp_path}", "heldout.bank=en", "heldout.capabilities=[empathy_math]"]
+
+    def evaluation(*more):
+        config = prepare(load_recipe("agents/tiny-cpu.yaml", [*base, *more], algorithm="grpo"))[0]
+        return HeldoutEvaluation(config, progress=False), evaluation_settings(config, "capabilities")
+
+    first, settings = evaluation("heldout.capabilities_limit=3")
+    path = tmp_path / "heldout" / "capabilities_before.json"
+    path.write_text(json.dumps({"empathy_math": {"0": 1.0, "1": 0.0, "2": 1.0}}))
+    first._mark(path, settings)
+    assert first.capabilities("before", None) == {"empathy_math": {0: 1.0, 1: 0.0, 2: 1.0}}  # read back
+    again, other = evaluation("heldout.capabilities_limit=5")
+    assert not again._current(path, other)
+    assert evaluation("heldout.capabilities_limit=3", "heldout.capabilities_margin=0.2", "heldout.confidence=0.9")[
+        0
+    ]._current(path, settings)  # the report's settings only
+    dialogues = json.loads((tmp_path / "heldout" / "run.json").read_text())
+    assert list(dialogues) == ["capabilities_before.json"]

@@ -113,16 +113,23 @@ def test_the_evaluation_before_training_is_read_back_only_when_played_with_this_
     folder = tmp_path / "heldout"
     played = [{"persona_id": p.id, "repeat": 0, "final_emotion": 40} for p in held_out]
     (folder / "before.jsonl").write_text("".join(json.dumps(r) + "\n" for r in played))
-    older = HeldoutEvaluation(config, progress=False)  # a folder from before run.json: read back
-    assert not older.stale and older.run("before", None) == played
-    (folder / "run.json").write_text(json.dumps(evaluation_settings(config)))
+    assert HeldoutEvaluation(config, progress=False).run("before", None) == played  # no run.json: an older folder
+    (folder / "run.json").write_text(json.dumps({"before.jsonl": evaluation_settings(config)}))
     assert HeldoutEvaluation(config, progress=False).run("before", None) == played
-    total = load_recipe("agents/tiny-cpu.yaml", [*overrides, "total_steps=99"], algorithm="grpo")
-    assert not HeldoutEvaluation(prepare(total)[0], progress=False).stale  # a resume may train longer
-    hotter = load_recipe("agents/tiny-cpu.yaml", [*overrides, "generation.temperature=0.5"], algorithm="grpo")
+
+    def current(*more, judge=False):
+        again = prepare(load_recipe("agents/tiny-cpu.yaml", [*overrides, *more], algorithm="grpo"))[0]
+        settings = evaluation_settings(again, "judge" if judge else "dialogues")
+        return HeldoutEvaluation(again, progress=False)._current(folder / "before.jsonl", settings)
+
+    # a resume may train longer, report at another confidence, add a second judge or capabilities
+    assert current("total_steps=99", "heldout.confidence=0.9", "heldout.user=rule", "heldout.capabilities=[]")
+    assert current("generation.engine=vllm", "generation.vllm_gpu_memory_utilization=0.9")  # not the held-out sampler
     with caplog.at_level(logging.WARNING, logger="empathy_gym.agents.heldout"):
-        assert HeldoutEvaluation(prepare(hotter)[0], progress=False).stale
-    assert "played with other settings (generation.temperature: 1.0 -> 0.5); it is played again" in caplog.text
+        assert not current("generation.temperature=0.5")
+    assert "made with other settings (generation.temperature: 1.0 -> 0.5); it is made again" in caplog.text
+    assert not current("env.kwargs.max_turns=3") and not current("heldout.repeats=2")
+    assert not current(judge=True)  # the judge's file: run.json records none for before.jsonl with a judge
 
 
 def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
@@ -158,7 +165,7 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     before = evaluation.run("before", state)
     assert len(before) == 16 and {r["persona_id"] for r in before} == tested
     assert (tmp_path / "heldout" / "before.jsonl").exists()
-    settings = json.loads((tmp_path / "heldout" / "run.json").read_text())
+    settings = json.loads((tmp_path / "heldout" / "run.json").read_text())["before.jsonl"]
     assert settings["policy.model"] == "tiny" and settings["heldout.repeats"] == 2 and "total_steps" not in settings
     again = evaluation.run("after", state)  # the same weights: the same dialogues, reply for reply
     assert [r["messages"] for r in again] == [r["messages"] for r in before]

@@ -11,35 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+
+from empathy_gym.seeding import rng_state
 
 POINTER = "latest"
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot continue this run (another algorithm's or policy's)."""
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU, and CUDA when present) RNG states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def fsync_tree(path: Path) -> None:

@@ -688,6 +688,11 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
                     "must be another user (rule, distilled, transformers:PATH, openai:MODEL@URL, ...)"
                 )
     if heldout.bank is None:
+        if heldout.capabilities:
+            problems.append(
+                "heldout.capabilities needs heldout.bank: they are measured with the held-out evaluation "
+                "(or run `empathy-gym capabilities` on a trained policy)"
+            )
         return problems
     if not 0 < heldout.test_fraction < 1:
         problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")
@@ -702,11 +707,15 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
 def _capability_problems(heldout: HeldoutConfig) -> list[str]:
     if not heldout.capabilities:
         return []
-    import importlib.util
+    from empathy_gym.evaluation.capabilities import check_tasks
 
     problems = []
-    if importlib.util.find_spec("lm_eval") is None:
-        problems.append("heldout.capabilities needs lm-evaluation-harness: pip install 'empathy-gym[capabilities]'")
+    try:
+        check_tasks(heldout.capabilities)
+    except ImportError as error:
+        problems.append(f"heldout.capabilities: {error}")
+    except KeyError as error:
+        problems.append(f"heldout.capabilities: {error.args[0]}")
     if heldout.capabilities_limit is not None and heldout.capabilities_limit < 1:
         problems.append(f"heldout.capabilities_limit must be >= 1 or null, got {heldout.capabilities_limit}")
     if not 0 <= heldout.capabilities_margin <= 1:

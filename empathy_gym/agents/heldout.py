@@ -9,10 +9,10 @@ percentile bootstrap intervals over personas (Efron & Tibshirani 1993, ch. 13).
 
 Files under ``<output_dir>/heldout/``: ``train_personas.jsonl``, ``test_personas.jsonl``,
 ``before.jsonl``, ``after.jsonl`` (``*_judge.jsonl``: the second judge's), ``report.json``
-and ``report.txt``, and ``run.json`` (the settings the dialogues were played with:
-:func:`evaluation_settings`). A finished ``before.jsonl`` is reused on ``--resume`` when
-``run.json`` holds this run's settings, as eval's and replay's run folders are
-(:mod:`~empathy_gym.evaluation.run_folder`).
+and ``report.txt``, ``capabilities_{before,after}.json`` with ``heldout.capabilities``, and
+``run.json``: the settings each file was made with (:func:`evaluation_settings`). A finished
+"before" file is reused on ``--resume`` when ``run.json`` holds this run's settings for it,
+as eval's and replay's run folders are (:mod:`~empathy_gym.evaluation.run_folder`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
-from empathy_gym.evaluation.run_folder import RUN_CONFIG, append_records, changed_fields, write_json
+from empathy_gym.evaluation.run_folder import RUN_CONFIG, append_records, differences, write_json
 from empathy_gym.personas import Persona, load_personas, personas_text, split_personas
 from empathy_gym.user.specs import as_user_spec
 
@@ -484,11 +484,27 @@ def _write_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def evaluation_settings(config: Any) -> dict[str, Any] | None:
-    """What the held-out dialogues depend on, as ``{"field.name": value}``: the policy's
-    model and dtype, and every ``generation``, ``env`` and ``heldout`` field (not the
-    optimiser's nor ``total_steps``: a resumed run may change those). ``None`` for a config
-    that is not plain data (a ready user object in ``env.kwargs``)."""
+#: ``heldout`` fields that change the report, not what is played or measured
+REPORT_ONLY = ("confidence", "n_resamples", "capabilities_margin")
+#: ``heldout`` fields that change what lm-eval measures (beside the policy's model and dtype)
+CAPABILITY_FIELDS = ("capabilities", "capabilities_limit", "seed", "batch_size")
+
+
+def evaluation_settings(config: Any, kind: str = "dialogues") -> dict[str, Any] | None:
+    """What a held-out file depends on, as ``{"field.name": value}`` (not the optimiser's
+    settings nor ``total_steps``: a resumed run may change those).
+
+    Args:
+        kind: ``"dialogues"`` (the training user's): the policy's model and dtype, the
+            ``generation`` fields the held-out sampler reads (not the engine's), every
+            ``env`` field, and the ``heldout`` fields but :data:`REPORT_ONLY`, the
+            capabilities' and the second judge; ``"judge"``: those and ``heldout.user``;
+            ``"capabilities"``: the model and dtype and :data:`CAPABILITY_FIELDS`.
+
+    Returns:
+        The settings, or ``None`` for a config that is not plain data (a ready user
+        object in ``env.kwargs``).
+    """
     from empathy_gym.agents.config import to_dict
 
     try:
@@ -496,10 +512,17 @@ def evaluation_settings(config: Any) -> dict[str, Any] | None:
     except (TypeError, ValueError):  # omegaconf's errors are ValueErrors
         return None
     settings = {f"policy.{name}": record["policy"][name] for name in ("model", "dtype")}
-    for section in ("generation", "env", "heldout"):
-        settings |= {f"{section}.{name}": value for name, value in record[section].items()}
-    settings.pop("env.personas")  # prepare sets it to the training part's file
-    return settings
+    held = record["heldout"]
+    if kind == "capabilities":
+        return settings | {f"heldout.{name}": held[name] for name in CAPABILITY_FIELDS}
+    settings |= {
+        f"generation.{name}": value
+        for name, value in record["generation"].items()
+        if name != "engine" and not name.startswith("vllm")
+    }
+    settings |= {f"env.{name}": value for name, value in record["env"].items() if name != "personas"}
+    skipped = {*REPORT_ONLY, *CAPABILITY_FIELDS[:2], *(("user",) if kind == "dialogues" else ())}
+    return settings | {f"heldout.{name}": value for name, value in held.items() if name not in skipped}
 
 
 def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
@@ -536,15 +559,6 @@ class HeldoutEvaluation(TrainerCallback):
         self.before: list[dict[str, Any]] | None = None
         self.before_judge: list[dict[str, Any]] | None = None
         self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
-        self.settings = evaluation_settings(config)
-        #: the folder's records were played with other settings (its run.json): none is read back
-        self.stale = self.settings is not None and bool(changed_fields(self.folder, self.settings))
-        if self.stale and (self.folder / "before.jsonl").exists():
-            log.warning(
-                "%s holds a held-out evaluation played with other settings (%s); it is played again",
-                self.folder,
-                "; ".join(changed_fields(self.folder, self.settings)),
-            )
         self.capabilities_before: dict[str, dict[int, float]] | None = None
         self.report: dict[str, Any] | None = None
 
@@ -599,7 +613,8 @@ class HeldoutEvaluation(TrainerCallback):
         from empathy_gym.agents.console import tolerant
 
         path = self.folder / f"{name}{'_judge' if judge else ''}.jsonl"
-        if name == "before" and not self.stale:
+        settings = evaluation_settings(self.config, "judge" if judge else "dialogues")
+        if name == "before" and self._current(path, settings):
             records = _read_records(path, self.dialogues)
             if records is not None:
                 self.read_back += len(records)
@@ -620,9 +635,8 @@ class HeldoutEvaluation(TrainerCallback):
                 user=self.config.heldout.user if judge else None,
                 on_dialogue=lambda: bar.update(1),
             )
-        if self.settings is not None:
-            write_json(self.folder / RUN_CONFIG, self.settings)
         _write_records(path, records)
+        self._mark(path, settings)
         return records
 
     def capabilities(self, name: str, state: TrainingState) -> dict[str, dict[int, float]] | None:
@@ -634,7 +648,8 @@ class HeldoutEvaluation(TrainerCallback):
         if not held.capabilities:
             return None
         path = self.folder / f"capabilities_{name}.json"
-        if name == "before" and not self.stale and path.exists():
+        settings = evaluation_settings(self.config, "capabilities")
+        if name == "before" and path.exists() and self._current(path, settings):
             saved = json.loads(path.read_text(encoding="utf-8"))
             return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}
         from empathy_gym.evaluation.capabilities import measure
@@ -652,10 +667,41 @@ class HeldoutEvaluation(TrainerCallback):
         finally:
             state.model.train(was_training)
         self.folder.mkdir(parents=True, exist_ok=True)
-        if self.settings is not None:
-            write_json(self.folder / RUN_CONFIG, self.settings)
         write_json(path, scores)
+        self._mark(path, settings)
         return scores
+
+    def _current(self, path: Path, settings: dict[str, Any] | None) -> bool:
+        """Whether the file at ``path`` may be read back: ``run.json`` holds ``settings``
+        for it (a folder written before ``run.json`` existed: yes). Logs the fields that
+        differ when it may not."""
+        saved = self._saved_settings()
+        if settings is None or saved is None or not path.exists():
+            return True
+        made_with = saved.get(path.name)
+        if made_with == settings:
+            return True
+        changed = differences(made_with, settings) if isinstance(made_with, dict) else ["unknown"]
+        log.warning("%s was made with other settings (%s); it is made again", path, "; ".join(changed))
+        return False
+
+    def _mark(self, path: Path, settings: dict[str, Any] | None) -> None:
+        """Record in ``run.json`` the settings the file at ``path`` was just written with
+        (after the file: a crash between the two leaves a file that is made again)."""
+        if settings is None:
+            return
+        write_json(self.folder / RUN_CONFIG, {**(self._saved_settings() or {}), path.name: settings})
+
+    def _saved_settings(self) -> dict[str, Any] | None:
+        """``run.json`` (``{file name: settings}``), ``None`` when there is none; one
+        that does not read is treated as recording nothing."""
+        try:
+            saved = json.loads((self.folder / RUN_CONFIG).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+        return saved if isinstance(saved, dict) else {}
 
     def finish(
         self,

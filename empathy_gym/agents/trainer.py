@@ -31,7 +31,6 @@ from empathy_gym.agents.checkpoint import (
     checkpoint_candidates,
     load_checkpoint,
     save_checkpoint,
-    set_rng_state,
 )
 from empathy_gym.agents.config import TrainerConfig, to_dict, validate
 from empathy_gym.agents.console import progress_postfix, tolerant, tolerant_console
@@ -56,7 +55,7 @@ from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.cpu_load import SlowStepWatch, busy_cores_warning
-from empathy_gym.seeding import derive_seed
+from empathy_gym.seeding import derive_seed, set_rng_state
 
 log = logging.getLogger(__name__)
 

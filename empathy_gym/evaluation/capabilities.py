@@ -18,13 +18,16 @@ item, with a percentile bootstrap interval over items
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from empathy_gym.evaluation.benchmark import bootstrap_ci
 from empathy_gym.resources import envs_dir
+from empathy_gym.seeding import rng_kept
 
 #: the tasks that run with no network (``envs/capabilities/``)
 OFFLINE_TASKS = ("empathy_math", "empathy_humaneval")
@@ -36,6 +39,44 @@ MARGIN = 0.05
 def tasks_dir() -> str:
     """The folder of the offline tasks' YAML files (lm-eval's ``include_path``)."""
     return str(envs_dir() / "capabilities")
+
+
+def _lm_eval() -> Any:
+    try:
+        import lm_eval
+        import lm_eval.tasks
+    except ImportError as error:
+        raise ImportError(
+            f"capabilities need lm-evaluation-harness: pip install 'empathy-gym[capabilities]' ({error})"
+        ) from None
+    return lm_eval
+
+
+def check_tasks(tasks: Sequence[str]) -> Any:
+    """lm-eval's ``TaskManager`` (with the offline tasks) once every name in ``tasks`` is a
+    task it knows; run it before loading a model (it reads no dataset).
+
+    Raises:
+        ImportError: lm-eval is not installed (``pip install "empathy-gym[capabilities]"``).
+        KeyError: a task lm-eval does not know, naming it.
+    """
+    manager = _lm_eval().tasks.TaskManager(include_path=tasks_dir())
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise KeyError(f"lm-eval knows no task {unknown}; offline: {', '.join(OFFLINE_TASKS)}")
+    return manager
+
+
+@contextlib.contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """lm-eval's warnings that it was given a model object and a dataset function: both on purpose."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def measure(
@@ -61,38 +102,31 @@ def measure(
 
     Returns:
         ``{task: {item index: score}}``: each task's first metric per item (exact match or
-        pass@1: 0.0 or 1.0).
+        pass@1: 0.0 or 1.0). The global RNGs are as they were (lm-eval seeds them).
 
     Raises:
         ImportError: lm-eval is not installed (``pip install "empathy-gym[capabilities]"``).
         KeyError: a task lm-eval does not know, naming it.
     """
-    try:
-        from lm_eval import simple_evaluate
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError as error:
-        raise ImportError(
-            f"capabilities need lm-evaluation-harness: pip install 'empathy-gym[capabilities]' ({error})"
-        ) from None
-    manager = TaskManager(include_path=tasks_dir())
-    unknown = [task for task in tasks if task not in manager.all_tasks]
-    if unknown:
-        raise KeyError(f"lm-eval knows no task {unknown}; offline: {', '.join(OFFLINE_TASKS)}")
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    output = simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        task_manager=manager,
-        limit=limit,
-        log_samples=True,
-        apply_chat_template=chat_template,
-        confirm_run_unsafe_code=True,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    manager = check_tasks(tasks)
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    with rng_kept(), _quiet_lm_eval():
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+        output = simple_evaluate(
+            model=lm,
+            tasks=list(dict.fromkeys(tasks)),
+            task_manager=manager,
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=chat_template,
+            confirm_run_unsafe_code=True,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     scores = {}
     for task in tasks:
         samples = output["samples"][task]
@@ -189,24 +223,42 @@ def load_before_after(model: str, adapter: str | None, *, device: str = "cpu") -
 
     Raises:
         FileNotFoundError: ``adapter`` is not a folder.
-        OSError, ValueError: as ``transformers`` and ``peft`` for files they cannot read.
+        ValueError: ``adapter`` holds neither adapters nor a model, or what it holds does
+            not load onto ``model`` or has another vocabulary (naming it).
+        OSError, ValueError: as ``transformers`` for a ``model`` it cannot load.
     """
     from pathlib import Path
 
     from empathy_gym.backends.models import load_causal_lm
 
-    before, tokenizer = load_causal_lm(model, device=device)
-    if adapter is None:
-        return before, None, tokenizer
-    folder = Path(adapter)
-    if not folder.is_dir():
+    folder = Path(adapter) if adapter is not None else None
+    if folder is not None and not folder.is_dir():
         raise FileNotFoundError(f"--adapter {adapter}: not a folder (a checkpoint's policy/ folder)")
-    if not (folder / "adapter_config.json").exists():  # a full fine-tune's weights
-        return before, load_causal_lm(str(folder), device=device)[0], tokenizer
-    from peft import PeftModel
+    lora = folder is not None and (folder / "adapter_config.json").exists()
+    if folder is not None and not lora and not (folder / "config.json").exists():
+        raise ValueError(
+            f"--adapter {adapter}: holds neither LoRA adapters (adapter_config.json) nor a model (config.json)"
+        )
+    before, tokenizer = load_causal_lm(model, device=device)
+    if folder is None:
+        return before, None, tokenizer
+    try:
+        if lora:
+            from peft import PeftModel
 
-    base, _ = load_causal_lm(model, device=device)
-    return before, PeftModel.from_pretrained(base, str(folder)).merge_and_unload().eval(), tokenizer
+            base, _ = load_causal_lm(model, device=device)
+            after = PeftModel.from_pretrained(base, str(folder)).merge_and_unload().eval()
+        else:  # a full fine-tune's weights
+            after = load_causal_lm(str(folder), device=device)[0]
+    except Exception as error:  # peft's size mismatches, safetensors' headers, transformers' configs alike
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ValueError(f"--adapter {adapter}: does not load onto {model} ({type(error).__name__}: {first})") from None
+    sizes = (before.get_input_embeddings().num_embeddings, after.get_input_embeddings().num_embeddings)
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"--adapter {adapter}: a model with {sizes[1]} tokens in its vocabulary; {model} has {sizes[0]}"
+        )
+    return before, after, tokenizer
 
 
 def scores_text(scores: Mapping[str, Mapping[int, float]], *, confidence: float = 0.95, seed: int = 0) -> str:

@@ -115,7 +115,11 @@ def changed_fields(out_dir: Path, config: Mapping[str, Any]) -> list[str]:
         old = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise EvaluationError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
-    new = json.loads(json.dumps(dict(config)))
+    return differences(old, json.loads(json.dumps(dict(config))))
+
+
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The keys whose values differ, each as ``"key: old -> new"`` (sorted by key)."""
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,8 @@ from typing import Any
 TIMEOUT_S = 10.0
 #: bytes of address space one program may map
 MEMORY_BYTES = 2 * 1024**3
+#: bytes one program may write to a file (its output included)
+OUTPUT_BYTES = 1 << 20
 
 
 def _dataset(rows: list[dict[str, Any]]) -> Any:
@@ -54,30 +58,52 @@ def _limits() -> None:  # runs in the child, before Python starts
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_CPU, (int(TIMEOUT_S), int(TIMEOUT_S) + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
     os.setsid()
 
 
 def passes(source: str) -> bool:
-    """Whether ``source`` runs to the end without an error, in a fresh isolated Python
-    process (``-I``) in an empty temporary folder, with no environment variables, stdin
-    closed and :data:`TIMEOUT_S` and :data:`MEMORY_BYTES` as limits (a program past them
-    fails). Not a security boundary against a hostile program: run untrusted models'
-    code in a container."""
-    with tempfile.TemporaryDirectory() as folder:
+    """Whether ``source`` runs to its last line without an error: it must print a random
+    token appended after it, so a program that exits early (``sys.exit(0)``,
+    ``os._exit(0)``) before the tests ran fails. It runs in a fresh isolated Python process
+    (``-I``) in an empty temporary folder, with no environment variables, stdin closed, its
+    output to a file, and :data:`TIMEOUT_S`, :data:`MEMORY_BYTES` and :data:`OUTPUT_BYTES`
+    as limits (a program past them fails); what it started is killed when it ends. Not a
+    security boundary: such a program can still read and write files elsewhere. Run
+    untrusted models' code in a container."""
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory() as folder, open(Path(folder) / "output", "w+b") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-c", f"{source}\nprint({token!r}, flush=True)\n"],
+            cwd=folder,
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_limits if os.name == "posix" else None,
+        )
         try:
-            done = subprocess.run(
-                [sys.executable, "-I", "-c", source],
-                cwd=folder,
-                env={},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=TIMEOUT_S,
-                preexec_fn=_limits if os.name == "posix" else None,
-            )
+            code = process.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return False
-    return done.returncode == 0
+            code = None
+        finally:
+            _kill_group(process)
+        output.seek(0)
+        printed = output.read()
+    return code == 0 and printed.rstrip().endswith(token.encode())
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the program and everything it started in its session (:func:`_limits`'s
+    ``setsid``), then reap it."""
+    if os.name == "posix":
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    else:
+        process.kill()
+    process.wait()
 
 
 def humaneval_passed(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
