@@ -387,7 +387,8 @@ def test_callbacks_are_given_the_runs_state_not_the_trainer(tmp_path):
     assert seen == [("begin", 0), ("step", 1, 1, True), ("step", 2, 2, True), ("end", 2, 2, 0, 1)]
     state = run.training_state()
     assert state.tokenizer is run.tokenizer and state.session is None  # envs given: the caller's user
-    assert not hasattr(state, "model") and run.heldout_report is None
+    assert state.model is run.model and not hasattr(state, "optimizer")  # the policy module, not the trainer
+    assert run.heldout_report is None
 
 
 def test_a_user_server_that_is_not_there_stops_training_with_its_message_not_a_traceback(tmp_path, capsys):
