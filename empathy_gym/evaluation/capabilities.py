@@ -21,6 +21,7 @@ where every item scored 0 (1) both times.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -54,6 +55,13 @@ def _lm_eval() -> Any:
     return lm_eval
 
 
+@functools.cache
+def _task_manager() -> Any:
+    """lm-eval's ``TaskManager`` with the offline tasks: built once (it indexes every task
+    file lm-eval ships, seconds each time), then shared by the checks and the runs."""
+    return _lm_eval().tasks.TaskManager(include_path=tasks_dir())
+
+
 def check_tasks(tasks: Sequence[str]) -> Any:
     """lm-eval's ``TaskManager`` (with the offline tasks) once every name in ``tasks`` is a
     task it knows; run it before loading a model (it reads no dataset).
@@ -62,7 +70,7 @@ def check_tasks(tasks: Sequence[str]) -> Any:
         ImportError: lm-eval is not installed (``pip install "empathy-gym[capabilities]"``).
         KeyError: a task lm-eval does not know, naming it.
     """
-    manager = _lm_eval().tasks.TaskManager(include_path=tasks_dir())
+    manager = _task_manager()
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise KeyError(f"lm-eval knows no task {unknown}; offline: {', '.join(OFFLINE_TASKS)}")
