@@ -495,6 +495,73 @@ def capabilities_command(
         console.print(f"wrote {out / 'report.json'}")
 
 
+@app.command("study", epilog=EXIT_CODES)
+def study_command(
+    study: Annotated[
+        str,
+        typer.Argument(
+            help="a study file, or a shipped study's name (agents/studies/: ppo-vs-grpo, think, difficulty)"
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="the study's folder: ARM/seed-S/{real,control} runs, table.txt; rerun to resume"
+        ),
+    ],
+    seeds: Annotated[
+        str | None, typer.Option(help="training seeds, comma-separated, instead of the file's (e.g. 0,1,2)")
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="runs trained at once (each with OMP_NUM_THREADS = cores / jobs)")
+    ] = 1,
+    plan: Annotated[bool, typer.Option("--plan", help="print the runs and their commands; train nothing")] = False,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="recipe overrides for every arm, key=value (e.g. total_steps=10)")
+    ] = None,
+) -> None:
+    """Compare arms (recipes or settings) over training seeds, each seed with its control
+    (shuffled rewards), and print one table: the held-out difference under every judge (a
+    judge-by-judge matrix), real minus control, capabilities and monitors, with t intervals
+    over seeds.
+
+        empathy-gym study ppo-vs-grpo --out runs/study-ppo-vs-grpo --jobs 2
+    """
+    import json
+
+    from empathy_gym.agents.study import StudyRunError, load_study, run_study, study_table
+
+    with _exit_codes():
+        try:
+            chosen = [int(seed) for seed in seeds.split(",") if seed.strip()] if seeds else None
+        except ValueError:
+            raise ValueError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
+        loaded = load_study(study, out, seeds=chosen, overrides=list(overrides or []))
+    console.print(
+        escape(
+            f"study {loaded.source}: {len(loaded.config.arms)} arms x {len(loaded.config.seeds)} seeds"
+            f"{' x (real, control)' if loaded.config.control else ''} = {len(loaded.runs)} runs in {out}"
+        )
+    )
+    if plan:
+        for run in loaded.runs:
+            console.print(escape(f"{run.name}: {' '.join(run.command()[1:])}"), soft_wrap=True)
+        return
+    with _exit_codes(interrupted=f"interrupted; the runs saved checkpoints in {out}; rerun to resume"):
+        try:
+            times = run_study(loaded, jobs=jobs, say=lambda line: console.print(escape(line)))
+        except StudyRunError as error:
+            raise ValueError(str(error)) from None
+        table = study_table(loaded)
+        saved = out / "study.json"
+        seconds = json.loads(saved.read_text(encoding="utf-8")).get("seconds", {}) if saved.exists() else {}
+        record = {k: v for k, v in table.items() if k != "text"} | {"seconds": {**seconds, **times}}
+        saved.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        (out / "table.txt").write_text(table["text"] + "\n", encoding="utf-8")
+    console.print(escape(table["text"]), soft_wrap=True)
+    console.print(f"wrote {out}/table.txt, study.json")
+
+
 def _number(value: Any, digits: int = 2) -> str:
     return "-" if value is None or value != value else f"{value:.{digits}f}"
 

@@ -354,7 +354,47 @@ def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
     assert "monitor/reference_nll" not in result["training"]  # full fine-tuning: no reference
 
 
+def test_more_judges_play_the_same_held_out_personas_before_and_after(tmp_path):
+    """``heldout.judges``: each judge plays the held-out personas and seeds before and after
+    training in its own files; the training user again as a judge gives the training
+    user's numbers exactly, a harder rule user its own."""
+    from empathy_gym.agents import GRPOTrainer
+
+    overrides = [
+        f"output_dir={tmp_path}",
+        "progress=false",
+        "total_steps=1",
+        "rollout_batch_size=4",
+        "save_steps=0",
+        "heldout.bank=en",
+        "heldout.repeats=1",
+        "heldout.judges=[rule,'rule,difficulty=challenging']",
+        "env.kwargs.max_turns=2",
+    ]
+    trainer = GRPOTrainer(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
+    trainer.train()
+    result = trainer.heldout_report
+    folder = tmp_path / "heldout"
+    for name in ("before_judges0", "after_judges0", "before_judges1", "after_judges1"):
+        assert (folder / f"{name}.jsonl").exists(), name
+    assert not (folder / "before_judge.jsonl").exists() and "judge" not in result  # no second judge set
+    same, harder = result["judges"]
+    assert same["user"] == "rule" and harder["user"] == "rule,difficulty=challenging"
+    assert same["difference"] == result["difference"] and same["before"] == result["before"]
+    assert harder["before"]["sentient_score"] != result["before"]["sentient_score"]
+    assert "More judges (heldout.judges" in result["text"] and "  rule,difficulty=challenging" in result["text"]
+    saved = json.loads((folder / "run.json").read_text())
+    assert saved["before_judges1.jsonl"]["heldout.judges[1]"] == "rule,difficulty=challenging"
+    assert "heldout.judges[0]" not in saved["before.jsonl"]  # adding a judge replays nothing else
+    assert json.loads((folder / "report.json").read_text())["judges"][1]["user"] == "rule,difficulty=challenging"
+
+
 def test_a_bad_second_judge_is_refused_before_training():
+    with pytest.raises(RecipeError, match=r"heldout.judges\[1\]: .*gpt"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.judges=[rule,gpt:4]"], algorithm="grpo")
+    with pytest.raises(RecipeError, match=r"heldout.judges needs heldout.bank"):
+        load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=null", "heldout.judges=[rule]"], algorithm="grpo")
+
     with pytest.raises(RecipeError, match="heldout.user: .*gpt"):
         load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", "heldout.user=gpt:4"], algorithm="grpo")
     with pytest.raises(RecipeError, match="heldout.user 'policy'"):

@@ -265,6 +265,8 @@ def _train(
         from empathy_gym.agents.checkpoint import CheckpointError
         from empathy_gym.agents.memory import MemoryPlanError
 
+        if trainer_class is not None:
+            logging.getLogger(__name__).info("trainer: %s (in place of %s's)", trainer_class.__name__, algorithm)
         trainer = (trainer_class or TRAINERS[algorithm])(config)
     except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError, BackendError) as error:  # a bad env
         say(f"error: {error}", file=sys.stderr)  # value, a model that is not there, vllm missing, too big

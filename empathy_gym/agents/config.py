@@ -210,6 +210,10 @@ class HeldoutConfig:
             ``"openai:MODEL@URL"``, or a mapping of
             :class:`~empathy_gym.user.specs.UserSpec` fields) that plays the same held-out
             personas and seeds. ``None`` (default): the training user only.
+        judges: more judges, user specs as for ``user``, each playing the same held-out
+            personas and seeds before and after training (no per-step judging, no gap row):
+            one column each of a judge-by-judge matrix (``empathy-gym study``). Empty
+            (default): none.
         capabilities: lm-eval tasks measured before and after training
             (:mod:`~empathy_gym.evaluation.capabilities`; extra ``capabilities``): the
             offline ``empathy_math`` and ``empathy_humaneval``, or any task lm-eval knows.
@@ -228,6 +232,7 @@ class HeldoutConfig:
     confidence: float = 0.95
     n_resamples: int = 10_000
     user: Any = None
+    judges: list[Any] = field(default_factory=list)
     capabilities: list[str] = field(default_factory=list)
     capabilities_limit: int | None = 50
     capabilities_margin: float = 0.05
@@ -675,24 +680,27 @@ def _sampling_problems(generation: GenerationConfig) -> list[str]:
 def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
     """The held-out section's problems; the second judge's spec is checked even with
     ``bank`` null (off), so that a typo shows before someone turns the evaluation on."""
+    judges = [("heldout.user", heldout.user)] if heldout.user is not None else []
+    judges += [(f"heldout.judges[{i}]", spec) for i, spec in enumerate(heldout.judges)]
     problems = []
-    if heldout.user is not None:
+    for name, spec in judges:
         try:
-            judge = as_user_spec(heldout.user)
+            judge = as_user_spec(spec)
         except (SpecError, TypeError) as error:
-            problems.append(f"heldout.user: {error}")
+            problems.append(f"{name}: {error}")
         else:
             if judge.on_policy:
                 problems.append(
-                    f"heldout.user {judge.backend!r} would run on the policy being judged; a second judge "
+                    f"{name} {judge.backend!r} would run on the policy being judged; a second judge "
                     "must be another user (rule, distilled, transformers:PATH, openai:MODEL@URL, ...)"
                 )
     if heldout.bank is None:
-        if heldout.capabilities:
-            problems.append(
-                "heldout.capabilities needs heldout.bank: they are measured with the held-out evaluation "
-                "(or run `empathy-gym capabilities` on a trained policy)"
-            )
+        for name in ("capabilities", "judges"):
+            if getattr(heldout, name):
+                problems.append(
+                    f"heldout.{name} needs heldout.bank: they are measured with the held-out evaluation"
+                    + (" (or run `empathy-gym capabilities` on a trained policy)" if name == "capabilities" else "")
+                )
         return problems
     if not 0 < heldout.test_fraction < 1:
         problems.append(f"heldout.test_fraction must be in (0, 1), got {heldout.test_fraction}")

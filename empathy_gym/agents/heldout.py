@@ -8,7 +8,8 @@ averaged first. Scores: the Sentient score (SAGE, arXiv 2505.02847, section 3) w
 percentile bootstrap intervals over personas (Efron & Tibshirani 1993, ch. 13).
 
 Files under ``<output_dir>/heldout/``: ``train_personas.jsonl``, ``test_personas.jsonl``,
-``before.jsonl``, ``after.jsonl`` (``*_judge.jsonl``: the second judge's), ``report.json``
+``before.jsonl``, ``after.jsonl`` (``*_judge.jsonl``: the second judge's; ``*_judges<i>.jsonl``:
+``heldout.judges[i]``'s), ``report.json``
 and ``report.txt``, ``capabilities_{before,after}.json`` with ``heldout.capabilities``, and
 ``run.json``: the settings each file was made with (:func:`evaluation_settings`). A finished
 "before" file is reused on ``--resume`` when ``run.json`` holds this run's settings for it,
@@ -324,10 +325,14 @@ def report(
     judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
     trend: Mapping[str, Mapping[str, float]] | None = None,
     capabilities: tuple[Mapping[str, Mapping[int, float]], Mapping[str, Mapping[int, float]]] | None = None,
+    judges: Sequence[tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]] = (),
 ) -> dict[str, Any]:
     """The before/after summaries, the paired difference, and the table as ``text``;
     with ``judge`` (the second judge's before and after records, ``heldout.user``) its
     summaries and difference too, and the gap between the judges (:func:`judges_gap`);
+    with ``judges`` (the before and after records of each of ``heldout.judges``, in order)
+    each one's summaries and difference, kept as ``judges`` (a list of ``{"user", "before",
+    "after", "difference"}``);
     with ``trend`` (:func:`training_trend`) a line on how the run moved during training,
     kept as ``training``; with ``capabilities`` (lm-eval scores before and after, item by
     item) their paired table (:func:`~empathy_gym.evaluation.capabilities.compare`), kept as
@@ -364,6 +369,21 @@ def report(
         }
         result["judges_gap"] = judges_gap(difference, result["judge"]["difference"], **kwargs)
         lines += _judge_lines(result["judge"], result["judges_gap"], steps, level)
+    if judges:
+        result["judges"] = [
+            {
+                "user": str(as_user_spec(spec)),
+                "before": summarize(list(first_records), **kwargs),
+                "after": summarize(list(second_records), **kwargs),
+                "difference": paired_difference(first_records, second_records, **kwargs),
+            }
+            for spec, (first_records, second_records) in zip(held.judges, judges, strict=True)
+        ]
+        lines.append("More judges (heldout.judges; the same personas and seeds, their own dialogues):")
+        for other in result["judges"]:
+            lines += [f"  {other['user']}"] + _score_lines(
+                other["before"], other["after"], other["difference"], steps, level
+            )
     monitors = {"before": record_monitors(before), "after": record_monitors(after)}
     result["monitors"] = monitors
     lines.append(_monitor_line(monitors))
@@ -490,7 +510,7 @@ REPORT_ONLY = ("confidence", "n_resamples", "capabilities_margin")
 CAPABILITY_FIELDS = ("capabilities", "capabilities_limit", "seed", "batch_size")
 
 
-def evaluation_settings(config: Any, kind: str = "dialogues") -> dict[str, Any] | None:
+def evaluation_settings(config: Any, kind: str = "dialogues", index: int = 0) -> dict[str, Any] | None:
     """What a held-out file depends on, as ``{"field.name": value}`` (not the optimiser's
     settings nor ``total_steps``: a resumed run may change those).
 
@@ -498,8 +518,9 @@ def evaluation_settings(config: Any, kind: str = "dialogues") -> dict[str, Any] 
         kind: ``"dialogues"`` (the training user's): the policy's model and dtype, the
             ``generation`` fields the held-out sampler reads (not the engine's), every
             ``env`` field, and the ``heldout`` fields but :data:`REPORT_ONLY`, the
-            capabilities' and the second judge; ``"judge"``: those and ``heldout.user``;
-            ``"capabilities"``: the model and dtype and :data:`CAPABILITY_FIELDS`.
+            capabilities' and the judges'; ``"judge"``: those and ``heldout.user``;
+            ``"judges"``: those and ``heldout.judges[index]``; ``"capabilities"``: the
+            model and dtype and :data:`CAPABILITY_FIELDS`.
 
     Returns:
         The settings, or ``None`` for a config that is not plain data (a ready user
@@ -521,8 +542,9 @@ def evaluation_settings(config: Any, kind: str = "dialogues") -> dict[str, Any] 
         if name != "engine" and not name.startswith("vllm")
     }
     settings |= {f"env.{name}": value for name, value in record["env"].items() if name != "personas"}
-    skipped = {*REPORT_ONLY, *CAPABILITY_FIELDS[:2], *(("user",) if kind == "dialogues" else ())}
-    return settings | {f"heldout.{name}": value for name, value in held.items() if name not in skipped}
+    skipped = {*REPORT_ONLY, *CAPABILITY_FIELDS[:2], "judges", *(("user",) if kind != "judge" else ())}
+    settings |= {f"heldout.{name}": value for name, value in held.items() if name not in skipped}
+    return settings | ({f"heldout.judges[{index}]": held["judges"][index]} if kind == "judges" else {})
 
 
 def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
@@ -555,22 +577,30 @@ class HeldoutEvaluation(TrainerCallback):
         self.folder = Path(self.config.output_dir) / HELDOUT_DIR
         self.personas = split_bank(self.config)[1]
         self.progress = progress
-        self.judged = self.config.heldout.user is not None
+        held = self.config.heldout
+        #: the judges besides the training user: "user" (the second judge), then each index of heldout.judges
+        self.judges: list[str | int] = (["user"] if held.user is not None else []) + list(range(len(held.judges)))
         self.before: list[dict[str, Any]] | None = None
-        self.before_judge: list[dict[str, Any]] | None = None
+        self.before_judges: dict[str | int, list[dict[str, Any]]] = {}
         self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
         self.capabilities_before: dict[str, dict[int, float]] | None = None
         self.report: dict[str, Any] | None = None
 
     def on_train_begin(self, state: TrainingState) -> None:
-        """Play (or read back) the evaluation before training (and the second judge's)."""
+        """Play (or read back) the evaluation before training (and each judge's)."""
         started, self.read_back = time.perf_counter(), 0
         self.before = self.run("before", state)
-        if self.judged:
-            self.before_judge = self.run("before", state, judge=True)
+        self.before_judges = {judge: self.run("before", state, judge=judge) for judge in self.judges}
         self.capabilities_before = self.capabilities("before", state)
-        played = f"{len(self.before)} dialogues" + (" and as many with the second judge" if self.judged else "")
-        if self.read_back == len(self.before) * (1 + self.judged):  # nothing played: no time to go by
+        others = (
+            ""
+            if not self.judges
+            else " and as many with the second judge"
+            if self.judges == ["user"]
+            else f" and as many with each of {len(self.judges)} more judges"
+        )
+        played = f"{len(self.before)} dialogues{others}"
+        if self.read_back == len(self.before) * (1 + len(self.judges)):  # nothing played: no time to go by
             log.info("held-out evaluation before training: %s read back from %s", played, self.folder)
             return
         log.info(
@@ -585,17 +615,22 @@ class HeldoutEvaluation(TrainerCallback):
         """Play the evaluation after training and write the report (:attr:`report`); warn
         when the judges diverge (:data:`DIVERGE`)."""
         before = self.before if self.before is not None else self.run("before", state)
-        judge = None
-        if self.judged:
-            judge_before = self.before_judge
-            if judge_before is None:
-                judge_before = self.run("before", state, judge=True)
-            judge = (judge_before, self.run("after", state, judge=True))
+        judged = {}
+        for judge in self.judges:
+            judge_before = self.before_judges.get(judge) or self.run("before", state, judge=judge)
+            judged[judge] = (judge_before, self.run("after", state, judge=judge))
         capabilities = None
         if self.config.heldout.capabilities:
             capabilities_before = self.capabilities_before or self.capabilities("before", state)
             capabilities = (capabilities_before, self.capabilities("after", state))
-        self.report = self.finish(before, self.run("after", state), state.step, judge=judge, capabilities=capabilities)
+        self.report = self.finish(
+            before,
+            self.run("after", state),
+            state.step,
+            judge=judged.pop("user", None),
+            capabilities=capabilities,
+            judges=list(judged.values()),
+        )
         if self.report.get("judges_gap", {}).get("diverge"):
             log.warning(DIVERGE)
 
@@ -603,17 +638,30 @@ class HeldoutEvaluation(TrainerCallback):
     def dialogues(self) -> int:
         return len(self.personas) * self.config.heldout.repeats
 
-    def run(self, name: str, state: TrainingState, *, judge: bool = False) -> list[dict[str, Any]]:
+    def run(self, name: str, state: TrainingState, *, judge: str | int | None = None) -> list[dict[str, Any]]:
         """Play the evaluation ``name`` ("before" or "after") with the current policy
-        (``state``'s sampler) and the training user, or with the second judge
-        (``heldout.user``), and write ``<name>.jsonl`` (or ``<name>_judge.jsonl``); a
+        (``state``'s sampler) and the training user (``judge`` ``None``), the second judge
+        (``"user"``: ``heldout.user``) or ``heldout.judges[judge]`` (an index), and write
+        ``<name>.jsonl`` (``<name>_judge.jsonl``, ``<name>_judges<index>.jsonl``); a
         finished "before" file is read back instead of replayed."""
         from tqdm.auto import tqdm
 
         from empathy_gym.agents.console import tolerant
 
-        path = self.folder / f"{name}{'_judge' if judge else ''}.jsonl"
-        settings = evaluation_settings(self.config, "judge" if judge else "dialogues")
+        held = self.config.heldout
+        if judge is None:
+            suffix, kind, user, label = "", "dialogues", None, ""
+        elif judge == "user":
+            suffix, kind, user, label = "_judge", "judge", held.user, ", second judge"
+        else:
+            suffix, kind, user, label = (
+                f"_judges{judge}",
+                "judges",
+                held.judges[judge],
+                f", judge {as_user_spec(held.judges[judge])}",
+            )
+        path = self.folder / f"{name}{suffix}.jsonl"
+        settings = evaluation_settings(self.config, kind, index=judge if isinstance(judge, int) else 0)
         if name == "before" and self._current(path, settings):
             records = _read_records(path, self.dialogues)
             if records is not None:
@@ -622,19 +670,14 @@ class HeldoutEvaluation(TrainerCallback):
         self.folder.mkdir(parents=True, exist_ok=True)
         with tqdm(
             total=self.dialogues,
-            desc=f"held-out evaluation ({name}{', second judge' if judge else ''})",
+            desc=f"held-out evaluation ({name}{label})",
             disable=not self.progress,
             dynamic_ncols=True,
             # no time left: the dialogues play together, so the first to end says nothing of the rest
             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]",
             file=tolerant(sys.stderr),
         ) as bar:
-            records = play(
-                state,
-                self.personas,
-                user=self.config.heldout.user if judge else None,
-                on_dialogue=lambda: bar.update(1),
-            )
+            records = play(state, self.personas, user=user, on_dialogue=lambda: bar.update(1))
         _write_records(path, records)
         self._mark(path, settings)
         return records
@@ -710,11 +753,14 @@ class HeldoutEvaluation(TrainerCallback):
         steps: int,
         judge: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
         capabilities: tuple[Mapping[str, Mapping[int, float]], Mapping[str, Mapping[int, float]]] | None = None,
+        judges: Sequence[tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]] = (),
     ) -> dict[str, Any]:
         """Write ``report.json`` and ``report.txt`` for a policy trained ``steps`` steps;
         returns the report (:func:`report`)."""
         trend = training_trend(Path(self.config.output_dir) / "metrics.jsonl")
-        result = report(self.config, before, after, steps, judge=judge, trend=trend, capabilities=capabilities)
+        result = report(
+            self.config, before, after, steps, judge=judge, trend=trend, capabilities=capabilities, judges=judges
+        )
         (self.folder / "report.txt").write_text(result["text"] + "\n", encoding="utf-8")
         saved = {k: v for k, v in result.items() if k != "text"}
         (self.folder / "report.json").write_text(

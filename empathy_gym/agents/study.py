@@ -1,0 +1,465 @@
+"""Studies: one command that trains several arms (recipes, or one recipe with other
+settings) over several training seeds, each seed also with its control, and prints one
+table (``empathy-gym study``; docs/evaluation.md, "Studies").
+
+A study file (shipped ones in ``agents/studies/``; any path)::
+
+    description: PPO against GRPO on the quick start's settings
+    seeds: [0, 1, 2]
+    control: true                 # each arm and seed also trained with shuffled rewards
+    judges: [distilled, "rule,difficulty=challenging"]
+    overrides: [total_steps=30]   # for every arm
+    arms:
+      grpo: {recipe: smollm2-cpu-grpo}
+      ppo: {recipe: smollm2-cpu-ppo-matched}
+
+Each run trains in ``OUT/ARM/seed-S/real`` (or ``control``) as its own process: the
+training command with ``seed=S`` and ``output_dir=`` that folder; a control trains with
+:func:`~empathy_gym.agents.controls.shuffled_reward_trainer`. A run whose held-out
+report exists is read back; a run stopped half-way resumes (``--resume``). Every arm must
+hold out the same personas and dialogues (``heldout`` bank, split and seeds), so that the
+arms are compared on the same evaluation.
+
+The table (:func:`study_table`): the held-out difference (after - before, emotion points)
+under the training user and every judge, one row per arm and one column per judge (a
+judge-by-judge matrix; the arm's own training user marked ``*``), real minus control paired
+by seed, the capability change (``heldout.capabilities``) and the monitors after training,
+each as the mean over training seeds with a Student t interval over seeds (the spread
+between training runs, which one run's interval over personas does not show).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from empathy_gym.agents.config import HELDOUT_DIR, RecipeError, _yaml_line, load_recipe
+from empathy_gym.agents.run_log import holds_a_run
+from empathy_gym.resources import recipes_dir
+from empathy_gym.user.specs import SpecError, as_user_spec
+
+#: The ``heldout`` fields every arm must share: the same personas, dialogues and seeds.
+SHARED_HELDOUT = ("bank", "test_fraction", "split_seed", "repeats", "seed")
+#: The monitors the table shows (``report.json``'s ``monitors.after``).
+TABLE_MONITORS = ("monitor/self_repeat_share", "monitor/parrot_share", "monitor/nonword_share", "monitor/distinct_2")
+
+
+@dataclass
+class ArmConfig:
+    """One arm: a recipe (a path or a shipped recipe's name), the overrides that make it
+    this arm, and ``algorithm`` (``ppo``/``grpo``) for a recipe that does not name one."""
+
+    recipe: str = MISSING
+    overrides: list[str] = field(default_factory=list)
+    algorithm: str | None = None
+
+
+@dataclass
+class StudyConfig:
+    """A study file's fields.
+
+    Attributes:
+        description: what the study compares (printed above its table).
+        seeds: the training seeds (``seed=``) of every arm, at least one; two or more
+            for an interval over seeds.
+        control: also train each arm and seed with shuffled rewards.
+        judges: user specs that judge every arm's held-out dialogues (``heldout.judges``);
+            each arm's own training user is a column too.
+        overrides: recipe overrides (``key=value``) for every arm, before the arm's own.
+        arms: name -> :class:`ArmConfig`, at least one.
+    """
+
+    description: str = ""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    control: bool = True
+    judges: list[Any] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    arms: dict[str, ArmConfig] = field(default_factory=dict)
+
+
+class StudyError(RecipeError):
+    """A study file, or one of its arms, is invalid; the message names the file, the line or
+    the arm, and the field."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of a study: an arm, a seed, real or control, and its folder."""
+
+    arm: str
+    seed: int
+    control: bool
+    algorithm: str
+    recipe: str
+    overrides: tuple[str, ...]
+    output_dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}/seed-{self.seed}/{'control' if self.control else 'real'}"
+
+    @property
+    def report_path(self) -> Path:
+        return self.output_dir / HELDOUT_DIR / "report.json"
+
+    def command(self) -> list[str]:
+        """The child process's command line (``--resume`` when its folder holds a run)."""
+        resume = ["--resume"] if holds_a_run(self.output_dir) else []
+        kind = "control" if self.control else "real"
+        return [sys.executable, "-m", __name__, self.algorithm, kind, "--recipe", self.recipe, *resume, *self.overrides]
+
+
+@dataclass
+class Study:
+    """A loaded study: its config and file, the training user of each arm (a spec
+    string), the judges' columns and the runs in order."""
+
+    config: StudyConfig
+    source: Path
+    users: dict[str, str]
+    columns: list[str]
+    runs: list[Run]
+
+
+def find_study(name: str | os.PathLike) -> Path:
+    """A study by path, or by the name of a shipped one (``agents/studies/NAME.yaml``).
+
+    Raises:
+        FileNotFoundError: neither; the message lists the shipped studies.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = recipes_dir() / "studies"
+    candidate = shipped / f"{path.name.removesuffix('.yaml')}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
+    raise FileNotFoundError(f"no study {str(name)!r}: not a file here, and not a shipped study ({names})")
+
+
+def read_study(source: Path) -> StudyConfig:
+    """The study file at ``source``, checked against :class:`StudyConfig`.
+
+    Raises:
+        StudyError: bad YAML, an unknown field, a wrong type, no arm or no seed, naming
+            the file, line and field.
+    """
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        mark = getattr(error, "problem_mark", None)
+        raise StudyError(f"{source}{f':{mark.line + 1}' if mark else ''}: not a valid YAML study: {error}") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"{source}: a study must be a mapping of fields (description, seeds, arms, ...)")
+    try:
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudyConfig), OmegaConf.create(data)))
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        line = _yaml_line(source, str(key))
+        raise StudyError(f"{source}{f':{line}' if line else ''}: field {key!r}: {str(error).splitlines()[0]}") from None
+    for name, problem in (
+        ("arms", not config.arms and "no arm: name at least one (arms: {NAME: {recipe: ...}})"),
+        ("seeds", not config.seeds and "no training seed"),
+        ("seeds", len(set(config.seeds)) != len(config.seeds) and f"a seed given twice: {config.seeds}"),
+    ):
+        if problem:
+            line = _yaml_line(source, name)
+            raise StudyError(f"{source}{f':{line}' if line else ''}: field {name!r}: {problem}")
+    return config
+
+
+def _spec_text(spec: Any, where: str) -> str:
+    """A user spec as the string that parses back to it (``heldout.judges`` takes it)."""
+    try:
+        text = str(as_user_spec(spec))
+        if as_user_spec(text) != as_user_spec(spec):
+            raise SpecError(f"{spec!r} does not read back from its text {text!r}; give it as a spec string")
+    except (SpecError, TypeError) as error:
+        raise StudyError(f"{where}: {error}") from None
+    return text
+
+
+def load_study(
+    name: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    seeds: Sequence[int] | None = None,
+    overrides: Sequence[str] = (),
+) -> Study:
+    """Read a study and check every arm's recipe before anything trains.
+
+    Args:
+        name: the study file, or a shipped study's name (:func:`find_study`).
+        out: the study's folder; run ``ARM/seed-S/{real,control}`` trains under it.
+        seeds: replace the file's training seeds.
+        overrides: recipe overrides for every arm, after the file's (``total_steps=2``).
+
+    Raises:
+        StudyError: as :func:`read_study`; an arm whose recipe does not load (the recipe's
+            own message, with the arm's name), without ``heldout.bank``, or holding out other
+            personas or dialogues than the first arm.
+        FileNotFoundError: no such study.
+    """
+    source = find_study(name)
+    config = read_study(source)
+    if seeds:
+        config.seeds = list(seeds)
+    loaded, users = {}, {}
+    for arm_name, arm in config.arms.items():
+        loaded[arm_name] = _load_arm(source, arm_name, [*config.overrides, *arm.overrides, *overrides], arm)
+        users[arm_name] = _spec_text(loaded[arm_name].env.user_spec(), f"{source}: arm {arm_name!r}: env.kwargs.user")
+    first_name, first = next(iter(loaded.items()))
+    for arm_name, recipe in loaded.items():
+        if recipe.heldout.bank is None:
+            raise StudyError(f"{source}: arm {arm_name!r}: heldout.bank is null; a study compares held-out evaluations")
+        for key in SHARED_HELDOUT:
+            if getattr(recipe.heldout, key) != getattr(first.heldout, key):
+                raise StudyError(
+                    f"{source}: arm {arm_name!r}: heldout.{key} {getattr(recipe.heldout, key)!r}, arm {first_name!r} "
+                    f"{getattr(first.heldout, key)!r}: every arm must be evaluated on the same held-out dialogues"
+                )
+    columns = [_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)]
+    columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
+    runs = []
+    for arm_name, arm in config.arms.items():
+        recipe = loaded[arm_name]
+        second = _spec_text(recipe.heldout.user, "heldout.user") if recipe.heldout.user is not None else None
+        judges = [c for c in columns if c not in (users[arm_name], second)]
+        quoted = ",".join("'" + j.replace("\\", "\\\\").replace("'", "\\'") + "'" for j in judges)
+        arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
+        _load_arm(source, arm_name, arm_overrides, arm)
+        for seed in config.seeds:
+            for control in (False, True) if config.control else (False,):
+                folder = Path(out) / arm_name / f"seed-{seed}" / ("control" if control else "real")
+                run_overrides = (*arm_overrides, f"seed={seed}", f"output_dir={folder}")
+                algorithm = type(recipe).__name__.removesuffix("Config").lower()
+                runs.append(Run(arm_name, seed, control, algorithm, arm.recipe, run_overrides, folder))
+    return Study(config, source, users, columns, runs)
+
+
+def _load_arm(source: Path, name: str, overrides: list[str], arm: ArmConfig) -> Any:
+    try:
+        return load_recipe(arm.recipe, overrides, algorithm=arm.algorithm)
+    except (RecipeError, FileNotFoundError) as error:
+        raise StudyError(f"{source}: arm {name!r}: {error}") from None
+
+
+class StudyRunError(RuntimeError):
+    """A run of a study failed; the message names it and its log."""
+
+
+def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print) -> dict[str, float]:
+    """Train every run of ``study`` that has no report yet, ``jobs`` at a time (each child
+    with ``OMP_NUM_THREADS`` = cores / jobs unless set), its console output in
+    ``<output_dir>/console.log``; returns each run's wall seconds (``{run name: s}``, the
+    runs trained now). Ctrl-C or SIGTERM stops the children (each saves a checkpoint) and
+    re-raises; a rerun resumes.
+
+    Raises:
+        StudyRunError: a run exited non-zero or wrote no report (the others finish first).
+        KeyboardInterrupt: interrupted.
+    """
+    pending = [run for run in study.runs if not run.report_path.exists()]
+    say(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already done; {len(pending)} to train")
+    env = dict(os.environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    active: dict[Run, tuple[subprocess.Popen, float]] = {}
+    times, failed = {}, []
+    try:
+        while pending or active:
+            while pending and len(active) < jobs and not failed:
+                run = pending.pop(0)
+                run.output_dir.mkdir(parents=True, exist_ok=True)
+                with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
+                    process = subprocess.Popen(run.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+                active[run] = (process, time.monotonic())
+                say(f"started {run.name} ({run.output_dir / 'console.log'})")
+            if failed and not active:
+                break
+            time.sleep(0.5)
+            for run, (process, started) in list(active.items()):
+                if process.poll() is None:
+                    continue
+                del active[run]
+                times[run.name] = time.monotonic() - started
+                if process.returncode != 0 or not run.report_path.exists():
+                    failed.append(f"{run.name}: exit {process.returncode}; see {run.output_dir / 'console.log'}")
+                else:
+                    done = len(study.runs) - len(pending) - len(active)
+                    say(f"finished {run.name} in {times[run.name]:.0f} s ({done} of {len(study.runs)} runs)")
+    except KeyboardInterrupt:
+        for process, _ in active.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process, _ in active.values():
+            process.wait()
+        raise
+    if failed:
+        raise StudyRunError("; ".join(failed) + "; rerun the same command to resume")
+    return times
+
+
+def interval_over_seeds(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
+    """The mean of per-seed values with its Student t interval over seeds.
+
+    Args:
+        values: one number per training seed.
+        confidence: of the interval, in (0, 1).
+
+    Returns:
+        ``{"mean", "low", "high", "seeds"}``; ``low`` and ``high`` are ``None`` with fewer
+        than two seeds. Formula: mean +- t_{(1+confidence)/2, n-1} * s / sqrt(n)
+        (``scipy.stats.t.interval``), s the sample standard deviation.
+    """
+    import numpy as np
+    from scipy import stats
+
+    array = np.asarray(values, dtype=float)
+    mean = float(array.mean())
+    if len(array) < 2:
+        return {"mean": mean, "low": None, "high": None, "seeds": len(array)}
+    if np.all(array == array[0]):  # every seed equal: no spread
+        return {"mean": mean, "low": mean, "high": mean, "seeds": len(array)}
+    low, high = stats.t.interval(confidence, len(array) - 1, loc=mean, scale=stats.sem(array))
+    return {"mean": mean, "low": float(low), "high": float(high), "seeds": len(array)}
+
+
+def judged_difference(report: dict[str, Any], judge: str, training_user: str) -> dict[str, Any] | None:
+    """The paired held-out difference that ``judge`` (a spec string) gave in one run's
+    ``report.json``: the training user's, the second judge's or one of ``judges``; ``None``
+    when it did not judge the run."""
+    if judge == training_user:
+        return report["difference"]
+    if report.get("judge", {}).get("user") == judge:
+        return report["judge"]["difference"]
+    for other in report.get("judges", ()):
+        if other["user"] == judge:
+            return other["difference"]
+    return None
+
+
+def _differences(reports: Sequence[dict[str, Any]], column: str, user: str) -> list[float | None]:
+    found = [judged_difference(report, column, user) for report in reports]
+    return [None if d is None else d["difference"] for d in found]
+
+
+def _cell(values: Sequence[float | None], confidence: float) -> dict[str, Any] | None:
+    return None if not values or any(v is None for v in values) else interval_over_seeds(values, confidence)
+
+
+def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
+    """The study's table from its runs' held-out reports (every run must be finished).
+
+    Returns:
+        ``{"columns", "users", "seeds", "arms": {arm: {"real", "control", "real_minus_control",
+        "capabilities", "monitors"}}, "text"}``: ``real``/``control``/``real_minus_control``
+        map each judge column to :func:`interval_over_seeds` of the held-out differences
+        (emotion points; ``None`` where a judge did not judge or there is no control);
+        ``capabilities`` each task's change (0-1) over seeds; ``monitors`` the mean of
+        :data:`TABLE_MONITORS` after training over the real runs.
+
+    Raises:
+        FileNotFoundError: a run has no report yet.
+    """
+    reports = {run.name: json.loads(run.report_path.read_text(encoding="utf-8")) for run in study.runs}
+    arms: dict[str, Any] = {}
+    for arm in study.config.arms:
+        user = study.users[arm]
+        by_kind = {
+            kind: [reports[r.name] for r in study.runs if r.arm == arm and r.control == (kind == "control")]
+            for kind in ("real", "control")
+        }
+
+        row: dict[str, Any] = {"real": {}, "control": {}, "real_minus_control": {}}
+        for column in study.columns:
+            real, control = (_differences(by_kind[kind], column, user) for kind in ("real", "control"))
+            row["real"][column] = _cell(real, confidence)
+            row["control"][column] = _cell(control, confidence)
+            paired = [None if a is None or b is None else a - b for a, b in zip(real, control)]
+            row["real_minus_control"][column] = _cell(paired, confidence) if control else None
+        tasks = by_kind["real"][0].get("capabilities", {})
+        row["capabilities"] = {
+            task: _cell([report["capabilities"][task]["difference"] for report in by_kind["real"]], confidence)
+            for task in tasks
+        }
+        row["monitors"] = {
+            key: float(sum(report["monitors"]["after"][key] for report in by_kind["real"]) / len(by_kind["real"]))
+            for key in TABLE_MONITORS
+            if all(key in report.get("monitors", {}).get("after", {}) for report in by_kind["real"])
+        }
+        arms[arm] = row
+    result = {"columns": study.columns, "users": study.users, "seeds": study.config.seeds, "arms": arms}
+    return result | {"text": table_text(study, result, confidence)}
+
+
+def _number(cell: dict[str, Any] | None, digits: int = 2) -> str:
+    if cell is None:
+        return "-"
+    if cell["low"] is None:
+        return f"{cell['mean']:+.{digits}f}"
+    return f"{cell['mean']:+.{digits}f} [{cell['low']:+.{digits}f}, {cell['high']:+.{digits}f}]"
+
+
+def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) -> str:
+    """:func:`study_table`'s table as plain text (fixed-width columns)."""
+    seeds = " ".join(str(s) for s in study.config.seeds)
+    lines = [
+        f"Study {study.source.stem} ({study.source}): {study.config.description}".rstrip(": "),
+        f"Held-out difference (after - before, emotion points, paired by persona) under each judge; mean over "
+        f"{len(study.config.seeds)} training seeds ({seeds}) [{confidence:.0%} t interval over seeds]; "
+        f"* the arm's own training user (the diagonal of a judge-by-judge matrix).",
+    ]
+    width = max(len(c) + 1 for c in study.columns) + 2
+    width = max(width, 26)
+    left = max(len(arm) for arm in table["arms"]) + len(", real - control") + 2
+    header = "arm".ljust(left) + "".join(c.ljust(width) for c in study.columns)
+    kinds = [("real", "")] + (
+        [("control", " (control)"), ("real_minus_control", ", real - control")] if study.config.control else []
+    )
+    lines.append(header)
+    for kind, label in kinds:
+        for arm, row in table["arms"].items():
+            cells = [
+                (_number(row[kind][c]) + ("*" if c == study.users[arm] else "")).ljust(width) for c in study.columns
+            ]
+            lines.append(f"{arm}{label}".ljust(left) + "".join(cells))
+    tasks = sorted({task for row in table["arms"].values() for task in row["capabilities"]})
+    if tasks:
+        lines.append("Capabilities (heldout.capabilities; after - before, score 0-1, real runs, mean over seeds):")
+        for arm, row in table["arms"].items():
+            lines.append(f"  {arm}: " + "; ".join(f"{t} {_number(row['capabilities'].get(t), 3)}" for t in tasks))
+    lines.append("Monitors after training (held-out replies, shares; mean over the real runs):")
+    for arm, row in table["arms"].items():
+        monitors = ", ".join(f"{key.removeprefix('monitor/')} {value:.2f}" for key, value in row["monitors"].items())
+        lines.append(f"  {arm}: {monitors or '-'}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """A study's child process: ``python -m empathy_gym.agents.study ALGORITHM real|control
+    TRAINING-ARGS...`` (the training command's arguments)."""
+    from empathy_gym.agents import GRPOTrainer, PPOTrainer
+    from empathy_gym.agents.cli import train_main
+    from empathy_gym.agents.controls import shuffled_reward_trainer
+
+    algorithm, kind, *rest = list(sys.argv[1:] if argv is None else argv)
+    trainer = {"grpo": GRPOTrainer, "ppo": PPOTrainer}[algorithm]
+    return train_main(algorithm, rest, trainer_class=shuffled_reward_trainer(trainer) if kind == "control" else None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

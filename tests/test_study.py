@@ -1,0 +1,164 @@
+"""``empathy-gym study``: arms over training seeds with controls, one table, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from empathy_gym.agents.study import StudyError, interval_over_seeds, judged_difference, load_study, study_table
+from empathy_gym.cli import app
+from empathy_gym.resources import recipes_dir
+
+runner = CliRunner()
+
+TINY = """
+description: a tiny smoke study
+seeds: [0, 1]
+control: true
+judges: ["rule,difficulty=challenging"]
+overrides: [total_steps=1, rollout_batch_size=4, save_steps=1, progress=false, heldout.bank=en, heldout.repeats=1]
+arms:
+  grpo: {recipe: tiny-cpu, algorithm: grpo}
+  slow: {recipe: tiny-cpu, algorithm: grpo, overrides: [learning_rate=1.0e-6]}
+"""
+
+
+def write(tmp_path, text: str, name: str = "study.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_interval_over_seeds_is_students_t():
+    # [1, 3]: mean 2, s = sqrt(2), s / sqrt(2) = 1, t(0.975, 1 df) = 12.7062 (tables)
+    cell = interval_over_seeds([1.0, 3.0])
+    assert cell["mean"] == 2.0 and cell["seeds"] == 2
+    assert cell["low"] == pytest.approx(2 - 12.7062, abs=1e-3) and cell["high"] == pytest.approx(2 + 12.7062, abs=1e-3)
+    # [0, 1, 2]: s = 1, s / sqrt(3) = 0.57735, t(0.975, 2 df) = 4.3027
+    assert interval_over_seeds([0.0, 1.0, 2.0])["high"] == pytest.approx(1 + 4.3027 * 0.57735, abs=1e-3)
+    assert interval_over_seeds([5.0]) == {"mean": 5.0, "low": None, "high": None, "seeds": 1}
+    assert interval_over_seeds([2.0, 2.0]) == {"mean": 2.0, "low": 2.0, "high": 2.0, "seeds": 2}
+
+
+def test_a_judges_difference_is_read_from_where_the_report_keeps_it():
+    report = {
+        "difference": {"difference": 1.0},
+        "judge": {"user": "distilled", "difference": {"difference": 2.0}},
+        "judges": [{"user": "rule,difficulty=challenging", "difference": {"difference": 3.0}}],
+    }
+    assert judged_difference(report, "rule", "rule")["difference"] == 1.0
+    assert judged_difference(report, "distilled", "rule")["difference"] == 2.0
+    assert judged_difference(report, "rule,difficulty=challenging", "rule")["difference"] == 3.0
+    assert judged_difference(report, "rule,difficulty=easy", "rule") is None
+
+
+def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
+    out = tmp_path / "out"
+    study_file = write(tmp_path, TINY)
+    result = runner.invoke(app, ["study", str(study_file), "--out", str(out), "--jobs", "2"])
+    assert result.exit_code == 0, result.output
+    study = load_study(study_file, out)
+    assert len(study.runs) == 8 and all(run.report_path.exists() for run in study.runs)
+    assert study.columns == ["rule,difficulty=challenging", "rule"] and study.users == {"grpo": "rule", "slow": "rule"}
+    # each run held its own seed and folder, and the control trained with shuffled rewards
+    reports = {run.name: json.loads(run.report_path.read_text()) for run in study.runs}
+    control_log = (out / "grpo" / "seed-1" / "control" / "train.log").read_text()
+    assert "seed=1" in " ".join(study.runs[3].overrides) and "trainer: ShuffledRewardsGRPOTrainer" in control_log
+    assert "ShuffledRewards" not in (out / "grpo" / "seed-1" / "real" / "train.log").read_text()
+    # the table, by hand from the reports: grpo's training user (the diagonal) over seeds 0 and 1
+    table = json.loads((out / "study.json").read_text())
+    real = [reports[f"grpo/seed-{s}/real"]["difference"]["difference"] for s in (0, 1)]
+    control = [reports[f"grpo/seed-{s}/control"]["difference"]["difference"] for s in (0, 1)]
+    cell = table["arms"]["grpo"]["real"]["rule"]
+    assert cell["mean"] == pytest.approx(sum(real) / 2)
+    half = 12.7062 * abs(real[0] - real[1]) / 2  # t(0.975, 1) * s / sqrt(2), s = |a - b| / sqrt(2)
+    assert cell["high"] == pytest.approx(cell["mean"] + half, abs=1e-3)
+    paired = table["arms"]["grpo"]["real_minus_control"]["rule"]["mean"]
+    assert paired == pytest.approx((real[0] - control[0] + real[1] - control[1]) / 2)
+    challenging = [reports[f"slow/seed-{s}/real"]["judges"][0]["difference"]["difference"] for s in (0, 1)]
+    assert table["arms"]["slow"]["real"]["rule,difficulty=challenging"]["mean"] == pytest.approx(sum(challenging) / 2)
+    assert set(table["arms"]["grpo"]["monitors"]) >= {"monitor/distinct_2", "monitor/parrot_share"}
+    text = (out / "table.txt").read_text()
+    assert "Study study" in text and "grpo (control)" in text and "slow, real - control" in text
+    assert f"{cell['mean']:+.2f} [{cell['low']:+.2f}, {cell['high']:+.2f}]*" in text  # the diagonal marked
+    assert set(table["seconds"]) == {run.name for run in study.runs}
+
+    # a rerun trains nothing and prints the same table; a run whose report is gone is made again
+    again = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
+    assert again.exit_code == 0 and "8 of 8 runs already done; 0 to train" in again.output
+    assert (out / "table.txt").read_text() == text
+    study.runs[0].report_path.unlink()
+    third = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
+    assert third.exit_code == 0 and "7 of 8 runs already done; 1 to train" in third.output
+    assert "--resume" in study.runs[0].command()
+
+
+def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
+    broken = TINY.replace("learning_rate=1.0e-6", "policy.model=/nonexistent/model").replace("[0, 1]", "[0]")
+    broken = broken.replace("control: true", "control: false")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["study", str(write(tmp_path, broken)), "--out", str(out)])
+    assert result.exit_code == 1
+    assert "slow/seed-0/real: exit 1; see" in result.output and "console.log" in result.output
+    assert "rerun the same command to resume" in result.output
+    assert (out / "grpo" / "seed-0" / "real" / "heldout" / "report.json").exists()  # the run before it is kept
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("seeds: [0, 1]", "seeds: [0, 1]\ncolour: red"), r"study.yaml:4: field 'colour': Key 'colour' not in"),
+        (("seeds: [0, 1]", "seeds: [0, 0]"), r"study.yaml:3: field 'seeds': a seed given twice"),
+        (("seeds: [0, 1]", "seeds: []"), r"field 'seeds': no training seed"),
+        (("learning_rate=1.0e-6", "learning_rate=oops"), r"arm 'slow': command-line override 'learning_rate'"),
+        (
+            (
+                "{recipe: tiny-cpu, algorithm: grpo, overrides: [",
+                "{recipe: tiny-cpu, algorithm: grpo, overrides: [heldout.split_seed=3, ",
+            ),
+            r"arm 'slow': heldout.split_seed 3, arm 'grpo' 0: every arm",
+        ),
+        (("heldout.bank=en, ", ""), r"arm 'grpo': heldout.bank is null"),
+        (('judges: ["rule,difficulty=challenging"]', "judges: [gpt:4]"), r"field 'judges\[0\]'"),
+        (("recipe: tiny-cpu, algorithm: grpo}", "recipe: nothing-here}"), r"arm 'grpo': no recipe 'nothing-here'"),
+    ],
+)
+def test_a_bad_study_is_refused_before_anything_trains(tmp_path, change, message):
+    path = write(tmp_path, TINY.replace(*change))
+    with pytest.raises(StudyError, match=message):
+        load_study(path, tmp_path / "out")
+    result = runner.invoke(app, ["study", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and not (tmp_path / "out").exists()
+
+
+def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tmp_path):
+    shipped = sorted((recipes_dir() / "studies").glob("*.yaml"))
+    assert {p.stem for p in shipped} >= {"ppo-vs-grpo", "think", "difficulty", "ppo-vs-grpo-7b", "think-7b"}
+    for path in shipped:
+        study = load_study(path.stem, tmp_path)
+        assert len(study.runs) == len(study.config.arms) * len(study.config.seeds) * 2, path
+        assert len(study.config.seeds) >= 3 and study.config.control, path
+    difficulty = load_study("difficulty", tmp_path)
+    assert difficulty.users == {
+        "easy": "rule,difficulty=easy",
+        "moderate": "rule",
+        "challenging": "rule,difficulty=challenging",
+    }
+    assert difficulty.columns == ["rule,difficulty=easy", "rule", "rule,difficulty=challenging", "distilled"]
+    result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
+    assert result.exit_code == 0 and "3 arms x 1 seeds x (real, control) = 6 runs" in result.output
+    assert "seed=4" in result.output and not (tmp_path / "d").exists()
+
+
+def test_the_matched_ppo_recipe_differs_from_the_quick_start_only_in_the_algorithm(tmp_path):
+    from empathy_gym.agents.config import load_recipe, to_dict
+
+    grpo, ppo = to_dict(load_recipe("smollm2-cpu-grpo")), to_dict(load_recipe("smollm2-cpu-ppo-matched"))
+    own = {"num_generations", "advantage", "scale_rewards", "epsilon", "epsilon_high", "beta", "loss_type"}
+    own |= {"dynamic_sampling_budget", "critic", "critic_learning_rate", "critic_warmup_ratio", "vf_coef"}
+    own |= {"cliprange", "cliprange_value", "gamma", "lam", "whiten_advantages", "kl_coef", "output_dir"}
+    differ = {key for key in grpo.keys() | ppo.keys() if grpo.get(key) != ppo.get(key)} - own
+    assert differ == {"algorithm"}
+    assert ppo["cliprange"] == grpo["epsilon"] and ppo["kl_coef"] == grpo["beta"] == 0.0
