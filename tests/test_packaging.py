@@ -50,6 +50,9 @@ def test_wheel_contents(wheel):
         "empathy_gym/user/distilled/MODEL_CARD.md",
         "empathy_gym/strategy_templates/en.json",
         "empathy_gym/strategy_templates/zh.json",
+        "empathy_gym/_recipes/smollm2-cpu-ppo-matched.yaml",
+        "empathy_gym/_recipes/studies/ppo-vs-grpo.yaml",
+        "empathy_gym/_recipes/studies/difficulty.yaml",
     ]:
         assert expected in names, expected
     # empathy_dialogue.py: the verifiers plugin module (taskset id "empathy-dialogue")
@@ -89,6 +92,8 @@ def test_installed_wheel_makes_an_env_in_a_fresh_venv(wheel, tmp_path):
         "from empathy_gym.agents.config import load_recipe\n"
         "config = load_recipe('agents/smollm2-cpu-grpo.yaml')\n"  # no agents/ here: the shipped one
         "assert config.policy.model == load_recipe('smollm2-cpu-grpo').policy.model\n"
+        "from empathy_gym.agents.study import find_study\n"
+        "assert find_study('ppo-vs-grpo').parent.name == 'studies'\n"
         "print(len(env.unwrapped.personas), len(rl.personas), type(r).__name__)\n"
     )
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path, env=clean_env)

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from empathy_gym.agents.study import StudyError, interval_over_seeds, judged_difference, load_study, study_table
+from empathy_gym.agents.study import StudyError, interval_over_seeds, judged_difference, load_study
 from empathy_gym.cli import app
 from empathy_gym.resources import recipes_dir
 
@@ -162,3 +162,56 @@ def test_the_matched_ppo_recipe_differs_from_the_quick_start_only_in_the_algorit
     differ = {key for key in grpo.keys() | ppo.keys() if grpo.get(key) != ppo.get(key)} - own
     assert differ == {"algorithm"}
     assert ppo["cliprange"] == grpo["epsilon"] and ppo["kl_coef"] == grpo["beta"] == 0.0
+
+
+def _study_process(study_file, out):
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv = ['empathy-gym', *sys.argv[1:]]\nfrom empathy_gym.cli import main\nmain()"
+    command = [sys.executable, "-c", code, "study", str(study_file), "--out", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_rerun_resumes_them(tmp_path):
+    """SIGINT (Ctrl-C) to the study: it forwards one SIGTERM to its running child, which
+    finishes its step, saves and exits; the study exits 130; the same command resumes."""
+    import signal
+    import time
+
+    text = TINY.replace("total_steps=1", "total_steps=40").replace("save_steps=1", "save_steps=100")
+    text = text.replace("[0, 1]", "[0]").replace("control: true", "control: false")
+    study_file, out = write(tmp_path, text), tmp_path / "out"
+    metrics = out / "grpo" / "seed-0" / "real" / "metrics.jsonl"
+    process = _study_process(study_file, out)
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "interrupted; the runs saved checkpoints in" in output
+    run = out / "grpo" / "seed-0" / "real"
+    steps = metrics.read_text().count("\n")
+    assert 2 <= steps < 40 and (run / "checkpoints" / f"step-{steps:06d}").is_dir()  # saved at the step it stopped
+    assert "finishing the current phase, then saving" in (run / "console.log").read_text()
+    again = _study_process(study_file, out)
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+    assert "0 of 2 runs already done; 2 to train" in output
+    assert metrics.read_text().count("\n") == 40 and "resum" in (run / "console.log").read_text().lower()
+
+
+def test_a_run_already_training_in_its_folder_is_not_started_twice(tmp_path):
+    """A study killed with SIGKILL leaves its children training; a rerun must not start a
+    second process in the same folder (each child holds a lock on its folder)."""
+    import fcntl
+
+    from empathy_gym.agents.study import main
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with open(folder / ".study.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code = main(["grpo", "real", "--recipe", "tiny-cpu", "total_steps=1", f"output_dir={folder}"])
+    assert code == 1 and not (folder / "metrics.jsonl").exists()

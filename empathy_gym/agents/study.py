@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -285,7 +284,10 @@ def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print
                 run = pending.pop(0)
                 run.output_dir.mkdir(parents=True, exist_ok=True)
                 with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
-                    process = subprocess.Popen(run.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+                    # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
+                    process = subprocess.Popen(
+                        run.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
                 active[run] = (process, time.monotonic())
                 say(f"started {run.name} ({run.output_dir / 'console.log'})")
             if failed and not active:
@@ -302,15 +304,27 @@ def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print
                     done = len(study.runs) - len(pending) - len(active)
                     say(f"finished {run.name} in {times[run.name]:.0f} s ({done} of {len(study.runs)} runs)")
     except KeyboardInterrupt:
-        for process, _ in active.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process, _ in active.values():
-            process.wait()
+        _stop([process for process, _ in active.values()])
         raise
     if failed:
         raise StudyRunError("; ".join(failed) + "; rerun the same command to resume")
     return times
+
+
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM to each running child (it finishes its phase, saves a checkpoint and exits);
+    another Ctrl-C while they do sends a second (a child then stops at once, keeping its
+    last checkpoint), a third kills them."""
+    for action in ("terminate", "terminate", "kill"):
+        for process in processes:
+            if process.poll() is None:
+                getattr(process, action)()
+        try:
+            for process in processes:
+                process.wait()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def interval_over_seeds(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
@@ -452,13 +466,25 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
 def main(argv: Sequence[str] | None = None) -> int:
     """A study's child process: ``python -m empathy_gym.agents.study ALGORITHM real|control
     TRAINING-ARGS...`` (the training command's arguments)."""
+    import fcntl
+
     from empathy_gym.agents import GRPOTrainer, PPOTrainer
     from empathy_gym.agents.cli import train_main
     from empathy_gym.agents.controls import shuffled_reward_trainer
 
     algorithm, kind, *rest = list(sys.argv[1:] if argv is None else argv)
     trainer = {"grpo": GRPOTrainer, "ppo": PPOTrainer}[algorithm]
-    return train_main(algorithm, rest, trainer_class=shuffled_reward_trainer(trainer) if kind == "control" else None)
+    folder = Path(next(arg for arg in reversed(rest) if arg.startswith("output_dir=")).removeprefix("output_dir="))
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".study.lock", "w") as lock:
+        try:  # a study whose parent was killed leaves its children training: a rerun must not start a twin
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"error: another process is training in {folder} (a study started earlier?)", file=sys.stderr)
+            return 1
+        return train_main(
+            algorithm, rest, trainer_class=shuffled_reward_trainer(trainer) if kind == "control" else None
+        )
 
 
 if __name__ == "__main__":
