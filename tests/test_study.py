@@ -84,6 +84,12 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     assert "Study study" in text and "grpo (control)" in text and "slow, real - control" in text
     assert f"{cell['mean']:+.2f} [{cell['low']:+.2f}, {cell['high']:+.2f}]*" in text  # the diagonal marked
     assert set(table["seconds"]) == {run.name for run in study.runs}
+    # the runs after the first two started with the evaluation before training of a finished run
+    assert "grpo/seed-1/real: the evaluation before training read from a finished run" in result.output
+    first, later = out / "grpo" / "seed-0" / "real" / "heldout", out / "slow" / "seed-1" / "control" / "heldout"
+    for name in ("before.jsonl", "before_judges0.jsonl"):
+        assert (later / name).read_bytes() == (first / name).read_bytes()
+    assert "read back from" in (out / "slow" / "seed-1" / "control" / "train.log").read_text()
 
     # a rerun trains nothing and prints the same table; a run whose report is gone is made again
     again = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
@@ -93,6 +99,24 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     third = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
     assert third.exit_code == 0 and "7 of 8 runs already done; 1 to train" in third.output
     assert "--resume" in study.runs[0].command()
+
+
+def test_the_policy_before_training_plays_the_same_dialogues_whatever_the_seed_algorithm_or_control(tmp_path):
+    """What sharing the evaluation before training rests on: played anew by each run (no
+    sharing), it is the same, byte for byte, across seeds, algorithms and the control."""
+    from empathy_gym.agents.study import run_study
+
+    text = TINY.replace(
+        "slow: {recipe: tiny-cpu, algorithm: grpo, overrides: [learning_rate=1.0e-6]}",
+        "ppo: {recipe: tiny-cpu, algorithm: ppo}",
+    )
+    study = load_study(write(tmp_path, text), tmp_path / "out")
+    run_study(study, share_before=False, say=lambda line: None)
+    folders = [run.output_dir / "heldout" for run in study.runs]
+    assert len(folders) == 8
+    for name in ("before.jsonl", "before_judges0.jsonl"):
+        assert len({(folder / name).read_bytes() for folder in folders}) == 1, name
+    assert len({(folder / "after.jsonl").read_bytes() for folder in folders}) > 1  # training moved them
 
 
 def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):

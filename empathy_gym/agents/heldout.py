@@ -547,6 +547,39 @@ def evaluation_settings(config: Any, kind: str = "dialogues", index: int = 0) ->
     return settings | ({f"heldout.judges[{index}]": held["judges"][index]} if kind == "judges" else {})
 
 
+def evaluation_file(name: str, judge: str | int | None = None) -> str:
+    """The file of the evaluation ``name`` ("before"/"after") under ``heldout/``: with the
+    training user (``judge`` ``None``) ``<name>.jsonl``, with the second judge (``"user"``)
+    ``<name>_judge.jsonl``, with ``heldout.judges[i]`` (``i``) ``<name>_judges<i>.jsonl``."""
+    return (
+        f"{name}.jsonl"
+        if judge is None
+        else f"{name}_judge.jsonl"
+        if judge == "user"
+        else f"{name}_judges{judge}.jsonl"
+    )
+
+
+def judge_settings(config: Any, judge: str | int | None = None) -> dict[str, Any] | None:
+    """:func:`evaluation_settings` of the file :func:`evaluation_file` names for ``judge``."""
+    if judge is None:
+        return evaluation_settings(config)
+    return evaluation_settings(config, "judge") if judge == "user" else evaluation_settings(config, "judges", judge)
+
+
+def evaluation_files(config: Any, name: str) -> dict[str, dict[str, Any] | None]:
+    """Every file the evaluation ``name`` ("before"/"after") of ``config`` writes under
+    ``heldout/``, with the settings it is made with (what ``run.json`` records for it):
+    the training user's, the second judge's, each of ``heldout.judges``' and the
+    capabilities'."""
+    held = config.heldout
+    judges = [None, *(["user"] if held.user is not None else []), *range(len(held.judges))]
+    files = {evaluation_file(name, judge): judge_settings(config, judge) for judge in judges}
+    if held.capabilities:
+        files[f"capabilities_{name}.json"] = evaluation_settings(config, "capabilities")
+    return files
+
+
 def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     """The records of a finished evaluation file, or ``None`` (missing, or cut short)."""
     if not path.exists():
@@ -650,18 +683,14 @@ class HeldoutEvaluation(TrainerCallback):
 
         held = self.config.heldout
         if judge is None:
-            suffix, kind, user, label = "", "dialogues", None, ""
+            user, label = None, ""
         elif judge == "user":
-            suffix, kind, user, label = "_judge", "judge", held.user, ", second judge"
+            user, label = held.user, ", second judge"
         else:
-            suffix, kind, user, label = (
-                f"_judges{judge}",
-                "judges",
-                held.judges[judge],
-                f", judge {as_user_spec(held.judges[judge])}",
-            )
-        path = self.folder / f"{name}{suffix}.jsonl"
-        settings = evaluation_settings(self.config, kind, index=judge if isinstance(judge, int) else 0)
+            user = held.judges[judge]
+            label = f", judge {as_user_spec(user)}"
+        path = self.folder / evaluation_file(name, judge)
+        settings = judge_settings(self.config, judge)
         if name == "before" and self._current(path, settings):
             records = _read_records(path, self.dialogues)
             if records is not None:
@@ -691,7 +720,7 @@ class HeldoutEvaluation(TrainerCallback):
         if not held.capabilities:
             return None
         path = self.folder / f"capabilities_{name}.json"
-        settings = evaluation_settings(self.config, "capabilities")
+        settings = evaluation_settings(self.config, "capabilities")  # evaluation_files' entry
         if name == "before" and path.exists() and self._current(path, settings):
             saved = json.loads(path.read_text(encoding="utf-8"))
             return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,7 +46,9 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from empathy_gym.agents.config import HELDOUT_DIR, RecipeError, _yaml_line, load_recipe
+from empathy_gym.agents.heldout import evaluation_files
 from empathy_gym.agents.run_log import holds_a_run
+from empathy_gym.evaluation.run_folder import RUN_CONFIG, write_json
 from empathy_gym.resources import recipes_dir
 from empathy_gym.user.specs import SpecError, as_user_spec
 
@@ -123,13 +126,16 @@ class Run:
 @dataclass
 class Study:
     """A loaded study: its config and file, the training user of each arm (a spec
-    string), the judges' columns and the runs in order."""
+    string), the judges' columns, the runs in order, and each arm's files of the
+    evaluation before training with their settings
+    (:func:`~empathy_gym.agents.heldout.evaluation_files`)."""
 
     config: StudyConfig
     source: Path
     users: dict[str, str]
     columns: list[str]
     runs: list[Run]
+    before: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def find_study(name: str | os.PathLike) -> Path:
@@ -232,21 +238,21 @@ def load_study(
                 )
     columns = [_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)]
     columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
-    runs = []
+    runs, before = [], {}
     for arm_name, arm in config.arms.items():
         recipe = loaded[arm_name]
         second = _spec_text(recipe.heldout.user, "heldout.user") if recipe.heldout.user is not None else None
         judges = [c for c in columns if c not in (users[arm_name], second)]
         quoted = ",".join("'" + j.replace("\\", "\\\\").replace("'", "\\'") + "'" for j in judges)
         arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
-        _load_arm(source, arm_name, arm_overrides, arm)
+        before[arm_name] = evaluation_files(_load_arm(source, arm_name, arm_overrides, arm), "before")
         for seed in config.seeds:
             for control in (False, True) if config.control else (False,):
                 folder = Path(out) / arm_name / f"seed-{seed}" / ("control" if control else "real")
                 run_overrides = (*arm_overrides, f"seed={seed}", f"output_dir={folder}")
                 algorithm = type(recipe).__name__.removesuffix("Config").lower()
                 runs.append(Run(arm_name, seed, control, algorithm, arm.recipe, run_overrides, folder))
-    return Study(config, source, users, columns, runs)
+    return Study(config, source, users, columns, runs, before)
 
 
 def _load_arm(source: Path, name: str, overrides: list[str], arm: ArmConfig) -> Any:
@@ -260,12 +266,15 @@ class StudyRunError(RuntimeError):
     """A run of a study failed; the message names it and its log."""
 
 
-def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print) -> dict[str, float]:
+def run_study(
+    study: Study, *, jobs: int = 1, share_before: bool = True, say: Callable[[str], None] = print
+) -> dict[str, float]:
     """Train every run of ``study`` that has no report yet, ``jobs`` at a time (each child
     with ``OMP_NUM_THREADS`` = cores / jobs unless set), its console output in
     ``<output_dir>/console.log``; returns each run's wall seconds (``{run name: s}``, the
-    runs trained now). Ctrl-C or SIGTERM stops the children (each saves a checkpoint) and
-    re-raises; a rerun resumes.
+    runs trained now). With ``share_before``, a fresh run starts with the evaluation before
+    training of a finished run where the settings match (:func:`share_before`). Ctrl-C or
+    SIGTERM stops the children (each saves a checkpoint) and re-raises; a rerun resumes.
 
     Raises:
         StudyRunError: a run exited non-zero or wrote no report (the others finish first).
@@ -282,11 +291,15 @@ def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print
         while pending or active:
             while pending and len(active) < jobs and not failed:
                 run = pending.pop(0)
+                command = run.command()  # --resume or not, by what the folder held before any copy
+                shared = copy_before(run, study) if share_before and "--resume" not in command else []
+                if shared:
+                    say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
                 run.output_dir.mkdir(parents=True, exist_ok=True)
                 with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
                     # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
                     process = subprocess.Popen(
-                        run.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
                     )
                 active[run] = (process, time.monotonic())
                 say(f"started {run.name} ({run.output_dir / 'console.log'})")
@@ -309,6 +322,37 @@ def run_study(study: Study, *, jobs: int = 1, say: Callable[[str], None] = print
     if failed:
         raise StudyRunError("; ".join(failed) + "; rerun the same command to resume")
     return times
+
+
+def copy_before(run: Run, study: Study) -> list[str]:
+    """Copy into a fresh run's ``heldout/`` each file of the evaluation before training
+    that a finished run of the study made with the settings this run would make it with,
+    and those settings into its ``run.json``: the run reads them back instead of playing
+    them. The policy before its first step does not depend on the training seed, the
+    algorithm or the control (LoRA starts at zero; the held-out dialogues are seeded by
+    ``heldout.seed``), and the settings compared are the held-out evaluation's own
+    (:func:`~empathy_gym.agents.heldout.evaluation_settings`). Returns the files copied.
+    """
+    wanted = study.before.get(run.arm, {})
+    found: dict[str, Path] = {}
+    for donor in study.runs:
+        if donor == run or not donor.report_path.exists():
+            continue
+        folder = donor.output_dir / HELDOUT_DIR
+        try:
+            made = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for name, settings in wanted.items():
+            if name not in found and settings is not None and made.get(name) == settings and (folder / name).is_file():
+                found[name] = folder / name
+    if found:
+        target = run.output_dir / HELDOUT_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        for name, path in found.items():
+            shutil.copyfile(path, target / name)
+        write_json(target / RUN_CONFIG, {name: wanted[name] for name in found})
+    return sorted(found)
 
 
 def _stop(processes: Sequence[subprocess.Popen]) -> None:
