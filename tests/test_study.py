@@ -96,8 +96,10 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     assert again.exit_code == 0 and "8 of 8 runs already done; 0 to train" in again.output
     assert (out / "table.txt").read_text() == text
     study.runs[0].report_path.unlink()
+    study.runs[1].report_path.write_text('{"before": {"sentient')  # cut short while written
     third = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
-    assert third.exit_code == 0 and "7 of 8 runs already done; 1 to train" in third.output
+    assert third.exit_code == 0 and "6 of 8 runs already done; 2 to train" in third.output
+    assert json.loads(study.runs[1].report_path.read_text())["difference"] == reports[study.runs[1].name]["difference"]
     assert "--resume" in study.runs[0].command()
 
 

@@ -116,6 +116,15 @@ class Run:
     def report_path(self) -> Path:
         return self.output_dir / HELDOUT_DIR / "report.json"
 
+    def report(self) -> dict[str, Any] | None:
+        """The run's held-out report, ``None`` while it has none that reads (not finished,
+        or cut short by a crash while it was written)."""
+        try:
+            report = json.loads(self.report_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return report if isinstance(report, dict) and "difference" in report else None
+
     def command(self) -> list[str]:
         """The child process's command line (``--resume`` when its folder holds a run)."""
         resume = ["--resume"] if holds_a_run(self.output_dir) else []
@@ -280,7 +289,7 @@ def run_study(
         StudyRunError: a run exited non-zero or wrote no report (the others finish first).
         KeyboardInterrupt: interrupted.
     """
-    pending = [run for run in study.runs if not run.report_path.exists()]
+    pending = [run for run in study.runs if run.report() is None]
     say(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already done; {len(pending)} to train")
     env = dict(os.environ)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
@@ -311,7 +320,7 @@ def run_study(
                     continue
                 del active[run]
                 times[run.name] = time.monotonic() - started
-                if process.returncode != 0 or not run.report_path.exists():
+                if process.returncode != 0 or run.report() is None:
                     failed.append(f"{run.name}: exit {process.returncode}; see {run.output_dir / 'console.log'}")
                 else:
                     done = len(study.runs) - len(pending) - len(active)
@@ -336,7 +345,7 @@ def copy_before(run: Run, study: Study) -> list[str]:
     wanted = study.before.get(run.arm, {})
     found: dict[str, Path] = {}
     for donor in study.runs:
-        if donor == run or not donor.report_path.exists():
+        if donor == run or donor.report() is None:
             continue
         folder = donor.output_dir / HELDOUT_DIR
         try:
@@ -433,7 +442,10 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
     Raises:
         FileNotFoundError: a run has no report yet.
     """
-    reports = {run.name: json.loads(run.report_path.read_text(encoding="utf-8")) for run in study.runs}
+    reports = {run.name: run.report() for run in study.runs}
+    missing = [run.name for run in study.runs if reports[run.name] is None]
+    if missing:
+        raise FileNotFoundError(f"no held-out report that reads for {', '.join(missing)}; rerun the study to make them")
     arms: dict[str, Any] = {}
     for arm in study.config.arms:
         user = study.users[arm]
