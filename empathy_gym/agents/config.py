@@ -406,7 +406,7 @@ class RecipeError(ValueError):
     """A recipe or an override is invalid; the message names the file, line and field."""
 
 
-def _yaml_line(path: Path, dotted_key: str) -> int | None:
+def yaml_line(path: Path, dotted_key: str) -> int | None:
     """1-based line of ``dotted_key`` in the YAML file; ``None`` when it is not there."""
     try:
         node = yaml.compose(path.read_text(encoding="utf-8"))
@@ -464,7 +464,7 @@ def load_recipe(
     named = recipe.pop("algorithm", None)
     if algorithm and named and algorithm != named:
         raise RecipeError(
-            f"{source}:{_yaml_line(source, 'algorithm')}: field 'algorithm': "
+            f"{source}:{yaml_line(source, 'algorithm')}: field 'algorithm': "
             f"the recipe is for {named!r}, this script trains {algorithm!r}"
         )
     algorithm = algorithm or named
@@ -480,7 +480,7 @@ def load_recipe(
         merged = OmegaConf.merge(schema, OmegaConf.create(recipe))
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "?"
-        line = _yaml_line(source, key) if source is not None else None
+        line = yaml_line(source, key) if source is not None else None
         where = f"{source}:{line}" if line else str(source)
         raise RecipeError(f"{where}: field {key!r}: {str(error).splitlines()[0]}") from None
     for override in overrides or []:
@@ -502,7 +502,7 @@ def _place(key: str, source: Path | None, overrides: list[str]) -> str | None:
     or ``None`` (not set: a default)."""
     if any(override.split("=", 1)[0].strip() == key for override in overrides):
         return "command-line override"
-    line = _yaml_line(source, key) if source is not None else None
+    line = yaml_line(source, key) if source is not None else None
     return f"{source}:{line}" if line else None
 
 

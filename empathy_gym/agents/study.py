@@ -45,7 +45,7 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from empathy_gym.agents.config import HELDOUT_DIR, RecipeError, _yaml_line, load_recipe
+from empathy_gym.agents.config import ALGORITHMS, HELDOUT_DIR, RecipeError, load_recipe, yaml_line
 from empathy_gym.agents.heldout import evaluation_files
 from empathy_gym.agents.run_log import holds_a_run
 from empathy_gym.evaluation.run_folder import RUN_CONFIG, write_json
@@ -182,7 +182,7 @@ def read_study(source: Path) -> StudyConfig:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudyConfig), OmegaConf.create(data)))
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "?"
-        line = _yaml_line(source, str(key))
+        line = yaml_line(source, str(key))
         raise StudyError(f"{source}{f':{line}' if line else ''}: field {key!r}: {str(error).splitlines()[0]}") from None
     for name, problem in (
         ("arms", not config.arms and "no arm: name at least one (arms: {NAME: {recipe: ...}})"),
@@ -190,7 +190,7 @@ def read_study(source: Path) -> StudyConfig:
         ("seeds", len(set(config.seeds)) != len(config.seeds) and f"a seed given twice: {config.seeds}"),
     ):
         if problem:
-            line = _yaml_line(source, name)
+            line = yaml_line(source, name)
             raise StudyError(f"{source}{f':{line}' if line else ''}: field {name!r}: {problem}")
     return config
 
@@ -235,6 +235,29 @@ def load_study(
     for arm_name, arm in config.arms.items():
         loaded[arm_name] = _load_arm(source, arm_name, [*config.overrides, *arm.overrides, *overrides], arm)
         users[arm_name] = _spec_text(loaded[arm_name].env.user_spec(), f"{source}: arm {arm_name!r}: env.kwargs.user")
+    _check_same_heldout(source, loaded)
+    columns = [_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)]
+    columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
+    runs, before = [], {}
+    for arm_name, arm in config.arms.items():
+        where = f"{source}: arm {arm_name!r}: heldout.user"
+        second = loaded[arm_name].heldout.user
+        others = [c for c in columns if c not in (users[arm_name], second and _spec_text(second, where))]
+        quoted = ",".join("'" + j.replace("\\", "\\\\").replace("'", "\\'") + "'" for j in others)
+        arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
+        recipe = _load_arm(source, arm_name, arm_overrides, arm)  # checked with its judges
+        before[arm_name] = evaluation_files(recipe, "before")
+        algorithm = {cls: name for name, cls in ALGORITHMS.items()}[type(recipe)]
+        for seed in config.seeds:
+            for control in (False, True) if config.control else (False,):
+                folder = Path(out) / arm_name / f"seed-{seed}" / ("control" if control else "real")
+                run_overrides = (*arm_overrides, f"seed={seed}", f"output_dir={folder}")
+                runs.append(Run(arm_name, seed, control, algorithm, arm.recipe, run_overrides, folder))
+    return Study(config, source, users, columns, runs, before)
+
+
+def _check_same_heldout(source: Path, loaded: dict[str, Any]) -> None:
+    """Every arm holds out the same personas and dialogues (:data:`SHARED_HELDOUT`)."""
     first_name, first = next(iter(loaded.items()))
     for arm_name, recipe in loaded.items():
         if recipe.heldout.bank is None:
@@ -245,23 +268,6 @@ def load_study(
                     f"{source}: arm {arm_name!r}: heldout.{key} {getattr(recipe.heldout, key)!r}, arm {first_name!r} "
                     f"{getattr(first.heldout, key)!r}: every arm must be evaluated on the same held-out dialogues"
                 )
-    columns = [_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)]
-    columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
-    runs, before = [], {}
-    for arm_name, arm in config.arms.items():
-        recipe = loaded[arm_name]
-        second = _spec_text(recipe.heldout.user, "heldout.user") if recipe.heldout.user is not None else None
-        judges = [c for c in columns if c not in (users[arm_name], second)]
-        quoted = ",".join("'" + j.replace("\\", "\\\\").replace("'", "\\'") + "'" for j in judges)
-        arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
-        before[arm_name] = evaluation_files(_load_arm(source, arm_name, arm_overrides, arm), "before")
-        for seed in config.seeds:
-            for control in (False, True) if config.control else (False,):
-                folder = Path(out) / arm_name / f"seed-{seed}" / ("control" if control else "real")
-                run_overrides = (*arm_overrides, f"seed={seed}", f"output_dir={folder}")
-                algorithm = type(recipe).__name__.removesuffix("Config").lower()
-                runs.append(Run(arm_name, seed, control, algorithm, arm.recipe, run_overrides, folder))
-    return Study(config, source, users, columns, runs, before)
 
 
 def _load_arm(source: Path, name: str, overrides: list[str], arm: ArmConfig) -> Any:
@@ -282,7 +288,7 @@ def run_study(
     with ``OMP_NUM_THREADS`` = cores / jobs unless set), its console output in
     ``<output_dir>/console.log``; returns each run's wall seconds (``{run name: s}``, the
     runs trained now). With ``share_before``, a fresh run starts with the evaluation before
-    training of a finished run where the settings match (:func:`share_before`). Ctrl-C or
+    training of a finished run where the settings match (:func:`copy_before`). Ctrl-C or
     SIGTERM stops the children (each saves a checkpoint) and re-raises; a rerun resumes.
 
     Raises:
