@@ -551,13 +551,9 @@ def evaluation_file(name: str, judge: str | int | None = None) -> str:
     """The file of the evaluation ``name`` ("before"/"after") under ``heldout/``: with the
     training user (``judge`` ``None``) ``<name>.jsonl``, with the second judge (``"user"``)
     ``<name>_judge.jsonl``, with ``heldout.judges[i]`` (``i``) ``<name>_judges<i>.jsonl``."""
-    return (
-        f"{name}.jsonl"
-        if judge is None
-        else f"{name}_judge.jsonl"
-        if judge == "user"
-        else f"{name}_judges{judge}.jsonl"
-    )
+    if judge is None:
+        return f"{name}.jsonl"
+    return f"{name}_judge.jsonl" if judge == "user" else f"{name}_judges{judge}.jsonl"
 
 
 def judge_settings(config: Any, judge: str | int | None = None) -> dict[str, Any] | None:
@@ -625,14 +621,11 @@ class HeldoutEvaluation(TrainerCallback):
         self.before = self.run("before", state)
         self.before_judges = {judge: self.run("before", state, judge=judge) for judge in self.judges}
         self.capabilities_before = self.capabilities("before", state)
-        others = (
-            ""
-            if not self.judges
-            else " and as many with the second judge"
-            if self.judges == ["user"]
-            else f" and as many with each of {len(self.judges)} more judges"
-        )
-        played = f"{len(self.before)} dialogues{others}"
+        played = f"{len(self.before)} dialogues"
+        if self.judges == ["user"]:
+            played += " and as many with the second judge"
+        elif self.judges:
+            played += f" and as many with each of {len(self.judges)} more judges"
         if self.read_back == len(self.before) * (1 + len(self.judges)):  # nothing played: no time to go by
             log.info("held-out evaluation before training: %s read back from %s", played, self.folder)
             return
