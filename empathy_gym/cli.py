@@ -528,15 +528,17 @@ def study_command(
         empathy-gym study ppo-vs-grpo --out runs/study-ppo-vs-grpo --jobs 2
     """
     import json
+    import shlex
 
-    from empathy_gym.agents.study import StudyRunError, load_study, run_study, study_table
+    from empathy_gym.agents.study import StudyRunError, check_unchanged, load_study, run_study, study_table
 
     with _exit_codes():
         try:
-            chosen = [int(seed) for seed in seeds.split(",") if seed.strip()] if seeds else None
+            chosen = [int(seed) for seed in seeds.split(",")] if seeds is not None else None
         except ValueError:
             raise ValueError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
         loaded = load_study(study, out, seeds=chosen, overrides=list(overrides or []))
+        check_unchanged(loaded)
     console.print(
         escape(
             f"study {loaded.source}: {len(loaded.config.arms)} arms x {len(loaded.config.seeds)} seeds"
@@ -545,7 +547,8 @@ def study_command(
     )
     if plan:
         for run in loaded.runs:
-            console.print(escape(f"{run.name}: {' '.join(run.command()[1:])}"), soft_wrap=True)
+            done = " (done)" if run.report() is not None else ""
+            console.print(escape(f"{run.name}{done}: {shlex.join(['python', *run.command()[1:]])}"), soft_wrap=True)
         return
     with _exit_codes(interrupted=f"interrupted; the runs saved checkpoints in {out}; rerun to resume"):
         try:
@@ -555,7 +558,9 @@ def study_command(
         table = study_table(loaded)
         saved = out / "study.json"
         seconds = json.loads(saved.read_text(encoding="utf-8")).get("seconds", {}) if saved.exists() else {}
-        record = {k: v for k, v in table.items() if k != "text"} | {"seconds": {**seconds, **times}}
+        names = {run.name for run in loaded.runs}
+        seconds = {name: value for name, value in {**seconds, **times}.items() if name in names}
+        record = {k: v for k, v in table.items() if k != "text"} | {"seconds": seconds}
         saved.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         (out / "table.txt").write_text(table["text"] + "\n", encoding="utf-8")
     console.print(escape(table["text"]), soft_wrap=True)

@@ -94,6 +94,10 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     # a rerun trains nothing and prints the same table; a run whose report is gone is made again
     again = runner.invoke(app, ["study", str(study_file), "--out", str(out)])
     assert again.exit_code == 0 and "8 of 8 runs already done; 0 to train" in again.output
+    # was: other settings in the same folder printed the old table as if it were theirs
+    changed = runner.invoke(app, ["study", str(study_file), "--out", str(out), "learning_rate=0.5"])
+    assert changed.exit_code == 1 and "8 runs of this study were started with other settings" in changed.output
+    assert "grpo/seed-0/real: now learning_rate=0.5" in changed.output.replace("\n", "")
     assert (out / "table.txt").read_text() == text
     study.runs[0].report_path.unlink()
     study.runs[1].report_path.write_text('{"before": {"sentient')  # cut short while written
@@ -127,7 +131,7 @@ def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
     out = tmp_path / "out"
     result = runner.invoke(app, ["study", str(write(tmp_path, broken)), "--out", str(out)])
     assert result.exit_code == 1
-    assert "slow/seed-0/real: exit 1; see" in result.output and "console.log" in result.output
+    assert "slow/seed-0/real: exit 1 (" in result.output and "nonexistent" in result.output
     assert "rerun the same command to resume" in result.output
     assert (out / "grpo" / "seed-0" / "real" / "heldout" / "report.json").exists()  # the run before it is kept
 
@@ -149,6 +153,12 @@ def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
         (("heldout.bank=en, ", ""), r"arm 'grpo': heldout.bank is null"),
         (('judges: ["rule,difficulty=challenging"]', "judges: [gpt:4]"), r"field 'judges\[0\]'"),
         (("recipe: tiny-cpu, algorithm: grpo}", "recipe: nothing-here}"), r"arm 'grpo': no recipe 'nothing-here'"),
+        # found by a newcomer's probe: each was a traceback, or passed the check and failed in the run
+        (("arms:\n", "arms: [a, b]\nx:\n"), r"study.yaml:\d+: field 'arms'"),
+        (("seeds: [0, 1]", "seeds: [0, -1]"), r"field 'seeds': seed -1 is outside \[0, 2\*\*32 - 1\]"),
+        (("  grpo: {", "  ../x: {"), r"field 'arms': arm name '../x'"),
+        (('judges: ["rule,difficulty=challenging"]', "judges: [null]"), r"field 'judges\[0\]': null"),
+        (("judges: [", 'judges: ["rule,difficulty=impossible", '), r"heldout.judges\[0\]: difficulty 'impossible'"),
     ],
 )
 def test_a_bad_study_is_refused_before_anything_trains(tmp_path, change, message):
@@ -157,6 +167,31 @@ def test_a_bad_study_is_refused_before_anything_trains(tmp_path, change, message
         load_study(path, tmp_path / "out")
     result = runner.invoke(app, ["study", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and not (tmp_path / "out").exists()
+
+
+def test_judges_reach_the_runs_as_written_and_equal_ones_are_one_column(tmp_path):
+    """Was: a judge with a quote broke the override (a YAML error), one with a backslash
+    reached the run doubled, and two spellings of one judge were played twice."""
+    from empathy_gym.agents.config import load_recipe
+
+    judges = ["openai:gpt'4@http://localhost:1/v1", "openai:m\\x@http://h:1/v1", "rule, difficulty=challenging"]
+    text = TINY.replace(
+        'judges: ["rule,difficulty=challenging"]', f"judges: {json.dumps(judges + ['rule,difficulty=challenging'])}"
+    )
+    study = load_study(write(tmp_path, text), tmp_path / "out")
+    assert study.columns == [judges[0], judges[1], "rule,difficulty=challenging", "rule"]
+    run = study.runs[0]
+    config = load_recipe(run.recipe, list(run.overrides), algorithm=run.algorithm)
+    assert config.heldout.judges == [judges[0], judges[1], "rule,difficulty=challenging"]
+
+
+def test_bad_seeds_on_the_command_line_are_refused(tmp_path):
+    study_file = write(tmp_path, TINY)
+    for seeds, message in (("0,0", "a seed given twice"), ("", "expected integers"), ("-3", "outside")):
+        result = runner.invoke(
+            app, ["study", str(study_file), "--out", str(tmp_path / "o"), "--plan", "--seeds", seeds]
+        )
+        assert result.exit_code == 1 and message in result.output, (seeds, result.output)
 
 
 def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tmp_path):
@@ -176,6 +211,9 @@ def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tm
     result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
     assert result.exit_code == 0 and "3 arms x 1 seeds x (real, control) = 6 runs" in result.output
     assert "seed=4" in result.output and not (tmp_path / "d").exists()
+    line = next(line for line in result.output.splitlines() if line.startswith("easy/seed-4/real: "))
+    assert line.split(": ", 1)[1].startswith("python -m empathy_gym.agents.study grpo real --recipe smollm2-cpu-grpo")
+    assert "'heldout.judges=['\"'\"'rule'\"'\"','\"'\"'rule,difficulty=challenging'\"'\"']'" in line  # shell-quoted
 
 
 def test_the_matched_ppo_recipe_differs_from_the_quick_start_only_in_the_algorithm(tmp_path):

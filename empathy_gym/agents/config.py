@@ -694,6 +694,7 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
                     f"{name} {judge.backend!r} would run on the policy being judged; a second judge "
                     "must be another user (rule, distilled, transformers:PATH, openai:MODEL@URL, ...)"
                 )
+            problems += _judge_difficulty_problems(name, judge)
     if heldout.bank is None:
         for name in ("capabilities", "judges"):
             if getattr(heldout, name):
@@ -710,6 +711,22 @@ def _heldout_problems(heldout: HeldoutConfig) -> list[str]:
     if not 0 < heldout.confidence < 1:
         problems.append(f"heldout.confidence must be in (0, 1), got {heldout.confidence}")
     return problems + _capability_problems(heldout)
+
+
+def _judge_difficulty_problems(name: str, judge: UserSpec) -> list[str]:
+    """A judge's own difficulty (``rule,difficulty=...``), checked now: the judge is built
+    only when the held-out evaluation plays it, after the model has loaded."""
+    difficulty = judge.user_kwargs.get("difficulty")
+    if difficulty is None:
+        return []
+    from empathy_gym.user.difficulty import load_difficulty
+
+    try:
+        load_difficulty(difficulty)
+    except (KeyError, ValueError, TypeError, OSError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        return [f"{name}: difficulty {difficulty!r}: {message}"]
+    return []
 
 
 def _capability_problems(heldout: HeldoutConfig) -> list[str]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,11 @@ from empathy_gym.user.specs import SpecError, as_user_spec
 
 #: The ``heldout`` fields every arm must share: the same personas, dialogues and seeds.
 SHARED_HELDOUT = ("bank", "test_fraction", "split_seed", "repeats", "seed")
+#: The file in each run's folder that records what it was started with.
+STUDY_RUN = "study_run.json"
+#: An arm's name: its runs' folder under the study's (no path separators, no dot-dot).
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+ARM_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit (it names the arm's folder)"
 #: The monitors the table shows (``report.json``'s ``monitors.after``).
 TABLE_MONITORS = ("monitor/self_repeat_share", "monitor/parrot_share", "monitor/nonword_share", "monitor/distinct_2")
 
@@ -125,6 +131,34 @@ class Run:
             return None
         return report if isinstance(report, dict) and "difference" in report else None
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What the run trains with, as ``study_run.json`` in its folder records it."""
+        return {
+            "recipe": self.recipe,
+            "algorithm": self.algorithm,
+            "control": self.control,
+            "overrides": list(self.overrides),
+        }
+
+    def changed(self) -> list[str]:
+        """How this run's settings differ from those its folder was started with
+        (``study_run.json``): the overrides and fields that differ; empty when they do not
+        or the folder records none."""
+        try:
+            made = json.loads((self.output_dir / STUDY_RUN).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        now = self.settings
+        changed = [
+            f"{key} {made.get(key)!r} -> {now[key]!r}"
+            for key in ("recipe", "algorithm", "control")
+            if made.get(key) != now[key]
+        ]
+        old, new = made.get("overrides", []), now["overrides"]
+        changed += [f"no longer {o}" for o in old if o not in new] + [f"now {o}" for o in new if o not in old]
+        return changed
+
     def command(self) -> list[str]:
         """The child process's command line (``--resume`` when its folder holds a run)."""
         resume = ["--resume"] if holds_a_run(self.output_dir) else []
@@ -180,19 +214,36 @@ def read_study(source: Path) -> StudyConfig:
         raise StudyError(f"{source}: a study must be a mapping of fields (description, seeds, arms, ...)")
     try:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudyConfig), OmegaConf.create(data)))
-    except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
+    except (OmegaConfBaseException, TypeError) as error:  # TypeError: a list given for a mapping, or back
+        key = getattr(error, "full_key", None) or next((k for k in data if _wrong_container(k, data[k])), "?")
         line = yaml_line(source, str(key))
         raise StudyError(f"{source}{f':{line}' if line else ''}: field {key!r}: {str(error).splitlines()[0]}") from None
-    for name, problem in (
-        ("arms", not config.arms and "no arm: name at least one (arms: {NAME: {recipe: ...}})"),
-        ("seeds", not config.seeds and "no training seed"),
-        ("seeds", len(set(config.seeds)) != len(config.seeds) and f"a seed given twice: {config.seeds}"),
-    ):
-        if problem:
-            line = yaml_line(source, name)
-            raise StudyError(f"{source}{f':{line}' if line else ''}: field {name!r}: {problem}")
+    problems = [("arms", "no arm: name at least one (arms: {NAME: {recipe: ...}})")] if not config.arms else []
+    problems += [("seeds", problem) for problem in seed_problems(config.seeds)]
+    problems += [
+        ("arms", f"arm name {name!r}: {ARM_NAME_RULE}") for name in config.arms if not ARM_NAME.fullmatch(name)
+    ]
+    problems += [(f"judges[{i}]", "null is not a user spec") for i, j in enumerate(config.judges) if j is None]
+    for name, problem in problems:
+        line = yaml_line(source, name)
+        raise StudyError(f"{source}{f':{line}' if line else ''}: field {name!r}: {problem}")
     return config
+
+
+def _wrong_container(key: str, value: Any) -> bool:
+    """Whether a top-level study field holds a list where a mapping belongs, or back."""
+    expected = {"arms": dict, "seeds": list, "judges": list, "overrides": list}.get(key)
+    return expected is not None and isinstance(value, (dict, list)) and not isinstance(value, expected)
+
+
+def seed_problems(seeds: Sequence[int]) -> list[str]:
+    """What is wrong with a study's training seeds: none, one given twice, or one outside
+    [0, 2**32 - 1] (what seeds numpy and torch)."""
+    problems = [] if seeds else ["no training seed"]
+    if len(set(seeds)) != len(seeds):
+        problems.append(f"a seed given twice: {list(seeds)}")
+    problems += [f"seed {seed} is outside [0, 2**32 - 1]" for seed in seeds if not 0 <= seed < 2**32]
+    return problems
 
 
 def _spec_text(spec: Any, where: str) -> str:
@@ -229,21 +280,25 @@ def load_study(
     """
     source = find_study(name)
     config = read_study(source)
-    if seeds:
+    if seeds is not None:
+        problems = seed_problems(list(seeds))
+        if problems:
+            raise StudyError(f"--seeds: {'; '.join(problems)}")
         config.seeds = list(seeds)
     loaded, users = {}, {}
     for arm_name, arm in config.arms.items():
         loaded[arm_name] = _load_arm(source, arm_name, [*config.overrides, *arm.overrides, *overrides], arm)
         users[arm_name] = _spec_text(loaded[arm_name].env.user_spec(), f"{source}: arm {arm_name!r}: env.kwargs.user")
     _check_same_heldout(source, loaded)
-    columns = [_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)]
+    columns = list(dict.fromkeys(_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)))
     columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
     runs, before = [], {}
     for arm_name, arm in config.arms.items():
         where = f"{source}: arm {arm_name!r}: heldout.user"
         second = loaded[arm_name].heldout.user
         others = [c for c in columns if c not in (users[arm_name], second and _spec_text(second, where))]
-        quoted = ",".join("'" + j.replace("\\", "\\\\").replace("'", "\\'") + "'" for j in others)
+        quoted = ",".join("'" + j.replace("'", "''") + "'" for j in others)  # YAML's single quotes: '' is '
+
         arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
         recipe = _load_arm(source, arm_name, arm_overrides, arm)  # checked with its judges
         before[arm_name] = evaluation_files(recipe, "before")
@@ -281,6 +336,25 @@ class StudyRunError(RuntimeError):
     """A run of a study failed; the message names it and its log."""
 
 
+def check_unchanged(study: Study) -> None:
+    """Refuse a study whose runs' folders were started with other settings (another
+    override, recipe or judge): a study's runs must share theirs, and a finished run is
+    never trained again by itself.
+
+    Raises:
+        StudyError: naming the first runs and what differs.
+    """
+    changed = [(run, run.changed()) for run in study.runs]
+    changed = [(run, what) for run, what in changed if what]
+    if changed:
+        shown = "; ".join(f"{run.name}: {', '.join(what)}" for run, what in changed[:3])
+        more = "; ..." if len(changed) > 3 else ""
+        raise StudyError(
+            f"{len(changed)} runs of this study were started with other settings ({shown}{more}): "
+            "give the study another --out, or remove those runs' folders to train them again"
+        )
+
+
 def run_study(
     study: Study, *, jobs: int = 1, share_before: bool = True, say: Callable[[str], None] = print
 ) -> dict[str, float]:
@@ -295,6 +369,7 @@ def run_study(
         StudyRunError: a run exited non-zero or wrote no report (the others finish first).
         KeyboardInterrupt: interrupted.
     """
+    check_unchanged(study)
     pending = [run for run in study.runs if run.report() is None]
     say(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already done; {len(pending)} to train")
     env = dict(os.environ)
@@ -311,6 +386,8 @@ def run_study(
                 if shared:
                     say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
                 run.output_dir.mkdir(parents=True, exist_ok=True)
+                if not (run.output_dir / STUDY_RUN).exists():
+                    write_json(run.output_dir / STUDY_RUN, run.settings)
                 with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
                     # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
                     process = subprocess.Popen(
@@ -327,7 +404,9 @@ def run_study(
                 del active[run]
                 times[run.name] = time.monotonic() - started
                 if process.returncode != 0 or run.report() is None:
-                    failed.append(f"{run.name}: exit {process.returncode}; see {run.output_dir / 'console.log'}")
+                    log = run.output_dir / "console.log"
+                    why = f" ({line})" if (line := _last_line(log)) else ""
+                    failed.append(f"{run.name}: exit {process.returncode}{why}; see {log}")
                 else:
                     done = len(study.runs) - len(pending) - len(active)
                     say(f"finished {run.name} in {times[run.name]:.0f} s ({done} of {len(study.runs)} runs)")
@@ -337,6 +416,15 @@ def run_study(
     if failed:
         raise StudyRunError("; ".join(failed) + "; rerun the same command to resume")
     return times
+
+
+def _last_line(path: Path) -> str:
+    """The last line of a run's console log that says something (its error, usually)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:300]
 
 
 def copy_before(run: Run, study: Study) -> list[str]:
@@ -473,13 +561,20 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
             for task in tasks
         }
         row["monitors"] = {
-            key: float(sum(report["monitors"]["after"][key] for report in by_kind["real"]) / len(by_kind["real"]))
+            key: _finite_mean([report["monitors"]["after"][key] for report in by_kind["real"]])
             for key in TABLE_MONITORS
             if all(key in report.get("monitors", {}).get("after", {}) for report in by_kind["real"])
         }
         arms[arm] = row
     result = {"columns": study.columns, "users": study.users, "seeds": study.config.seeds, "arms": arms}
     return result | {"text": table_text(study, result, confidence)}
+
+
+def _finite_mean(values: Sequence[float | None]) -> float | None:
+    """The mean, ``None`` where a value is missing or NaN (a monitor with no reply to measure)."""
+    if any(v is None or v != v for v in values):
+        return None
+    return float(sum(values) / len(values))
 
 
 def _number(cell: dict[str, Any] | None, digits: int = 2) -> str:
@@ -520,7 +615,10 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
             lines.append(f"  {arm}: " + "; ".join(f"{t} {_number(row['capabilities'].get(t), 3)}" for t in tasks))
     lines.append("Monitors after training (held-out replies, shares; mean over the real runs):")
     for arm, row in table["arms"].items():
-        monitors = ", ".join(f"{key.removeprefix('monitor/')} {value:.2f}" for key, value in row["monitors"].items())
+        monitors = ", ".join(
+            f"{key.removeprefix('monitor/')} {'-' if value is None else f'{value:.2f}'}"
+            for key, value in row["monitors"].items()
+        )
         lines.append(f"  {arm}: {monitors or '-'}")
     return "\n".join(lines)
 
