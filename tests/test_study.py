@@ -65,7 +65,15 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     # each run held its own seed and folder, and the control trained with shuffled rewards
     reports = {run.name: json.loads(run.report_path.read_text()) for run in study.runs}
     control_log = (out / "grpo" / "seed-1" / "control" / "train.log").read_text()
-    assert "seed=1" in " ".join(study.runs[3].overrides) and "trainer: ShuffledRewardsGRPOTrainer" in control_log
+    by_name = {run.name: run for run in study.runs}
+    assert "seed=1" in " ".join(by_name["grpo/seed-1/control"].overrides)
+    assert "trainer: ShuffledRewardsGRPOTrainer" in control_log
+    assert [run.name for run in study.runs[:4]] == [  # seed by seed: a study stopped early has every arm
+        "grpo/seed-0/real",
+        "grpo/seed-0/control",
+        "slow/seed-0/real",
+        "slow/seed-0/control",
+    ]
     assert "ShuffledRewards" not in (out / "grpo" / "seed-1" / "real" / "train.log").read_text()
     # the table, by hand from the reports: grpo's training user (the diagonal) over seeds 0 and 1
     table = json.loads((out / "study.json").read_text())

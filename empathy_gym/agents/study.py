@@ -292,22 +292,25 @@ def load_study(
     _check_same_heldout(source, loaded)
     columns = list(dict.fromkeys(_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)))
     columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
-    runs, before = [], {}
+    before, planned = {}, {}
     for arm_name, arm in config.arms.items():
         where = f"{source}: arm {arm_name!r}: heldout.user"
         second = loaded[arm_name].heldout.user
         others = [c for c in columns if c not in (users[arm_name], second and _spec_text(second, where))]
         quoted = ",".join("'" + j.replace("'", "''") + "'" for j in others)  # YAML's single quotes: '' is '
-
         arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
         recipe = _load_arm(source, arm_name, arm_overrides, arm)  # checked with its judges
         before[arm_name] = evaluation_files(recipe, "before")
-        algorithm = {cls: name for name, cls in ALGORITHMS.items()}[type(recipe)]
-        for seed in config.seeds:
+        planned[arm_name] = ({cls: name for name, cls in ALGORITHMS.items()}[type(recipe)], arm_overrides)
+    runs = []
+    for seed in config.seeds:  # seed by seed: a study stopped half-way holds every arm's first seeds
+        for arm_name, (algorithm, arm_overrides) in planned.items():
             for control in (False, True) if config.control else (False,):
                 folder = Path(out) / arm_name / f"seed-{seed}" / ("control" if control else "real")
                 run_overrides = (*arm_overrides, f"seed={seed}", f"output_dir={folder}")
-                runs.append(Run(arm_name, seed, control, algorithm, arm.recipe, run_overrides, folder))
+                runs.append(
+                    Run(arm_name, seed, control, algorithm, config.arms[arm_name].recipe, run_overrides, folder)
+                )
     return Study(config, source, users, columns, runs, before)
 
 
