@@ -384,20 +384,7 @@ def run_study(
         while pending or active:
             while pending and len(active) < jobs and not failed:
                 run = pending.pop(0)
-                command = run.command()  # --resume or not, by what the folder held before any copy
-                shared = copy_before(run, study) if share_before and "--resume" not in command else []
-                if shared:
-                    say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
-                run.output_dir.mkdir(parents=True, exist_ok=True)
-                if not (run.output_dir / STUDY_RUN).exists():
-                    write_json(run.output_dir / STUDY_RUN, run.settings)
-                with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
-                    # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
-                    process = subprocess.Popen(
-                        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                    )
-                active[run] = (process, time.monotonic())
-                say(f"started {run.name} ({run.output_dir / 'console.log'})")
+                active[run] = (_launch(run, study, env, share_before, say), time.monotonic())
             if failed and not active:
                 break
             time.sleep(0.5)
@@ -419,6 +406,25 @@ def run_study(
     if failed:
         raise StudyRunError("; ".join(failed) + "; rerun the same command to resume")
     return times
+
+
+def _launch(
+    run: Run, study: Study, env: dict[str, str], share_before: bool, say: Callable[[str], None]
+) -> subprocess.Popen:
+    """Start ``run``'s child process (its output to ``console.log``), after recording its
+    settings and, for a fresh run, copying a finished run's evaluation before training."""
+    command = run.command()  # --resume or not, by what the folder held before any copy
+    shared = copy_before(run, study) if share_before and "--resume" not in command else []
+    if shared:
+        say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    if not (run.output_dir / STUDY_RUN).exists():
+        write_json(run.output_dir / STUDY_RUN, run.settings)
+    with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
+        # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    say(f"started {run.name} ({run.output_dir / 'console.log'})")
+    return process
 
 
 def _last_line(path: Path) -> str:
