@@ -539,8 +539,8 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
         "capabilities", "monitors"}}, "text"}``: ``real``/``control``/``real_minus_control``
         map each judge column to :func:`interval_over_seeds` of the held-out differences
         (emotion points; ``None`` where a judge did not judge or there is no control);
-        ``capabilities`` each task's change (0-1) over seeds; ``monitors`` the mean of
-        :data:`TABLE_MONITORS` after training over the real runs.
+        ``capabilities`` each task's change (0-1) over seeds, for ``"real"`` and ``"control"``;
+        ``monitors`` the mean of :data:`TABLE_MONITORS` after training over the real runs.
 
     Raises:
         FileNotFoundError: a run has no report yet.
@@ -565,9 +565,13 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
             paired = [None if a is None or b is None else a - b for a, b in zip(real, control)]
             row["real_minus_control"][column] = _cell(paired, confidence) if control else None
         tasks = by_kind["real"][0].get("capabilities", {})
-        row["capabilities"] = {
-            task: _cell([report["capabilities"][task]["difference"] for report in by_kind["real"]], confidence)
-            for task in tasks
+        row["capabilities"] = {  # the control's too: what training costs without learning from its rewards
+            kind: {
+                task: _cell([report["capabilities"][task]["difference"] for report in reports], confidence)
+                for task in tasks
+            }
+            for kind, reports in by_kind.items()
+            if reports
         }
         row["monitors"] = {
             key: _finite_mean([report["monitors"]["after"][key] for report in by_kind["real"]])
@@ -617,11 +621,13 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
                 (_number(row[kind][c]) + ("*" if c == study.users[arm] else "")).ljust(width) for c in study.columns
             ]
             lines.append(f"{arm}{label}".ljust(left) + "".join(cells))
-    tasks = sorted({task for row in table["arms"].values() for task in row["capabilities"]})
+    tasks = sorted({task for row in table["arms"].values() for task in row["capabilities"]["real"]})
     if tasks:
-        lines.append("Capabilities (heldout.capabilities; after - before, score 0-1, real runs, mean over seeds):")
+        lines.append("Capabilities (heldout.capabilities; after - before, score 0-1, mean over seeds):")
         for arm, row in table["arms"].items():
-            lines.append(f"  {arm}: " + "; ".join(f"{t} {_number(row['capabilities'].get(t), 3)}" for t in tasks))
+            for kind, cells in row["capabilities"].items():
+                label = f"{arm}{' (control)' if kind == 'control' else ''}"
+                lines.append(f"  {label}: " + "; ".join(f"{t} {_number(cells.get(t), 3)}" for t in tasks))
     lines.append("Monitors after training (held-out replies, shares; mean over the real runs):")
     for arm, row in table["arms"].items():
         monitors = ", ".join(
