@@ -163,6 +163,7 @@ def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
         (("recipe: tiny-cpu, algorithm: grpo}", "recipe: nothing-here}"), r"arm 'grpo': no recipe 'nothing-here'"),
         # found by a newcomer's probe: each was a traceback, or passed the check and failed in the run
         (("arms:\n", "arms: [a, b]\nx:\n"), r"study.yaml:\d+: field 'arms'"),
+        (("learning_rate=1.0e-6", "seed=7"), r"arms.slow.overrides: 'seed=7': the study sets each run's seed"),
         (("seeds: [0, 1]", "seeds: [0, -1]"), r"field 'seeds': seed -1 is outside \[0, 2\*\*32 - 1\]"),
         (("  grpo: {", "  ../x: {"), r"field 'arms': arm name '../x'"),
         (('judges: ["rule,difficulty=challenging"]', "judges: [null]"), r"field 'judges\[0\]': null"),

@@ -285,6 +285,12 @@ def load_study(
         if problems:
             raise StudyError(f"--seeds: {'; '.join(problems)}")
         config.seeds = list(seeds)
+    for where, given in [("overrides", [*config.overrides, *overrides])] + [
+        (f"arms.{name}.overrides", arm.overrides) for name, arm in config.arms.items()
+    ]:
+        taken = [o for o in given if o.split("=", 1)[0].strip() in ("seed", "output_dir")]
+        if taken:
+            raise StudyError(f"{source}: {where}: {taken[0]!r}: the study sets each run's seed and output_dir itself")
     loaded, users = {}, {}
     for arm_name, arm in config.arms.items():
         loaded[arm_name] = _load_arm(source, arm_name, [*config.overrides, *arm.overrides, *overrides], arm)
