@@ -16,9 +16,11 @@ A study file (shipped ones in ``agents/studies/``; any path)::
 Each run trains in ``OUT/ARM/seed-S/real`` (or ``control``) as its own process: the
 training command with ``seed=S`` and ``output_dir=`` that folder; a control trains with
 :func:`~empathy_gym.agents.controls.shuffled_reward_trainer`. A run whose held-out
-report exists is read back; a run stopped half-way resumes (``--resume``). Every arm must
-hold out the same personas and dialogues (``heldout`` bank, split and seeds), so that the
-arms are compared on the same evaluation.
+report exists is read back; a run stopped half-way resumes (``--resume``); a run started
+with other settings (``study_run.json`` in its folder) is refused. Every arm must hold out
+the same personas and dialogues (``heldout`` bank, split and seeds), so that the arms are
+compared on the same evaluation; a fresh run starts with a finished run's evaluation before
+training where it was made with the same settings (:func:`copy_before`).
 
 The table (:func:`study_table`): the held-out difference (after - before, emotion points)
 under the training user and every judge, one row per arm and one column per judge (a
