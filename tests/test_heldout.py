@@ -308,29 +308,30 @@ def test_the_gap_between_judges_by_hand():
     assert not judges_gap(unsure, falling, n_resamples=200)["diverge"]
 
 
+def _one_step_with_judges(tmp_path, judges: str) -> dict:
+    """The held-out report of one GRPO step of the tiny recipe, judged as ``judges`` (an override) says."""
+    from empathy_gym.agents import GRPOTrainer
+
+    overrides = [
+        f"output_dir={tmp_path}",
+        "progress=false",
+        "total_steps=1",
+        "rollout_batch_size=4",
+        "save_steps=0",
+        "heldout.bank=en",
+        "heldout.repeats=1",
+        judges,
+        "env.kwargs.max_turns=2",
+    ]
+    trainer = GRPOTrainer(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
+    trainer.train()
+    return trainer.heldout_report
+
+
 def test_a_second_judge_plays_the_held_out_dialogues_too(tmp_path):
     """The training user again as the second judge: the same dialogues, so the same
     scores and a gap of exactly 0, and no warning."""
-    from empathy_gym.agents import GRPOTrainer
-
-    config = load_recipe(
-        "agents/tiny-cpu.yaml",
-        [
-            f"output_dir={tmp_path}",
-            "progress=false",
-            "total_steps=1",
-            "rollout_batch_size=4",
-            "save_steps=0",
-            "heldout.bank=en",
-            "heldout.repeats=1",
-            "heldout.user=rule",
-            "env.kwargs.max_turns=2",
-        ],
-        algorithm="grpo",
-    )
-    trainer = GRPOTrainer(config)
-    trainer.train()
-    result = trainer.heldout_report
+    result = _one_step_with_judges(tmp_path, "heldout.user=rule")
     assert (tmp_path / "heldout" / "before_judge.jsonl").exists() and (
         tmp_path / "heldout" / "after_judge.jsonl"
     ).exists()
@@ -358,22 +359,7 @@ def test_more_judges_play_the_same_held_out_personas_before_and_after(tmp_path):
     """``heldout.judges``: each judge plays the held-out personas and seeds before and after
     training in its own files; the training user again as a judge gives the training
     user's numbers exactly, a harder rule user its own."""
-    from empathy_gym.agents import GRPOTrainer
-
-    overrides = [
-        f"output_dir={tmp_path}",
-        "progress=false",
-        "total_steps=1",
-        "rollout_batch_size=4",
-        "save_steps=0",
-        "heldout.bank=en",
-        "heldout.repeats=1",
-        "heldout.judges=[rule,'rule,difficulty=challenging']",
-        "env.kwargs.max_turns=2",
-    ]
-    trainer = GRPOTrainer(load_recipe("agents/tiny-cpu.yaml", overrides, algorithm="grpo"))
-    trainer.train()
-    result = trainer.heldout_report
+    result = _one_step_with_judges(tmp_path, "heldout.judges=[rule,'rule,difficulty=challenging']")
     folder = tmp_path / "heldout"
     for name in ("before_judges0", "after_judges0", "before_judges1", "after_judges1"):
         assert (folder / f"{name}.jsonl").exists(), name

@@ -556,6 +556,11 @@ def evaluation_file(name: str, judge: str | int | None = None) -> str:
     return f"{name}_judge.jsonl" if judge == "user" else f"{name}_judges{judge}.jsonl"
 
 
+def capabilities_file(name: str) -> str:
+    """The file of the lm-eval scores of the evaluation ``name`` ("before"/"after") under ``heldout/``."""
+    return f"capabilities_{name}.json"
+
+
 def judge_settings(config: Any, judge: str | int | None = None) -> dict[str, Any] | None:
     """:func:`evaluation_settings` of the file :func:`evaluation_file` names for ``judge``."""
     if judge is None:
@@ -572,7 +577,7 @@ def evaluation_files(config: Any, name: str) -> dict[str, dict[str, Any] | None]
     judges = [None, *(["user"] if held.user is not None else []), *range(len(held.judges))]
     files = {evaluation_file(name, judge): judge_settings(config, judge) for judge in judges}
     if held.capabilities:
-        files[f"capabilities_{name}.json"] = evaluation_settings(config, "capabilities")
+        files[capabilities_file(name)] = evaluation_settings(config, "capabilities")
     return files
 
 
@@ -712,8 +717,8 @@ class HeldoutEvaluation(TrainerCallback):
         held = self.config.heldout
         if not held.capabilities:
             return None
-        path = self.folder / f"capabilities_{name}.json"
-        settings = evaluation_settings(self.config, "capabilities")  # evaluation_files' entry
+        path = self.folder / capabilities_file(name)
+        settings = evaluation_settings(self.config, "capabilities")
         if name == "before" and path.exists() and self._current(path, settings):
             saved = json.loads(path.read_text(encoding="utf-8"))
             return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}
