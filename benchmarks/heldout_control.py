@@ -26,16 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_model  # noqa: E402
 
-CHILD = """
-import sys
-from empathy_gym.agents import GRPOTrainer, PPOTrainer
-from empathy_gym.agents.cli import train_main
-from empathy_gym.agents.controls import shuffled_reward_trainer
-algorithm, control, argv = sys.argv[1], sys.argv[2] == "control", sys.argv[3:]
-cls = {"grpo": GRPOTrainer, "ppo": PPOTrainer}[algorithm]
-raise SystemExit(train_main(algorithm, argv, trainer_class=shuffled_reward_trainer(cls) if control else None))
-"""
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,8 +45,8 @@ def main() -> int:
         log = open(out / "console.log", "w", encoding="utf-8")
         cmd = [
             sys.executable,
-            "-c",
-            CHILD,
+            "-m",
+            "empathy_gym.agents.study",  # the study's child: the real training or its control
             args.algorithm,
             name,
             "--recipe",

@@ -539,15 +539,10 @@ def study_command(
             raise ValueError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
         loaded = load_study(study, out, seeds=chosen, overrides=list(overrides or []))
         check_unchanged(loaded)
-    console.print(
-        escape(
-            f"study {loaded.source}: {len(loaded.config.arms)} arms x {len(loaded.config.seeds)} seeds"
-            f"{' x (real, control)' if loaded.config.control else ''} = {len(loaded.runs)} runs in {out}"
-        )
-    )
+    console.print(escape(f"study {loaded.source}: {loaded.size()} in {out}"))
     if plan:
         for run in loaded.runs:
-            done = " (done)" if run.report() is not None else ""
+            done = " (done)" if loaded.done(run) else ""
             console.print(escape(f"{run.name}{done}: {shlex.join(['python', *run.command()[1:]])}"), soft_wrap=True)
         return
     with _exit_codes(interrupted=f"interrupted; the runs saved checkpoints in {out}; rerun to resume"):

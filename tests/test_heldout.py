@@ -7,6 +7,7 @@ what it shows and what it does not."""
 import json
 import logging
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -130,6 +131,16 @@ def test_the_evaluation_before_training_is_read_back_only_when_played_with_this_
     assert "made with other settings (generation.temperature: 1.0 -> 0.5); it is made again" in caplog.text
     assert not current("env.kwargs.max_turns=3") and not current("heldout.repeats=2")
     assert not current(judge=True)  # the judge's file: run.json records none for before.jsonl with a judge
+
+    # an "after" file is read back only when made with these settings at this step: the same checkpoint
+    evaluation = HeldoutEvaluation(config, progress=False)
+    (folder / "after.jsonl").write_text((folder / "before.jsonl").read_text())
+    assert not evaluation._may_read_back("after", folder / "after.jsonl", evaluation_settings(config))  # not marked
+    at_step_3 = {**evaluation_settings(config), "step": 3}
+    evaluation._mark(folder / "after.jsonl", at_step_3)
+    assert evaluation.run("after", SimpleNamespace(step=3)) == played  # read back: nothing is played
+    assert not evaluation._may_read_back("after", folder / "after.jsonl", {**at_step_3, "step": 4})
+    assert evaluation._may_read_back("before", folder / "before.jsonl", evaluation_settings(config))  # kept
 
 
 def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):

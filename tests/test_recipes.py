@@ -92,6 +92,12 @@ def write(tmp_path, text):
         ),
         ("algorithm: ppo\nseed: zero\n", r"recipe.yaml:2: field 'seed': Value 'zero'"),
         ("algorithm: ppo\nseed: [0\n", r"recipe.yaml:3: not valid YAML"),
+        # was: the second learning_rate won silently
+        (
+            "algorithm: ppo\nlearning_rate: 1.0e-5\npolicy:\n  lora_r: 4\nlearning_rate: 1.0\n",
+            r"recipe.yaml:5: not valid YAML: field 'learning_rate' given twice \(first on line 2\)",
+        ),
+        ("algorithm: ppo\npolicy:\n  lora_r: 4\n  lora_r: 8\n", r"recipe.yaml:4: .*'lora_r' given twice"),
         ("seed: 0\n", r"recipe.yaml: no field 'algorithm'"),
         ("algorithm: a2c\n", r"field 'algorithm': expected one of \['grpo', 'ppo'\], got 'a2c'"),
         ("algorithm: ppo\npolicy:\n  dtype: half\n", r"policy.dtype must be 'float32', 'bfloat16' or 'auto'"),

@@ -75,6 +75,11 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
         "slow/seed-0/control",
     ]
     assert "ShuffledRewards" not in (out / "grpo" / "seed-1" / "real" / "train.log").read_text()
+    # was: a control's closing "Continue:" line resumed it with the real trainer (examples/train_grpo.py)
+    for kind in ("real", "control"):
+        closing = (out / "grpo" / "seed-1" / kind / "console.log").read_text()
+        assert f"python -m empathy_gym.agents.study grpo {kind} --recipe tiny-cpu --resume" in closing
+        assert "examples/train_grpo.py" not in closing
     # the table, by hand from the reports: grpo's training user (the diagonal) over seeds 0 and 1
     table = json.loads((out / "study.json").read_text())
     real = [reports[f"grpo/seed-{s}/real"]["difference"]["difference"] for s in (0, 1)]
@@ -115,6 +120,33 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     assert "--resume" in study.runs[0].command()
 
 
+def test_a_judge_added_to_a_finished_study_is_played_alone(tmp_path):
+    """Was: a judge added to the study file was refused as other settings; the runs had to
+    be removed and trained again to be judged by it."""
+    one = TINY.replace("seeds: [0, 1]", "seeds: [0]").replace("control: true", "control: false")
+    one = one.replace("  slow: {recipe: tiny-cpu, algorithm: grpo, overrides: [learning_rate=1.0e-6]}\n", "")
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["study", str(write(tmp_path, one)), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    run = out / "grpo" / "seed-0" / "real"
+    kept = ["metrics.jsonl", *(f"heldout/{n}_judges0.jsonl" for n in ("before", "after")), "heldout/after.jsonl"]
+    made = {name: (run / name).stat().st_mtime_ns for name in kept}
+    easy = '"rule,difficulty=challenging", "rule,difficulty=easy"'
+    more = write(tmp_path, one.replace('"rule,difficulty=challenging"', easy), "more.yaml")
+    again = runner.invoke(app, ["study", str(more), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "0 of 1 runs already done; 0 to train; 1 to play the judges added since they finished" in again.output
+    study = load_study(more, out)
+    report = study.runs[0].report()
+    assert judged_difference(report, "rule,difficulty=easy", "rule") is not None and study.done(study.runs[0])
+    # nothing trained, and what was judged before was read back: the new judge played alone
+    assert {name: (run / name).stat().st_mtime_ns for name in kept} == made
+    assert (run / "heldout" / "before_judges1.jsonl").exists() and (run / "heldout" / "after_judges1.jsonl").exists()
+    assert "rule,difficulty=easy" in (out / "table.txt").read_text()
+    # the first study's file still reads its table; the same run is done under both
+    assert "1 of 1 runs already done" in runner.invoke(app, ["study", str(more), "--out", str(out)]).output
+
+
 def test_the_policy_before_training_plays_the_same_dialogues_whatever_the_seed_algorithm_or_control(tmp_path):
     """What sharing the evaluation before training rests on: played anew by each run (no
     sharing), it is the same, byte for byte, across seeds, algorithms and the control."""
@@ -150,6 +182,10 @@ def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
         (("seeds: [0, 1]", "seeds: [0, 1]\ncolour: red"), r"study.yaml:4: field 'colour': Key 'colour' not in"),
         (("seeds: [0, 1]", "seeds: [0, 0]"), r"study.yaml:3: field 'seeds': a seed given twice"),
         (("seeds: [0, 1]", "seeds: []"), r"field 'seeds': no training seed"),
+        (
+            ("control: true", "control: true\ncontrol: false"),
+            r"study.yaml:5: .*'control' given twice",
+        ),  # was: false won
         (("learning_rate=1.0e-6", "learning_rate=oops"), r"arm 'slow': command-line override 'learning_rate'"),
         (
             (
@@ -218,7 +254,7 @@ def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tm
     }
     assert difficulty.columns == ["rule,difficulty=easy", "rule", "rule,difficulty=challenging", "distilled"]
     result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
-    assert result.exit_code == 0 and "3 arms x 1 seeds x (real, control) = 6 runs" in result.output
+    assert result.exit_code == 0 and "3 arms x 1 seed x (real, control) = 6 runs" in result.output  # was "1 seeds"
     assert "seed=4" in result.output and not (tmp_path / "d").exists()
     line = next(line for line in result.output.splitlines() if line.startswith("easy/seed-4/real: "))
     assert line.split(": ", 1)[1].startswith("python -m empathy_gym.agents.study grpo real --recipe smollm2-cpu-grpo")

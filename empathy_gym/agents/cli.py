@@ -70,16 +70,23 @@ def _log_to_file(output_dir: str) -> Iterator[None]:
         handler.close()
 
 
-def train_main(algorithm: str, argv: list[str] | None = None, *, trainer_class: Any = None) -> int:
+def train_main(
+    algorithm: str, argv: list[str] | None = None, *, trainer_class: Any = None, command: str | None = None
+) -> int:
     """Run a training job; returns the exit code. Output to a console that has gone
     away is dropped (:mod:`~empathy_gym.agents.console`). ``trainer_class`` replaces
-    the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`)."""
+    the algorithm's trainer (e.g. a control from :mod:`~empathy_gym.agents.controls`);
+    ``command`` is what the closing "Continue:" line runs to resume this same training
+    (default ``python examples/train_ALGORITHM.py``), so that a control is continued
+    as a control."""
     honour_interrupts()
     with tolerant_console():
-        return _train_main(algorithm, argv, trainer_class)
+        return _train_main(algorithm, argv, trainer_class, command)
 
 
-def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: Any = None) -> int:
+def _train_main(
+    algorithm: str, argv: list[str] | None = None, trainer_class: Any = None, command: str | None = None
+) -> int:
     args = parse_args(algorithm, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
@@ -117,7 +124,7 @@ def _train_main(algorithm: str, argv: list[str] | None = None, trainer_class: An
             say(f"error: {error}", file=sys.stderr)
             return 1
     with _log_to_file(config.output_dir):
-        return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides)
+        return _train(algorithm, config, args.resume, args.recipe, trainer_class, overrides, command)
 
 
 def quiet_known_noise() -> None:
@@ -145,10 +152,16 @@ def number(value: float) -> str:
 
 
 def where_everything_is(
-    config: Any, algorithm: str, recipe: str | None, evaluated: bool, overrides: list[str] | None = None
+    config: Any,
+    algorithm: str,
+    recipe: str | None,
+    evaluated: bool,
+    overrides: list[str] | None = None,
+    command: str | None = None,
 ) -> list[str]:
-    """The closing lines: each output's path and how to continue the run (the command
-    keeps the run's ``overrides``, ``total_steps`` doubled)."""
+    """The closing lines: each output's path and how to continue the run: ``command``
+    (default ``python examples/train_ALGORITHM.py``) with the run's ``overrides``,
+    ``total_steps`` doubled."""
     from empathy_gym.agents.checkpoint import latest_checkpoint
 
     out = Path(config.output_dir)
@@ -171,7 +184,7 @@ def where_everything_is(
             "(every held-out dialogue; *_judge.jsonl: the second judge's, with heldout.user)"
         )
     policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
-    script = f"examples/train_{algorithm}.py"
+    command = command or f"python examples/train_{algorithm}.py"
     recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
     more = config.total_steps * 2
     kept = [o for o in (overrides or []) if not o.startswith("total_steps=")]
@@ -179,7 +192,7 @@ def where_everything_is(
         kept.append(f"output_dir={config.output_dir}")
     lines += [
         "Continue:",
-        f"  python {script} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
+        f"  {command} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
         f"(train {config.total_steps} more step{'s' if config.total_steps != 1 else ''})",
         f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
         "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user; "
@@ -255,6 +268,7 @@ def _train(
     recipe: str | None = None,
     trainer_class: Any = None,
     overrides: list[str] | None = None,
+    command: str | None = None,
 ) -> int:
     quiet_known_noise()
     from empathy_gym.backends.base import BackendError
@@ -307,5 +321,5 @@ def _train(
         return 130
     if trainer.heldout_report is not None:
         say("", trainer.heldout_report["text"])
-    say("", *where_everything_is(config, algorithm, recipe, trainer.heldout_report is not None, overrides))
+    say("", *where_everything_is(config, algorithm, recipe, trainer.heldout_report is not None, overrides, command))
     return 0

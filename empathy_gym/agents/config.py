@@ -406,6 +406,46 @@ class RecipeError(ValueError):
     """A recipe or an override is invalid; the message names the file, line and field."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps
+    the last one silently, so a recipe with ``learning_rate`` twice trained with the second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
+                if key_node.value in first:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"field {key_node.value!r} given twice (first on line {first[key_node.value]})",
+                        key_node.start_mark,
+                    )
+                first[key_node.value] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(source: Path, error: type[RecipeError] = RecipeError) -> Any:
+    """The YAML document in ``source`` (``None`` when empty), read with PyYAML's safe
+    loader.
+
+    Raises:
+        RecipeError (or ``error``, a subclass): the file is not UTF-8, not valid YAML, or
+            gives a key twice in one mapping, naming the file and line.
+    """
+    try:
+        return yaml.load(source.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a safe loader
+    except UnicodeDecodeError as problem:
+        raise error(
+            f"{source}: not valid UTF-8 (byte {problem.object[problem.start]:#04x} at offset "
+            f"{problem.start}); save the file as UTF-8"
+        ) from None
+    except yaml.YAMLError as problem:
+        mark = getattr(problem, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else str(source)
+        raise error(f"{where}: not valid YAML: {getattr(problem, 'problem', problem)}") from None
+
+
 def yaml_line(path: Path, dotted_key: str) -> int | None:
     """1-based line of ``dotted_key`` in the YAML file; ``None`` when it is not there."""
     try:
@@ -448,17 +488,7 @@ def load_recipe(
     source = find_recipe(path) if path is not None else None
     recipe: dict[str, Any] = {}
     if source is not None:
-        try:
-            recipe = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as error:
-            raise RecipeError(
-                f"{source}: not valid UTF-8 (byte {error.object[error.start]:#04x} at offset "
-                f"{error.start}); save the file as UTF-8"
-            ) from None
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark else str(source)
-            raise RecipeError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+        recipe = read_yaml(source) or {}
         if not isinstance(recipe, dict):
             raise RecipeError(f"{source}: a recipe must be a mapping of fields")
     named = recipe.pop("algorithm", None)

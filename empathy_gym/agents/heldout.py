@@ -13,7 +13,9 @@ Files under ``<output_dir>/heldout/``: ``train_personas.jsonl``, ``test_personas
 and ``report.txt``, ``capabilities_{before,after}.json`` with ``heldout.capabilities``, and
 ``run.json``: the settings each file was made with (:func:`evaluation_settings`). A finished
 "before" file is reused on ``--resume`` when ``run.json`` holds this run's settings for it,
-as eval's and replay's run folders are (:mod:`~empathy_gym.evaluation.run_folder`).
+as eval's and replay's run folders are (:mod:`~empathy_gym.evaluation.run_folder`); an
+"after" file only when made at the same step too (a finished run resumed to play a judge
+added since plays that judge alone).
 """
 
 from __future__ import annotations
@@ -581,6 +583,12 @@ def evaluation_files(config: Any, name: str) -> dict[str, dict[str, Any] | None]
     return files
 
 
+def _made_at(settings: dict[str, Any] | None, name: str, state: TrainingState) -> dict[str, Any] | None:
+    """What ``run.json`` records for a file of the evaluation ``name``: an "after" file
+    depends on the policy's training too, so its settings name the step it was made at."""
+    return settings if settings is None or name == "before" else {**settings, "step": state.step}
+
+
 def _read_records(path: Path, expected: int) -> list[dict[str, Any]] | None:
     """The records of a finished evaluation file, or ``None`` (missing, or cut short)."""
     if not path.exists():
@@ -674,7 +682,7 @@ class HeldoutEvaluation(TrainerCallback):
         (``state``'s sampler) and the training user (``judge`` ``None``), the second judge
         (``"user"``: ``heldout.user``) or ``heldout.judges[judge]`` (an index), and write
         ``<name>.jsonl`` (``<name>_judge.jsonl``, ``<name>_judges<index>.jsonl``); a
-        finished "before" file is read back instead of replayed."""
+        finished file is read back instead of replayed where :meth:`_may_read_back` says so."""
         from tqdm.auto import tqdm
 
         from empathy_gym.agents.console import tolerant
@@ -688,8 +696,8 @@ class HeldoutEvaluation(TrainerCallback):
             user = held.judges[judge]
             label = f", judge {as_user_spec(user)}"
         path = self.folder / evaluation_file(name, judge)
-        settings = judge_settings(self.config, judge)
-        if name == "before" and self._current(path, settings):
+        settings = _made_at(judge_settings(self.config, judge), name, state)
+        if self._may_read_back(name, path, settings):
             records = _read_records(path, self.dialogues)
             if records is not None:
                 self.read_back += len(records)
@@ -712,14 +720,14 @@ class HeldoutEvaluation(TrainerCallback):
     def capabilities(self, name: str, state: TrainingState) -> dict[str, dict[int, float]] | None:
         """The policy's lm-eval scores now (``heldout.capabilities``;
         :func:`~empathy_gym.evaluation.capabilities.measure`), written to
-        ``capabilities_<name>.json``; "before" is read back from a finished file of this
-        run's settings. ``None`` with no task named."""
+        ``capabilities_<name>.json``; a finished file is read back where
+        :meth:`_may_read_back` says so. ``None`` with no task named."""
         held = self.config.heldout
         if not held.capabilities:
             return None
         path = self.folder / capabilities_file(name)
-        settings = evaluation_settings(self.config, "capabilities")
-        if name == "before" and path.exists() and self._current(path, settings):
+        settings = _made_at(evaluation_settings(self.config, "capabilities"), name, state)
+        if path.exists() and self._may_read_back(name, path, settings):
             saved = json.loads(path.read_text(encoding="utf-8"))
             return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}
         from empathy_gym.evaluation.capabilities import measure
@@ -740,6 +748,14 @@ class HeldoutEvaluation(TrainerCallback):
         write_json(path, scores)
         self._mark(path, settings)
         return scores
+
+    def _may_read_back(self, name: str, path: Path, settings: dict[str, Any] | None) -> bool:
+        """A "before" file may be read back when it is :meth:`_current`; an "after" file
+        only when ``run.json`` records it made with ``settings`` at this step (the same
+        checkpoint: a finished run resumed to play a judge added since)."""
+        if name == "before":
+            return self._current(path, settings)
+        return settings is not None and path.exists() and (self._saved_settings() or {}).get(path.name) == settings
 
     def _current(self, path: Path, settings: dict[str, Any] | None) -> bool:
         """Whether the file at ``path`` may be read back: ``run.json`` holds ``settings``

@@ -17,10 +17,13 @@ Each run trains in ``OUT/ARM/seed-S/real`` (or ``control``) as its own process: 
 training command with ``seed=S`` and ``output_dir=`` that folder; a control trains with
 :func:`~empathy_gym.agents.controls.shuffled_reward_trainer`. A run whose held-out
 report exists is read back; a run stopped half-way resumes (``--resume``); a run started
-with other settings (``study_run.json`` in its folder) is refused. Every arm must hold out
-the same personas and dialogues (``heldout`` bank, split and seeds), so that the arms are
-compared on the same evaluation; a fresh run starts with a finished run's evaluation before
-training where it was made with the same settings (:func:`copy_before`).
+with other settings (``study_run.json`` in its folder) is refused, but for the judges: a
+judge added to a finished study is played by each run's policy before training and its
+last checkpoint (a resumed run with nothing left to train), the other files read back.
+Every arm must hold out the same personas and dialogues (``heldout`` bank, split and
+seeds), so that the arms are compared on the same evaluation; a run starts with a finished
+run's evaluation before training where it was made with the same settings
+(:func:`copy_before`).
 
 The table (:func:`study_table`): the held-out difference (after - before, emotion points)
 under the training user and every judge, one row per arm and one column per judge (a
@@ -44,11 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from empathy_gym.agents.config import ALGORITHMS, HELDOUT_DIR, RecipeError, load_recipe, yaml_line
+from empathy_gym.agents.config import ALGORITHMS, HELDOUT_DIR, RecipeError, load_recipe, read_yaml, yaml_line
 from empathy_gym.agents.heldout import evaluation_files
 from empathy_gym.agents.run_log import holds_a_run
 from empathy_gym.evaluation.run_folder import RUN_CONFIG, write_json
@@ -157,15 +159,26 @@ class Run:
             for key in ("recipe", "algorithm", "control")
             if made.get(key) != now[key]
         ]
-        old, new = made.get("overrides", []), now["overrides"]
+        old, new = (_training_overrides(settings.get("overrides", [])) for settings in (made, now))
         changed += [f"no longer {o}" for o in old if o not in new] + [f"now {o}" for o in new if o not in old]
         return changed
+
+    def judged_by_all(self, columns: Sequence[str], user: str) -> bool:
+        """Whether the run's report holds the difference under every judge column (its
+        training user is ``user``); ``False`` without a report."""
+        report = self.report()
+        return report is not None and all(judged_difference(report, column, user) is not None for column in columns)
 
     def command(self) -> list[str]:
         """The child process's command line (``--resume`` when its folder holds a run)."""
         resume = ["--resume"] if holds_a_run(self.output_dir) else []
         kind = "control" if self.control else "real"
         return [sys.executable, "-m", __name__, self.algorithm, kind, "--recipe", self.recipe, *resume, *self.overrides]
+
+
+def _training_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides but ``heldout.judges``: the judges evaluate a run, they do not train it."""
+    return [o for o in overrides if o.split("=", 1)[0].strip() != "heldout.judges"]
 
 
 @dataclass
@@ -181,6 +194,20 @@ class Study:
     columns: list[str]
     runs: list[Run]
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def done(self, run: Run) -> bool:
+        """Whether ``run`` has its report, judged by every judge of the study."""
+        return run.judged_by_all(self.columns, self.users[run.arm])
+
+    def size(self) -> str:
+        """``"2 arms x 3 seeds x (real, control) = 12 runs"``."""
+        arms, seeds = len(self.config.arms), len(self.config.seeds)
+        control = " x (real, control)" if self.config.control else ""
+        return f"{_counted(arms, 'arm')} x {_counted(seeds, 'seed')}{control} = {_counted(len(self.runs), 'run')}"
+
+
+def _counted(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def find_study(name: str | os.PathLike) -> Path:
@@ -207,11 +234,7 @@ def read_study(source: Path) -> StudyConfig:
         StudyError: bad YAML, an unknown field, a wrong type, no arm or no seed, naming
             the file, line and field.
     """
-    try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
-        mark = getattr(error, "problem_mark", None)
-        raise StudyError(f"{source}{f':{mark.line + 1}' if mark else ''}: not a valid YAML study: {error}") from None
+    data = read_yaml(source, StudyError) or {}
     if not isinstance(data, dict):
         raise StudyError(f"{source}: a study must be a mapping of fields (description, seeds, arms, ...)")
     try:
@@ -349,8 +372,8 @@ class StudyRunError(RuntimeError):
 
 def check_unchanged(study: Study) -> None:
     """Refuse a study whose runs' folders were started with other settings (another
-    override, recipe or judge): a study's runs must share theirs, and a finished run is
-    never trained again by itself.
+    override or recipe): a study's runs must share theirs, and a finished run is never
+    trained again by itself. The judges may change: a run lacking one is resumed to play it.
 
     Raises:
         StudyError: naming the first runs and what differs.
@@ -381,8 +404,12 @@ def run_study(
         KeyboardInterrupt: interrupted.
     """
     check_unchanged(study)
-    pending = [run for run in study.runs if run.report() is None]
-    say(f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already done; {len(pending)} to train")
+    pending = [run for run in study.runs if not study.done(run)]
+    judging = sum(run.report() is not None for run in pending)
+    say(
+        f"{len(study.runs) - len(pending)} of {len(study.runs)} runs already done; {len(pending) - judging} to train"
+        + (f"; {judging} to play the judges added since they finished" if judging else "")
+    )
     env = dict(os.environ)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
@@ -401,7 +428,7 @@ def run_study(
                     continue
                 del active[run]
                 times[run.name] = time.monotonic() - started
-                if process.returncode != 0 or run.report() is None:
+                if process.returncode != 0 or not study.done(run):
                     log = run.output_dir / "console.log"
                     why = f" ({line})" if (line := _last_line(log)) else ""
                     failed.append(f"{run.name}: exit {process.returncode}{why}; see {log}")
@@ -420,14 +447,13 @@ def _launch(
     run: Run, study: Study, env: dict[str, str], share_before: bool, say: Callable[[str], None]
 ) -> subprocess.Popen:
     """Start ``run``'s child process (its output to ``console.log``), after recording its
-    settings and, for a fresh run, copying a finished run's evaluation before training."""
+    settings and copying the evaluation before training it lacks from a finished run."""
     command = run.command()  # --resume or not, by what the folder held before any copy
-    shared = copy_before(run, study) if share_before and "--resume" not in command else []
+    shared = copy_before(run, study) if share_before else []
     if shared:
         say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    if not (run.output_dir / STUDY_RUN).exists():
-        write_json(run.output_dir / STUDY_RUN, run.settings)
+    write_json(run.output_dir / STUDY_RUN, run.settings)  # the same but for the judges (check_unchanged)
     with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
         # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -445,15 +471,26 @@ def _last_line(path: Path) -> str:
 
 
 def copy_before(run: Run, study: Study) -> list[str]:
-    """Copy into a fresh run's ``heldout/`` each file of the evaluation before training
-    that a finished run of the study made with the settings this run would make it with,
-    and those settings into its ``run.json``: the run reads them back instead of playing
-    them. The policy before its first step does not depend on the training seed, the
-    algorithm or the control (LoRA starts at zero; the held-out dialogues are seeded by
-    ``heldout.seed``), and the settings compared are the held-out evaluation's own
+    """Copy into a run's ``heldout/`` each file of the evaluation before training that it
+    lacks (a fresh run, or a judge added since it started) and that a finished run of the
+    study made with the settings this run would make it with, and those settings into its
+    ``run.json``: the run reads them back instead of playing them. The policy before its
+    first step does not depend on the training seed, the algorithm or the control (LoRA
+    starts at zero; the held-out dialogues are seeded by ``heldout.seed``), and the settings
+    compared are the held-out evaluation's own
     (:func:`~empathy_gym.agents.heldout.evaluation_settings`). Returns the files copied.
     """
-    wanted = study.before.get(run.arm, {})
+    target = run.output_dir / HELDOUT_DIR
+    try:
+        have = json.loads((target / RUN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        have = {}
+    have = have if isinstance(have, dict) else {}
+    wanted = {
+        name: settings
+        for name, settings in study.before.get(run.arm, {}).items()
+        if have.get(name) != settings or not (target / name).is_file()
+    }
     found: dict[str, Path] = {}
     for donor in study.runs:
         if donor == run or donor.report() is None:
@@ -467,11 +504,10 @@ def copy_before(run: Run, study: Study) -> list[str]:
             if name not in found and settings is not None and made.get(name) == settings and (folder / name).is_file():
                 found[name] = folder / name
     if found:
-        target = run.output_dir / HELDOUT_DIR
         target.mkdir(parents=True, exist_ok=True)
         for name, path in found.items():
             shutil.copyfile(path, target / name)
-        write_json(target / RUN_CONFIG, {name: wanted[name] for name in found})
+        write_json(target / RUN_CONFIG, have | {name: wanted[name] for name in found})
     return sorted(found)
 
 
@@ -666,7 +702,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: another process is training in {folder} (a study started earlier?)", file=sys.stderr)
             return 1
         return train_main(
-            algorithm, rest, trainer_class=shuffled_reward_trainer(trainer) if kind == "control" else None
+            algorithm,
+            rest,
+            trainer_class=shuffled_reward_trainer(trainer) if kind == "control" else None,
+            command=f"python -m empathy_gym.agents.study {algorithm} {kind}",
         )
 
 
