@@ -140,6 +140,9 @@ def test_the_evaluation_before_training_is_read_back_only_when_played_with_this_
     evaluation._mark(folder / "after.jsonl", at_step_3)
     assert evaluation.run("after", SimpleNamespace(step=3)) == played  # read back: nothing is played
     assert not evaluation._may_read_back("after", folder / "after.jsonl", {**at_step_3, "step": 4})
+    # a step trained since (a run retrained from step 0 to 3, its checkpoints gone): another policy
+    evaluation.on_step_end(SimpleNamespace(step=1), 1, [])
+    assert not evaluation._may_read_back("after", folder / "after.jsonl", at_step_3)
     assert evaluation._may_read_back("before", folder / "before.jsonl", evaluation_settings(config))  # kept
 
 
@@ -186,6 +189,7 @@ def test_before_and_after_are_paired_and_held_out(tmp_path, caplog, capsys):
     assert saved["difference"]["personas"] == 8
     assert "no clear change" in (tmp_path / "heldout" / "report.txt").read_text()
     capsys.readouterr()
+    (tmp_path / "heldout" / "after.jsonl").unlink()  # else read back: made at this step with these settings
     HeldoutEvaluation(config, progress=True).run("after", state)
     bar = capsys.readouterr().err
     assert "held-out evaluation (after)" in bar and "16/16" in bar

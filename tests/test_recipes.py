@@ -307,3 +307,15 @@ def test_the_env_config_reads_its_user_reward_and_gym_keywords_in_one_place():
     assert EnvConfig(kwargs={"reward_mode": "final", "reward_shaping": 0.5}).reward() == Reward("final", 0.5)
     with pytest.raises(RecipeError, match=r"env\.kwargs\.user"):
         EnvConfig(kwargs={"user": "nonsense-backend:x"}).user_spec()
+
+
+def test_anchors_and_merge_keys_are_not_repeated_keys(tmp_path):
+    """Was: a mapping merged into another (``<<: *b``) after PyYAML had flattened it was
+    refused as giving its keys twice."""
+    from empathy_gym.agents.config import read_yaml
+
+    merged = read_yaml(write(tmp_path, "a: &a {x: 1}\nk:\n  b: &b {<<: *a, x: 2}\nc: {<<: *b}\nd: {<<: [*a], y: 3}\n"))
+    assert merged["k"]["b"] == {"x": 2} and merged["d"] == {"x": 1, "y": 3}
+    assert read_yaml(write(tmp_path, "1: a\n'1': b\n")) == {1: "a", "1": "b"}  # YAML's keys differ: an int, a string
+    with pytest.raises(RecipeError, match=r"recipe.yaml:3: .*'x' given twice \(first on line 3\)"):
+        read_yaml(write(tmp_path, "a:\n  - {x: 1}\n  - {x: 1, x: 2}\n"))  # inside a list too

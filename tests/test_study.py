@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from typer.testing import CliRunner
@@ -78,7 +79,18 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     # was: a control's closing "Continue:" line resumed it with the real trainer (examples/train_grpo.py)
     for kind in ("real", "control"):
         closing = (out / "grpo" / "seed-1" / kind / "console.log").read_text()
-        assert f"python -m empathy_gym.agents.study grpo {kind} --recipe tiny-cpu --resume" in closing
+        line = next(line for line in closing.splitlines() if "--resume" in line).split("   (")[0]
+        assert shlex.split(line)[:8] == [
+            "python",
+            "-m",
+            "empathy_gym.agents.study",
+            "grpo",
+            kind,
+            "--recipe",
+            "tiny-cpu",
+            "--resume",
+        ]
+        assert "heldout.judges=['rule,difficulty=challenging']" in shlex.split(line)  # was: unquoted for a shell
         assert "examples/train_grpo.py" not in closing
     # the table, by hand from the reports: grpo's training user (the diagonal) over seeds 0 and 1
     table = json.loads((out / "study.json").read_text())
@@ -131,7 +143,7 @@ def test_a_judge_added_to_a_finished_study_is_played_alone(tmp_path):
     run = out / "grpo" / "seed-0" / "real"
     kept = ["metrics.jsonl", *(f"heldout/{n}_judges0.jsonl" for n in ("before", "after")), "heldout/after.jsonl"]
     made = {name: (run / name).stat().st_mtime_ns for name in kept}
-    easy = '"rule,difficulty=challenging", "rule,difficulty=easy"'
+    easy = '"rule,difficulty=easy", "rule,difficulty=challenging"'  # first: the run keeps challenging's index
     more = write(tmp_path, one.replace('"rule,difficulty=challenging"', easy), "more.yaml")
     again = runner.invoke(app, ["study", str(more), "--out", str(out)])
     assert again.exit_code == 0, again.output
@@ -324,3 +336,17 @@ def test_a_run_already_training_in_its_folder_is_not_started_twice(tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code = main(["grpo", "real", "--recipe", "tiny-cpu", "total_steps=1", f"output_dir={folder}"])
     assert code == 1 and not (folder / "metrics.jsonl").exists()
+    # the study's parent leaves a locked folder alone too (was: rewrote its settings and held-out marks)
+    import os
+
+    from empathy_gym.agents.study import _launch
+
+    study = load_study(write(tmp_path, TINY), tmp_path / "out")
+    run = study.runs[0]
+    run.output_dir.mkdir(parents=True)
+    (run.output_dir / "study_run.json").write_text("{}")
+    with open(run.output_dir / ".study.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert _launch(run, study, dict(os.environ), True, lambda line: None).wait() == 1
+    assert (run.output_dir / "study_run.json").read_text() == "{}"
+    assert "another process is training in" in (run.output_dir / "console.log").read_text()

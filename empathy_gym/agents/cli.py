@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,14 +186,14 @@ def where_everything_is(
         )
     policy_spec = f"hf:{config.policy.model},adapter={latest}" if config.policy.use_lora else f"hf:{latest}"
     command = command or f"python examples/train_{algorithm}.py"
-    recipe_arg = f"--recipe {recipe}" if recipe else "--recipe RECIPE"
+    recipe_words = ["--recipe", recipe or "RECIPE"]
     more = config.total_steps * 2
     kept = [o for o in (overrides or []) if not o.startswith("total_steps=")]
     if not any(o.startswith("output_dir=") for o in kept):
         kept.append(f"output_dir={config.output_dir}")
     lines += [
         "Continue:",
-        f"  {command} {recipe_arg} --resume {' '.join(kept)} total_steps={more}   "
+        f"  {command} {shlex.join([*recipe_words, '--resume', *kept, f'total_steps={more}'])}   "
         f"(train {config.total_steps} more step{'s' if config.total_steps != 1 else ''})",
         f"  empathy-gym eval --policy {policy_spec} --personas en --max-tokens 64 --out {out / 'eval'}   "
         "(SAGE's protocol, 9 turns; replies capped at 64 tokens, which a CPU needs; --user for an LLM user; "

@@ -406,23 +406,30 @@ class RecipeError(ValueError):
     """A recipe or an override is invalid; the message names the file, line and field."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps
-    the last one silently, so a recipe with ``learning_rate`` twice trained with the second)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
-                if key_node.value in first:
+def _refuse_repeated_keys(node: yaml.Node | None, checked: set[int] | None = None) -> None:
+    """Raise ``yaml.MarkedYAMLError`` where a mapping gives a key twice, as written (PyYAML
+    keeps the last one silently: a recipe with ``learning_rate`` twice trained with the
+    second). Merge keys (``<<``) are not repeats; keys compare as YAML reads them
+    (``1`` and ``'1'`` differ, ``true`` and ``True`` do not)."""
+    checked = set() if checked is None else checked
+    if node is None or id(node) in checked:  # an alias: its anchor was checked
+        return
+    checked.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(item, checked)
+    elif isinstance(node, yaml.MappingNode):
+        reader, first = yaml.SafeLoader(""), {}
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                key = reader.construct_object(key_node, deep=True)
+                key = key if isinstance(key, (str, int, float, bool)) or key is None else repr(key)
+                if key in first:
                     raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"field {key_node.value!r} given twice (first on line {first[key_node.value]})",
-                        key_node.start_mark,
+                        None, None, f"field {key!r} given twice (first on line {first[key]})", key_node.start_mark
                     )
-                first[key_node.value] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
+                first[key] = key_node.start_mark.line + 1
+            _refuse_repeated_keys(value_node, checked)
 
 
 def read_yaml(source: Path, error: type[RecipeError] = RecipeError) -> Any:
@@ -434,7 +441,9 @@ def read_yaml(source: Path, error: type[RecipeError] = RecipeError) -> Any:
             gives a key twice in one mapping, naming the file and line.
     """
     try:
-        return yaml.load(source.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a safe loader
+        text = source.read_text(encoding="utf-8")
+        _refuse_repeated_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        return yaml.safe_load(text)
     except UnicodeDecodeError as problem:
         raise error(
             f"{source}: not valid UTF-8 (byte {problem.object[problem.start]:#04x} at offset "

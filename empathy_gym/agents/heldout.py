@@ -627,6 +627,7 @@ class HeldoutEvaluation(TrainerCallback):
         self.read_back = 0  # dialogues of the evaluation before training read back from an earlier run
         self.capabilities_before: dict[str, dict[int, float]] | None = None
         self.report: dict[str, Any] | None = None
+        self._trained = False  # a step trained in this process (on_step_end)
 
     def on_train_begin(self, state: TrainingState) -> None:
         """Play (or read back) the evaluation before training (and each judge's)."""
@@ -712,6 +713,7 @@ class HeldoutEvaluation(TrainerCallback):
             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]",
             file=tolerant(sys.stderr),
         ) as bar:
+            self._forget([path.name])  # a crash while it is rewritten must not leave it marked
             records = play(state, self.personas, user=user, on_dialogue=lambda: bar.update(1))
         _write_records(path, records)
         self._mark(path, settings)
@@ -732,6 +734,7 @@ class HeldoutEvaluation(TrainerCallback):
             return {task: {int(item): score for item, score in items.items()} for task, items in saved.items()}
         from empathy_gym.evaluation.capabilities import measure
 
+        self._forget([path.name])
         was_training = state.model.training
         try:
             scores = measure(
@@ -751,8 +754,9 @@ class HeldoutEvaluation(TrainerCallback):
 
     def _may_read_back(self, name: str, path: Path, settings: dict[str, Any] | None) -> bool:
         """A "before" file may be read back when it is :meth:`_current`; an "after" file
-        only when ``run.json`` records it made with ``settings`` at this step (the same
-        checkpoint: a finished run resumed to play a judge added since)."""
+        only when ``run.json`` records it made with ``settings`` at this step and no step
+        has trained since (:meth:`on_step_end` forgets it): the same policy, as in a
+        finished run resumed to play a judge added since."""
         if name == "before":
             return self._current(path, settings)
         return settings is not None and path.exists() and (self._saved_settings() or {}).get(path.name) == settings
@@ -770,6 +774,20 @@ class HeldoutEvaluation(TrainerCallback):
         changed = differences(made_with, settings) if isinstance(made_with, dict) else ["unknown"]
         log.warning("%s was made with other settings (%s); it is made again", path, "; ".join(changed))
         return False
+
+    def on_step_end(self, state: TrainingState, step: int, trajectories: Sequence[Any]) -> None:
+        """The policy changed: forget the marks of the evaluations after training, so that
+        none is read back for another policy (a retrained or continued run), whatever its step."""
+        if not self._trained:
+            self._trained = True
+            after = [name for name in self._saved_settings() or {} if name.startswith(("after", "capabilities_after"))]
+            self._forget(after)
+
+    def _forget(self, names: Sequence[str]) -> None:
+        """Remove ``names`` from ``run.json`` (their files are made again, not read back)."""
+        saved = self._saved_settings()
+        if saved and any(name in saved for name in names):
+            write_json(self.folder / RUN_CONFIG, {k: v for k, v in saved.items() if k not in names})
 
     def _mark(self, path: Path, settings: dict[str, Any] | None) -> None:
         """Record in ``run.json`` the settings the file at ``path`` was just written with

@@ -42,11 +42,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -61,6 +63,8 @@ from empathy_gym.user.specs import SpecError, as_user_spec
 SHARED_HELDOUT = ("bank", "test_fraction", "split_seed", "repeats", "seed")
 #: The file in each run's folder that records what it was started with.
 STUDY_RUN = "study_run.json"
+#: The file a run's folder is locked with (fcntl) while its child trains, or the study prepares it.
+LOCK = ".study.lock"
 #: An arm's name: its runs' folder under the study's (no path separators, no dot-dot).
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 ARM_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit (it names the arm's folder)"
@@ -328,6 +332,7 @@ def load_study(
         where = f"{source}: arm {arm_name!r}: heldout.user"
         second = loaded[arm_name].heldout.user
         others = [c for c in columns if c not in (users[arm_name], second and _spec_text(second, where))]
+        others = _in_recorded_order(others, Path(out) / arm_name)
         quoted = ",".join("'" + j.replace("'", "''") + "'" for j in others)  # YAML's single quotes: '' is '
         arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
         recipe = _load_arm(source, arm_name, arm_overrides, arm)  # checked with its judges
@@ -343,6 +348,21 @@ def load_study(
                     Run(arm_name, seed, control, algorithm, config.arms[arm_name].recipe, run_overrides, folder)
                 )
     return Study(config, source, users, columns, runs, before)
+
+
+def _in_recorded_order(judges: list[str], arm_folder: Path) -> list[str]:
+    """``judges`` in the order a run of the arm already recorded (``study_run.json``), new
+    ones last: each judge keeps its index, so its files (``heldout/*_judges<i>.jsonl``) are
+    read back and a judge added to the study is the only one played."""
+    for made in sorted(arm_folder.glob(f"seed-*/*/{STUDY_RUN}")):
+        try:
+            overrides = json.loads(made.read_text(encoding="utf-8")).get("overrides", [])
+            given = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "heldout.judges")
+            recorded = [str(j) for j in yaml.safe_load(given)]
+        except (OSError, ValueError, AttributeError, StopIteration, TypeError, yaml.YAMLError):
+            continue
+        return [j for j in recorded if j in judges] + [j for j in judges if j not in recorded]
+    return judges
 
 
 def _check_same_heldout(source: Path, loaded: dict[str, Any]) -> None:
@@ -449,16 +469,33 @@ def _launch(
     """Start ``run``'s child process (its output to ``console.log``), after recording its
     settings and copying the evaluation before training it lacks from a finished run."""
     command = run.command()  # --resume or not, by what the folder held before any copy
-    shared = copy_before(run, study) if share_before else []
+    with folder_lock(run.output_dir) as held:  # not held: a child of an earlier study trains there; ours says so
+        shared = copy_before(run, study) if share_before and held else []
+        if held:
+            write_json(run.output_dir / STUDY_RUN, run.settings)  # the same but for the judges (check_unchanged)
     if shared:
         say(f"{run.name}: the evaluation before training read from a finished run ({', '.join(shared)})")
-    run.output_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run.output_dir / STUDY_RUN, run.settings)  # the same but for the judges (check_unchanged)
     with open(run.output_dir / "console.log", "a", encoding="utf-8") as log:
         # its own session: a terminal's Ctrl-C reaches the study alone, which forwards one SIGTERM
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     say(f"started {run.name} ({run.output_dir / 'console.log'})")
     return process
+
+
+@contextmanager
+def folder_lock(folder: Path) -> Iterator[bool]:
+    """Hold ``folder``'s lock (:data:`LOCK`, created with the folder) inside the block;
+    yields ``False`` where another process holds it."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        yield held
 
 
 def _last_line(path: Path) -> str:
@@ -685,8 +722,6 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
 def main(argv: Sequence[str] | None = None) -> int:
     """A study's child process: ``python -m empathy_gym.agents.study ALGORITHM real|control
     TRAINING-ARGS...`` (the training command's arguments)."""
-    import fcntl
-
     from empathy_gym.agents import GRPOTrainer, PPOTrainer
     from empathy_gym.agents.cli import train_main
     from empathy_gym.agents.controls import shuffled_reward_trainer
@@ -694,11 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     algorithm, kind, *rest = list(sys.argv[1:] if argv is None else argv)
     trainer = {"grpo": GRPOTrainer, "ppo": PPOTrainer}[algorithm]
     folder = Path(next(arg for arg in reversed(rest) if arg.startswith("output_dir=")).removeprefix("output_dir="))
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".study.lock", "w") as lock:
-        try:  # a study whose parent was killed leaves its children training: a rerun must not start a twin
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with folder_lock(folder) as held:  # a study whose parent was killed leaves its children training
+        if not held:
             print(f"error: another process is training in {folder} (a study started earlier?)", file=sys.stderr)
             return 1
         return train_main(
