@@ -542,7 +542,7 @@ def study_command(
     console.print(escape(f"study {loaded.source}: {loaded.size()} in {out}"))
     if plan:
         for run in loaded.runs:
-            done = " (done)" if loaded.done(run) else ""
+            done = " (done)" if loaded.done(run) else " (judges to add)" if run.report() is not None else ""
             console.print(escape(f"{run.name}{done}: {shlex.join(['python', *run.command()[1:]])}"), soft_wrap=True)
         return
     with _exit_codes(interrupted=f"interrupted; the runs saved checkpoints in {out}; rerun to resume"):

@@ -145,6 +145,8 @@ def test_a_judge_added_to_a_finished_study_is_played_alone(tmp_path):
     made = {name: (run / name).stat().st_mtime_ns for name in kept}
     easy = '"rule,difficulty=easy", "rule,difficulty=challenging"'  # first: the run keeps challenging's index
     more = write(tmp_path, one.replace('"rule,difficulty=challenging"', easy), "more.yaml")
+    plan = runner.invoke(app, ["study", str(more), "--out", str(out), "--plan"])
+    assert "grpo/seed-0/real (judges to add): " in plan.output
     again = runner.invoke(app, ["study", str(more), "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert "0 of 1 runs already done; 0 to train; 1 to play the judges added since they finished" in again.output
@@ -157,6 +159,11 @@ def test_a_judge_added_to_a_finished_study_is_played_alone(tmp_path):
     assert "rule,difficulty=easy" in (out / "table.txt").read_text()
     # the first study's file still reads its table; the same run is done under both
     assert "1 of 1 runs already done" in runner.invoke(app, ["study", str(more), "--out", str(out)]).output
+    # was: a run continued outside the study (its Continue: line, total_steps=2) was tabulated beside 1-step runs
+    report["steps"] = 2
+    study.runs[0].report_path.write_text(json.dumps(report))
+    later = runner.invoke(app, ["study", str(more), "--out", str(out)])
+    assert later.exit_code == 1 and "its report is at step 2, the study trains 1" in later.output
 
 
 def test_the_policy_before_training_plays_the_same_dialogues_whatever_the_seed_algorithm_or_control(tmp_path):
@@ -212,6 +219,11 @@ def test_a_failed_run_names_itself_and_its_log_and_the_rest_stop(tmp_path):
         # found by a newcomer's probe: each was a traceback, or passed the check and failed in the run
         (("arms:\n", "arms: [a, b]\nx:\n"), r"study.yaml:\d+: field 'arms'"),
         (("learning_rate=1.0e-6", "seed=7"), r"arms.slow.overrides: 'seed=7': the study sets each run's seed"),
+        # was: silently replaced by the study's judges
+        (
+            ("save_steps=1,", 'save_steps=1, "heldout.judges=[distilled]",'),
+            r"'heldout.judges=\[distilled\]': the study sets",
+        ),
         (("seeds: [0, 1]", "seeds: [0, -1]"), r"field 'seeds': seed -1 is outside \[0, 2\*\*32 - 1\]"),
         (("  grpo: {", "  ../x: {"), r"field 'arms': arm name '../x'"),
         (('judges: ["rule,difficulty=challenging"]', "judges: [null]"), r"field 'judges\[0\]': null"),

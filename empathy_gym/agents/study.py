@@ -188,9 +188,9 @@ def _training_overrides(overrides: Sequence[str]) -> list[str]:
 @dataclass
 class Study:
     """A loaded study: its config and file, the training user of each arm (a spec
-    string), the judges' columns, the runs in order, and each arm's files of the
+    string), the judges' columns, the runs in order, each arm's files of the
     evaluation before training with their settings
-    (:func:`~empathy_gym.agents.heldout.evaluation_files`)."""
+    (:func:`~empathy_gym.agents.heldout.evaluation_files`), and each arm's ``total_steps``."""
 
     config: StudyConfig
     source: Path
@@ -198,6 +198,7 @@ class Study:
     columns: list[str]
     runs: list[Run]
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
 
     def done(self, run: Run) -> bool:
         """Whether ``run`` has its report, judged by every judge of the study."""
@@ -317,9 +318,12 @@ def load_study(
     for where, given in [("overrides", [*config.overrides, *overrides])] + [
         (f"arms.{name}.overrides", arm.overrides) for name, arm in config.arms.items()
     ]:
-        taken = [o for o in given if o.split("=", 1)[0].strip() in ("seed", "output_dir")]
+        taken = [o for o in given if o.split("=", 1)[0].strip() in ("seed", "output_dir", "heldout.judges")]
         if taken:
-            raise StudyError(f"{source}: {where}: {taken[0]!r}: the study sets each run's seed and output_dir itself")
+            raise StudyError(
+                f"{source}: {where}: {taken[0]!r}: the study sets each run's seed, output_dir and "
+                "heldout.judges itself (name judges in the study's judges:)"
+            )
     loaded, users = {}, {}
     for arm_name, arm in config.arms.items():
         loaded[arm_name] = _load_arm(source, arm_name, [*config.overrides, *arm.overrides, *overrides], arm)
@@ -327,7 +331,7 @@ def load_study(
     _check_same_heldout(source, loaded)
     columns = list(dict.fromkeys(_spec_text(j, f"{source}: field 'judges[{i}]'") for i, j in enumerate(config.judges)))
     columns += [user for user in dict.fromkeys(users.values()) if user not in columns]
-    before, planned = {}, {}
+    before, planned, steps = {}, {}, {}
     for arm_name, arm in config.arms.items():
         where = f"{source}: arm {arm_name!r}: heldout.user"
         second = loaded[arm_name].heldout.user
@@ -337,6 +341,7 @@ def load_study(
         arm_overrides = [*config.overrides, *arm.overrides, *overrides, f"heldout.judges=[{quoted}]"]
         recipe = _load_arm(source, arm_name, arm_overrides, arm)  # checked with its judges
         before[arm_name] = evaluation_files(recipe, "before")
+        steps[arm_name] = recipe.total_steps
         planned[arm_name] = ({cls: name for name, cls in ALGORITHMS.items()}[type(recipe)], arm_overrides)
     runs = []
     for seed in config.seeds:  # seed by seed: a study stopped half-way holds every arm's first seeds
@@ -347,7 +352,7 @@ def load_study(
                 runs.append(
                     Run(arm_name, seed, control, algorithm, config.arms[arm_name].recipe, run_overrides, folder)
                 )
-    return Study(config, source, users, columns, runs, before)
+    return Study(config, source, users, columns, runs, before, steps)
 
 
 def _in_recorded_order(judges: list[str], arm_folder: Path) -> list[str]:
@@ -399,6 +404,10 @@ def check_unchanged(study: Study) -> None:
         StudyError: naming the first runs and what differs.
     """
     changed = [(run, run.changed()) for run in study.runs]
+    for index, (run, what) in enumerate(changed):
+        trained = (run.report() or {}).get("steps", study.steps.get(run.arm))
+        if trained != study.steps.get(run.arm, trained):  # continued outside the study (its Continue: line)
+            changed[index] = (run, [*what, f"its report is at step {trained}, the study trains {study.steps[run.arm]}"])
     changed = [(run, what) for run, what in changed if what]
     if changed:
         shown = "; ".join(f"{run.name}: {', '.join(what)}" for run, what in changed[:3])
