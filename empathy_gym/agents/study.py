@@ -403,12 +403,14 @@ def check_unchanged(study: Study) -> None:
     Raises:
         StudyError: naming the first runs and what differs.
     """
-    changed = [(run, run.changed()) for run in study.runs]
-    for index, (run, what) in enumerate(changed):
-        trained = (run.report() or {}).get("steps", study.steps.get(run.arm))
-        if trained != study.steps.get(run.arm, trained):  # continued outside the study (its Continue: line)
-            changed[index] = (run, [*what, f"its report is at step {trained}, the study trains {study.steps[run.arm]}"])
-    changed = [(run, what) for run, what in changed if what]
+    changed = []
+    for run in study.runs:
+        what = run.changed()
+        trained, planned = (run.report() or {}).get("steps"), study.steps.get(run.arm)
+        if None not in (trained, planned) and trained != planned:  # continued outside the study (its Continue: line)
+            what.append(f"its report is at step {trained}, the study trains {planned}")
+        if what:
+            changed.append((run, what))
     if changed:
         shown = "; ".join(f"{run.name}: {', '.join(what)}" for run, what in changed[:3])
         more = "; ..." if len(changed) > 3 else ""
