@@ -516,6 +516,10 @@ def study_command(
         int, typer.Option(min=1, help="runs trained at once (each with OMP_NUM_THREADS = cores / jobs)")
     ] = 1,
     plan: Annotated[bool, typer.Option("--plan", help="print the runs and their commands; train nothing")] = False,
+    arms: Annotated[
+        str | None,
+        typer.Option(help="train and tabulate only these arms, comma-separated; the whole study reads their runs back"),
+    ] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="recipe overrides for every arm, key=value (e.g. total_steps=10)")
     ] = None,
@@ -537,7 +541,8 @@ def study_command(
             chosen = [int(seed) for seed in seeds.split(",")] if seeds is not None else None
         except ValueError:
             raise ValueError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
-        loaded = load_study(study, out, seeds=chosen, overrides=list(overrides or []))
+        picked = [arm.strip() for arm in arms.split(",")] if arms is not None else None
+        loaded = load_study(study, out, seeds=chosen, overrides=list(overrides or []), arms=picked)
         check_unchanged(loaded)
     console.print(escape(f"study {loaded.source}: {loaded.size()} in {out}"))
     if plan:

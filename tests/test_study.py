@@ -281,6 +281,19 @@ def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tm
     result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
     assert result.exit_code == 0 and "3 arms x 1 seed x (real, control) = 6 runs" in result.output  # was "1 seeds"
     assert "seed=4" in result.output and not (tmp_path / "d").exists()
+    # --arms: a subset whose runs are the whole study's (the same commands), so the whole study reads them back
+    subset = runner.invoke(
+        app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4", "--arms", "challenging"]
+    )
+    assert subset.exit_code == 0 and "1 arm x 1 seed x (real, control) = 2 runs" in subset.output
+    whole = [line for line in result.output.splitlines() if line.startswith("challenging/")]
+    assert whole and [line for line in subset.output.splitlines() if line.startswith("challenging/")] == whole
+    wrong = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--arms", "hard"])
+    assert (
+        wrong.exit_code == 1
+        and "--arms: no arm 'hard'" in wrong.output
+        and "easy, moderate, challenging" in wrong.output
+    )
     line = next(line for line in result.output.splitlines() if line.startswith("easy/seed-4/real: "))
     assert line.split(": ", 1)[1].startswith("python -m empathy_gym.agents.study grpo real --recipe smollm2-cpu-grpo")
     assert "'heldout.judges=['\"'\"'rule'\"'\"','\"'\"'rule,difficulty=challenging'\"'\"']'" in line  # shell-quoted

@@ -293,6 +293,7 @@ def load_study(
     *,
     seeds: Sequence[int] | None = None,
     overrides: Sequence[str] = (),
+    arms: Sequence[str] | None = None,
 ) -> Study:
     """Read a study and check every arm's recipe before anything trains.
 
@@ -301,11 +302,14 @@ def load_study(
         out: the study's folder; run ``ARM/seed-S/{real,control}`` trains under it.
         seeds: replace the file's training seeds.
         overrides: recipe overrides for every arm, after the file's (``total_steps=2``).
+        arms: train and tabulate only these arms (``None``: all). Their runs are the
+            whole study's, judged by every arm's training user too, so that the whole study
+            in the same ``out`` reads them back.
 
     Raises:
         StudyError: as :func:`read_study`; an arm whose recipe does not load (the recipe's
             own message, with the arm's name), without ``heldout.bank``, or holding out other
-            personas or dialogues than the first arm.
+            personas or dialogues than the first arm; an arm in ``arms`` the study lacks.
         FileNotFoundError: no such study.
     """
     source = find_study(name)
@@ -343,6 +347,13 @@ def load_study(
         before[arm_name] = evaluation_files(recipe, "before")
         steps[arm_name] = recipe.total_steps
         planned[arm_name] = ({cls: name for name, cls in ALGORITHMS.items()}[type(recipe)], arm_overrides)
+    if arms is not None:
+        unknown = [arm for arm in arms if arm not in config.arms] or ([] if arms else ["(none)"])
+        if unknown:
+            raise StudyError(f"--arms: no arm {unknown[0]!r} in {source}; its arms: {', '.join(config.arms)}")
+        config.arms = {name: arm for name, arm in config.arms.items() if name in arms}
+        users = {name: user for name, user in users.items() if name in arms}
+        planned = {name: plan for name, plan in planned.items() if name in arms}
     runs = []
     for seed in config.seeds:  # seed by seed: a study stopped half-way holds every arm's first seeds
         for arm_name, (algorithm, arm_overrides) in planned.items():
