@@ -707,8 +707,13 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
     lines = [
         f"Study {study.source.stem} ({study.source}): {study.config.description}".rstrip(": "),
         f"Held-out difference (after - before, emotion points, paired by persona) under each judge; mean over "
-        f"{len(study.config.seeds)} training seeds ({seeds}) [{confidence:.0%} t interval over seeds]; "
-        f"* the arm's own training user (the diagonal of a judge-by-judge matrix).",
+        f"{_counted(len(study.config.seeds), 'training seed')} ({seeds}) "
+        + (
+            f"[{confidence:.0%} t interval over seeds]; "
+            if len(study.config.seeds) > 1
+            else "(one seed: no interval over seeds); "
+        )
+        + "* the arm's own training user (the diagonal of a judge-by-judge matrix).",
     ]
     width = max(len(c) + 1 for c in study.columns) + 2
     width = max(width, 26)
