@@ -536,10 +536,15 @@ def load_recipe(
     return config
 
 
+def override_key(override: str) -> str:
+    """The dotted key of a ``key=value`` override: ``"heldout.judges"`` of ``"heldout.judges=[a]"``."""
+    return override.split("=", 1)[0].strip()
+
+
 def _place(key: str, source: Path | None, overrides: list[str]) -> str | None:
     """Where the dotted ``key`` was set: ``"command-line override"``, ``"<file>:<line>"``,
     or ``None`` (not set: a default)."""
-    if any(override.split("=", 1)[0].strip() == key for override in overrides):
+    if any(override_key(override) == key for override in overrides):
         return "command-line override"
     line = yaml_line(source, key) if source is not None else None
     return f"{source}:{line}" if line else None

@@ -583,6 +583,18 @@ def evaluation_files(config: Any, name: str) -> dict[str, dict[str, Any] | None]
     return files
 
 
+def saved_settings(folder: Path) -> dict[str, Any] | None:
+    """A ``heldout/`` folder's ``run.json``: ``{file name: the settings it was made with}``;
+    ``None`` when there is none, ``{}`` for one that does not read (it records nothing)."""
+    try:
+        saved = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def _made_at(settings: dict[str, Any] | None, name: str, state: TrainingState) -> dict[str, Any] | None:
     """What ``run.json`` records for a file of the evaluation ``name``: an "after" file
     depends on the policy's training too, so its settings name the step it was made at."""
@@ -759,13 +771,13 @@ class HeldoutEvaluation(TrainerCallback):
         finished run resumed to play a judge added since."""
         if name == "before":
             return self._current(path, settings)
-        return settings is not None and path.exists() and (self._saved_settings() or {}).get(path.name) == settings
+        return settings is not None and path.exists() and (saved_settings(self.folder) or {}).get(path.name) == settings
 
     def _current(self, path: Path, settings: dict[str, Any] | None) -> bool:
         """Whether the file at ``path`` may be read back: ``run.json`` holds ``settings``
         for it (a folder written before ``run.json`` existed: yes). Logs the fields that
         differ when it may not."""
-        saved = self._saved_settings()
+        saved = saved_settings(self.folder)
         if settings is None or saved is None or not path.exists():
             return True
         made_with = saved.get(path.name)
@@ -780,12 +792,12 @@ class HeldoutEvaluation(TrainerCallback):
         none is read back for another policy (a retrained or continued run), whatever its step."""
         if not self._trained:
             self._trained = True
-            after = [name for name in self._saved_settings() or {} if name.startswith(("after", "capabilities_after"))]
-            self._forget(after)
+            made = saved_settings(self.folder) or {}
+            self._forget([name for name in made if name.startswith("after") or name == capabilities_file("after")])
 
     def _forget(self, names: Sequence[str]) -> None:
         """Remove ``names`` from ``run.json`` (their files are made again, not read back)."""
-        saved = self._saved_settings()
+        saved = saved_settings(self.folder)
         if saved and any(name in saved for name in names):
             write_json(self.folder / RUN_CONFIG, {k: v for k, v in saved.items() if k not in names})
 
@@ -794,18 +806,7 @@ class HeldoutEvaluation(TrainerCallback):
         (after the file: a crash between the two leaves a file that is made again)."""
         if settings is None:
             return
-        write_json(self.folder / RUN_CONFIG, {**(self._saved_settings() or {}), path.name: settings})
-
-    def _saved_settings(self) -> dict[str, Any] | None:
-        """``run.json`` (``{file name: settings}``), ``None`` when there is none; one
-        that does not read is treated as recording nothing."""
-        try:
-            saved = json.loads((self.folder / RUN_CONFIG).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            return {}
-        return saved if isinstance(saved, dict) else {}
+        write_json(self.folder / RUN_CONFIG, {**(saved_settings(self.folder) or {}), path.name: settings})
 
     def finish(
         self,

@@ -52,8 +52,16 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from empathy_gym.agents.config import ALGORITHMS, HELDOUT_DIR, RecipeError, load_recipe, read_yaml, yaml_line
-from empathy_gym.agents.heldout import evaluation_files
+from empathy_gym.agents.config import (
+    ALGORITHMS,
+    HELDOUT_DIR,
+    RecipeError,
+    load_recipe,
+    override_key,
+    read_yaml,
+    yaml_line,
+)
+from empathy_gym.agents.heldout import evaluation_files, saved_settings
 from empathy_gym.agents.run_log import holds_a_run
 from empathy_gym.evaluation.run_folder import RUN_CONFIG, write_json
 from empathy_gym.resources import recipes_dir
@@ -167,12 +175,6 @@ class Run:
         changed += [f"no longer {o}" for o in old if o not in new] + [f"now {o}" for o in new if o not in old]
         return changed
 
-    def judged_by_all(self, columns: Sequence[str], user: str) -> bool:
-        """Whether the run's report holds the difference under every judge column (its
-        training user is ``user``); ``False`` without a report."""
-        report = self.report()
-        return report is not None and all(judged_difference(report, column, user) is not None for column in columns)
-
     def command(self) -> list[str]:
         """The child process's command line (``--resume`` when its folder holds a run)."""
         resume = ["--resume"] if holds_a_run(self.output_dir) else []
@@ -182,7 +184,7 @@ class Run:
 
 def _training_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides but ``heldout.judges``: the judges evaluate a run, they do not train it."""
-    return [o for o in overrides if o.split("=", 1)[0].strip() != "heldout.judges"]
+    return [o for o in overrides if override_key(o) != "heldout.judges"]
 
 
 @dataclass
@@ -201,8 +203,12 @@ class Study:
     steps: dict[str, int] = field(default_factory=dict)
 
     def done(self, run: Run) -> bool:
-        """Whether ``run`` has its report, judged by every judge of the study."""
-        return run.judged_by_all(self.columns, self.users[run.arm])
+        """Whether ``run`` has its report, and it holds the difference under every judge column."""
+        report = run.report()
+        user = self.users[run.arm]
+        return report is not None and all(
+            judged_difference(report, column, user) is not None for column in self.columns
+        )
 
     def size(self) -> str:
         """``"2 arms x 3 seeds x (real, control) = 12 runs"``."""
@@ -322,7 +328,7 @@ def load_study(
     for where, given in [("overrides", [*config.overrides, *overrides])] + [
         (f"arms.{name}.overrides", arm.overrides) for name, arm in config.arms.items()
     ]:
-        taken = [o for o in given if o.split("=", 1)[0].strip() in ("seed", "output_dir", "heldout.judges")]
+        taken = [o for o in given if override_key(o) in ("seed", "output_dir", "heldout.judges")]
         if taken:
             raise StudyError(
                 f"{source}: {where}: {taken[0]!r}: the study sets each run's seed, output_dir and "
@@ -373,7 +379,7 @@ def _in_recorded_order(judges: list[str], arm_folder: Path) -> list[str]:
     for made in sorted(arm_folder.glob(f"seed-*/*/{STUDY_RUN}")):
         try:
             overrides = json.loads(made.read_text(encoding="utf-8")).get("overrides", [])
-            given = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "heldout.judges")
+            given = next(o.split("=", 1)[1] for o in overrides if override_key(o) == "heldout.judges")
             recorded = [str(j) for j in yaml.safe_load(given)]
         except (OSError, ValueError, AttributeError, StopIteration, TypeError, yaml.YAMLError):
             continue
@@ -540,11 +546,7 @@ def copy_before(run: Run, study: Study) -> list[str]:
     (:func:`~empathy_gym.agents.heldout.evaluation_settings`). Returns the files copied.
     """
     target = run.output_dir / HELDOUT_DIR
-    try:
-        have = json.loads((target / RUN_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        have = {}
-    have = have if isinstance(have, dict) else {}
+    have = saved_settings(target) or {}
     wanted = {
         name: settings
         for name, settings in study.before.get(run.arm, {}).items()
@@ -555,10 +557,7 @@ def copy_before(run: Run, study: Study) -> list[str]:
         if donor == run or donor.report() is None:
             continue
         folder = donor.output_dir / HELDOUT_DIR
-        try:
-            made = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+        made = saved_settings(folder) or {}
         for name, settings in wanted.items():
             if name not in found and settings is not None and made.get(name) == settings and (folder / name).is_file():
                 found[name] = folder / name
