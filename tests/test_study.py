@@ -376,3 +376,16 @@ def test_a_run_already_training_in_its_folder_is_not_started_twice(tmp_path):
         assert _launch(run, study, dict(os.environ), True, lambda line: None).wait() == 1
     assert (run.output_dir / "study_run.json").read_text() == "{}"
     assert "another process is training in" in (run.output_dir / "console.log").read_text()
+
+
+def test_a_donor_whose_heldout_run_json_is_not_a_mapping_is_skipped(tmp_path):
+    """Was: ``copy_before`` called ``.get`` on a finished run's ``heldout/run.json`` holding a
+    list (a hand-edited or foreign file) and the study stopped with an AttributeError."""
+    from empathy_gym.agents.study import copy_before
+
+    study = load_study(write(tmp_path, TINY), tmp_path / "out")
+    donor, fresh = study.runs[0], study.runs[1]
+    (donor.output_dir / "heldout").mkdir(parents=True)
+    donor.report_path.write_text(json.dumps({"difference": {"difference": 0.0}}))
+    (donor.output_dir / "heldout" / "run.json").write_text("[]")
+    assert copy_before(fresh, study) == []
