@@ -155,6 +155,11 @@ def test_distill_refuses_bad_input(tiny_model_dir, tmp_path):
     distill([LOGS], distill_dir, base_model=str(tiny_model_dir), layout=TINY_LAYOUT, bank_turns=0)
     with pytest.raises(ValueError, match="bad_turns: 2 -> 3"):
         distill([LOGS], distill_dir, base_model=str(tiny_model_dir), layout=TINY_LAYOUT, bank_turns=0, bad_turns=3)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "transcripts.jsonl").write_text('{"persona_id": "p"}\n')
+    with pytest.raises(DistillError, match=r"another kind of run: eval \(transcripts\.jsonl\)"):
+        distill([LOGS], tmp_path / "eval", base_model=str(tiny_model_dir), layout=TINY_LAYOUT, bank_turns=0)
+    assert not (tmp_path / "eval" / "run.json").exists()
 
 
 def test_a_folder_that_is_not_an_appraiser_is_named(tmp_path, distilled):

@@ -1,10 +1,19 @@
-"""The run folder that eval and replay share (empathy_gym.evaluation.run_folder.RunFolder)."""
+"""The run folder that eval and replay share (empathy_gym.evaluation.run_folder.RunFolder),
+and what a folder holds, for every command (one folder holds one run)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder
+from empathy_gym.evaluation.run_folder import (
+    EvaluationError,
+    RunFolder,
+    check_fresh,
+    check_holds_no_other,
+    held_runs,
+    holds_a_run,
+)
 
 
 def test_a_run_folder_starts_appends_and_resumes(tmp_path):
@@ -67,3 +76,48 @@ def test_a_record_whose_text_holds_a_line_separator_reads_back_as_one(tmp_path):
     folder.append([{"id": "a", "reply": "one\u2028two\x85three"}, {"id": "b"}], where=["a", "b"])
     again = RunFolder(tmp_path / "run", {}, "records.jsonl", ("id",))
     assert again.done[("a",)]["reply"] == "one\u2028two\x85three" and list(again.done) == [("a",), ("b",)]
+
+
+def test_one_folder_holds_one_run_whatever_the_command(tmp_path):
+    """Was: a replay whose --out held a finished eval run wrote its own run.json over the
+    eval's, so the eval could no longer resume ("holds a run with another configuration");
+    an eval into a training run's folder, or a training run into an eval's, mixed their files."""
+    from empathy_gym.agents.run_log import RunLog
+    from empathy_gym.evaluation.benchmark import evaluate
+    from empathy_gym.evaluation.replay import replay_logs
+
+    logs = Path(__file__).parent / "data" / "sage_logs"
+    evaluate("baseline:echo", "en", user="rule", limit=1, out_dir=tmp_path / "eval", n_resamples=100)
+    saved = (tmp_path / "eval" / "run.json").read_text()
+    with pytest.raises(EvaluationError, match=r"eval holds another kind of run: eval \(transcripts\.jsonl\); one fol"):
+        replay_logs([logs], "rule", out_dir=tmp_path / "eval")
+    assert (tmp_path / "eval" / "run.json").read_text() == saved
+    with pytest.raises(FileExistsError, match=r"another kind of run: eval \(transcripts\.jsonl\)"):
+        RunLog(tmp_path / "eval", tensorboard=False)  # a fresh training run
+    with pytest.raises(FileExistsError, match="another kind of run: eval"):
+        check_fresh(tmp_path / "eval")  # the training command's check before any model loads
+    assert not (tmp_path / "eval" / "metrics.jsonl").exists()
+
+    training = RunLog(tmp_path / "train", tensorboard=False)
+    training.metrics(1, {"reward/mean_return": 0.5})
+    training.close()
+    with pytest.raises(EvaluationError, match=r"another kind of run: training \(metrics\.jsonl\)"):
+        evaluate("baseline:echo", "en", user="rule", limit=1, out_dir=tmp_path / "train", n_resamples=100)
+    assert not (tmp_path / "train" / "run.json").exists()
+    assert holds_a_run(tmp_path / "train") and not holds_a_run(tmp_path / "eval")
+
+    (tmp_path / "distill" / "features").mkdir(parents=True)
+    with pytest.raises(EvaluationError, match=r"another kind of run: distill \(features\)"):
+        RunFolder(tmp_path / "distill", {}, "turns.jsonl", ("log",))
+
+
+def test_what_a_folder_holds(tmp_path):
+    assert held_runs(tmp_path / "new") == {} and held_runs(tmp_path) == {}
+    (tmp_path / "transcripts.jsonl").write_text("")  # an empty file: nothing finished
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "turns.jsonl").write_text('{"log": "a"}\n')
+    assert held_runs(tmp_path) == {"training": ["checkpoints"], "replay": ["turns.jsonl"]}
+    check_holds_no_other(tmp_path / "new", "eval")
+    RunFolder(tmp_path / "other", {}, "records.jsonl", ("id",))  # a records name no kind owns: its own
+    with pytest.raises(EvaluationError, match="another kind of run: training"):
+        RunFolder(tmp_path, {}, "turns.jsonl", ("log",))

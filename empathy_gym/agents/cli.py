@@ -100,7 +100,7 @@ def _train_main(
         return 1
     # refused before any model loads: --resume with no run or another algorithm's or model's
     # checkpoint; a fresh run in a previous run's folder
-    from empathy_gym.agents.run_log import check_fresh, holds_a_run
+    from empathy_gym.evaluation.run_folder import check_fresh, holds_a_run
 
     if args.resume:
         if not holds_a_run(config.output_dir):

@@ -17,6 +17,7 @@ from typing import Any
 
 from empathy_gym.agents.rollout import Trajectory
 from empathy_gym.evaluation import jsonl
+from empathy_gym.evaluation.run_folder import check_fresh
 from empathy_gym.personas import Persona, load_personas, write_personas
 
 
@@ -52,22 +53,6 @@ def _json_value(value: Any) -> Any:
     """NaN and infinities as ``None`` (JSON has no NaN; ``json.dumps`` would write
     ``NaN``, which strict parsers reject)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def holds_a_run(output_dir: str | os.PathLike) -> bool:
-    """A training run has written something in ``output_dir`` that ``--resume`` continues
-    from (a checkpoint, metrics, or the held-out evaluation's files)."""
-    return any((Path(output_dir) / name).exists() for name in ("checkpoints", "metrics.jsonl", "heldout"))
-
-
-def check_fresh(output_dir: str | os.PathLike) -> None:
-    """Raises ``FileExistsError`` when ``output_dir`` holds a previous run's metrics."""
-    metrics = Path(output_dir) / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size:
-        raise FileExistsError(
-            f"{output_dir} already holds a run (metrics.jsonl); pass --resume to continue it "
-            "or choose another output_dir"
-        )
 
 
 class RunLog:

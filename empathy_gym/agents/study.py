@@ -42,8 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +61,7 @@ from empathy_gym.agents.config import (
     yaml_line,
 )
 from empathy_gym.agents.heldout import evaluation_files, saved_settings
-from empathy_gym.agents.run_log import holds_a_run
-from empathy_gym.evaluation.run_folder import RUN_CONFIG, write_json
+from empathy_gym.evaluation.run_folder import RUN_CONFIG, folder_lock, holds_a_run, write_json
 from empathy_gym.resources import recipes_dir
 from empathy_gym.user.specs import SpecError, as_user_spec
 
@@ -71,8 +69,6 @@ from empathy_gym.user.specs import SpecError, as_user_spec
 SHARED_HELDOUT = ("bank", "test_fraction", "split_seed", "repeats", "seed")
 #: The file in each run's folder that records what it was started with.
 STUDY_RUN = "study_run.json"
-#: The file a run's folder is locked with (fcntl) while its child trains, or the study prepares it.
-LOCK = ".study.lock"
 #: An arm's name: its runs' folder under the study's (no path separators, no dot-dot).
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 ARM_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit (it names the arm's folder)"
@@ -508,22 +504,6 @@ def _launch(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     say(f"started {run.name} ({run.output_dir / 'console.log'})")
     return process
-
-
-@contextmanager
-def folder_lock(folder: Path) -> Iterator[bool]:
-    """Hold ``folder``'s lock (:data:`LOCK`, created with the folder) inside the block;
-    yields ``False`` where another process holds it."""
-    import fcntl
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except BlockingIOError:
-            held = False
-        yield held
 
 
 def _last_line(path: Path) -> str:

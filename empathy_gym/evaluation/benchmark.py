@@ -25,7 +25,7 @@ from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
 from empathy_gym.evaluation.must_not import dialogue_violations
 from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap, spec_sampling
-from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder, read_jsonl_records
+from empathy_gym.evaluation.run_folder import TRANSCRIPTS, EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.seeding import derive_seed
 from empathy_gym.session import Session
@@ -34,7 +34,6 @@ from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
 from empathy_gym.user.specs import UserSpec, as_user_spec
 
-TRANSCRIPTS = "transcripts.jsonl"
 PLOT = "trajectories.png"
 
 #: Fields of a transcript record that identify its dialogue.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from empathy_gym.evaluation.own_logs import OWN_LOG_NAMES, is_own_log, own_log_names, read_own_log
-from empathy_gym.evaluation.run_folder import EvaluationError, RunFolder
+from empathy_gym.evaluation.run_folder import TURNS, EvaluationError, RunFolder
 from empathy_gym.evaluation.sage_logs import LoggedDialogue, LoggedTurn, leaderboard, log_names, read_sage_log
 from empathy_gym.personas import Persona
 from empathy_gym.seeding import derive_seed
@@ -287,7 +287,6 @@ def replay_with_logged_changes(dialogue: LoggedDialogue, protocol: EmotionProtoc
 
 
 # -- the harness: empathy-gym replay ---------------------------------------------------
-TURNS = "turns.jsonl"
 PLOT = "scatter.png"
 
 #: Fields of a per-turn record that identify its turn.

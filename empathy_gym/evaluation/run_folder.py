@@ -1,18 +1,27 @@
-"""A run folder: where a resumable run (``empathy-gym eval``, ``empathy-gym replay``)
-keeps what it must not lose.
+"""A run folder: where a resumable run keeps what it must not lose, and the one place that
+says what a folder holds (:data:`RUN_MARKS`, :func:`held_runs`). One folder holds one run:
+training, ``empathy-gym eval``, ``empathy-gym replay`` and ``empathy-gym distill`` each
+refuse a folder holding another kind of run (:func:`check_holds_no_other`).
 
-``run.json`` holds the run's configuration, checked on resume (a folder holding another
-configuration is refused, unless it holds no finished record: then the new run replaces
-it); a JSON Lines file holds the finished records, appended and fsynced as they finish (a
-last line cut by a crash is ignored and repaired on resume); ``report.json`` is written
-atomically at the end.
+How a rerun continues is each command's own, on purpose: training continues only with
+``--resume`` (:func:`check_fresh`; as ``resume_from_checkpoint`` in Transformers'
+``Trainer``), because a resumed run may change ``total_steps`` or the learning rate; eval,
+replay and distill continue by themselves, because a finished record depends on nothing
+but the configuration in ``run.json``, which a rerun must match.
+
+For eval and replay (:class:`RunFolder`), ``run.json`` holds the run's configuration,
+checked on resume (a folder holding another configuration is refused, unless it holds no
+finished record: then the new run replaces it); a JSON Lines file holds the finished
+records, appended and fsynced as they finish (a last line cut by a crash is ignored and
+repaired on resume); ``report.json`` is written atomically at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +29,20 @@ from empathy_gym.evaluation.jsonl import json_object, lines
 
 RUN_CONFIG = "run.json"
 REPORT = "report.json"
+TRANSCRIPTS = "transcripts.jsonl"
+TURNS = "turns.jsonl"
+FEATURES = "features"
+#: The file a run's folder is locked with (fcntl) while a study's child trains there, or the study prepares it.
+LOCK = ".study.lock"
+
+#: What each kind of run leaves in its folder that a rerun continues from: a file counts
+#: once it holds something, a folder once it exists.
+RUN_MARKS: dict[str, tuple[str, ...]] = {
+    "training": ("checkpoints", "metrics.jsonl", "heldout"),
+    "eval": (TRANSCRIPTS,),
+    "replay": (TURNS,),
+    "distill": (FEATURES,),
+}
 
 
 class EvaluationError(ValueError):
@@ -101,6 +124,75 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(temporary, path)
 
 
+def _marked(path: Path) -> bool:
+    return path.is_dir() or (path.is_file() and path.stat().st_size > 0)
+
+
+def held_runs(folder: str | os.PathLike) -> dict[str, list[str]]:
+    """The kinds of run whose marks (:data:`RUN_MARKS`) ``folder`` holds, each with the
+    marks found; empty for a new or empty folder."""
+    folder = Path(folder)
+    found = {kind: [name for name in marks if _marked(folder / name)] for kind, marks in RUN_MARKS.items()}
+    return {kind: names for kind, names in found.items() if names}
+
+
+def check_holds_no_other(
+    folder: str | os.PathLike, kind: str, marks: Sequence[str] = (), error: type[Exception] = EvaluationError
+) -> None:
+    """Refuse a folder that holds another kind of run than ``kind`` (a key of
+    :data:`RUN_MARKS`, or any name whose own ``marks`` are given).
+
+    Raises:
+        ``error`` (:class:`EvaluationError` unless given): naming the folder, the run it
+            holds and the files that say so.
+    """
+    own = {*RUN_MARKS.get(kind, ()), *marks}
+    for other, names in held_runs(folder).items():
+        if other != kind and not own.intersection(names):
+            raise error(
+                f"{folder} holds another kind of run: {other} ({', '.join(names)}); one folder holds one run: "
+                "give another folder"
+            )
+
+
+def holds_a_run(output_dir: str | os.PathLike) -> bool:
+    """A training run has written something in ``output_dir`` that ``--resume`` continues
+    from (a checkpoint, metrics, or the held-out evaluation's files)."""
+    return any((Path(output_dir) / name).exists() for name in RUN_MARKS["training"])
+
+
+def check_fresh(output_dir: str | os.PathLike) -> None:
+    """Check that a training run may start (not resume) in ``output_dir``.
+
+    Raises:
+        FileExistsError: the folder holds a previous training run's metrics, or another
+            kind of run (:func:`check_holds_no_other`).
+    """
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size:
+        raise FileExistsError(
+            f"{output_dir} already holds a run (metrics.jsonl); pass --resume to continue it "
+            "or choose another output_dir"
+        )
+    check_holds_no_other(output_dir, "training", error=FileExistsError)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[bool]:
+    """Hold ``folder``'s lock (:data:`LOCK`, created with the folder) inside the block;
+    yields ``False`` where another process holds it."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        yield held
+
+
 def changed_fields(out_dir: Path, config: Mapping[str, Any]) -> list[str]:
     """The fields in which a run directory's ``run.json`` differs from ``config``, each as
     ``"field: old -> new"``; empty when they agree or there is no ``run.json``.
@@ -153,7 +245,8 @@ class RunFolder:
             :meth:`append`.
 
     Raises:
-        EvaluationError: ``path`` is a file, ``run.json`` holds another configuration or
+        EvaluationError: ``path`` is a file, holds another kind of run
+            (:func:`check_holds_no_other`), ``run.json`` holds another configuration or
             is not JSON while records are saved, or the records file is corrupt (file and line).
     """
 
@@ -161,6 +254,8 @@ class RunFolder:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise EvaluationError(f"out_dir {str(self.path)!r} is a file; give a folder (new, or a run to resume)")
+        kind = next((kind for kind, marks in RUN_MARKS.items() if records in marks), records)
+        check_holds_no_other(self.path, kind, marks=[records])
         self.config = dict(config)
         self.records = self.path / records
         self.key_fields = tuple(key_fields)

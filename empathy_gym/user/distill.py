@@ -58,8 +58,6 @@ from empathy_gym.user.distill_rows import (
 )
 from empathy_gym.user.probes import BAD_KINDS
 
-FEATURES = "features"
-
 
 @dataclass(frozen=True)
 class HeadOptions:
@@ -182,7 +180,8 @@ def predict(head: Head, rows: Rows) -> np.ndarray:
 
 class DistillError(ValueError):
     """Invalid input to ``empathy-gym distill``: no appraised turns, a held-out model the
-    logs lack, or a run folder that holds another configuration (the field named)."""
+    logs lack, or a run folder that holds another configuration (the field named) or
+    another kind of run (a training, eval or replay run)."""
 
 
 @dataclass
@@ -247,7 +246,7 @@ def distill(
         not load (named).
     """
     from empathy_gym.evaluation.replay import read_logs
-    from empathy_gym.evaluation.run_folder import check_run_config, write_json
+    from empathy_gym.evaluation.run_folder import FEATURES, check_holds_no_other, check_run_config, write_json
 
     folder = Path(out)
     layout = layout or default_layout(base_model_layers(base_model))
@@ -266,6 +265,7 @@ def distill(
     }
     if folder.exists() and not folder.is_dir():
         raise DistillError(f"--out {str(folder)!r} is a file; give a folder (new, or a run to resume)")
+    check_holds_no_other(folder, "distill", error=DistillError)
     check_run_config(folder, config)
     logged = logged_contexts(files, bad_turns=bad_turns, seed=seed)
     if not logged:
