@@ -470,6 +470,9 @@ def capabilities_command(
         if not names:
             raise ValueError("--tasks: no task named")
         if out is not None:  # before any work: a run's scores must have somewhere to go
+            from empathy_gym.evaluation.run_folder import check_holds_no_other
+
+            check_holds_no_other(out, "capabilities")
             try:
                 out.mkdir(parents=True, exist_ok=True)
             except OSError as error:

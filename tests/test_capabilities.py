@@ -165,12 +165,15 @@ def test_the_command_compares_a_model_with_its_adapter(tmp_path):
         (["--tasks", " , "], "--tasks: no task named"),
         (["--adapter", "{empty}"], "holds neither LoRA adapters (adapter_config.json) nor a model (config.json)"),
         (["--out", "{file}"], "cannot write there"),  # was: a traceback after the whole run
+        (["--out", "{eval_run}"], "holds another kind of run: eval (transcripts.jsonl)"),  # was: its report replaced
         (["--adapter", "{other_vocabulary}"], "tokens in its vocabulary; tiny has"),  # was: IndexError mid-run
     ],
 )
 def test_bad_input_is_one_line_naming_it(args, message, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
+    (tmp_path / "eval_run").mkdir()
+    (tmp_path / "eval_run" / "transcripts.jsonl").write_text("")
     if "{other_vocabulary}" in args:
         from empathy_gym.backends.models import load_causal_lm
 
@@ -179,7 +182,12 @@ def test_bad_input_is_one_line_naming_it(args, message, tmp_path):
         model.save_pretrained(tmp_path / "other_vocabulary")
         tokenizer.save_pretrained(tmp_path / "other_vocabulary")
     args = [
-        arg.format(empty=tmp_path / "empty", file=tmp_path / "file", other_vocabulary=tmp_path / "other_vocabulary")
+        arg.format(
+            empty=tmp_path / "empty",
+            file=tmp_path / "file",
+            other_vocabulary=tmp_path / "other_vocabulary",
+            eval_run=tmp_path / "eval_run",
+        )
         for arg in args
     ]
     result = runner.invoke(app, ["capabilities", "--model", "tiny", "--limit", "1", *args])

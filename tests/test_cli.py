@@ -750,3 +750,54 @@ def test_the_stop_message_says_what_was_kept_and_nothing_that_is_not_there(tmp_p
         f"finished dialogues are in {tmp_path / 'episodes.jsonl'}; the last checkpoint is "
         f"{tmp_path / 'checkpoints' / 'step-000010'}; rerun with --resume to continue from it"
     )
+
+
+def test_the_training_commands_take_options_between_overrides():
+    """Was: `train_grpo.py --recipe r output_dir=x --resume total_steps=2` failed with
+    "unrecognized arguments: total_steps=2" (argparse stops the overrides at an option)."""
+    from empathy_gym.agents.cli import parse_args
+
+    args = parse_args(
+        "grpo", ["--recipe", "r", "output_dir=x", "--resume", "total_steps=2", "--output-dir", "y", "a=1"]
+    )
+    assert args.resume and args.output_dir == "y" and args.overrides == ["output_dir=x", "total_steps=2", "a=1"]
+
+
+def test_the_training_command_refuses_another_kind_of_run_and_a_file_before_loading(tmp_path, capsys, monkeypatch):
+    """Was: --resume into an eval's folder said "holds no run to continue; run without
+    --resume" (which then refused it), or, with an empty metrics.jsonl there, trained into it;
+    an output_dir that is a file failed with "[Errno 17] File exists" after the model loaded."""
+    from empathy_gym.agents import cli
+
+    monkeypatch.setattr(cli, "_train", lambda *args, **kwargs: pytest.fail("a model was loaded"))
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "transcripts.jsonl").write_text("")
+    (tmp_path / "eval" / "metrics.jsonl").write_text("")
+    recipe = ["--recipe", "agents/tiny-cpu.yaml"]
+    assert cli.train_main("grpo", [*recipe, "--resume", f"output_dir={tmp_path / 'eval'}"]) == 1
+    assert "error: --resume: " in (err := capsys.readouterr().err) and "another kind of run: eval" in err
+    assert cli.train_main("grpo", [*recipe, f"output_dir={tmp_path / 'eval'}"]) == 1
+    assert "holds another kind of run: eval (transcripts.jsonl)" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert cli.train_main("grpo", [*recipe, f"output_dir={tmp_path / 'file'}"]) == 1
+    assert "is a file; give a folder (new, or a run to resume)" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_trainer_imports_stops_with_its_message(monkeypatch, capsys):
+    """Was: UnboundLocalError ('MemoryPlanError'): the error clause named a class imported
+    after the one the Ctrl-C stopped, and it was evaluated before the Ctrl-C clause."""
+    import types
+
+    from empathy_gym.agents import cli
+    from empathy_gym.agents.config import load_recipe
+
+    class Interrupted(types.ModuleType):
+        def __getattr__(self, name):
+            if name == "CheckpointError":  # the Ctrl-C lands while it is imported
+                raise KeyboardInterrupt
+            raise AttributeError(name)
+
+    config = load_recipe("agents/tiny-cpu.yaml", [], algorithm="grpo")
+    monkeypatch.setitem(sys.modules, "empathy_gym.agents.checkpoint", Interrupted("empathy_gym.agents.checkpoint"))
+    assert cli._train("grpo", config, False) == 130
+    assert "stopped before the first step; nothing to save" in capsys.readouterr().err

@@ -290,6 +290,16 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
         assert (out / path).exists(), path
     # small metrics are not printed as 0.0000
     assert number(1.2e-6) == "1.20e-06" and number(0.0) == "0.0000" and number(0.25) == "0.2500"
+    # a judge added to the finished run that cannot be built: it stops in the evaluation before
+    # training, before the checkpoint loads (was "stopped at step 0" beside a step-1 checkpoint)
+    capsys.readouterr()
+    argv = ["--recipe", "agents/tiny-cpu.yaml", "--resume", f"output_dir={out}", "progress=false", "total_steps=1"]
+    fixed = ["rollout_batch_size=4", "num_generations=4", "save_steps=0", "env.kwargs.max_turns=1"]
+    judged = ["heldout.bank=en", "heldout.repeats=1", "heldout.judges=['transformers:/nonexistent']"]
+    assert train_main("grpo", [*argv, *fixed, *judged]) == 1
+    err = capsys.readouterr().err
+    assert "model '/nonexistent': no such file or folder" in err and "stopped at step" not in err
+    assert "stopped before training (in the evaluation before it); finished dialogues are in" in err
 
 
 def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):

@@ -113,7 +113,6 @@ def test_one_folder_holds_one_run_whatever_the_command(tmp_path):
 
 def test_what_a_folder_holds(tmp_path):
     assert held_runs(tmp_path / "new") == {} and held_runs(tmp_path) == {}
-    (tmp_path / "transcripts.jsonl").write_text("")  # an empty file: nothing finished
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "turns.jsonl").write_text('{"log": "a"}\n')
     assert held_runs(tmp_path) == {"training": ["checkpoints"], "replay": ["turns.jsonl"]}
@@ -121,3 +120,37 @@ def test_what_a_folder_holds(tmp_path):
     RunFolder(tmp_path / "other", {}, "records.jsonl", ("id",))  # a records name no kind owns: its own
     with pytest.raises(EvaluationError, match="another kind of run: training"):
         RunFolder(tmp_path, {}, "turns.jsonl", ("log",))
+
+
+def test_a_run_that_has_finished_nothing_yet_holds_its_folder(tmp_path):
+    """Was: until an eval's first dialogue ended, its folder looked empty, and a replay
+    started there meanwhile took it (both wrote run.json; neither could resume)."""
+    running = RunFolder(tmp_path / "run", {"policy": "slow"}, "transcripts.jsonl", ("persona_id",))
+    running.start()
+    assert running.done == {} and (tmp_path / "run" / "transcripts.jsonl").read_text() == ""
+    with pytest.raises(EvaluationError, match=r"another kind of run: eval \(transcripts\.jsonl\)"):
+        RunFolder(tmp_path / "run", {"logs": []}, "turns.jsonl", ("log",))
+    late = RunFolder(tmp_path / "late", {}, "turns.jsonl", ("log",))  # opened before the eval started
+    RunFolder(tmp_path / "late", {}, "transcripts.jsonl", ("persona_id",)).start()
+    with pytest.raises(EvaluationError, match="another kind of run: eval"):
+        late.start()
+    corrected = RunFolder(tmp_path / "run", {"policy": "fast"}, "transcripts.jsonl", ("persona_id",))
+    corrected.start()  # the same kind, nothing finished: the corrected command replaces it
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"policy": "fast"}
+
+
+def test_the_folders_of_a_run_are_not_another_runs(tmp_path):
+    """Was: `eval --out RUN/heldout` wrote its run.json and report.json over the training
+    run's held-out ones, and the resumed run played its evaluation before training again."""
+    (tmp_path / "heldout").mkdir()
+    (tmp_path / "heldout" / "run.json").write_text("{}")
+    for part in ("heldout", "checkpoints", "tb", "transcripts"):
+        with pytest.raises(
+            EvaluationError, match=rf"{part} is part of the training run in .*; give a folder of its own"
+        ):
+            RunFolder(tmp_path / part, {"policy": "p"}, "transcripts.jsonl", ("persona_id",))
+    RunFolder(tmp_path / "eval", {}, "transcripts.jsonl", ("persona_id",)).start()  # the Continue: line's
+    assert (tmp_path / "heldout" / "run.json").read_text() == "{}"
+    (tmp_path / "d" / "features").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="features is part of the distill run"):
+        check_fresh(tmp_path / "d" / "features")

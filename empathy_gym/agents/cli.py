@@ -37,7 +37,7 @@ def parse_args(algorithm: str, argv: list[str] | None = None) -> argparse.Namesp
     parser.add_argument("--resume", action="store_true", help="continue from output_dir/checkpoints/latest")
     parser.add_argument("--output-dir", help="shortcut for output_dir=...")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # options between overrides too: `x=1 --resume y=2`
 
 
 def say(*lines: str, file: object = None) -> None:
@@ -100,9 +100,20 @@ def _train_main(
         return 1
     # refused before any model loads: --resume with no run or another algorithm's or model's
     # checkpoint; a fresh run in a previous run's folder
-    from empathy_gym.evaluation.run_folder import check_fresh, holds_a_run
+    from empathy_gym.evaluation.run_folder import check_fresh, check_holds_no_other, holds_a_run
 
+    if Path(config.output_dir).exists() and not Path(config.output_dir).is_dir():
+        say(
+            f"error: output_dir {config.output_dir!r} is a file; give a folder (new, or a run to resume)",
+            file=sys.stderr,
+        )
+        return 1
     if args.resume:
+        try:
+            check_holds_no_other(config.output_dir, "training", error=FileExistsError)
+        except FileExistsError as error:
+            say(f"error: --resume: {error}", file=sys.stderr)
+            return 1
         if not holds_a_run(config.output_dir):
             say(
                 f"error: --resume: {config.output_dir} holds no run to continue (no checkpoints/, metrics.jsonl or "
@@ -244,6 +255,17 @@ def eval_time_bound(metrics: Path, max_tokens: int, bank: str = "en") -> str:
     return f"at most {said} at this run's {shown} generated tokens/s"
 
 
+def where_it_stopped(trainer: Any) -> str:
+    """Where a stopped trainer was, for "stopped ..." and "aborted ...": at its step, or in
+    the callbacks before the first step (where a resumed run's checkpoint has not loaded, so
+    its step is not the run's) or after the last."""
+    if trainer.phase == "before":
+        return "before training (in the evaluation before it)"
+    if trainer.phase == "after":
+        return f"after the last step ({trainer.step}), in the evaluation after training"
+    return f"at step {trainer.step}"
+
+
 def what_is_kept(output_dir: str) -> str:
     """What a stopped run left in ``output_dir`` (finished dialogues, the last
     checkpoint), and how to go on: the end of the message that says it stopped."""
@@ -283,25 +305,27 @@ def _train(
         if trainer_class is not None:
             logging.getLogger(__name__).info("trainer: %s (in place of %s's)", trainer_class.__name__, algorithm)
         trainer = (trainer_class or TRAINERS[algorithm])(config)
+    except KeyboardInterrupt:  # first: the clause below names what may not be imported yet
+        say("\nstopped before the first step; nothing to save", file=sys.stderr)
+        return 130
     except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError, BackendError) as error:  # a bad env
         say(f"error: {error}", file=sys.stderr)  # value, a model that is not there, vllm missing, too big
         return 1
-    except KeyboardInterrupt:
-        say("\nstopped before the first step; nothing to save", file=sys.stderr)
-        return 130
     try:
         metrics = trainer.train(resume=resume)  # with heldout.bank: the evaluations before and after
     except (FileExistsError, CheckpointError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
     except (BackendError, SimulatorError) as error:  # the user's server is gone, or its answers unusable
-        say(f"error: {error}\nstopped at step {trainer.step}; {what_is_kept(config.output_dir)}", file=sys.stderr)
+        say(f"error: {error}\nstopped {where_it_stopped(trainer)}; {what_is_kept(config.output_dir)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the second Ctrl-C: abort at once, keep the last checkpoint
-        if trainer.step >= config.total_steps:
+        if trainer.phase == "after":
             say("\nstopped during the held-out evaluation; rerun with --resume to evaluate again", file=sys.stderr)
         else:
-            logging.getLogger(__name__).warning("aborted at step %d; %s", trainer.step, what_is_kept(config.output_dir))
+            logging.getLogger(__name__).warning(
+                "aborted %s; %s", where_it_stopped(trainer), what_is_kept(config.output_dir)
+            )
         return 130
     finally:
         trainer.close()  # the simulated users it built (a server's connections, a model's memory)

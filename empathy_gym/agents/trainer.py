@@ -204,6 +204,9 @@ class RLTrainer:
         self._build_optimizer()
         self._build_rollouts(envs)
         self.step = 0
+        #: where :meth:`train` is: "before" (the callbacks' ``on_train_begin``, before a resumed
+        #: run's checkpoint loads), "training" or "after" (``on_train_end``); for the stop message
+        self.phase = "before"
         self.callbacks = list(callbacks)
         if config.heldout.bank:
             self.callbacks.append(heldout.HeldoutEvaluation(config, progress=config.progress))
@@ -648,11 +651,13 @@ class RLTrainer:
         self._step_watch = SlowStepWatch() if main and self.device.type == "cpu" else None
         # measured before the held-out evaluation's work (ours) runs; said with the bar below
         busy = busy_cores_warning(torch.get_num_threads()) if self._step_watch is not None else None
+        self.phase = "before"
         for callback in self.callbacks:
             callback.on_train_begin(self.training_state())
         if resume:
             self._resume(checkpoints)
             resume_step = self.step
+        self.phase = "training"
         used: FileExistsError | None = None
         try:
             if main:
@@ -695,6 +700,7 @@ class RLTrainer:
                 self.run_log.plot()
                 self.run_log.close()
         if self.step >= config.total_steps:
+            self.phase = "after"
             for callback in self.callbacks:
                 callback.on_train_end(self.training_state())
         return self.run_log.read_metrics() if self.run_log else []

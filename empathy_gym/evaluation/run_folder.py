@@ -35,12 +35,18 @@ FEATURES = "features"
 #: The file a run's folder is locked with (fcntl) while a study's child trains there, or the study prepares it.
 LOCK = ".study.lock"
 
-#: What each kind of run leaves in its folder that a rerun continues from: a file counts
-#: once it holds something, a folder once it exists.
+#: What each kind of run leaves in its folder, made when it starts (eval's and replay's
+#: records file, distill's features/) or with its first output (training's): a folder holding
+#: one of them holds that kind of run.
 RUN_MARKS: dict[str, tuple[str, ...]] = {
     "training": ("checkpoints", "metrics.jsonl", "heldout"),
     "eval": (TRANSCRIPTS,),
     "replay": (TURNS,),
+    "distill": (FEATURES,),
+}
+#: The folders inside a run's folder that belong to it: no other run may use one as its own.
+RUN_PARTS: dict[str, tuple[str, ...]] = {
+    "training": ("checkpoints", "heldout", "transcripts", "tb"),
     "distill": (FEATURES,),
 }
 
@@ -124,15 +130,11 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(temporary, path)
 
 
-def _marked(path: Path) -> bool:
-    return path.is_dir() or (path.is_file() and path.stat().st_size > 0)
-
-
 def held_runs(folder: str | os.PathLike) -> dict[str, list[str]]:
     """The kinds of run whose marks (:data:`RUN_MARKS`) ``folder`` holds, each with the
     marks found; empty for a new or empty folder."""
     folder = Path(folder)
-    found = {kind: [name for name in marks if _marked(folder / name)] for kind, marks in RUN_MARKS.items()}
+    found = {kind: [name for name in marks if (folder / name).exists()] for kind, marks in RUN_MARKS.items()}
     return {kind: names for kind, names in found.items() if names}
 
 
@@ -140,12 +142,17 @@ def check_holds_no_other(
     folder: str | os.PathLike, kind: str, marks: Sequence[str] = (), error: type[Exception] = EvaluationError
 ) -> None:
     """Refuse a folder that holds another kind of run than ``kind`` (a key of
-    :data:`RUN_MARKS`, or any name whose own ``marks`` are given).
+    :data:`RUN_MARKS`, or any name whose own ``marks`` are given), or that is part of
+    another run's folder (:data:`RUN_PARTS`: ``RUN/heldout``; ``RUN/eval`` is a folder of its own).
 
     Raises:
         ``error`` (:class:`EvaluationError` unless given): naming the folder, the run it
-            holds and the files that say so.
+            holds or is part of, and the files that say so.
     """
+    folder = Path(folder)
+    for other in held_runs(folder.parent):
+        if folder.name in RUN_PARTS.get(other, ()):
+            raise error(f"{folder} is part of the {other} run in {folder.parent}; give a folder of its own")
     own = {*RUN_MARKS.get(kind, ()), *marks}
     for other, names in held_runs(folder).items():
         if other != kind and not own.intersection(names):
@@ -158,7 +165,7 @@ def check_holds_no_other(
 def holds_a_run(output_dir: str | os.PathLike) -> bool:
     """A training run has written something in ``output_dir`` that ``--resume`` continues
     from (a checkpoint, metrics, or the held-out evaluation's files)."""
-    return any((Path(output_dir) / name).exists() for name in RUN_MARKS["training"])
+    return "training" in held_runs(output_dir)
 
 
 def check_fresh(output_dir: str | os.PathLike) -> None:
@@ -241,6 +248,8 @@ class RunFolder:
         key_fields: the record fields that identify a record (its key in :attr:`done`).
 
     Attributes:
+        kind: the kind of run (a key of :data:`RUN_MARKS` whose marks name ``records``, or
+            ``records`` itself).
         done: the finished records by key, read from the records file and added to by
             :meth:`append`.
 
@@ -254,8 +263,8 @@ class RunFolder:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise EvaluationError(f"out_dir {str(self.path)!r} is a file; give a folder (new, or a run to resume)")
-        kind = next((kind for kind, marks in RUN_MARKS.items() if records in marks), records)
-        check_holds_no_other(self.path, kind, marks=[records])
+        self.kind = next((kind for kind, marks in RUN_MARKS.items() if records in marks), records)
+        check_holds_no_other(self.path, self.kind, marks=[records])
         self.config = dict(config)
         self.records = self.path / records
         self.key_fields = tuple(key_fields)
@@ -270,17 +279,22 @@ class RunFolder:
         return tuple(record[name] for name in self.key_fields)
 
     def start(self) -> None:
-        """Create the folder and write ``run.json`` (a resumed run keeps its own).
+        """Create the folder, write ``run.json`` (a resumed run keeps its own) and the
+        records file (empty): from now on the folder holds this kind of run, also for a
+        command started while this one has finished nothing yet.
 
         Raises:
-            EvaluationError: the folder cannot be created or written, naming ``out_dir``.
+            EvaluationError: the folder cannot be created or written, naming ``out_dir``;
+                another kind of run took the folder since this one was opened.
         """
-        if not self.done or not (self.path / RUN_CONFIG).exists():
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
+        check_holds_no_other(self.path, self.kind, marks=[self.records.name])
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not self.done or not (self.path / RUN_CONFIG).exists():
                 write_json(self.path / RUN_CONFIG, self.config)
-            except OSError as error:
-                raise EvaluationError(f"out_dir {str(self.path)!r}: cannot write there ({error})") from None
+            self.records.touch()
+        except OSError as error:
+            raise EvaluationError(f"out_dir {str(self.path)!r}: cannot write there ({error})") from None
 
     def append(self, records: Sequence[Mapping[str, Any]], where: Sequence[str]) -> None:
         """Append finished records (:func:`append_records`; ``where`` names each in errors)."""
