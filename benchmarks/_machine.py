@@ -62,10 +62,13 @@ def publish(lines: list[str], name: str, write: bool = True) -> str:
 def start_training(command: list[str], out: Path, overrides: list[str]) -> subprocess.Popen:
     """``python COMMAND output_dir=OUT progress=false OVERRIDES... [--resume]`` from the
     repository root, one thread (jobs share the cores), its output in ``OUT/console.log``;
-    ``--resume`` when ``OUT`` holds a checkpoint (a killed benchmark picks up where it was)."""
+    ``--resume`` when ``OUT`` holds a training run (a killed benchmark picks up where it was;
+    the study's rule, :func:`~empathy_gym.evaluation.run_folder.holds_a_run`)."""
+    from empathy_gym.evaluation.run_folder import holds_a_run
+
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, *command, f"output_dir={out}", "progress=false", *overrides]
-    if (out / "checkpoints" / "latest").exists():
+    if holds_a_run(out):
         argv.append("--resume")
     with open(out / "console.log", "w", encoding="utf-8") as log:  # the child keeps its own handle
         return subprocess.Popen(

@@ -783,21 +783,26 @@ def test_the_training_command_refuses_another_kind_of_run_and_a_file_before_load
     assert "is a file; give a folder (new, or a run to resume)" in capsys.readouterr().err
 
 
-def test_ctrl_c_while_the_trainer_imports_stops_with_its_message(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "raised,code,message",
+    [(KeyboardInterrupt, 130, "stopped before the first step; nothing to save"), (ImportError, 1, "error: broken")],
+)
+def test_ctrl_c_or_a_broken_install_while_the_trainer_imports_stops_with_its_message(raised, code, message, capsys):
     """Was: UnboundLocalError ('MemoryPlanError'): the error clause named a class imported
-    after the one the Ctrl-C stopped, and it was evaluated before the Ctrl-C clause."""
+    after the one that failed, and it was evaluated before the Ctrl-C clause."""
     import types
 
     from empathy_gym.agents import cli
     from empathy_gym.agents.config import load_recipe
 
-    class Interrupted(types.ModuleType):
+    class Failing(types.ModuleType):
         def __getattr__(self, name):
-            if name == "CheckpointError":  # the Ctrl-C lands while it is imported
-                raise KeyboardInterrupt
+            if name == "CheckpointError":  # the failure lands while it is imported
+                raise raised("broken")
             raise AttributeError(name)
 
     config = load_recipe("agents/tiny-cpu.yaml", [], algorithm="grpo")
-    monkeypatch.setitem(sys.modules, "empathy_gym.agents.checkpoint", Interrupted("empathy_gym.agents.checkpoint"))
-    assert cli._train("grpo", config, False) == 130
-    assert "stopped before the first step; nothing to save" in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "empathy_gym.agents.checkpoint", Failing("empathy_gym.agents.checkpoint"))
+        assert cli._train("grpo", config, False) == code
+    assert message in capsys.readouterr().err

@@ -299,7 +299,7 @@ def test_the_training_command_ends_with_the_table_and_where_everything_is(tmp_pa
     assert train_main("grpo", [*argv, *fixed, *judged]) == 1
     err = capsys.readouterr().err
     assert "model '/nonexistent': no such file or folder" in err and "stopped at step" not in err
-    assert "stopped before training (in the evaluation before it); finished dialogues are in" in err
+    assert "stopped before training; finished dialogues are in" in err
 
 
 def test_resume_on_a_folder_without_a_run_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):

@@ -131,12 +131,18 @@ def test_a_run_that_has_finished_nothing_yet_holds_its_folder(tmp_path):
     with pytest.raises(EvaluationError, match=r"another kind of run: eval \(transcripts\.jsonl\)"):
         RunFolder(tmp_path / "run", {"logs": []}, "turns.jsonl", ("log",))
     late = RunFolder(tmp_path / "late", {}, "turns.jsonl", ("log",))  # opened before the eval started
-    RunFolder(tmp_path / "late", {}, "transcripts.jsonl", ("persona_id",)).start()
+    RunFolder(tmp_path / "late", {}, "transcripts.jsonl", ("persona_id",)).start()  # its lock goes with it
     with pytest.raises(EvaluationError, match="another kind of run: eval"):
         late.start()
+    other = RunFolder(tmp_path / "run", {"policy": "other"}, "transcripts.jsonl", ("persona_id",))
+    with pytest.raises(EvaluationError, match=r"another run is running there \(\.lock is held\)"):
+        other.start()  # was: it wrote its run.json over the running one's
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"policy": "slow"}
+    running.close()  # it ended (or failed) having finished nothing
     corrected = RunFolder(tmp_path / "run", {"policy": "fast"}, "transcripts.jsonl", ("persona_id",))
     corrected.start()  # the same kind, nothing finished: the corrected command replaces it
     assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"policy": "fast"}
+    corrected.close()
 
 
 def test_the_folders_of_a_run_are_not_another_runs(tmp_path):
@@ -150,7 +156,33 @@ def test_the_folders_of_a_run_are_not_another_runs(tmp_path):
         ):
             RunFolder(tmp_path / part, {"policy": "p"}, "transcripts.jsonl", ("persona_id",))
     RunFolder(tmp_path / "eval", {}, "transcripts.jsonl", ("persona_id",)).start()  # the Continue: line's
+    with pytest.raises(EvaluationError, match=r"heldout/x is part of the training run in"):
+        RunFolder(tmp_path / "heldout" / "x", {}, "transcripts.jsonl", ("persona_id",))
     assert (tmp_path / "heldout" / "run.json").read_text() == "{}"
     (tmp_path / "d" / "features").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="features is part of the distill run"):
         check_fresh(tmp_path / "d" / "features")
+
+
+def test_a_training_run_from_python_refuses_another_runs_folder_before_writing(tmp_path):
+    """Was: GRPOTrainer(config) wrote heldout/ into an eval's folder before any check, and the
+    eval could no longer resume ("holds another kind of run: training (heldout)")."""
+    from empathy_gym.agents import TRAINERS
+    from empathy_gym.agents.config import load_recipe
+
+    (tmp_path / "transcripts.jsonl").write_text("")
+    config = load_recipe("agents/tiny-cpu.yaml", ["heldout.bank=en", f"output_dir={tmp_path}"], algorithm="grpo")
+    with pytest.raises(FileExistsError, match="another kind of run: eval"):
+        TRAINERS["grpo"](config)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["transcripts.jsonl"]
+
+
+def test_an_eval_that_has_finished_nothing_is_named_not_read_as_a_sage_log(tmp_path):
+    """Was: its empty transcripts.jsonl was read as a SAGE log of a model "transcripts" with
+    no dialogue: replay appraised every other turn, then failed with "no dialogues"."""
+    from empathy_gym.evaluation.replay import read_logs
+
+    RunFolder(tmp_path / "eval", {"policy": "p"}, "transcripts.jsonl", ("persona_id",)).start()
+    logs = Path(__file__).parent / "data" / "sage_logs"
+    with pytest.raises(ValueError, match=r"eval/transcripts\.jsonl: no dialogue in it \(a run that has finished none"):
+        read_logs([logs, tmp_path / "eval"])

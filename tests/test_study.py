@@ -358,7 +358,7 @@ def test_a_run_already_training_in_its_folder_is_not_started_twice(tmp_path):
 
     folder = tmp_path / "run"
     folder.mkdir()
-    with open(folder / ".study.lock", "w") as lock:
+    with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code = main(["grpo", "real", "--recipe", "tiny-cpu", "total_steps=1", f"output_dir={folder}"])
     assert code == 1 and not (folder / "metrics.jsonl").exists()
@@ -371,7 +371,7 @@ def test_a_run_already_training_in_its_folder_is_not_started_twice(tmp_path):
     run = study.runs[0]
     run.output_dir.mkdir(parents=True)
     (run.output_dir / "study_run.json").write_text("{}")
-    with open(run.output_dir / ".study.lock", "w") as lock:
+    with open(run.output_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert _launch(run, study, dict(os.environ), True, lambda line: None).wait() == 1
     assert (run.output_dir / "study_run.json").read_text() == "{}"

@@ -98,8 +98,8 @@ def _train_main(
     except (RecipeError, FileNotFoundError) as error:
         say(f"error: {error}", file=sys.stderr)
         return 1
-    # refused before any model loads: --resume with no run or another algorithm's or model's
-    # checkpoint; a fresh run in a previous run's folder
+    # refused before any model loads: a file; another kind of run's folder; --resume with no
+    # run or another algorithm's or model's checkpoint; a fresh run in a previous run's folder
     from empathy_gym.evaluation.run_folder import check_fresh, check_holds_no_other, holds_a_run
 
     if Path(config.output_dir).exists() and not Path(config.output_dir).is_dir():
@@ -256,11 +256,12 @@ def eval_time_bound(metrics: Path, max_tokens: int, bank: str = "en") -> str:
 
 
 def where_it_stopped(trainer: Any) -> str:
-    """Where a stopped trainer was, for "stopped ..." and "aborted ...": at its step, or in
-    the callbacks before the first step (where a resumed run's checkpoint has not loaded, so
-    its step is not the run's) or after the last."""
+    """Where a stopped trainer was, for "stopped ..." and "aborted ...": at its step, or
+    before the first (in the callbacks' ``on_train_begin``, such as the held-out evaluation,
+    or while a resumed run's checkpoint loads: its step is not the run's yet) or after the
+    last (the evaluation after training)."""
     if trainer.phase == "before":
-        return "before training (in the evaluation before it)"
+        return "before training"
     if trainer.phase == "after":
         return f"after the last step ({trainer.step}), in the evaluation after training"
     return f"at step {trainer.step}"
@@ -297,15 +298,21 @@ def _train(
     from empathy_gym.backends.base import BackendError
     from empathy_gym.user.base import SimulatorError
 
-    try:
+    try:  # the error classes below are bound before the clause that names them is evaluated
         from empathy_gym.agents import TRAINERS  # heavy: torch, transformers (seconds)
         from empathy_gym.agents.checkpoint import CheckpointError
         from empathy_gym.agents.memory import MemoryPlanError
-
+    except KeyboardInterrupt:
+        say("\nstopped before the first step; nothing to save", file=sys.stderr)
+        return 130
+    except (ImportError, OSError) as error:  # a broken torch or transformers install
+        say(f"error: {error}", file=sys.stderr)
+        return 1
+    try:
         if trainer_class is not None:
             logging.getLogger(__name__).info("trainer: %s (in place of %s's)", trainer_class.__name__, algorithm)
         trainer = (trainer_class or TRAINERS[algorithm])(config)
-    except KeyboardInterrupt:  # first: the clause below names what may not be imported yet
+    except KeyboardInterrupt:
         say("\nstopped before the first step; nothing to save", file=sys.stderr)
         return 130
     except (RecipeError, OSError, ImportError, ValueError, MemoryPlanError, BackendError) as error:  # a bad env

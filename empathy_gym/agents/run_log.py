@@ -62,7 +62,8 @@ class RunLog:
         output_dir: the run folder (created).
         tensorboard: also write TensorBoard scalars under ``tb/``.
         resume_step: move JSONL lines of steps after this one aside (``None``: a fresh
-            run, which raises ``FileExistsError`` in a folder that holds metrics).
+            run, which raises ``FileExistsError`` in a folder that holds metrics or another
+            kind of run: :func:`~empathy_gym.evaluation.run_folder.check_fresh`).
     """
 
     def __init__(self, output_dir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None):

@@ -55,6 +55,7 @@ from empathy_gym.agents.run_log import RunLog
 from empathy_gym.agents.schedule import make_scheduler
 from empathy_gym.agents.tokens import Forward, TokenData, forward_tokens, to_token_data
 from empathy_gym.cpu_load import SlowStepWatch, busy_cores_warning
+from empathy_gym.evaluation.run_folder import check_holds_no_other
 from empathy_gym.seeding import derive_seed, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class RLTrainer:
         TypeError: no config, or both ``config`` and ``args``.
         ValueError: ``model`` without ``tokenizer``, too few ``envs``, or a float16 model
             (it would need loss scaling, which this trainer does not do: use bfloat16).
+        FileExistsError: ``output_dir`` holds another kind of run (an eval's, a replay's),
+            or is part of one (:func:`~empathy_gym.evaluation.run_folder.check_holds_no_other`).
     """
 
     algorithm = "base"
@@ -180,6 +183,7 @@ class RLTrainer:
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got a {type(config).__name__}"
             )
         validate(config)
+        check_holds_no_other(config.output_dir, "training", error=FileExistsError)  # before heldout/ is written
         config, _ = heldout.prepare(config)  # with heldout.bank: env.personas is the training part
         self.config = config
         seed_everything(config.seed)
@@ -640,7 +644,8 @@ class RLTrainer:
             resume: continue from the newest checkpoint that loads, when there is one.
 
         Raises:
-            FileExistsError: a fresh run in a folder that holds another run's metrics.
+            FileExistsError: a fresh run in a folder that holds another run's metrics or
+                another kind of run.
         """
         from tqdm.auto import tqdm
 

@@ -672,6 +672,8 @@ def _play_tasks(
                 done[record_key(record)] = record
             progress()
     finally:
+        if folder is not None:
+            folder.close()
         if owns_policy and policy_obj is not None:
             policy_obj.close()
         session.close()

@@ -322,11 +322,14 @@ def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, pers
 
     Raises:
         SageLogError: a malformed line (file, line, field). FileNotFoundError: a missing
-            path, or a folder without logs. ValueError: two files with one name.
+            path, or a folder without logs. ValueError: two files with one name, or one of
+            our files without a dialogue (an eval that has finished none yet), naming it.
     """
     logs, seen = [], {}
     for path in _log_files(paths):
-        own = is_own_log(path)
+        own = path.name in OWN_LOG_NAMES or is_own_log(path)
+        if own and path.stat().st_size == 0:  # before its bank is looked for
+            raise ValueError(f"{path}: no dialogue in it (a run that has finished none yet?); give another log")
         simulator, model = own_log_names(path) if own else log_names(path)
         name = f"{simulator}/{model}"
         if name in seen:
@@ -637,6 +640,8 @@ def replay_logs(
                 lambda: on_progress(len(done), len(todo)) if on_progress is not None else None,
             )
         finally:
+            if folder is not None:
+                folder.close()
             if shared_user is not user:
                 shared_user.close()
     records = [done[key] for key in keys]

@@ -1,7 +1,8 @@
 """A run folder: where a resumable run keeps what it must not lose, and the one place that
 says what a folder holds (:data:`RUN_MARKS`, :func:`held_runs`). One folder holds one run:
-training, ``empathy-gym eval``, ``empathy-gym replay`` and ``empathy-gym distill`` each
-refuse a folder holding another kind of run (:func:`check_holds_no_other`).
+training, ``empathy-gym eval``, ``replay``, ``distill`` and ``capabilities --out`` each
+refuse a folder holding another kind of run or inside one (:func:`check_holds_no_other`),
+and an eval or replay refuses a folder another one is running in (:data:`LOCK`).
 
 How a rerun continues is each command's own, on purpose: training continues only with
 ``--resume`` (:func:`check_fresh`; as ``resume_from_checkpoint`` in Transformers'
@@ -23,7 +24,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from empathy_gym.evaluation.jsonl import json_object, lines
 
@@ -32,8 +33,9 @@ REPORT = "report.json"
 TRANSCRIPTS = "transcripts.jsonl"
 TURNS = "turns.jsonl"
 FEATURES = "features"
-#: The file a run's folder is locked with (fcntl) while a study's child trains there, or the study prepares it.
-LOCK = ".study.lock"
+#: The file a run's folder is locked with (fcntl): while an eval or a replay runs there, or a
+#: study's child trains there, or the study prepares it.
+LOCK = ".lock"
 
 #: What each kind of run leaves in its folder, made when it starts (eval's and replay's
 #: records file, distill's features/) or with its first output (training's): a folder holding
@@ -54,8 +56,8 @@ RUN_PARTS: dict[str, tuple[str, ...]] = {
 class EvaluationError(ValueError):
     """Invalid input to an evaluation run (``eval``, ``replay``): a corrupt records file
     or ``run.json`` (the message names the file and line), a folder holding another
-    configuration or a file in its place, a record that cannot be written, or bad
-    options."""
+    configuration, another kind of run or a run still running, or a file in its place, a
+    record that cannot be written, or bad options."""
 
 
 def read_jsonl_records(
@@ -150,9 +152,10 @@ def check_holds_no_other(
             holds or is part of, and the files that say so.
     """
     folder = Path(folder)
-    for other in held_runs(folder.parent):
-        if folder.name in RUN_PARTS.get(other, ()):
-            raise error(f"{folder} is part of the {other} run in {folder.parent}; give a folder of its own")
+    for part in (folder, *folder.parents[:-1]):  # RUN/heldout, RUN/heldout/x, ...
+        for other in held_runs(part.parent):
+            if part.name in RUN_PARTS.get(other, ()):
+                raise error(f"{folder} is part of the {other} run in {part.parent}; give a folder of its own")
     own = {*RUN_MARKS.get(kind, ()), *marks}
     for other, names in held_runs(folder).items():
         if other != kind and not own.intersection(names):
@@ -184,20 +187,31 @@ def check_fresh(output_dir: str | os.PathLike) -> None:
     check_holds_no_other(output_dir, "training", error=FileExistsError)
 
 
+def _hold_lock(folder: Path) -> IO[str] | None:
+    """``folder``'s lock (:data:`LOCK`), held until the returned file closes (at the latest
+    when the process ends); ``None`` where another process holds it."""
+    import fcntl
+
+    handle = open(folder / LOCK, "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path) -> Iterator[bool]:
     """Hold ``folder``'s lock (:data:`LOCK`, created with the folder) inside the block;
     yields ``False`` where another process holds it."""
-    import fcntl
-
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except BlockingIOError:
-            held = False
-        yield held
+    handle = _hold_lock(folder)
+    try:
+        yield handle is not None
+    finally:
+        if handle is not None:
+            handle.close()
 
 
 def changed_fields(out_dir: Path, config: Mapping[str, Any]) -> list[str]:
@@ -268,6 +282,7 @@ class RunFolder:
         self.config = dict(config)
         self.records = self.path / records
         self.key_fields = tuple(key_fields)
+        self._lock: IO[str] | None = None  # held from start() on
         self.done: dict[tuple[Any, ...], dict[str, Any]] = read_jsonl_records(
             self.records, self.key_fields, repair=True
         )
@@ -290,11 +305,27 @@ class RunFolder:
         check_holds_no_other(self.path, self.kind, marks=[self.records.name])
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = _hold_lock(self.path)
+        except OSError as error:
+            raise EvaluationError(f"out_dir {str(self.path)!r}: cannot write there ({error})") from None
+        if self._lock is None:
+            raise EvaluationError(
+                f"out_dir {str(self.path)!r}: another run is running there ({LOCK} is held); "
+                "wait for it to end, or give another folder"
+            )
+        try:
             if not self.done or not (self.path / RUN_CONFIG).exists():
                 write_json(self.path / RUN_CONFIG, self.config)
             self.records.touch()
         except OSError as error:
             raise EvaluationError(f"out_dir {str(self.path)!r}: cannot write there ({error})") from None
+
+    def close(self) -> None:
+        """Release the folder's lock (taken by :meth:`start`): the run has ended, finished
+        or not, and a rerun may resume it."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def append(self, records: Sequence[Mapping[str, Any]], where: Sequence[str]) -> None:
         """Append finished records (:func:`append_records`; ``where`` names each in errors)."""
