@@ -25,8 +25,11 @@ OWN_LOG_NAMES = ("transcripts.jsonl", "episodes.jsonl")
 
 
 def is_own_log(path: str | os.PathLike) -> bool:
-    """True when the first record of ``path`` has ``persona_id`` and ``emotions`` (ours),
-    False for a SAGE log or an empty file."""
+    """True for a file named as our runs name theirs (:data:`OWN_LOG_NAMES`, empty or not: an
+    eval that has finished nothing yet) or whose first record has ``persona_id`` and
+    ``emotions``; False for a SAGE log or another empty file."""
+    if Path(path).name in OWN_LOG_NAMES:
+        return True
     with open(path, encoding="utf-8") as handle:
         for text in handle:
             if text.strip():

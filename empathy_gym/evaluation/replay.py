@@ -327,7 +327,7 @@ def read_logs(paths: Sequence[str | os.PathLike], limit: int | None = None, pers
     """
     logs, seen = [], {}
     for path in _log_files(paths):
-        own = path.name in OWN_LOG_NAMES or is_own_log(path)
+        own = is_own_log(path)
         if own and path.stat().st_size == 0:  # before its bank is looked for
             raise ValueError(f"{path}: no dialogue in it (a run that has finished none yet?); give another log")
         simulator, model = own_log_names(path) if own else log_names(path)
