@@ -503,7 +503,8 @@ def study_command(
     study: Annotated[
         str,
         typer.Argument(
-            help="a study file, or a shipped study's name (agents/studies/: ppo-vs-grpo, think, difficulty)"
+            help="a study file, or a shipped study's name (agents/studies/: ppo-vs-grpo, think, difficulty, "
+            "and their -7b forms)"
         ),
     ],
     out: Annotated[

@@ -266,7 +266,14 @@ def test_bad_seeds_on_the_command_line_are_refused(tmp_path):
 
 def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tmp_path):
     shipped = sorted((recipes_dir() / "studies").glob("*.yaml"))
-    assert {p.stem for p in shipped} >= {"ppo-vs-grpo", "think", "difficulty", "ppo-vs-grpo-7b", "think-7b"}
+    assert {p.stem for p in shipped} >= {
+        "ppo-vs-grpo",
+        "think",
+        "difficulty",
+        "ppo-vs-grpo-7b",
+        "think-7b",
+        "difficulty-7b",
+    }
     for path in shipped:
         study = load_study(path.stem, tmp_path)
         assert len(study.runs) == len(study.config.arms) * len(study.config.seeds) * 2, path
@@ -278,6 +285,10 @@ def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tm
         "challenging": "rule,difficulty=challenging",
     }
     assert difficulty.columns == ["rule,difficulty=easy", "rule", "rule,difficulty=challenging", "distilled"]
+    served = "openai:Qwen/Qwen2.5-72B-Instruct@http://localhost:8001/v1,max_concurrency=64,difficulty="
+    large = load_study("difficulty-7b", tmp_path)  # the LLM user's own difficulty, each arm's training user
+    assert large.users == {arm: served + arm for arm in ("easy", "moderate", "challenging")}
+    assert large.columns == ["rule,difficulty=challenging", "distilled", *large.users.values()]
     result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
     assert result.exit_code == 0 and "3 arms x 1 seed x (real, control) = 6 runs" in result.output  # was "1 seeds"
     assert "seed=4" in result.output and not (tmp_path / "d").exists()

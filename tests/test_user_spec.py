@@ -276,6 +276,21 @@ def test_a_rule_user_spec_can_name_its_own_difficulty():
     assert moderate.difficulty.name == "moderate" and challenging.difficulty.name == "challenging"
 
 
+def test_an_llm_user_spec_can_name_its_own_difficulty():
+    """Was: 'openai:M@URL,difficulty=challenging' was refused ("unknown option(s)
+    ['difficulty']"), so an LLM user could judge at the env's difficulty only, and a study of
+    training users of several difficulties (agents/studies/difficulty-7b.yaml) could not name
+    its LLM users."""
+    spec = UserSpec.parse(f"openai:m@{URL},difficulty=challenging,temperature=0.3")
+    assert spec.user_kwargs == {"difficulty": "challenging", "temperature": 0.3} and not spec.backend_kwargs
+    assert UserSpec.parse(str(spec)) == spec
+    challenging, moderate = spec.build("moderate"), UserSpec.parse(f"openai:m@{URL}").build("moderate")
+    assert isinstance(challenging, LLMUser) and challenging.difficulty.name == "challenging"
+    assert moderate.difficulty.name == "moderate" and challenging.temperature == 0.3
+    mapping = as_user_spec({"backend": "openai", "model": "m", "base_url": URL, "user_kwargs": {"difficulty": "easy"}})
+    assert mapping.build("challenging").difficulty.name == "easy"
+
+
 def test_an_option_no_user_takes_is_called_unknown():
     with pytest.raises(SpecError, match=r"user: unknown option\(s\) \['bogus'\]; the rule user takes model"):
         UserSpec.parse("rule,bogus=1").build()

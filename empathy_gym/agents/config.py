@@ -617,7 +617,7 @@ def _check_env_values(config: TrainerConfig, creator: Callable[..., Any], where:
         fields["personas"] = "env.personas"
     checks = [(fields[name], functools.partial(build, **{name: value})) for name, value in kwargs.items()]
     spec = config.env.user_spec()
-    if spec is not None and spec.deterministic and "difficulty" in spec.user_kwargs:
+    if spec is not None and "difficulty" in spec.user_kwargs:
         checks.append(("env.kwargs.user", functools.partial(load_difficulty, spec.user_kwargs["difficulty"])))
     together = functools.partial(build, **kwargs)
     if len(kwargs) > 1:  # values that clash only together (one value, or none, was checked above or is a default)

@@ -154,7 +154,7 @@ def init_keywords(cls: type, *excluded: str) -> set[str]:
 def _llm_user_keywords() -> set[str]:
     from empathy_gym.user.llm_user import LLMUser
 
-    return init_keywords(LLMUser, "backend", "difficulty", "protocol", "appraisal_mode", "owns_backend")
+    return init_keywords(LLMUser, "backend", "protocol", "appraisal_mode", "owns_backend")
 
 
 def _is_chat_backend(value: Any) -> bool:
@@ -186,9 +186,11 @@ class UserSpec:
             ``max_batch_size``, ``prefix_cache_tokens``). Not with ``rule`` or a ready backend.
         user_kwargs: more :class:`~empathy_gym.user.llm_user.LLMUser` arguments
             (``temperature``, ``max_tokens``, ...), or for ``rule`` those of
-            :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, ``rules_dir``, and
-            ``difficulty``, its own over the env's: ``"rule,difficulty=challenging"``), or
-            for ``distilled`` those of :data:`DISTILLED_USER_KEYWORDS`.
+            :class:`~empathy_gym.user.rule_user.RuleUser` (``model``, ``rules_dir``), or
+            for ``distilled`` those of :data:`DISTILLED_USER_KEYWORDS`. Every user takes
+            ``difficulty``, its own over the env's (``"rule,difficulty=challenging"``,
+            ``"openai:MODEL@URL,difficulty=challenging"``): one env can then be judged by
+            one user at several difficulties.
 
     Raises:
         SpecError (a ``ValueError``): a bad field, named as ``user.FIELD``: an unknown
@@ -443,11 +445,10 @@ class UserSpec:
             backend = make_backend(backend, model=self.model, base_url=self.base_url, **self.backend_kwargs)
         return LLMUser(
             backend,
-            difficulty,
+            **{"difficulty": difficulty, **self.user_kwargs},  # openai:M@URL,difficulty=... wins
             protocol=protocol,
             appraisal_mode=self.appraisal_mode,
             owns_backend=owns,
-            **self.user_kwargs,
         )
 
 
