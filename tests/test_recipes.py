@@ -177,6 +177,10 @@ def test_a_bad_override_or_algorithm_is_named():
         ("env.kwargs.personas=/tmp", r"field 'env.kwargs.personas': .*Is a directory: '/tmp'"),
         ("env.personas=nope", r"field 'env.personas': no persona bank 'nope': not a file, and not a built-in bank"),
         ("env.kwargs.user=rule,difficulty=bogus", r"field 'env.kwargs.user': unknown difficulty 'bogus'; known: "),
+        (  # an LLM user's own difficulty (checked only for the rule and distilled users before)
+            "env.kwargs.user='openai:m@http://127.0.0.1:9/v1,difficulty=bogus'",
+            r"field 'env.kwargs.user': unknown difficulty 'bogus'; known: ",
+        ),
         ("env.kwargs.protocol=123", r"field 'env.kwargs.protocol': protocol must be a preset name .* got 123"),
         ("env.kwargs=[1]", r" 'env.kwargs=\[1\]': Cannot merge incompatible container types"),
     ],
