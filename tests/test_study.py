@@ -102,11 +102,18 @@ def test_a_study_trains_every_arm_seed_and_control_and_tabulates_them(tmp_path):
     assert cell["high"] == pytest.approx(cell["mean"] + half, abs=1e-3)
     paired = table["arms"]["grpo"]["real_minus_control"]["rule"]["mean"]
     assert paired == pytest.approx((real[0] - control[0] + real[1] - control[1]) / 2)
+    slow = [reports[f"slow/seed-{s}/real"]["difference"]["difference"] for s in (0, 1)]
+    against = table["arm_minus_arm"]["grpo - slow"]["rule"]  # paired by seed: (r0 - s0 + r1 - s1) / 2
+    assert list(table["arm_minus_arm"]) == ["grpo - slow"] and against["seeds"] == 2
+    assert against["mean"] == pytest.approx((real[0] - slow[0] + real[1] - slow[1]) / 2)
+    spread = abs((real[0] - slow[0]) - (real[1] - slow[1]))
+    assert against["high"] == pytest.approx(against["mean"] + 12.7062 * spread / 2, abs=1e-3)
     challenging = [reports[f"slow/seed-{s}/real"]["judges"][0]["difference"]["difference"] for s in (0, 1)]
     assert table["arms"]["slow"]["real"]["rule,difficulty=challenging"]["mean"] == pytest.approx(sum(challenging) / 2)
     assert set(table["arms"]["grpo"]["monitors"]) >= {"monitor/distinct_2", "monitor/parrot_share"}
     text = (out / "table.txt").read_text()
     assert "Study study" in text and "grpo (control)" in text and "slow, real - control" in text
+    assert "\ngrpo - slow " in text and "paired by training seed" in text
     assert f"{cell['mean']:+.2f} [{cell['low']:+.2f}, {cell['high']:+.2f}]*" in text  # the diagonal marked
     assert set(table["seconds"]) == {run.name for run in study.runs}
     # the runs after the first two started with the evaluation before training of a finished run

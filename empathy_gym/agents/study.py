@@ -28,9 +28,10 @@ run's evaluation before training where it was made with the same settings
 The table (:func:`study_table`): the held-out difference (after - before, emotion points)
 under the training user and every judge, one row per arm and one column per judge (a
 judge-by-judge matrix; the arm's own training user marked ``*``), real minus control paired
-by seed, the capability change (``heldout.capabilities``) and the monitors after training,
-each as the mean over training seeds with a Student t interval over seeds (the spread
-between training runs, which one run's interval over personas does not show).
+by seed, each pair of arms' real runs against each other paired by seed, the capability
+change (``heldout.capabilities``) and the monitors after training, each as the mean over
+training seeds with a Student t interval over seeds (the spread between training runs,
+which one run's interval over personas does not show).
 """
 
 from __future__ import annotations
@@ -618,9 +619,11 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
 
     Returns:
         ``{"columns", "users", "seeds", "arms": {arm: {"real", "control", "real_minus_control",
-        "capabilities", "monitors"}}, "text"}``: ``real``/``control``/``real_minus_control``
-        map each judge column to :func:`interval_over_seeds` of the held-out differences
-        (emotion points; ``None`` where a judge did not judge or there is no control);
+        "capabilities", "monitors"}}, "arm_minus_arm", "text"}``: ``real``/``control``/
+        ``real_minus_control`` map each judge column to :func:`interval_over_seeds` of the
+        held-out differences (emotion points; ``None`` where a judge did not judge or there
+        is no control); ``arm_minus_arm`` maps ``"A - B"`` (each pair of arms, the study's
+        order) to the same for A's real runs minus B's, paired by training seed;
         ``capabilities`` each task's change (0-1) over seeds, for ``"real"`` and ``"control"``;
         ``monitors`` the mean of :data:`TABLE_MONITORS` after training over the real runs.
 
@@ -662,7 +665,30 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
         }
         arms[arm] = row
     result = {"columns": study.columns, "users": study.users, "seeds": study.config.seeds, "arms": arms}
+    result["arm_minus_arm"] = _arm_minus_arm(study, reports, confidence)
     return result | {"text": table_text(study, result, confidence)}
+
+
+def _arm_minus_arm(study: Study, reports: dict[str, Any], confidence: float) -> dict[str, Any]:
+    """Each pair of arms (in the study's order), real runs only: ``{"A - B": {column: cell}}``,
+    each cell :func:`interval_over_seeds` of A's held-out difference minus B's, paired by
+    training seed (a seed's runs share its draws, so the seed-to-seed spread that both arms
+    share cancels)."""
+    real = {
+        arm: [reports[run.name] for run in study.runs if run.arm == arm and not run.control]
+        for arm in study.config.arms
+    }
+    pairs = {}
+    names = list(study.config.arms)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            row = {}
+            for column in study.columns:
+                a = _differences(real[first], column, study.users[first])
+                b = _differences(real[second], column, study.users[second])
+                row[column] = _cell([None if x is None or y is None else x - y for x, y in zip(a, b)], confidence)
+            pairs[f"{first} - {second}"] = row
+    return pairs
 
 
 def _finite_mean(values: Sequence[float | None]) -> float | None:
@@ -708,6 +734,12 @@ def table_text(study: Study, table: dict[str, Any], confidence: float = 0.95) ->
                 (_number(row[kind][c]) + ("*" if c == study.users[arm] else "")).ljust(width) for c in study.columns
             ]
             lines.append(f"{arm}{label}".ljust(left) + "".join(cells))
+    if table.get("arm_minus_arm"):
+        lines.append(
+            "Arm against arm (real runs; the difference of their held-out differences, paired by training seed):"
+        )
+        for pair, row in table["arm_minus_arm"].items():
+            lines.append(pair.ljust(left) + "".join(_number(row[c]).ljust(width) for c in study.columns))
     tasks = sorted({task for row in table["arms"].values() for task in row["capabilities"]["real"]})
     if tasks:
         lines.append("Capabilities (heldout.capabilities; after - before, score 0-1, mean over seeds):")
