@@ -635,6 +635,7 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
     if missing:
         raise FileNotFoundError(f"no held-out report that reads for {', '.join(missing)}; rerun the study to make them")
     arms: dict[str, Any] = {}
+    real_by_arm: dict[str, dict[str, list[float | None]]] = {}
     for arm in study.config.arms:
         user = study.users[arm]
         by_kind = {
@@ -643,8 +644,10 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
         }
 
         row: dict[str, Any] = {"real": {}, "control": {}, "real_minus_control": {}}
+        real_by_arm[arm] = {}
         for column in study.columns:
             real, control = (_differences(by_kind[kind], column, user) for kind in ("real", "control"))
+            real_by_arm[arm][column] = real
             row["real"][column] = _cell(real, confidence)
             row["control"][column] = _cell(control, confidence)
             paired = [None if a is None or b is None else a - b for a, b in zip(real, control)]
@@ -665,30 +668,26 @@ def study_table(study: Study, *, confidence: float = 0.95) -> dict[str, Any]:
         }
         arms[arm] = row
     result = {"columns": study.columns, "users": study.users, "seeds": study.config.seeds, "arms": arms}
-    result["arm_minus_arm"] = _arm_minus_arm(study, reports, confidence)
+    result["arm_minus_arm"] = _arm_minus_arm(real_by_arm, confidence)
     return result | {"text": table_text(study, result, confidence)}
 
 
-def _arm_minus_arm(study: Study, reports: dict[str, Any], confidence: float) -> dict[str, Any]:
-    """Each pair of arms (in the study's order), real runs only: ``{"A - B": {column: cell}}``,
-    each cell :func:`interval_over_seeds` of A's held-out difference minus B's, paired by
-    training seed (a seed's runs share its draws, so the seed-to-seed spread that both arms
-    share cancels)."""
-    real = {
-        arm: [reports[run.name] for run in study.runs if run.arm == arm and not run.control]
-        for arm in study.config.arms
+def _arm_minus_arm(real: dict[str, dict[str, list[float | None]]], confidence: float) -> dict[str, Any]:
+    """Each pair of arms (in the study's order), from ``real`` (arm -> judge column -> the real
+    runs' held-out differences in seed order): ``{"A - B": {column: cell}}``, each cell
+    :func:`interval_over_seeds` of A's difference minus B's, paired by training seed (a seed's
+    runs share its draws, so the seed-to-seed spread that both arms share cancels)."""
+    names = list(real)
+    return {
+        f"{first} - {second}": {
+            column: _cell(
+                [None if x is None or y is None else x - y for x, y in zip(a, real[second][column])], confidence
+            )
+            for column, a in real[first].items()
+        }
+        for i, first in enumerate(names)
+        for second in names[i + 1 :]
     }
-    pairs = {}
-    names = list(study.config.arms)
-    for i, first in enumerate(names):
-        for second in names[i + 1 :]:
-            row = {}
-            for column in study.columns:
-                a = _differences(real[first], column, study.users[first])
-                b = _differences(real[second], column, study.users[second])
-                row[column] = _cell([None if x is None or y is None else x - y for x, y in zip(a, b)], confidence)
-            pairs[f"{first} - {second}"] = row
-    return pairs
 
 
 def _finite_mean(values: Sequence[float | None]) -> float | None:

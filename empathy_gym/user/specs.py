@@ -403,7 +403,8 @@ class UserSpec:
         """The simulated user this spec names: the only place a spec becomes a user.
 
         Args:
-            difficulty: preset name, path, dict or :class:`~empathy_gym.user.Difficulty`.
+            difficulty: preset name, path, dict or :class:`~empathy_gym.user.Difficulty`;
+                the spec's own ``difficulty`` option, where given, wins.
             protocol: ``"sage"``, ``"rlver_training"``, a dict or an
                 :class:`~empathy_gym.user.EmotionProtocol` (tells the LLM user the
                 allowed change range).
@@ -421,14 +422,15 @@ class UserSpec:
         from empathy_gym.user import resolve_protocol
 
         protocol = resolve_protocol(protocol)
+        kwargs = {"difficulty": difficulty, **self.user_kwargs}  # rule,difficulty=... over the env's
         if self.backend == "rule":
             from empathy_gym.user.rule_user import RuleUser
 
-            return RuleUser(**{"difficulty": difficulty, **self.user_kwargs})  # rule,difficulty=... wins
+            return RuleUser(**kwargs)
         if self.backend == "distilled":
             from empathy_gym.user.distilled_user import DistilledUser
 
-            return DistilledUser(**{"difficulty": difficulty, **self.user_kwargs}, appraiser=self.model)
+            return DistilledUser(**kwargs, appraiser=self.model)
         if self.on_policy:
             raise SpecError(
                 f"user.backend {self.backend!r} is the policy's own base model with its LoRA adapters "
@@ -443,13 +445,7 @@ class UserSpec:
             from empathy_gym.backends import make_backend
 
             backend = make_backend(backend, model=self.model, base_url=self.base_url, **self.backend_kwargs)
-        return LLMUser(
-            backend,
-            **{"difficulty": difficulty, **self.user_kwargs},  # openai:M@URL,difficulty=... wins
-            protocol=protocol,
-            appraisal_mode=self.appraisal_mode,
-            owns_backend=owns,
-        )
+        return LLMUser(backend, **kwargs, protocol=protocol, appraisal_mode=self.appraisal_mode, owns_backend=owns)
 
 
 #: The removed ``EmpathyDialogueEnv`` keywords that :class:`UserSpec` fields replaced.
