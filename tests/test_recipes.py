@@ -116,6 +116,14 @@ def write(tmp_path, text):
             r"recipe.yaml:5: generation.max_new_tokens must be >= 1, got 0; \S*recipe.yaml:3: generation.temperature "
             r"must be > 0, got -1.0; \S*recipe.yaml:4: generation.top_p must be in \(0, 1\], got 5.0",
         ),
+        (  # was: think_budget did not exist, and a turn could never be made to think
+            "algorithm: ppo\ngeneration:\n  think_budget: 8\n",
+            r"recipe.yaml:3: generation.think_budget forces the end of a <think> block; it needs generation.think=true",
+        ),
+        (
+            "algorithm: ppo\ngeneration:\n  think: true\n  max_new_tokens: 8\n  think_budget: 8\n",
+            r"recipe.yaml:5: generation.think_budget must be in \[1, generation.max_new_tokens=8\), got 8",
+        ),
         (
             "algorithm: ppo\nenv:\n  id: EmpathyDialog-v0\n",
             r"recipe.yaml:3: field 'env.id': Environment `EmpathyDialog` doesn't exist. "

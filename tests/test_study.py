@@ -296,6 +296,9 @@ def test_every_shipped_study_loads_and_its_arms_differ_only_in_what_it_varies(tm
     large = load_study("difficulty-7b", tmp_path)  # the LLM user's own difficulty, each arm's training user
     assert large.users == {arm: served + arm for arm in ("easy", "moderate", "challenging")}
     assert large.columns == ["rule,difficulty=challenging", "distilled", *large.users.values()]
+    forced = runner.invoke(app, ["study", "think", "--out", str(tmp_path / "t"), "--plan", "--arms", "think-forced"])
+    assert forced.exit_code == 0 and "1 arm x 3 seeds x (real, control) = 6 runs" in forced.output
+    assert forced.output.count("generation.think=true generation.think_budget=48") == 6
     result = runner.invoke(app, ["study", "difficulty", "--out", str(tmp_path / "d"), "--plan", "--seeds", "4"])
     assert result.exit_code == 0 and "3 arms x 1 seed x (real, control) = 6 runs" in result.output  # was "1 seeds"
     assert "seed=4" in result.output and not (tmp_path / "d").exists()

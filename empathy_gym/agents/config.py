@@ -178,6 +178,12 @@ class GenerationConfig(Checked):
         max_context_tokens: no dialogue grows past this many tokens: one whose next turn
             would not fit is cut (a truncation, see docs/training.md).
         think: RLVER's think-then-say mode (``<think>...</think>`` before each reply).
+        think_budget: with ``think``, budget forcing (s1, arXiv 2501.19393): each turn
+            starts inside ``<think>``, and ``</think>`` is appended for the policy once it
+            has written this many thinking tokens (or ends its turn) without closing the
+            block; the reply gets ``max_new_tokens - think_budget``. The two tags are not
+            trained on (:mod:`~empathy_gym.agents.budget_forcing`). ``None``: the policy
+            writes the block itself.
         vllm_gpu_memory_utilization: vLLM's share of GPU memory.
     """
 
@@ -187,6 +193,7 @@ class GenerationConfig(Checked):
     max_new_tokens: int = 256
     max_context_tokens: int = 8192
     think: bool = False
+    think_budget: int | None = None
     vllm_gpu_memory_utilization: float = 0.5
 
 
@@ -710,6 +717,14 @@ def _sampling_problems(generation: GenerationConfig) -> list[str]:
             "generation.temperature 0 (greedy) does not sample from the policy, so the loss's "
             "log-probs would describe another distribution; training needs a temperature > 0"
         )
+    if generation.think_budget is not None:
+        if not generation.think:
+            problems.append("generation.think_budget forces the end of a <think> block; it needs generation.think=true")
+        if not 1 <= generation.think_budget < generation.max_new_tokens:
+            problems.append(
+                f"generation.think_budget must be in [1, generation.max_new_tokens={generation.max_new_tokens}), "
+                f"got {generation.think_budget} (the reply needs tokens of its own)"
+            )
     if not 0 < generation.top_p <= 1:
         problems.append(f"generation.top_p must be in (0, 1], got {generation.top_p}")
     elif generation.top_p < 1:

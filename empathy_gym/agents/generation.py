@@ -98,7 +98,11 @@ class TransformersGenerator:
             self.prefix_cache.clear()
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: int | None = None
+    ) -> list[Sample]:
+        """One :class:`~empathy_gym.agents.rollout.Sample` per token prompt, each row seeded
+        by its seed; ``max_new_tokens`` overrides the constructor's for this call."""
         samples: list[Sample] = []
         was_training = self.model.training
         self.model.eval()
@@ -107,7 +111,7 @@ class TransformersGenerator:
                 rows = sample_batch(
                     self.model,
                     prompts[start : start + self.max_batch_size],
-                    max_new_tokens=self.max_new_tokens,
+                    max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
                     eos_ids=self.eos_ids,
                     pad_id=self.pad_id,
                     temperature=self.temperature,
@@ -310,9 +314,12 @@ class VLLMGenerator:
         target.load_weights(model.state_dict().items())
         self.llm.reset_prefix_cache()
 
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: int | None = None
+    ) -> list[Sample]:
         """One :class:`~empathy_gym.agents.rollout.Sample` per token prompt, each row seeded
-        by its seed, with the sampler's log-probabilities.
+        by its seed, with the sampler's log-probabilities; ``max_new_tokens`` overrides the
+        constructor's for this call.
 
         Raises:
             RuntimeError: the engine returned fewer log-probabilities than tokens (never
@@ -320,7 +327,7 @@ class VLLMGenerator:
         """
         params = [
             self._vllm.SamplingParams(
-                max_tokens=self.max_new_tokens,
+                max_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
                 temperature=self.temperature,
                 top_p=self.top_p,
                 seed=int(seed),

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from empathy_gym.agents.budget_forcing import with_think_budget
 from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
 from empathy_gym.agents.config import HELDOUT_DIR, training_split_path
 from empathy_gym.agents.envs import make_session
@@ -186,7 +187,7 @@ def play(
     judge = {} if user is None else {"user": user}  # the second judge plays the same dialogues
     count = min(held.batch_size, len(tasks))
     generator = state.sampler(max_batch_size=held.batch_size, reuse_kv=False)
-    policy = HeldoutPolicy(generator, state.tokenizer)
+    policy = HeldoutPolicy(with_think_budget(generator, state.tokenizer, config.generation), state.tokenizer)
     done = {}
     with make_session(config, config.generation.think, personas=list(personas), **judge) as session:
         slots = iter(session.envs(count))

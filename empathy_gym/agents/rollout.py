@@ -37,18 +37,23 @@ class Sample:
             per id (float).
         finished: True when the turn ended with an end-of-turn token (False: cut at
             ``max_new_tokens``).
+        forced: per id, True where the sampler did not draw it but a wrapper added it
+            (:mod:`~empathy_gym.agents.budget_forcing`'s tags: not trained on, log-prob
+            0.0); ``None``: every id was sampled.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finished: bool
+    forced: list[bool] | None = None
 
 
 class Generator(Protocol):
     """A policy sampler: token prompts in, sampled continuations out."""
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
-        """One :class:`Sample` per prompt; ``seeds`` make each row's sampling reproducible."""
+        """One :class:`Sample` per prompt; ``seeds`` make each row's sampling reproducible
+        (the package's generators also take ``max_new_tokens=N`` for one call)."""
 
 
 class ChatTokens:
@@ -190,9 +195,13 @@ class Trajectory:
             rewards[-1] += self.reward.at_end(self.emotions[-1])
         return rewards
 
-    def extend(self, ids: Sequence[int], trainable: bool, logprobs: Sequence[float] | None = None) -> None:
+    def extend(
+        self, ids: Sequence[int], trainable: bool | Sequence[bool], logprobs: Sequence[float] | None = None
+    ) -> None:
+        """Append ``ids``, trained on where ``trainable`` (one flag for all, or one per id)."""
         self.token_ids.extend(ids)
-        self.loss_mask.extend([int(trainable)] * len(ids))
+        flags = [trainable] * len(ids) if isinstance(trainable, bool) else list(trainable)
+        self.loss_mask.extend(int(flag) for flag in flags)
         self.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
     def record(self) -> dict[str, Any]:
@@ -384,7 +393,8 @@ class RolloutEngine:
         reply (not trainable) or the end of the dialogue (``done``; ``termination`` the
         env's reason, or ``"context_limit"`` when the next turn would not fit)."""
         obs, reward, terminated, truncated, info = result
-        trajectory.extend(sample.token_ids, trainable=True, logprobs=sample.logprobs)
+        sampled = True if sample.forced is None else [not forced for forced in sample.forced]
+        trajectory.extend(sample.token_ids, trainable=sampled, logprobs=sample.logprobs)
         trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
         thinking = self.thinking_length(sample.token_ids) if getattr(env, "think", False) else 0
         trajectory.thinking_tokens += thinking
@@ -415,7 +425,8 @@ class RolloutEngine:
         room = self.max_context_tokens - length - 1  # one for the end token a cut turn gets
         if len(sample.token_ids) <= room or (sample.finished and len(sample.token_ids) <= room + 1):
             return sample
-        return Sample(sample.token_ids[:room], sample.logprobs[:room], finished=False)
+        forced = None if sample.forced is None else sample.forced[:room]
+        return Sample(sample.token_ids[:room], sample.logprobs[:room], finished=False, forced=forced)
 
     def thinking_length(self, ids: Sequence[int]) -> int:
         """How many of a turn's sampled ``ids`` belong to its thinking: up to and

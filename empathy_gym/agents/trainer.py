@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from empathy_gym.agents import heldout
+from empathy_gym.agents.budget_forcing import with_think_budget
 from empathy_gym.agents.callbacks import TrainerCallback, TrainingState
 from empathy_gym.agents.checkpoint import (
     CheckpointError,
@@ -283,7 +284,7 @@ class RLTrainer:
         self.check_envs(self.envs)
         self.engine = RolloutEngine(
             self.envs,
-            self.generator,
+            with_think_budget(self.generator, self.tokenizer, config.generation),
             self.tokenizer,
             max_context_tokens=config.generation.max_context_tokens,
             max_new_tokens=config.generation.max_new_tokens,
