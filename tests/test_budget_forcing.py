@@ -147,3 +147,10 @@ def test_the_trainer_and_its_held_out_evaluation_both_force_the_budget(tmp_path)
         records = [json.loads(line) for line in (tmp_path / "heldout" / f"{name}.jsonl").read_text().splitlines()]
         assert len(records) == 8 and sum(r["format_errors"] for r in records) == 0
         assert all(OPENING in m["content"] for r in records for m in r["messages"] if m["role"] == "assistant")
+
+
+def test_a_smaller_turn_limit_for_one_call_still_leaves_the_reply_a_token(tiny):
+    _, tokenizer = tiny
+    sampler = ScriptedSampler(tokenizer, [("hmm", False), ("Yes.", True)])
+    BudgetForcing(sampler, tokenizer, think_budget=8, max_new_tokens=20).generate([[1, 2]], [0], max_new_tokens=4)
+    assert [call[2] for call in sampler.calls] == [3, 1]  # was: 3, then -4

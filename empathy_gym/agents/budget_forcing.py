@@ -66,18 +66,21 @@ class BudgetForcing:
         Args:
             prompts: token prompts, each ending where the agent's turn begins.
             seeds: one sampling seed per prompt.
-            max_new_tokens: the whole turn's sampled tokens (default: the constructor's).
+            max_new_tokens: the whole turn's sampled tokens (>= 2; default: the
+                constructor's): the thinking ``min(think_budget, max_new_tokens - 1)`` at
+                most, the reply the rest.
         """
         total = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        thinking = min(self.think_budget, total - 1)
         opened = [list(prompt) + self.opening for prompt in prompts]
-        thoughts = self.generator.generate(opened, list(seeds), max_new_tokens=min(self.think_budget, total - 1))
+        thoughts = self.generator.generate(opened, list(seeds), max_new_tokens=thinking)
         turns = [self._closed(thought) for thought in thoughts]
         pending = [i for i, turn in enumerate(turns) if not turn.finished]
         if pending:
             replies = self.generator.generate(
                 [opened[i] + turns[i].token_ids for i in pending],
                 [derive_seed(seeds[i], "reply") for i in pending],
-                max_new_tokens=total - self.think_budget,
+                max_new_tokens=total - thinking,
             )
             for i, reply in zip(pending, replies):
                 turn = turns[i]
