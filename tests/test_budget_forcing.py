@@ -154,3 +154,41 @@ def test_a_smaller_turn_limit_for_one_call_still_leaves_the_reply_a_token(tiny):
     sampler = ScriptedSampler(tokenizer, [("hmm", False), ("Yes.", True)])
     BudgetForcing(sampler, tokenizer, think_budget=8, max_new_tokens=20).generate([[1, 2]], [0], max_new_tokens=4)
     assert [call[2] for call in sampler.calls] == [3, 1]  # was: 3, then -4
+
+
+def test_eval_samples_a_local_policy_as_training_did_when_given_its_budget(tiny_model_dir, tmp_path):
+    """``hf:PATH,think_budget=N`` under ``eval --think``: every turn thinks and keeps the
+    format, reproducibly, where the same model without it never does."""
+    from empathy_gym.evaluation.benchmark import evaluate
+
+    def run(spec, out):
+        return evaluate(
+            spec, [PERSONA], user=ScriptedUser(change_fn=lambda r: 5), think=True, out_dir=out, max_tokens=10
+        )
+
+    forced = run(f"hf:{tiny_model_dir},think_budget=4", tmp_path / "forced")
+    plain = run(f"hf:{tiny_model_dir}", tmp_path / "plain")
+    turns = [m["content"] for m in forced.records[0]["messages"] if m["role"] == "assistant"]
+    assert turns and all(t.startswith(OPENING) and CLOSING in t for t in turns)
+    assert forced.records[0]["format_errors"] == 0 and plain.records[0]["format_errors"] == len(turns)
+    again = run(f"hf:{tiny_model_dir},think_budget=4", tmp_path / "again")
+    assert again.records[0]["messages"] == forced.records[0]["messages"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "message"),
+    [
+        ("hf:m,think_budget=4", {"max_tokens": 10}, r"think_budget starts every reply inside <think>; evaluate with"),
+        ("hf:m,think_budget=10", {"max_tokens": 10, "think": True}, r"think_budget=10 needs a reply cap above it"),
+        ("hf:m,think_budget=4", {"max_tokens": 0, "think": True}, r"needs a reply cap above it \(--max-tokens, now no"),
+        ("hf:m,think_budget=lots", {"think": True}, r"think_budget must be an int >= 1, got 'lots'"),
+        ("openai:m@http://127.0.0.1:9/v1,think_budget=4", {"think": True}, r"unknown option\(s\) \['think_budget'\]"),
+    ],
+)
+def test_a_bad_budget_on_a_policy_spec_is_refused_before_anything_loads(spec, options, message, tmp_path):
+    from empathy_gym.evaluation.benchmark import evaluate
+    from empathy_gym.user.specs import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        evaluate(spec, [PERSONA], user=ScriptedUser(change_fn=lambda r: 5), out_dir=tmp_path / "o", **options)
+    assert not (tmp_path / "o").exists()

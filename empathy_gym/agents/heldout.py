@@ -38,6 +38,7 @@ from empathy_gym.agents.envs import make_session
 from empathy_gym.agents.monitors import replies_of, reply_monitors
 from empathy_gym.evaluation import jsonl
 from empathy_gym.evaluation.benchmark import bootstrap_ci, plan_tasks, run_dialogues, summarize
+from empathy_gym.evaluation.policies import GeneratorPolicy
 from empathy_gym.evaluation.run_folder import RUN_CONFIG, append_records, differences, write_json
 from empathy_gym.personas import Persona, load_personas, personas_text, split_personas
 from empathy_gym.user.specs import as_user_spec
@@ -84,36 +85,6 @@ DIVERGE = (
     "the policy may have learnt what its judge pays rather than anything the second judge values. "
     "Read the after-training transcripts (after.jsonl) before calling this a gain."
 )
-
-
-class HeldoutPolicy:
-    """The policy being trained, as a :class:`~empathy_gym.evaluation.policies.Policy`,
-    sampled with the trainer's settings; the same seeds give the same replies from the
-    same weights.
-
-    Args:
-        generator: a :class:`~empathy_gym.agents.generation.TransformersGenerator` (or
-            any object with ``generate(prompts, seeds) -> list[Sample]``).
-        tokenizer: the policy's tokenizer.
-    """
-
-    name = "policy under training"
-
-    def __init__(self, generator: Any, tokenizer: Any):
-        from empathy_gym.agents.rollout import ChatTokens
-
-        self.generator, self.tokenizer = generator, tokenizer
-        self.chat = ChatTokens(tokenizer)
-
-    def act(self, conversations: Sequence[Sequence[dict[str, str]]], seeds: Sequence[int]) -> list[str]:
-        samples = self.generator.generate([self.chat.prompt(c) for c in conversations], list(seeds))
-        return [
-            self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
-            for s in samples
-        ]
-
-    def close(self) -> None:
-        pass
 
 
 def split_bank(config: Any) -> tuple[tuple[Persona, ...], tuple[Persona, ...]]:
@@ -187,7 +158,8 @@ def play(
     judge = {} if user is None else {"user": user}  # the second judge plays the same dialogues
     count = min(held.batch_size, len(tasks))
     generator = state.sampler(max_batch_size=held.batch_size, reuse_kv=False)
-    policy = HeldoutPolicy(with_think_budget(generator, state.tokenizer, config.generation), state.tokenizer)
+    sampler = with_think_budget(generator, state.tokenizer, config.generation)
+    policy = GeneratorPolicy(sampler, state.tokenizer, name="policy under training")
     done = {}
     with make_session(config, config.generation.think, personas=list(personas), **judge) as session:
         slots = iter(session.envs(count))

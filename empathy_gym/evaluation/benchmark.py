@@ -24,7 +24,7 @@ import numpy as np
 from empathy_gym.engine import Driver, Start, StepResult, play
 from empathy_gym.env import SAGE_AGENT_SYSTEM_PROMPTS, EmpathyDialogueEnv
 from empathy_gym.evaluation.must_not import dialogue_violations
-from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap, spec_sampling
+from empathy_gym.evaluation.policies import Policy, make_policy, reply_token_cap, spec_sampling, spec_think_budget
 from empathy_gym.evaluation.run_folder import TRANSCRIPTS, EvaluationError, RunFolder, read_jsonl_records
 from empathy_gym.personas import CHARACTER_TYPES, INTENTIONS, Persona, PersonaSource, load_personas
 from empathy_gym.seeding import derive_seed
@@ -32,7 +32,7 @@ from empathy_gym.session import Session
 from empathy_gym.user import SimulatedUser, resolve_protocol
 from empathy_gym.user.difficulty import load_difficulty
 from empathy_gym.user.protocol import protocol_name
-from empathy_gym.user.specs import UserSpec, as_user_spec
+from empathy_gym.user.specs import SpecError, UserSpec, as_user_spec
 
 PLOT = "trajectories.png"
 
@@ -583,13 +583,19 @@ def evaluate(
         PersonaError: an invalid persona bank (file, line, field).
         EvaluationError: a corrupt transcripts file, a run folder with another
             configuration, an ``out_dir`` that is a file, bad ``repeats``/``limit``/``batch_size``.
-        SpecError: a malformed policy or user spec. TypeError: ``user`` of another type,
+        SpecError: a malformed policy or user spec, or a policy's ``think_budget`` without
+            ``think``. TypeError: ``user`` of another type,
             or an option that is not an :class:`EvalConfig` field.
         SimulatorError, BackendError: from the simulated user or the policy's backend;
             dialogues already finished stay in the transcripts.
     """
     config = dataclasses.replace(config or EvalConfig(), **options)
     config = dataclasses.replace(config, max_tokens=reply_token_cap(policy, config.max_tokens))
+    if spec_think_budget(policy, config.max_tokens) is not None and not config.think:
+        raise SpecError(
+            f"{policy!r}: think_budget starts every reply inside <think>; evaluate with think=True (--think), "
+            "else the user would read the thinking"
+        )
     bank = load_personas(personas)
     tasks = plan_tasks(bank, repeats=config.repeats, seed=config.seed, limit=config.limit)
     protocol = resolve_protocol(config.protocol)

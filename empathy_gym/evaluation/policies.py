@@ -66,6 +66,30 @@ def spec_sampling(policy: Any, temperature: float = 0.7, top_p: float = 1.0) -> 
     return {name: float(value) for name, value in values.items()}
 
 
+def spec_think_budget(policy: Any, max_tokens: int | None) -> int | None:
+    """The ``think_budget`` of a local policy spec (``hf:PATH,think_budget=48``: budget
+    forcing, :mod:`~empathy_gym.agents.budget_forcing`), or ``None``. Nothing loads.
+
+    Raises:
+        SpecError: a budget that is not an int in [1, ``max_tokens``), or one without a
+            reply cap (``max_tokens`` ``None``), naming the spec.
+    """
+    if not isinstance(policy, str):
+        return None
+    spec = parse_spec(policy)
+    budget = spec.options.get("think_budget") if spec.kind in LOCAL_POLICY_KINDS else None
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise SpecError(f"{policy!r}: think_budget must be an int >= 1, got {budget!r}")
+    if max_tokens is None or budget >= max_tokens:
+        raise SpecError(
+            f"{policy!r}: think_budget={budget} needs a reply cap above it (--max-tokens, now "
+            f"{'no cap' if max_tokens is None else max_tokens}): the reply gets the tokens the thinking leaves"
+        )
+    return budget
+
+
 def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
     if kind not in POLICY_KINDS:
         raise SpecError(
@@ -74,7 +98,7 @@ def _check_options(policy: str, kind: str, options: dict[str, Any]) -> None:
         )
     taken = {"batched"} if kind == "python" else set()
     if kind in LOCAL_POLICY_KINDS:
-        taken = init_keywords(backend_class("transformers"), "model") | {"adapter", *SAMPLING_OPTIONS}
+        taken = init_keywords(backend_class("transformers"), "model") | {"adapter", "think_budget", *SAMPLING_OPTIONS}
     elif kind == "openai":
         taken = init_keywords(backend_class("openai"), "model", "base_url") | set(SAMPLING_OPTIONS)
     unknown = sorted(set(options) - taken)
@@ -189,6 +213,50 @@ class BackendPolicy:
             self.backend.close()
 
 
+class GeneratorPolicy:
+    """A token sampler (``generate(prompts, seeds) -> list[Sample]``: the trainer's
+    :class:`~empathy_gym.agents.generation.TransformersGenerator`, or it under
+    :class:`~empathy_gym.agents.budget_forcing.BudgetForcing`) as a :class:`Policy`: each
+    chat rendered with the tokenizer's template, contents as data
+    (:class:`~empathy_gym.agents.rollout.ChatTokens`), and each sample decoded without its
+    end-of-turn token. The same seeds give the same replies from the same weights.
+
+    Args:
+        generator: the sampler.
+        tokenizer: the policy's tokenizer.
+        name: recorded in the run configuration.
+    """
+
+    def __init__(self, generator: Any, tokenizer: Any, *, name: str):
+        from empathy_gym.agents.rollout import ChatTokens
+
+        self.generator, self.tokenizer, self.name = generator, tokenizer, name
+        self.chat = ChatTokens(tokenizer)
+
+    def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
+        samples = self.generator.generate([self.chat.prompt(c) for c in conversations], list(seeds))
+        return [
+            self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
+            for s in samples
+        ]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _budget_forced_policy(backend: Any, think_budget: int, max_tokens: int, **generation: Any) -> GeneratorPolicy:
+    """A local policy's model sampled as the trainer samples it under budget forcing."""
+    from empathy_gym.agents.budget_forcing import BudgetForcing
+    from empathy_gym.agents.generation import TransformersGenerator
+
+    name = generation.pop("name")
+    sampler = TransformersGenerator(
+        backend.model, backend.tokenizer, max_new_tokens=max_tokens, max_batch_size=backend.max_batch_size, **generation
+    )
+    forced = BudgetForcing(sampler, backend.tokenizer, think_budget=think_budget, max_new_tokens=max_tokens)
+    return GeneratorPolicy(forced, backend.tokenizer, name=name)
+
+
 def load_transformers_policy(
     model: str | os.PathLike, *, adapter: str | os.PathLike | None = None, **backend_kwargs: Any
 ) -> ChatBackend:
@@ -255,7 +323,8 @@ def make_policy(
       (``generic``, ``echo``, ``listener``, ``esconv``);
     * ``hf:PATH[,adapter=DIR][,device=cuda][,dtype=bfloat16][,max_batch_size=16]``: a
       local transformers model or hub id, with a LoRA adapter merged in
-      (:func:`load_transformers_policy`);
+      (:func:`load_transformers_policy`); ``,think_budget=N`` samples it as the trainer
+      does under ``generation.think_budget`` (budget forcing; evaluate with ``think``);
     * ``openai:MODEL@URL[,max_concurrency=16][,api_key_env=VAR]``: an OpenAI-compatible
       server (:class:`~empathy_gym.backends.openai_backend.OpenAIBackend`);
     * ``python:MODULE:ATTR[,batched=true]``: a callable (a class is instantiated with no
@@ -288,7 +357,12 @@ def make_policy(
         if not spec.target:
             raise SpecError(f"{policy!r}: expected hf:PATH[,adapter=DIR]")
         adapter = backend_options.pop("adapter", None)
-        return BackendPolicy(load_transformers_policy(spec.target, adapter=adapter, **backend_options), **generation)
+        think_budget = spec_think_budget(policy, max_tokens)
+        backend_options.pop("think_budget", None)
+        backend = load_transformers_policy(spec.target, adapter=adapter, **backend_options)
+        if think_budget is not None:
+            return _budget_forced_policy(backend, think_budget, **generation)
+        return BackendPolicy(backend, **generation)
     if spec.kind == "openai":
         from empathy_gym.backends.openai_backend import OpenAIBackend
 
