@@ -117,6 +117,8 @@ def test_a_random_policy_keeps_the_format_only_when_forced_and_its_log_probs_mat
             generator = BudgetForcing(generator, tokenizer, think_budget=5, max_new_tokens=12)
         return RolloutEngine([env], generator, tokenizer).collect([0], sampling_seed=2)[0]
 
+    short = TransformersGenerator(model, tokenizer, max_new_tokens=12).generate([[1, 2, 3]], [0], max_new_tokens=3)
+    assert len(short[0].token_ids) == 3 and not short[0].finished  # the call's own limit
     plain, forced = play(False), play(True)
     assert (plain.format_errors, len(plain.rewards)) == (3, 3)
     assert (forced.format_errors, len(forced.rewards)) == (0, 3)

@@ -175,6 +175,11 @@ def test_vllm_turns_that_end_on_any_eos_id_of_the_generation_config_are_finished
     assert [s.finished for s in samples] == [True, True, False]
     assert sorted(generator.llm.calls[0][1][0].stop_token_ids) == sorted([im_end, endoftext])
     assert samples[0] == Sample([11, 12, endoftext], [-0.5] * 3, True)
+    # budget forcing's phases ask for their own limits, for this call only
+    FakeLLM.replies = [[11]]
+    generator.generate([[1, 2]], [4], max_new_tokens=3)
+    generator.generate([[1, 2]], [4])
+    assert [call[1][0].max_tokens for call in generator.llm.calls[1:]] == [3, 8]
 
 
 def test_vllm_lora_sync_keeps_one_adapter_on_disk_in_bfloat16(tmp_path, tiny_model_dir, fake_vllm):
