@@ -114,10 +114,6 @@ class BudgetForcing:
             [False] * kept + _tag(self.closing),
         )
 
-    def sync(self, model: Any, step: int) -> None:
-        """The wrapped generator's :meth:`sync`."""
-        self.generator.sync(model, step)
-
 
 def _tag(ids: Sequence[int]) -> list[bool]:
     return [True] * len(ids)
