@@ -28,6 +28,7 @@ def main():
     import vllm
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from empathy_gym.agents.budget_forcing import BudgetForcing
     from empathy_gym.agents.generation import VLLMGenerator
     model, adapter, prompt, sequence = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -42,6 +43,7 @@ def main():
     generator = VLLMGenerator(model, tokenizer, max_new_tokens=8, temperature=0.0, lora_rank=4,
                               dtype="float32", max_model_len=512, enforce_eager=True)
     base = generator.generate([prompt, prompt], [1, 2])
+    forced = BudgetForcing(generator, tokenizer, think_budget=3, max_new_tokens=8).generate([prompt], [1])
     before = sequence_logprobs(generator)
     generator.temperature = 0.7
     warm = generator.generate([prompt], [3])
@@ -58,7 +60,7 @@ def main():
     except ValueError as error:
         refused = str(error)
     print("RESULT " + json.dumps({"base": dump(base), "tuned": dump(tuned), "sampled": dump(sampled),
-                                  "warm": dump(warm), "before": before, "after": after,
+                                  "forced": dump(forced), "warm": dump(warm), "before": before, "after": after,
                                   "full_weights": refused}))
 
 if __name__ == "__main__":
@@ -140,6 +142,21 @@ def test_greedy_tokens_and_logprobs_match_transformers(setup):
         assert samples[0]["token_ids"] == expected.token_ids
         assert samples[0]["logprobs"] == pytest.approx(expected.logprobs, abs=1e-3)
         assert samples[0]["finished"] == expected.finished
+
+
+def test_budget_forcing_on_the_engine_matches_transformers(setup):
+    """Both phases of a forced turn (each with its own token limit) on the engine: the
+    tokens, the tags marked as not sampled and the sampled log-probs, as transformers."""
+    result, prompt, _, base, _, tokenizer = setup
+    from empathy_gym.agents.budget_forcing import BudgetForcing
+    from empathy_gym.agents.generation import TransformersGenerator
+
+    generator = TransformersGenerator(base, tokenizer, max_new_tokens=8, temperature=0.0)
+    (expected,) = BudgetForcing(generator, tokenizer, think_budget=3, max_new_tokens=8).generate([prompt], [1])
+    (got,) = result["forced"]
+    assert got["token_ids"] == expected.token_ids and got["forced"] == expected.forced
+    assert got["logprobs"] == pytest.approx(expected.logprobs, abs=1e-3)
+    assert 0 < got["forced"].count(False) <= 8 and got["forced"].count(True) > 0
 
 
 def test_each_row_is_seeded_by_its_own_seed(setup):
