@@ -1,7 +1,8 @@
 """Budget forcing for think-then-say: every agent turn thinks, then replies.
 
-s1 (Muennighoff et al. 2025, arXiv 2501.19393, section 2.2) controls how long a model
-thinks by appending the end-of-thinking delimiter for it once a token budget is spent. Here
+s1 (Muennighoff et al. 2025, arXiv 2501.19393, section 3.1) caps how long a model thinks
+by appending the end-of-thinking delimiter for it once a token budget is spent (its other
+half, appending "Wait" to make a model think longer, is not done here). Here
 each turn's generation starts inside ``<think>`` (the tag is given, not sampled) and, when
 the policy has not closed the block within ``think_budget`` sampled tokens, or ends its turn
 before closing it, ``</think>`` is appended for it and the policy goes on to write the reply
