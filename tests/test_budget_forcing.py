@@ -194,3 +194,53 @@ def test_a_bad_budget_on_a_policy_spec_is_refused_before_anything_loads(spec, op
     with pytest.raises(SpecError, match=message):
         evaluate(spec, [PERSONA], user=ScriptedUser(change_fn=lambda r: 5), out_dir=tmp_path / "o", **options)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_cached_states_of_a_thought_whose_end_token_was_dropped_are_discarded(tiny):
+    """No later prompt extends prompt + thinking + end token, so a key/value cache that
+    kept it would hold it until the next weight sync (one per dialogue and turn)."""
+    _, tokenizer = tiny
+    discarded = []
+    sampler = ScriptedSampler(tokenizer, [("She feels lost", True), ("That sounds so heavy.", True)])
+    sampler.prefix_cache = type("Cache", (), {"discard": lambda self, ids: discarded.append(list(ids))})()
+    play_one_turn(tokenizer, sampler)
+    (thinking_prompt,), _, _ = sampler.calls[0]
+    ended = tokenizer("She feels lost", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert discarded == [thinking_prompt + ended]
+
+
+def test_prefix_cache_discard_drops_only_that_sequence():
+    from empathy_gym.backends.prefix_cache import PrefixKVCache
+
+    cache = PrefixKVCache(max_tokens=100)
+    states = [(torch.zeros(1, 3, 2), torch.zeros(1, 3, 2))]
+    cache.add([1, 2, 3], states)
+    cache.add([1, 2, 4], states)
+    cache.discard([1, 2])  # a prefix of both: not an entry
+    cache.discard([1, 2, 3])
+    assert [list(e.ids) for e in cache.entries.values()] == [[1, 2, 4]]
+
+
+def test_a_dialogue_must_have_room_for_the_forced_tags_too(tiny):
+    """Room for max_new_tokens sampled tokens but not for the tags as well: refused at the
+    start (was: the turn was cut short, a reply that kept to its budget counted as cut)."""
+    _, tokenizer = tiny
+    env = EmpathyDialogueEnv([PERSONA], user=ScriptedUser(change_fn=lambda r: 5), think=True, max_turns=1)
+    forcing = BudgetForcing(ScriptedSampler(tokenizer, []), tokenizer, think_budget=8, max_new_tokens=20)
+    opening = len(RolloutEngine([env], forcing, tokenizer).chat.prompt(env.reset(seed=0)[1]["messages"]))
+    just_enough = opening + 20 + forcing.forced_tokens + 1
+    assert RolloutEngine([env], forcing, tokenizer, max_context_tokens=just_enough).fits_a_turn(opening)
+    assert not RolloutEngine([env], forcing, tokenizer, max_context_tokens=just_enough - 1).fits_a_turn(opening)
+    with pytest.raises(ValueError, match="does not fit in max_context_tokens"):
+        RolloutEngine([env], forcing, tokenizer, max_context_tokens=just_enough - 1).collect([0])
+
+
+def test_an_evaluation_policy_under_budget_forcing_keeps_no_states_and_closes_its_model(tiny_model_dir):
+    from empathy_gym.evaluation.policies import make_policy
+
+    policy = make_policy(f"hf:{tiny_model_dir},think_budget=4", max_tokens=10)
+    assert policy.generator.generator.prefix_cache is None  # an evaluation never syncs: they would pile up
+    closed = []
+    policy.backend.close = lambda: closed.append(True)
+    policy.close()
+    assert closed == [True]

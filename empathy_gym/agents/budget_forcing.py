@@ -40,6 +40,10 @@ class BudgetForcing:
         max_new_tokens: sampled tokens of the whole turn, thinking and reply (the tags
             not counted).
 
+    Attributes:
+        forced_tokens: the tokens a turn holds beyond those sampled (the two tags), which
+            a dialogue must have room for.
+
     Raises:
         ValueError: ``think_budget`` outside [1, max_new_tokens).
     """
@@ -54,6 +58,7 @@ class BudgetForcing:
         self.think_budget, self.max_new_tokens = think_budget, max_new_tokens
         self.opening = tokenizer.encode(OPENING, add_special_tokens=False)
         self.closing = tokenizer.encode(CLOSING, add_special_tokens=False)
+        self.forced_tokens = len(self.opening) + len(self.closing)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: int | None = None
@@ -75,7 +80,7 @@ class BudgetForcing:
         thinking = min(self.think_budget, total - 1)
         opened = [list(prompt) + self.opening for prompt in prompts]
         thoughts = self.generator.generate(opened, list(seeds), max_new_tokens=thinking)
-        turns = [self._closed(thought) for thought in thoughts]
+        turns = [self._closed(thought, prompt) for thought, prompt in zip(thoughts, opened)]
         pending = [i for i, turn in enumerate(turns) if not turn.finished]
         if pending:
             replies = self.generator.generate(
@@ -101,13 +106,18 @@ class BudgetForcing:
             for t in turns
         ]
 
-    def _closed(self, thought: Sample) -> Sample:
+    def _closed(self, thought: Sample, prompt: list[int]) -> Sample:
         """The thinking part of a turn, closed: as sampled when the policy wrote
         ``</think>`` itself (``finished`` when it also ended its turn), else with its
-        end-of-turn token dropped and ``</think>`` appended (never ``finished``)."""
+        end-of-turn token dropped and ``</think>`` appended (never ``finished``). A
+        generator's cached key/value states of ``prompt`` and a dropped end token are
+        discarded: no later prompt extends them."""
         if CLOSE in self.tokenizer.decode(thought.token_ids):
             return Sample(thought.token_ids, thought.logprobs, thought.finished, [False] * len(thought.token_ids))
         kept = len(thought.token_ids) - int(thought.finished)
+        cache = getattr(self.generator, "prefix_cache", None)
+        if thought.finished and cache is not None:
+            cache.discard(prompt + thought.token_ids)
         return Sample(
             thought.token_ids[:kept] + self.closing,
             thought.logprobs[:kept] + [0.0] * len(self.closing),

@@ -51,9 +51,12 @@ class Sample:
 class Generator(Protocol):
     """A policy sampler: token prompts in, sampled continuations out."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Sample]:
-        """One :class:`Sample` per prompt; ``seeds`` make each row's sampling reproducible
-        (the package's generators also take ``max_new_tokens=N`` for one call)."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: int | None = None
+    ) -> list[Sample]:
+        """One :class:`Sample` per prompt; ``seeds`` make each row's sampling reproducible;
+        ``max_new_tokens`` overrides the generator's own limit for this call (budget forcing
+        needs it; a generator used without it may leave it out)."""
 
 
 class ChatTokens:
@@ -277,9 +280,11 @@ class RolloutEngine:
         self.times = RolloutTimes()
 
     def fits_a_turn(self, length: int) -> bool:
-        """A dialogue of ``length`` tokens has room for ``max_new_tokens`` sampled tokens
-        and the end-of-turn token a cut turn gets."""
-        return length + self.max_new_tokens + 1 <= self.max_context_tokens
+        """A dialogue of ``length`` tokens has room for ``max_new_tokens`` sampled tokens,
+        the tokens the generator adds to a turn unsampled (``forced_tokens``: budget
+        forcing's tags) and the end-of-turn token a cut turn gets."""
+        forced = getattr(self.generator, "forced_tokens", 0)
+        return length + self.max_new_tokens + forced + 1 <= self.max_context_tokens
 
     def collect(
         self,

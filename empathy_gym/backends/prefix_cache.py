@@ -104,6 +104,14 @@ class PrefixKVCache:
         self.entries.move_to_end(best_key)
         return best, self.entries[best_key]
 
+    def discard(self, ids: Sequence[int]) -> None:
+        """Drop the entry of exactly ``ids``, if any: a sequence its owner will not extend
+        (its end token replaced), which :meth:`add` would otherwise keep until it is the
+        least recently used."""
+        query = np.asarray(ids, dtype=np.int64)
+        for key in [k for k, e in self.entries.items() if np.array_equal(e.ids, query)]:
+            del self.entries[key]
+
     def add(self, ids: Sequence[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Keep the states of ``ids`` (per layer (H, T, D) keys and values, T = len(ids)).
         Entries that are a prefix of ``ids`` are dropped (this one covers them)."""

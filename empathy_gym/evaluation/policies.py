@@ -225,12 +225,14 @@ class GeneratorPolicy:
         generator: the sampler.
         tokenizer: the policy's tokenizer.
         name: recorded in the run configuration.
+        backend: a backend holding the model, closed by :meth:`close` (``None``: the
+            caller's model).
     """
 
-    def __init__(self, generator: Any, tokenizer: Any, *, name: str):
+    def __init__(self, generator: Any, tokenizer: Any, *, name: str, backend: ChatBackend | None = None):
         from empathy_gym.agents.rollout import ChatTokens
 
-        self.generator, self.tokenizer, self.name = generator, tokenizer, name
+        self.generator, self.tokenizer, self.name, self.backend = generator, tokenizer, name, backend
         self.chat = ChatTokens(tokenizer)
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
@@ -241,20 +243,29 @@ class GeneratorPolicy:
         ]
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the backend given, if any."""
+        if self.backend is not None:
+            self.backend.close()
 
 
 def _budget_forced_policy(backend: Any, think_budget: int, max_tokens: int, **generation: Any) -> GeneratorPolicy:
-    """A local policy's model sampled as the trainer samples it under budget forcing."""
+    """A local policy's model sampled as the trainer samples it under budget forcing (no
+    key/value states kept between turns, as in the held-out evaluation: an evaluation
+    never syncs, so they would pile up)."""
     from empathy_gym.agents.budget_forcing import BudgetForcing
     from empathy_gym.agents.generation import TransformersGenerator
 
     name = generation.pop("name")
     sampler = TransformersGenerator(
-        backend.model, backend.tokenizer, max_new_tokens=max_tokens, max_batch_size=backend.max_batch_size, **generation
+        backend.model,
+        backend.tokenizer,
+        max_new_tokens=max_tokens,
+        max_batch_size=backend.max_batch_size,
+        reuse_kv=False,
+        **generation,
     )
     forced = BudgetForcing(sampler, backend.tokenizer, think_budget=think_budget, max_new_tokens=max_tokens)
-    return GeneratorPolicy(forced, backend.tokenizer, name=name)
+    return GeneratorPolicy(forced, backend.tokenizer, name=name, backend=backend)
 
 
 def load_transformers_policy(
