@@ -47,6 +47,12 @@ class Sample:
     finished: bool
     forced: list[bool] | None = None
 
+    def text(self, tokenizer: Any) -> str:
+        """What the turn says: its ids decoded without the end-of-turn token, special
+        tokens skipped."""
+        ids = self.token_ids[:-1] if self.finished else self.token_ids
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
 
 class Generator(Protocol):
     """A policy sampler: token prompts in, sampled continuations out."""
@@ -449,10 +455,6 @@ class RolloutEngine:
                 low = middle + 1
         return low
 
-    def _decode(self, sample: Sample) -> str:
-        ids = sample.token_ids[:-1] if sample.finished else sample.token_ids
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
 
 @dataclass
 class _TrainingDriver(Driver[Trajectory]):
@@ -489,7 +491,7 @@ class _TrainingDriver(Driver[Trajectory]):
         samples = [self.engine._fit(sample, len(t.token_ids)) for t, sample in zip(states, samples)]
         self.times.generated_tokens += sum(len(sample.token_ids) for sample in samples)
         self._samples = {t.key: sample for t, sample in zip(states, samples)}
-        return [self.engine._decode(sample) for sample in samples]
+        return [sample.text(self.engine.tokenizer) for sample in samples]
 
     def record(self, state: Trajectory, env: EmpathyDialogueEnv, result: StepResult) -> bool:
         self.engine._record_turn(state, env, self._samples[state.key], result)

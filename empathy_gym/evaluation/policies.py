@@ -237,10 +237,7 @@ class GeneratorPolicy:
 
     def act(self, conversations: Sequence[Conversation], seeds: Sequence[int]) -> list[str]:
         samples = self.generator.generate([self.chat.prompt(c) for c in conversations], list(seeds))
-        return [
-            self.tokenizer.decode(s.token_ids[:-1] if s.finished else s.token_ids, skip_special_tokens=True)
-            for s in samples
-        ]
+        return [sample.text(self.tokenizer) for sample in samples]
 
     def close(self) -> None:
         """Close the backend given, if any."""
